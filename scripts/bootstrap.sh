@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The one install script: Debian packages and the project's virtualenv. Idempotent:
+# every step checks first, so `make test` on a set-up machine costs a second.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(bubblewrap gcc g++ libc6-dev make git python3 python3-venv python3-pytest procps util-linux iproute2)
+VENV=.venv
+STAMP="$VENV/.sandrl-installed"
+
+need_apt=()
+for pkg in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
+done
+if ((${#need_apt[@]})); then
+    if [[ $(id -u) -ne 0 ]]; then SUDO=sudo; else SUDO=; fi
+    echo "bootstrap: installing Debian packages: ${need_apt[*]}"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+
+PYTHON=${PYTHON:-python3}
+if [[ ! -x "$VENV/bin/python" ]]; then
+    echo "bootstrap: creating $VENV with $($PYTHON --version)"
+    "$PYTHON" -m venv "$VENV"
+fi
+
+# Reinstall only when the project's dependency list changed.
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$want" ]]; then
+    echo "bootstrap: installing Python packages into $VENV"
+    "$VENV/bin/pip" install -q --upgrade pip
+    # torch first and pinned, so nothing later pulls a CUDA build.
+    "$VENV/bin/pip" install -q "torch==2.13.0"
+    "$VENV/bin/pip" install -q -e ".[dev,train]"
+    echo "$want" >"$STAMP"
+fi

@@ -1,0 +1,159 @@
+"""The error tree of sandrl.
+
+Every error sandrl raises on purpose is a :class:`SandrlError`; each carries a
+machine-readable ``error_code`` (used verbatim in HTTP error bodies) and a message
+that says what went wrong *and what to do about it*.
+
+::
+
+    SandrlError
+     ├── ConfigError                 bad user input: arguments, specs, config files
+     │    └── InvalidSpecError       a SandboxSpec that cannot be honoured as written
+     ├── SandboxError                anything about sandboxes
+     │    ├── SandboxUnavailableError   the host cannot run sandboxes (missing bwrap, no cgroups...)
+     │    ├── LimitUnsupportedError     a requested limit cannot be enforced on this host
+     │    ├── SandboxCreateError        creating one sandbox failed
+     │    ├── SandboxClosedError        the sandbox is closed (by the caller, TTL, or a crash)
+     │    ├── SandboxNotFoundError      no sandbox with that id
+     │    ├── CapacityExhaustedError    the host or pool is full
+     │    ├── SandboxFileError          a file operation inside the sandbox failed
+     │    └── ImageNotFoundError        no image of that name in the store
+     ├── TaskError                   a task that cannot be loaded or run
+     │    └── InvalidTaskError       a task directory or instance file that is malformed
+     ├── InferenceError              the policy's server failed or answered wrongly
+     └── TrainError                  the trainer could not take a step
+
+A failed *command* inside a sandbox is not an error: it is an ``ExecResult`` with a
+non-zero exit code. Errors are for the infrastructure and for bad input.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class SandrlError(Exception):
+    """Base of every error sandrl raises on purpose."""
+
+    error_code: str = "internal_error"
+    http_status: int = 500
+
+    def __init__(self, message: str, *, error_code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if error_code is not None:
+            self.error_code = error_code
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ConfigError(SandrlError):
+    """Bad user input: command-line arguments, specs, config files."""
+
+    error_code = "invalid_config"
+    http_status = 400
+
+
+class InvalidSpecError(ConfigError):
+    """A SandboxSpec that cannot be honoured as written."""
+
+    error_code = "invalid_spec"
+
+
+class SandboxError(SandrlError):
+    """Anything that went wrong with a sandbox."""
+
+    error_code = "sandbox_error"
+
+
+class SandboxUnavailableError(SandboxError):
+    """This host cannot run sandboxes of this kind (a tool, permission or kernel feature is missing)."""
+
+    error_code = "sandbox_unavailable"
+    http_status = 503
+
+
+class LimitUnsupportedError(SandboxError):
+    """A requested limit cannot be enforced on this host."""
+
+    error_code = "limit_unsupported"
+    http_status = 400
+
+
+class SandboxCreateError(SandboxError):
+    """Creating one sandbox failed."""
+
+    error_code = "create_failed"
+
+
+class SandboxClosedError(SandboxError):
+    """The sandbox is closed: by the caller, by its TTL, or because its processes died."""
+
+    error_code = "sandbox_closed"
+    http_status = 410
+
+
+class SandboxNotFoundError(SandboxError):
+    """No sandbox with that id."""
+
+    error_code = "sandbox_not_found"
+    http_status = 404
+
+
+class CapacityExhaustedError(SandboxError):
+    """The host or the pool has no room for another sandbox."""
+
+    error_code = "capacity_exhausted"
+    http_status = 429
+
+
+class SandboxFileError(SandboxError):
+    """A file operation inside the sandbox failed (missing file, a directory, permissions...)."""
+
+    error_code = "file_error"
+    http_status = 400
+
+    def __init__(self, message: str, *, errno: int = 0, error_code: str | None = None) -> None:
+        super().__init__(message, error_code=error_code)
+        self.errno = errno
+
+
+class ImageNotFoundError(SandboxError):
+    """No image of that name in the image store."""
+
+    error_code = "image_not_found"
+    http_status = 404
+
+
+class TaskError(SandrlError):
+    """A task that cannot be loaded or run."""
+
+    error_code = "task_error"
+    http_status = 400
+
+
+class InvalidTaskError(TaskError):
+    """A task that cannot be loaded: a missing file, bad TOML/YAML/JSON, a wrong type, an unknown format.
+
+    The message names the file, what is wrong and how to fix it; ``path`` is the task's path.
+    """
+
+    error_code = "invalid_task"
+
+    def __init__(self, message: str, *, path: Path | None = None, error_code: str | None = None) -> None:
+        super().__init__(message, error_code=error_code)
+        self.path = path
+
+
+class InferenceError(SandrlError):
+    """The policy's inference server failed or answered wrongly."""
+
+    error_code = "inference_error"
+    http_status = 502
+
+
+class TrainError(SandrlError):
+    """The trainer could not take a step."""
+
+    error_code = "train_error"

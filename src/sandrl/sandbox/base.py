@@ -1,0 +1,194 @@
+"""The sandbox interfaces: what every backend offers and every caller codes against.
+
+A *sandbox* is an isolated Linux environment that lives across many commands (one RL
+episode). A *provider* makes sandboxes from a :class:`SandboxSpec`. Backends: the local
+bubblewrap one (:mod:`sandrl.sandbox.bwrap`), the HTTP client of the sandbox service,
+and later a KVM microVM one. Everything above this module sees only these protocols.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType, TracebackType
+from typing import Literal, Protocol, runtime_checkable
+
+from sandrl.errors import InvalidSpecError
+
+DEFAULT_OUTPUT_CAP = 1 << 20
+"""Bytes kept per output stream of one exec; beyond it output is dropped and ``truncated`` set."""
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_IMAGE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
+
+
+def validate_env(env: Mapping[str, str], where: str) -> dict[str, str]:
+    """Check environment variable names and values; return a plain dict copy."""
+    out: dict[str, str] = {}
+    for key, value in env.items():
+        if not isinstance(key, str) or not _ENV_NAME.match(key):
+            raise InvalidSpecError(
+                f"{where}: {key!r} is not a valid environment variable name "
+                "(use letters, digits and '_', not starting with a digit)"
+            )
+        if not isinstance(value, str) or "\0" in value:
+            raise InvalidSpecError(f"{where}: the value of {key} must be a string without NUL bytes")
+        out[key] = value
+    return out
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """What a sandbox is made of and the limits it runs under.
+
+    Every limit is enforced by the backend; a backend that cannot enforce one refuses to
+    create the sandbox (:class:`~sandrl.errors.LimitUnsupportedError`) unless
+    ``require_limits`` is False, in which case it warns and runs without that limit.
+    """
+
+    image: str = "host"
+    """An image in the store; ``host`` is the host's system directories, read-only."""
+    cpus: float = 1.0
+    """CPU quota in cores (a cgroup CFS quota, not a pin)."""
+    memory_mb: int = 2048
+    """Memory limit; a process that exceeds it is OOM-killed inside the sandbox. The
+    writable layer lives in memory too and counts against this limit."""
+    pids: int = 512
+    """Most processes and threads at once, the sandbox's own supervisor included."""
+    disk_mb: int = 4096
+    """Size of the writable copy-on-write layer; writes beyond it fail with ENOSPC."""
+    network: bool = False
+    """Loopback only unless True; True shares the host's network."""
+    ttl_s: float = 3600.0
+    """The sandbox is killed this long after creation, whatever the client does."""
+    workdir: str = "/workspace"
+    """Default working directory of every exec; created if missing."""
+    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    """Environment of every exec (a call's ``env`` adds to it)."""
+    require_limits: bool = True
+    """Fail rather than run without a limit the host cannot enforce."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.image, str) or not _IMAGE_NAME.match(self.image):
+            raise InvalidSpecError(
+                f"image {self.image!r} is not a valid image name "
+                "(lower-case letters, digits, '.', '_' and '-'; e.g. 'host')"
+            )
+        if not isinstance(self.cpus, int | float) or not math.isfinite(self.cpus) or not 0.01 <= self.cpus <= 1024:
+            raise InvalidSpecError(f"cpus must be between 0.01 and 1024 cores, got {self.cpus!r}")
+        _check_int("memory_mb", self.memory_mb, 16, 1 << 22)
+        _check_int("pids", self.pids, 8, 1 << 22)
+        _check_int("disk_mb", self.disk_mb, 1, 1 << 24)
+        if not isinstance(self.ttl_s, int | float) or not math.isfinite(self.ttl_s) or self.ttl_s <= 0:
+            raise InvalidSpecError(f"ttl_s must be a positive number of seconds, got {self.ttl_s!r}")
+        if not isinstance(self.workdir, str) or not self.workdir.startswith("/") or "\0" in self.workdir:
+            raise InvalidSpecError(f"workdir must be an absolute path, got {self.workdir!r}")
+        if not isinstance(self.network, bool):
+            raise InvalidSpecError(f"network must be true or false, got {self.network!r}")
+        object.__setattr__(self, "env", MappingProxyType(validate_env(self.env, "SandboxSpec.env")))
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "image": self.image,
+            "cpus": self.cpus,
+            "memory_mb": self.memory_mb,
+            "pids": self.pids,
+            "disk_mb": self.disk_mb,
+            "network": self.network,
+            "ttl_s": self.ttl_s,
+            "workdir": self.workdir,
+            "env": dict(self.env),
+            "require_limits": self.require_limits,
+        }
+
+
+def _check_int(name: str, value: object, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidSpecError(f"{name} must be a whole number between {low} and {high}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """What one command did."""
+
+    exit_code: int
+    """The exit status; ``-N`` when killed by signal N; 124 on timeout (as timeout(1))."""
+    stdout: str
+    stderr: str
+    duration_s: float
+    timed_out: bool = False
+    truncated: bool = False
+    """True when either stream exceeded the output cap and was cut."""
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+@dataclass(frozen=True)
+class OutputChunk:
+    """A piece of a running process's output."""
+
+    stream: Literal["stdout", "stderr"]
+    data: bytes
+
+
+class SandboxProcess(Protocol):
+    """A command started in a sandbox that the caller can talk to while it runs."""
+
+    pid: int
+    """The process id inside the sandbox."""
+
+    def output(self) -> AsyncIterator[OutputChunk]:
+        """Output as it arrives (up to the output cap), ending when the process has exited."""
+        ...
+
+    async def write_stdin(self, data: bytes) -> None: ...
+    async def close_stdin(self) -> None: ...
+    async def signal(self, signum: int) -> None:
+        """Send a signal to the process and everything it started."""
+        ...
+
+    async def wait(self) -> ExecResult:
+        """Wait for the exit; the result holds all output not already taken by ``output()``."""
+        ...
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    """One live sandbox. Commands run as root inside, in a persistent filesystem."""
+
+    id: str
+
+    async def exec(
+        self,
+        command: str,
+        *,
+        timeout_s: float = 60,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | None = None,
+    ) -> ExecResult: ...
+
+    async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None: ...
+
+    async def read_file(self, path: str) -> bytes: ...
+
+    async def close(self) -> None:
+        """Kill everything inside and free every resource; idempotent."""
+        ...
+
+    async def __aenter__(self) -> Sandbox: ...
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None: ...
+
+
+@runtime_checkable
+class SandboxProvider(Protocol):
+    """Makes sandboxes."""
+
+    async def create(self, spec: SandboxSpec) -> Sandbox: ...

@@ -1,0 +1,280 @@
+"""Per-sandbox cgroups: memory, pids and CPU limits, usage, and killing a whole sandbox.
+
+Both cgroup versions are supported, chosen at run time from what ``/sys/fs/cgroup`` is:
+
+- **v2** (unified): one group per sandbox with ``memory.max``, ``pids.max``, ``cpu.max``;
+  ``cgroup.kill`` kills it whole.
+- **v1** (one hierarchy per controller): a group in each of ``memory``, ``pids``, ``cpu``,
+  ``cpuacct``. A hybrid host's cgroup2 mount at ``/sys/fs/cgroup/unified`` usually holds no
+  controllers, but its groups still have ``cgroup.kill``, so sandrl makes a group there too.
+
+Groups are made under the provider's *own* group in each hierarchy (plus ``/sandrl``): a
+memory controller only lets a process create children of its own group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sandrl.errors import LimitUnsupportedError
+
+CFS_PERIOD_US = 100_000
+V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct")
+
+
+def _own_groups(proc_cgroup: str) -> dict[str, str]:
+    """Map each controller (and "" for the v2 hierarchy) to this process's group path."""
+    groups: dict[str, str] = {}
+    for line in proc_cgroup.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        for name in controllers.split(",") if controllers else [""]:
+            groups[name] = path
+    return groups
+
+
+def _write(path: Path, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+@dataclass
+class SandboxCgroup:
+    """The groups of one sandbox."""
+
+    name: str
+    dirs: list[Path]
+    memory: Path | None
+    pids: Path | None
+    cpu: Path | None
+    cpuacct: Path | None
+    kill_dir: Path | None
+    """A group whose ``cgroup.kill`` kills the sandbox whole, where the host has one."""
+    version: int
+
+    @property
+    def procs_files(self) -> list[Path]:
+        return [d / "cgroup.procs" for d in self.dirs]
+
+    def processes(self) -> set[int]:
+        pids: set[int] = set()
+        for f in self.procs_files:
+            with contextlib.suppress(OSError):
+                pids.update(int(x) for x in f.read_text().split())
+        return pids
+
+    def memory_bytes(self) -> int:
+        if self.memory is None:
+            return 0
+        name = "memory.current" if self.version == 2 else "memory.usage_in_bytes"
+        return int((self.memory / name).read_text())
+
+    def memory_peak_bytes(self) -> int:
+        if self.memory is None:
+            return 0
+        name = "memory.peak" if self.version == 2 else "memory.max_usage_in_bytes"
+        with contextlib.suppress(OSError):
+            return int((self.memory / name).read_text())
+        return 0
+
+    def oom_kills(self) -> int:
+        if self.memory is None:
+            return 0
+        if self.version == 2:
+            for line in (self.memory / "memory.events").read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+            return 0
+        for line in (self.memory / "memory.oom_control").read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+        return 0
+
+    def cpu_seconds(self) -> float:
+        if self.version == 2 and self.cpu is not None:
+            for line in (self.cpu / "cpu.stat").read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "usage_usec":
+                    return int(value) / 1e6
+            return 0.0
+        if self.cpuacct is not None:
+            return int((self.cpuacct / "cpuacct.usage").read_text()) / 1e9
+        return 0.0
+
+    def pids_current(self) -> int:
+        if self.pids is None:
+            return 0
+        return int((self.pids / "pids.current").read_text())
+
+    def kill(self) -> None:
+        """SIGKILL every process in the sandbox's groups."""
+        if self.kill_dir is not None:
+            with contextlib.suppress(OSError):
+                _write(self.kill_dir / "cgroup.kill", "1")
+                return
+        for pid in self.processes():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+    def remove(self, timeout_s: float = 5.0) -> bool:
+        """Kill what is left and remove the groups; False if some could not be removed in time."""
+        deadline = time.monotonic() + timeout_s
+        pending = list(self.dirs)
+        while pending:
+            still: list[Path] = []
+            for d in pending:
+                try:
+                    d.rmdir()
+                except FileNotFoundError:
+                    pass
+                except OSError:
+                    still.append(d)
+            if not still:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            self.kill()
+            time.sleep(0.002)
+            pending = still
+        return True
+
+
+@dataclass
+class CgroupManager:
+    """Finds the hierarchies once and makes groups for sandboxes under ``<own group>/sandrl``."""
+
+    root: Path = Path("/sys/fs/cgroup")
+    proc_cgroup: str | None = None
+    subdir: str = "sandrl"
+    version: int = field(init=False)
+    bases: dict[str, Path] = field(init=False, default_factory=dict)
+    kill_base: Path | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        own = _own_groups(self.proc_cgroup if self.proc_cgroup is not None else Path("/proc/self/cgroup").read_text())
+        if (self.root / "cgroup.controllers").exists():
+            self.version = 2
+            base = self.root / own.get("", "/").lstrip("/") / self.subdir
+            self.bases["unified"] = base
+            self.kill_base = base
+        else:
+            self.version = 1
+            for ctrl in V1_CONTROLLERS:
+                mount = self.root / ctrl
+                if (mount / "cgroup.procs").exists():
+                    self.bases[ctrl] = mount / own.get(ctrl, "/").lstrip("/") / self.subdir
+            unified = self.root / "unified"
+            if (unified / "cgroup.procs").exists():
+                self.kill_base = unified / own.get("", "/").lstrip("/") / self.subdir
+
+    def missing(self) -> list[str]:
+        """The limits (memory, pids, cpu) that cannot be enforced here."""
+        if self.version == 2:
+            try:
+                available = set((self.bases["unified"].parent / "cgroup.controllers").read_text().split())
+            except OSError:
+                available = set()
+        else:
+            available = set(self.bases)
+        return [c for c in ("memory", "pids", "cpu") if c not in available]
+
+    def prepare(self) -> None:
+        """Make the ``sandrl`` parent groups (and, on v2, delegate the controllers to them)."""
+        try:
+            for base in self.bases.values():
+                base.mkdir(parents=True, exist_ok=True)
+            if self.kill_base is not None:
+                self.kill_base.mkdir(parents=True, exist_ok=True)
+            if self.version == 2:
+                base = self.bases["unified"]
+                wanted = {"memory", "pids", "cpu"} & set((base / "cgroup.controllers").read_text().split())
+                if wanted:
+                    _write(base / "cgroup.subtree_control", " ".join(f"+{c}" for c in sorted(wanted)))
+        except OSError as exc:
+            raise LimitUnsupportedError(
+                f"cannot set up cgroups under {self.root} ({exc}); run as root on a host with cgroups "
+                "(on cgroup v2, from a group whose controllers are delegated, e.g. "
+                "`systemd-run --scope -p Delegate=yes ...`), or set require_limits=False"
+            ) from exc
+
+    def create(self, name: str, *, memory_mb: int | None, pids: int | None, cpus: float | None) -> SandboxCgroup:
+        dirs: list[Path] = []
+        paths: dict[str, Path] = {}
+        try:
+            for ctrl, base in self.bases.items():
+                d = base / name
+                d.mkdir()
+                dirs.append(d)
+                paths[ctrl] = d
+            kill_dir = None
+            if self.kill_base is not None and self.version == 1:
+                kill_dir = self.kill_base / name
+                kill_dir.mkdir()
+                dirs.append(kill_dir)
+            elif self.version == 2:
+                kill_dir = paths["unified"]
+            group = SandboxCgroup(
+                name=name,
+                dirs=dirs,
+                memory=paths.get("memory", paths.get("unified")),
+                pids=paths.get("pids", paths.get("unified")),
+                cpu=paths.get("cpu", paths.get("unified")),
+                cpuacct=paths.get("cpuacct"),
+                kill_dir=kill_dir,
+                version=self.version,
+            )
+            self._set_limits(group, memory_mb=memory_mb, pids=pids, cpus=cpus)
+            return group
+        except BaseException:
+            for d in reversed(dirs):
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+            raise
+
+    def _set_limits(self, group: SandboxCgroup, *, memory_mb: int | None, pids: int | None, cpus: float | None) -> None:
+        if self.version == 2:
+            d = group.memory
+            assert d is not None
+            if memory_mb is not None:
+                _write(d / "memory.max", str(memory_mb << 20))
+                with contextlib.suppress(OSError):
+                    _write(d / "memory.swap.max", "0")
+            if pids is not None:
+                _write(d / "pids.max", str(pids))
+            if cpus is not None:
+                _write(d / "cpu.max", f"{round(cpus * CFS_PERIOD_US)} {CFS_PERIOD_US}")
+            return
+        if memory_mb is not None and group.memory is not None:
+            _write(group.memory / "memory.limit_in_bytes", str(memory_mb << 20))
+            memsw = group.memory / "memory.memsw.limit_in_bytes"
+            if memsw.exists():
+                # Without this a hog would page out to swap instead of being OOM-killed.
+                with contextlib.suppress(OSError):
+                    _write(memsw, str(memory_mb << 20))
+        if pids is not None and group.pids is not None:
+            _write(group.pids / "pids.max", str(pids))
+        if cpus is not None and group.cpu is not None:
+            _write(group.cpu / "cpu.cfs_period_us", str(CFS_PERIOD_US))
+            _write(group.cpu / "cpu.cfs_quota_us", str(round(cpus * CFS_PERIOD_US)))
+
+    def stale_groups(self) -> dict[str, list[Path]]:
+        """Sandbox groups present under the ``sandrl`` parents, by sandbox name."""
+        found: dict[str, list[Path]] = {}
+        bases = list(self.bases.values())
+        if self.kill_base is not None and self.kill_base not in bases:
+            bases.append(self.kill_base)
+        for base in bases:
+            with contextlib.suppress(OSError):
+                for d in base.iterdir():
+                    if d.is_dir():
+                        found.setdefault(d.name, []).append(d)
+        return found

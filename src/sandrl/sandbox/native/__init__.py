@@ -1,0 +1,1 @@
+"""C sources of the sandbox helper (package data)."""

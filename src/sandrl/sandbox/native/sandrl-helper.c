@@ -1,0 +1,1075 @@
+/*
+ * sandrl-helper: the native half of the bubblewrap sandbox backend.
+ *
+ * One static binary, two roles:
+ *
+ *   sandrl-helper launch ...   runs on the host as root. It joins the sandbox's cgroups,
+ *       makes the sandbox's user namespace (sandbox root = an unprivileged host uid range),
+ *       builds the copy-on-write root in a *private* mount namespace (idmapped read-only
+ *       image layers + overlayfs over a size-limited tmpfs), drops to the sandbox's host uid
+ *       and execs bubblewrap, which adds the pid/net/ipc/uts/cgroup namespaces, /proc and
+ *       /dev, and runs the agent as pid 1. Every mount lives only in namespaces the sandbox
+ *       owns, so nothing is left on the host whatever happens to the processes.
+ *
+ *   sandrl-helper agent ...    runs inside the sandbox as its pid 1. It serves requests
+ *       from the provider over one socket (run a command, stream its output, stdin,
+ *       signals, read/write files, TTL), reaps orphans, enforces per-command timeouts by
+ *       killing the whole process tree, and caps output. When the provider's end of the
+ *       socket closes (close(), or the provider died) it exits, and the kernel kills
+ *       everything else in the pid namespace.
+ *
+ * Wire format (both directions): u32 payload length, u8 type, u32 request id, payload;
+ * little-endian. See sandrl/sandbox/protocol.py, which must match this file.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <limits.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define PROTOCOL_VERSION 1
+
+/* ---------------------------------------------------------------- utilities */
+
+static void die(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("sandrl-helper: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    if (errno) fprintf(stderr, ": %s", strerror(errno));
+    fputc('\n', stderr);
+    va_end(ap);
+    _exit(70);
+}
+
+static int64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int64_t now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static void write_file_or_die(const char *path, const char *data) {
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) die("open %s", path);
+    size_t n = strlen(data);
+    if (write(fd, data, n) != (ssize_t)n) die("write %s", path);
+    close(fd);
+}
+
+static void mkdir_or_die(const char *path, mode_t mode, uid_t uid) {
+    if (mkdir(path, mode) != 0 && errno != EEXIST) die("mkdir %s", path);
+    if (chmod(path, mode) != 0) die("chmod %s", path);
+    if (uid != (uid_t)-1 && chown(path, uid, uid) != 0) die("chown %s", path);
+}
+
+/* ---------------------------------------------------------------- launch */
+
+#ifndef SYS_open_tree
+#define SYS_open_tree 428
+#endif
+#ifndef SYS_move_mount
+#define SYS_move_mount 429
+#endif
+#ifndef SYS_mount_setattr
+#define SYS_mount_setattr 442
+#endif
+#ifndef OPEN_TREE_CLONE
+#define OPEN_TREE_CLONE 1
+#endif
+#ifndef OPEN_TREE_CLOEXEC
+#define OPEN_TREE_CLOEXEC O_CLOEXEC
+#endif
+#ifndef AT_RECURSIVE
+#define AT_RECURSIVE 0x8000
+#endif
+#ifndef MOVE_MOUNT_F_EMPTY_PATH
+#define MOVE_MOUNT_F_EMPTY_PATH 0x00000004
+#endif
+#define SANDRL_MOUNT_ATTR_RDONLY 0x00000001
+#define SANDRL_MOUNT_ATTR_NOSUID 0x00000002
+#define SANDRL_MOUNT_ATTR_NODEV 0x00000004
+#define SANDRL_MOUNT_ATTR_IDMAP 0x00100000
+
+struct sandrl_mount_attr {
+    uint64_t attr_set;
+    uint64_t attr_clr;
+    uint64_t propagation;
+    uint64_t userns_fd;
+};
+
+#define MAX_LAYERS 32
+#define MAX_OVERLAYS 16
+#define STAGE "/tmp/sandrl"
+
+/* Make the sandbox's user namespace: owned by the sandbox's host uid (so bubblewrap,
+ * running as that uid, may enter it), mapping 0..65535 inside to uid..uid+65535 outside. */
+static int make_userns(uid_t uid) {
+    int sync_pipe[2], hold_pipe[2];
+    if (pipe2(sync_pipe, O_CLOEXEC) || pipe2(hold_pipe, O_CLOEXEC)) die("pipe");
+    pid_t pid = fork();
+    if (pid < 0) die("fork");
+    if (pid == 0) {
+        char c = 0;
+        close(hold_pipe[1]);
+        close(sync_pipe[0]);
+        if (setgroups(0, NULL) || setresgid(uid, uid, uid) || setresuid(uid, uid, uid)) _exit(1);
+        if (unshare(CLONE_NEWUSER)) _exit(2);
+        if (write(sync_pipe[1], "u", 1) != 1) _exit(3);
+        (void)!read(hold_pipe[0], &c, 1); /* until the parent has opened the namespace */
+        _exit(0);
+    }
+    close(sync_pipe[1]);
+    close(hold_pipe[0]);
+    char c;
+    if (read(sync_pipe[0], &c, 1) != 1) {
+        errno = 0;
+        die("could not create a user namespace for uid %u (is user.max_user_namespaces 0?)", uid);
+    }
+    char path[64], map[64];
+    snprintf(map, sizeof map, "0 %u 65536\n", uid);
+    snprintf(path, sizeof path, "/proc/%d/uid_map", pid);
+    write_file_or_die(path, map);
+    snprintf(path, sizeof path, "/proc/%d/gid_map", pid);
+    write_file_or_die(path, map);
+    snprintf(path, sizeof path, "/proc/%d/ns/user", pid);
+    int fd = open(path, O_RDONLY); /* not CLOEXEC: bubblewrap takes it as --userns */
+    if (fd < 0) die("open %s", path);
+    close(hold_pipe[1]);
+    close(sync_pipe[0]);
+    waitpid(pid, NULL, 0);
+    return fd;
+}
+
+/* Clone the image directory as a detached, read-only mount whose files appear owned by
+ * the sandbox's own ids (host root -> sandbox root). */
+static int idmapped_layer(const char *src, int userns_fd) {
+    int fd = (int)syscall(SYS_open_tree, AT_FDCWD, src, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
+    if (fd < 0) die("open_tree %s", src);
+    struct sandrl_mount_attr attr = {0};
+    attr.attr_set = SANDRL_MOUNT_ATTR_IDMAP | SANDRL_MOUNT_ATTR_RDONLY | SANDRL_MOUNT_ATTR_NODEV;
+    attr.userns_fd = (uint64_t)userns_fd;
+    if (syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH | AT_RECURSIVE, &attr, sizeof attr) != 0)
+        die("idmapping %s (the kernel or the filesystem may not support idmapped mounts)", src);
+    return fd;
+}
+
+static void attach_layer(int fd, const char *dest) {
+    mkdir_or_die(dest, 0755, (uid_t)-1);
+    if (syscall(SYS_move_mount, fd, "", AT_FDCWD, dest, MOVE_MOUNT_F_EMPTY_PATH) != 0) die("move_mount %s", dest);
+    close(fd);
+}
+
+static void join_cgroup(const char *procs_path) {
+    char buf[32];
+    snprintf(buf, sizeof buf, "%d\n", getpid());
+    write_file_or_die(procs_path, buf);
+}
+
+static int launch_main(int argc, char **argv) {
+    const char *layers[MAX_LAYERS];
+    const char *ov_target[MAX_OVERLAYS];
+    const char *ov_layers[MAX_OVERLAYS];
+    int n_layers = 0, n_ov = 0;
+    uid_t uid = 0;
+    unsigned long long tmpfs_bytes = 0;
+    const char *bwrap = "/usr/bin/bwrap";
+    int i;
+    for (i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--")) {
+            i++;
+            break;
+        } else if (!strcmp(a, "--uid") && i + 1 < argc) {
+            uid = (uid_t)strtoul(argv[++i], NULL, 10);
+        } else if (!strcmp(a, "--cgroup-procs") && i + 1 < argc) {
+            join_cgroup(argv[++i]);
+        } else if (!strcmp(a, "--tmpfs-bytes") && i + 1 < argc) {
+            tmpfs_bytes = strtoull(argv[++i], NULL, 10);
+        } else if (!strcmp(a, "--layer") && i + 1 < argc && n_layers < MAX_LAYERS) {
+            layers[n_layers++] = argv[++i];
+        } else if (!strcmp(a, "--overlay") && i + 2 < argc && n_ov < MAX_OVERLAYS) {
+            ov_target[n_ov] = argv[++i];
+            ov_layers[n_ov++] = argv[++i];
+        } else if (!strcmp(a, "--bwrap") && i + 1 < argc) {
+            bwrap = argv[++i];
+        } else {
+            errno = 0;
+            die("launch: unknown or incomplete option %s", a);
+        }
+    }
+    if (uid == 0 || tmpfs_bytes == 0 || n_ov == 0 || i >= argc) {
+        errno = 0;
+        die("launch: need --uid, --tmpfs-bytes, --overlay and the bubblewrap arguments after --");
+    }
+
+    int userns_fd = make_userns(uid);
+
+    if (unshare(CLONE_NEWNS)) die("unshare(CLONE_NEWNS)");
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL)) die("making / private");
+    int layer_fds[MAX_LAYERS];
+    for (int l = 0; l < n_layers; l++) layer_fds[l] = idmapped_layer(layers[l], userns_fd);
+    char opts[128];
+    snprintf(opts, sizeof opts, "size=%llu,mode=0755", tmpfs_bytes);
+    if (mount("sandrl", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, opts)) die("mounting the writable layer");
+    mkdir_or_die(STAGE, 0755, (uid_t)-1);
+    mkdir_or_die(STAGE "/lower", 0755, (uid_t)-1);
+    mkdir_or_die(STAGE "/upper", 0755, (uid_t)-1);
+    mkdir_or_die(STAGE "/work", 0700, (uid_t)-1);
+    /* bubblewrap's scratch directory, made here so it lands on the sandbox's own tmpfs. */
+    char scratch[64];
+    snprintf(scratch, sizeof scratch, "/tmp/.bubblewrap-%u", uid);
+    mkdir_or_die(scratch, 0755, uid);
+
+    char path[PATH_MAX];
+    for (int l = 0; l < n_layers; l++) {
+        snprintf(path, sizeof path, STAGE "/lower/%d", l);
+        attach_layer(layer_fds[l], path);
+    }
+    for (int o = 0; o < n_ov; o++) {
+        char upper[64], work[64], target[PATH_MAX], lowers[4096] = "";
+        snprintf(upper, sizeof upper, STAGE "/upper/%d", o);
+        snprintf(work, sizeof work, STAGE "/work/%d", o);
+        mkdir_or_die(upper, 0755, uid);
+        mkdir_or_die(work, 0700, uid);
+        /* "0,3" -> STAGE/lower/0:STAGE/lower/3 (first = topmost) */
+        char spec[256];
+        snprintf(spec, sizeof spec, "%s", ov_layers[o]);
+        for (char *tok = strtok(spec, ","); tok; tok = strtok(NULL, ",")) {
+            int idx = atoi(tok);
+            if (idx < 0 || idx >= n_layers) {
+                errno = 0;
+                die("launch: overlay %s names layer %d of %d", ov_target[o], idx, n_layers);
+            }
+            size_t len = strlen(lowers);
+            snprintf(lowers + len, sizeof lowers - len, "%s" STAGE "/lower/%d", len ? ":" : "", idx);
+        }
+        snprintf(target, sizeof target, STAGE "/root%s", strcmp(ov_target[o], "/") ? ov_target[o] : "");
+        if (o == 0) mkdir_or_die(STAGE "/root", 0755, (uid_t)-1);
+        /* Directories take their attributes from the upper layer: give it the lower's mode. */
+        struct stat st;
+        snprintf(path, sizeof path, STAGE "/lower/%d", atoi(ov_layers[o]));
+        if (stat(path, &st) == 0) chmod(upper, st.st_mode & 07777);
+        char data[8192];
+        snprintf(data, sizeof data, "lowerdir=%s,upperdir=%s,workdir=%s", lowers, upper, work);
+        if (mount("overlay", target, "overlay", MS_NOSUID | MS_NODEV, data)) die("mounting overlay on %s", target);
+    }
+
+    /* The agent binary goes in as an open file: nothing of the host shows in the sandbox's tree. */
+    int self_fd = open("/proc/self/exe", O_RDONLY);
+    if (self_fd < 0) die("open /proc/self/exe");
+
+    if (setgroups(0, NULL) || setresgid(uid, uid, uid) || setresuid(uid, uid, uid)) die("dropping to uid %u", uid);
+
+    int n_rest = argc - i;
+    char **args = calloc((size_t)n_rest + 4, sizeof(char *));
+    char userns_str[16], self_path[40];
+    snprintf(userns_str, sizeof userns_str, "%d", userns_fd);
+    snprintf(self_path, sizeof self_path, "/proc/self/fd/%d", self_fd);
+    int k = 0;
+    args[k++] = (char *)bwrap;
+    args[k++] = "--userns";
+    args[k++] = userns_str;
+    for (int j = i; j < argc; j++) args[k++] = strcmp(argv[j], "@AGENT@") ? argv[j] : self_path;
+    args[k] = NULL;
+    execv(bwrap, args);
+    die("exec %s", bwrap);
+    return 70;
+}
+
+/* ---------------------------------------------------------------- agent */
+
+enum {
+    REQ_EXEC = 1,
+    REQ_STDIN = 2,
+    REQ_SIGNAL = 3,
+    REQ_WOPEN = 4,
+    REQ_WDATA = 5,
+    REQ_WCLOSE = 6,
+    REQ_READ = 7,
+    REQ_TTL = 8,
+    REQ_PING = 9,
+    RSP_HELLO = 101,
+    RSP_STARTED = 102,
+    RSP_STDOUT = 103,
+    RSP_STDERR = 104,
+    RSP_EXIT = 105,
+    RSP_OK = 106,
+    RSP_FAIL = 107,
+    RSP_DATA = 108,
+    RSP_END = 109,
+    RSP_PONG = 110,
+};
+
+#define HDR 9
+#define MAX_FRAME (16u << 20)
+#define MAX_PROCS 4096
+#define MAX_FILES 256
+#define MAX_DRAIN 4096
+#define CHUNK 65536
+#define OUT_HIGH (1u << 20) /* stop reading children's pipes while this much waits for the socket */
+
+struct proc {
+    uint32_t id;
+    pid_t pid;
+    int fds[2]; /* stdout, stderr read ends; -1 once closed */
+    int in_fd;
+    uint64_t sent[2];
+    uint64_t cap;
+    int truncated;
+    int64_t deadline_ms; /* 0 = none */
+    int64_t start_us;
+    int exited, status, timed_out, used;
+};
+
+struct wfile {
+    uint32_t id;
+    int fd, err, used;
+};
+
+struct rfile {
+    uint32_t id;
+    int fd, used;
+    uint64_t left;
+};
+
+static struct proc procs[MAX_PROCS];
+static struct wfile wfiles[MAX_FILES];
+static struct rfile rfiles[MAX_FILES];
+static int drain_fds[MAX_DRAIN];
+static int n_drain;
+static int ctl = -1;
+static unsigned char *outbuf;
+static size_t out_len, out_cap, out_off;
+static unsigned char *inbuf;
+static size_t in_len, in_cap;
+static int64_t ttl_deadline_ms;
+
+static void out_reserve(size_t extra) {
+    if (out_off && out_off == out_len) out_off = out_len = 0;
+    if (out_len + extra <= out_cap) return;
+    if (out_off) {
+        memmove(outbuf, outbuf + out_off, out_len - out_off);
+        out_len -= out_off;
+        out_off = 0;
+        if (out_len + extra <= out_cap) return;
+    }
+    size_t want = out_cap ? out_cap : 65536;
+    while (want < out_len + extra) want *= 2;
+    unsigned char *p = realloc(outbuf, want);
+    if (!p) _exit(71);
+    outbuf = p;
+    out_cap = want;
+}
+
+static void put_u32(unsigned char *p, uint32_t v) {
+    p[0] = v & 0xff;
+    p[1] = (v >> 8) & 0xff;
+    p[2] = (v >> 16) & 0xff;
+    p[3] = (v >> 24) & 0xff;
+}
+
+static uint32_t get_u32(const unsigned char *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+static void send_frame(uint8_t type, uint32_t id, const void *payload, size_t len) {
+    out_reserve(HDR + len);
+    unsigned char *p = outbuf + out_len;
+    put_u32(p, (uint32_t)len);
+    p[4] = type;
+    put_u32(p + 5, id);
+    if (len) memcpy(p + HDR, payload, len);
+    out_len += HDR + len;
+}
+
+static void send_fail(uint32_t id, int err, const char *what) {
+    char msg[1024];
+    int n = snprintf(msg + 4, sizeof msg - 4, "%s: %s", what, strerror(err));
+    if (n < 0) n = 0;
+    if (n > (int)sizeof msg - 5) n = (int)sizeof msg - 5;
+    put_u32((unsigned char *)msg, (uint32_t)err);
+    send_frame(RSP_FAIL, id, msg, (size_t)n + 4);
+}
+
+static void flush_out(int blocking) {
+    while (out_off < out_len) {
+        ssize_t n = send(ctl, outbuf + out_off, out_len - out_off, MSG_NOSIGNAL | (blocking ? 0 : MSG_DONTWAIT));
+        if (n > 0) {
+            out_off += (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && !blocking) return;
+        _exit(0); /* the provider is gone */
+    }
+    out_off = out_len = 0;
+}
+
+static size_t out_pending(void) { return out_len - out_off; }
+
+static void set_nonblock(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK); }
+
+/* Stop every process descended from root, then kill them all: stopped processes cannot
+ * fork, so the tree cannot grow while it is being killed. The exec's main process is a
+ * child subreaper, so orphans of its tree stay under it and are found too. */
+static void kill_tree(pid_t root, int sig) {
+    static pid_t marked[8192];
+    int n_marked = 0;
+    if (sig != SIGKILL) {
+        kill(-root, sig);
+        kill(root, sig);
+        return;
+    }
+    kill(root, SIGSTOP);
+    marked[n_marked++] = root;
+    for (int round = 0; round < 64; round++) {
+        static pid_t pids[32768], ppids[32768];
+        int n = 0;
+        DIR *d = opendir("/proc");
+        if (!d) break;
+        struct dirent *e;
+        while ((e = readdir(d)) && n < 32768) {
+            if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+            char path[300], buf[512];
+            snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+            int fd = open(path, O_RDONLY | O_CLOEXEC);
+            if (fd < 0) continue;
+            ssize_t r = read(fd, buf, sizeof buf - 1);
+            close(fd);
+            if (r <= 0) continue;
+            buf[r] = 0;
+            char *rp = strrchr(buf, ')');
+            if (!rp) continue;
+            char state;
+            int ppid;
+            if (sscanf(rp + 2, "%c %d", &state, &ppid) != 2) continue;
+            pids[n] = atoi(e->d_name);
+            ppids[n++] = ppid;
+        }
+        closedir(d);
+        int added = 0;
+        for (int changed = 1; changed;) {
+            changed = 0;
+            for (int a = 0; a < n; a++) {
+                int is_marked = 0, parent_marked = 0;
+                for (int b = 0; b < n_marked; b++) {
+                    if (marked[b] == pids[a]) is_marked = 1;
+                    if (marked[b] == ppids[a]) parent_marked = 1;
+                }
+                if (!is_marked && parent_marked && n_marked < 8192) {
+                    kill(pids[a], SIGSTOP);
+                    marked[n_marked++] = pids[a];
+                    changed = added = 1;
+                }
+            }
+        }
+        if (!added) break;
+    }
+    kill(-root, SIGKILL);
+    for (int b = 0; b < n_marked; b++) kill(marked[b], SIGKILL);
+}
+
+static struct proc *find_proc(uint32_t id) {
+    for (int i = 0; i < MAX_PROCS; i++)
+        if (procs[i].used && procs[i].id == id) return &procs[i];
+    return NULL;
+}
+
+static void close_fd(int *fd) {
+    if (*fd >= 0) close(*fd);
+    *fd = -1;
+}
+
+static void finish_proc(struct proc *p) {
+    unsigned char msg[4 + 1 + 1 + 8];
+    int code;
+    if (p->timed_out)
+        code = 124;
+    else if (WIFEXITED(p->status))
+        code = WEXITSTATUS(p->status);
+    else if (WIFSIGNALED(p->status))
+        code = -WTERMSIG(p->status);
+    else
+        code = -1;
+    put_u32(msg, (uint32_t)code);
+    msg[4] = (unsigned char)p->timed_out;
+    msg[5] = (unsigned char)p->truncated;
+    uint64_t dur = (uint64_t)(now_us() - p->start_us);
+    for (int i = 0; i < 8; i++) msg[6 + i] = (dur >> (8 * i)) & 0xff;
+    send_frame(RSP_EXIT, p->id, msg, sizeof msg);
+    close_fd(&p->in_fd);
+    memset(p, 0, sizeof *p);
+}
+
+/* Read what a child wrote; returns 0 on EOF, 1 if the pipe is still open. */
+static int pump_pipe(struct proc *p, int which) {
+    unsigned char buf[CHUNK];
+    for (;;) {
+        ssize_t n = read(p->fds[which], buf, sizeof buf);
+        if (n > 0) {
+            uint64_t room = p->sent[which] < p->cap ? p->cap - p->sent[which] : 0;
+            size_t take = (uint64_t)n < room ? (size_t)n : (size_t)room;
+            if (take) send_frame(which ? RSP_STDERR : RSP_STDOUT, p->id, buf, take);
+            if (take < (size_t)n) p->truncated = 1;
+            p->sent[which] += take;
+            if (out_pending() > OUT_HIGH && !p->exited) return 1;
+            continue;
+        }
+        if (n == 0) {
+            close_fd(&p->fds[which]);
+            return 0;
+        }
+        if (errno == EINTR) continue;
+        return 1; /* EAGAIN */
+    }
+}
+
+/* The main process exited: take what is already in the pipes, and if background
+ * processes still hold them, keep reading (and dropping) so they never block or die of
+ * SIGPIPE, but do not wait for them. */
+static void complete_if_done(struct proc *p) {
+    if (!p->exited) return;
+    for (int w = 0; w < 2; w++) {
+        if (p->fds[w] >= 0 && pump_pipe(p, w)) {
+            if (n_drain < MAX_DRAIN)
+                drain_fds[n_drain++] = p->fds[w];
+            else
+                close(p->fds[w]);
+            p->fds[w] = -1;
+        }
+    }
+    finish_proc(p);
+}
+
+static const char *take_str(const unsigned char **p, const unsigned char *end, uint32_t *len) {
+    if (end - *p < 4) return NULL;
+    *len = get_u32(*p);
+    *p += 4;
+    if ((uint64_t)(end - *p) < *len) return NULL;
+    const char *s = (const char *)*p;
+    *p += *len;
+    return s;
+}
+
+static void do_exec(uint32_t id, const unsigned char *pl, uint32_t len) {
+    const unsigned char *end = pl + len, *p = pl;
+    if (len < 13 || find_proc(id)) {
+        send_fail(id, EINVAL, "malformed exec request");
+        return;
+    }
+    uint32_t timeout_ms = get_u32(p);
+    uint32_t cap = get_u32(p + 4);
+    uint8_t flags = p[8];
+    uint32_t nstr = get_u32(p + 9);
+    p += 13;
+    if (nstr < 2 || nstr > 65536) {
+        send_fail(id, EINVAL, "malformed exec request");
+        return;
+    }
+    char **strs = calloc(nstr + 1, sizeof(char *));
+    for (uint32_t i = 0; i < nstr; i++) {
+        uint32_t sl;
+        const char *s = take_str(&p, end, &sl);
+        if (!s) {
+            for (uint32_t j = 0; j < i; j++) free(strs[j]);
+            free(strs);
+            send_fail(id, EINVAL, "malformed exec request");
+            return;
+        }
+        strs[i] = strndup(s, sl);
+    }
+    struct proc *slot = NULL;
+    for (int i = 0; i < MAX_PROCS; i++)
+        if (!procs[i].used) {
+            slot = &procs[i];
+            break;
+        }
+    int outp[2] = {-1, -1}, errp[2] = {-1, -1}, inp[2] = {-1, -1};
+    int ok = slot && !pipe2(outp, O_CLOEXEC) && !pipe2(errp, O_CLOEXEC);
+    if (ok && (flags & 1)) ok = !pipe2(inp, O_CLOEXEC);
+    pid_t pid = -1;
+    if (ok) pid = fork();
+    if (pid == 0) {
+        sigset_t all;
+        sigemptyset(&all);
+        sigprocmask(SIG_SETMASK, &all, NULL);
+        for (int s = 1; s < NSIG; s++) signal(s, SIG_DFL);
+        setsid();
+        prctl(PR_SET_CHILD_SUBREAPER, 1);
+        int devnull = open("/dev/null", O_RDWR);
+        dup2(inp[0] >= 0 ? inp[0] : devnull, 0);
+        dup2(outp[1], 1);
+        dup2(errp[1], 2);
+        if (chdir(strs[0]) != 0) {
+            dprintf(2, "sandrl: cannot use %s as the working directory: %s\n", strs[0], strerror(errno));
+            _exit(1);
+        }
+        char *argv[] = {"sh", "-c", strs[1], NULL};
+        execve("/bin/sh", argv, strs + 2);
+        dprintf(2, "sandrl: cannot run /bin/sh in this image: %s\n", strerror(errno));
+        _exit(127);
+    }
+    int err = errno;
+    close_fd(&outp[1]);
+    close_fd(&errp[1]);
+    close_fd(&inp[0]);
+    for (uint32_t i = 0; i < nstr; i++) free(strs[i]);
+    free(strs);
+    if (pid < 0) {
+        close_fd(&outp[0]);
+        close_fd(&errp[0]);
+        close_fd(&inp[1]);
+        send_fail(id, slot ? err : EAGAIN, slot ? "starting the command" : "too many running commands");
+        return;
+    }
+    memset(slot, 0, sizeof *slot);
+    slot->used = 1;
+    slot->id = id;
+    slot->pid = pid;
+    slot->fds[0] = outp[0];
+    slot->fds[1] = errp[0];
+    slot->in_fd = inp[1];
+    slot->cap = cap;
+    slot->start_us = now_us();
+    slot->deadline_ms = timeout_ms ? now_ms() + timeout_ms : 0;
+    set_nonblock(outp[0]);
+    set_nonblock(errp[0]);
+    unsigned char pidbuf[4];
+    put_u32(pidbuf, (uint32_t)pid);
+    send_frame(RSP_STARTED, id, pidbuf, 4);
+}
+
+static void do_stdin(uint32_t id, const unsigned char *pl, uint32_t len) {
+    struct proc *p = find_proc(id);
+    if (!p || p->in_fd < 0) return; /* the process is gone or took no stdin: drop, as a pipe would */
+    if (len == 0) {
+        close_fd(&p->in_fd);
+        return;
+    }
+    /* Blocking write: stdin arrives in bounded chunks and the provider awaits each one. */
+    size_t off = 0;
+    while (off < len) {
+        ssize_t n = write(p->in_fd, pl + off, len - off);
+        if (n > 0)
+            off += (size_t)n;
+        else if (n < 0 && errno == EINTR)
+            continue;
+        else {
+            close_fd(&p->in_fd);
+            break;
+        }
+    }
+}
+
+static int mkdirs_for(char *path) {
+    for (char *s = path + 1; *s; s++) {
+        if (*s != '/') continue;
+        *s = 0;
+        int r = mkdir(path, 0755);
+        *s = '/';
+        if (r != 0 && errno != EEXIST) return -1;
+    }
+    return 0;
+}
+
+static struct wfile *find_wfile(uint32_t id) {
+    for (int i = 0; i < MAX_FILES; i++)
+        if (wfiles[i].used && wfiles[i].id == id) return &wfiles[i];
+    return NULL;
+}
+
+static void do_wopen(uint32_t id, const unsigned char *pl, uint32_t len) {
+    if (len < 5) {
+        send_fail(id, EINVAL, "malformed write request");
+        return;
+    }
+    uint32_t mode = get_u32(pl) & 07777;
+    char *path = strndup((const char *)pl + 4, len - 4);
+    struct wfile *w = NULL;
+    for (int i = 0; i < MAX_FILES; i++)
+        if (!wfiles[i].used) {
+            w = &wfiles[i];
+            break;
+        }
+    if (!w) {
+        send_fail(id, EMFILE, "too many files open for writing");
+        free(path);
+        return;
+    }
+    int fd = -1;
+    if (mkdirs_for(path) == 0) fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+    if (fd < 0) {
+        send_fail(id, errno, path);
+        free(path);
+        return;
+    }
+    fchmod(fd, mode);
+    free(path);
+    w->used = 1;
+    w->id = id;
+    w->fd = fd;
+    w->err = 0;
+    send_frame(RSP_OK, id, NULL, 0);
+}
+
+static void do_wdata(uint32_t id, const unsigned char *pl, uint32_t len) {
+    struct wfile *w = find_wfile(id);
+    if (!w || w->err) return;
+    size_t off = 0;
+    while (off < len) {
+        ssize_t n = write(w->fd, pl + off, len - off);
+        if (n > 0)
+            off += (size_t)n;
+        else if (n < 0 && errno == EINTR)
+            continue;
+        else {
+            w->err = n < 0 ? errno : EIO;
+            break;
+        }
+    }
+}
+
+static void do_wclose(uint32_t id) {
+    struct wfile *w = find_wfile(id);
+    if (!w) {
+        send_fail(id, EBADF, "no file open for this write");
+        return;
+    }
+    int err = w->err;
+    if (close(w->fd) != 0 && !err) err = errno;
+    memset(w, 0, sizeof *w);
+    if (err)
+        send_fail(id, err, "writing the file");
+    else
+        send_frame(RSP_OK, id, NULL, 0);
+}
+
+/* READ: u64 offset, u64 most bytes, path. The provider reads big files window by window,
+ * so memory on both sides stays bounded however slowly the data is consumed. */
+static void do_read(uint32_t id, const unsigned char *pl, uint32_t len) {
+    if (len < 17) {
+        send_fail(id, EINVAL, "malformed read request");
+        return;
+    }
+    uint64_t offset = (uint64_t)get_u32(pl) | ((uint64_t)get_u32(pl + 4) << 32);
+    uint64_t most = (uint64_t)get_u32(pl + 8) | ((uint64_t)get_u32(pl + 12) << 32);
+    char *path = strndup((const char *)pl + 16, len - 16);
+    struct rfile *r = NULL;
+    for (int i = 0; i < MAX_FILES; i++)
+        if (!rfiles[i].used) {
+            r = &rfiles[i];
+            break;
+        }
+    if (!r) {
+        send_fail(id, EMFILE, "too many files open for reading");
+        free(path);
+        return;
+    }
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd >= 0 && fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+        close(fd);
+        fd = -1;
+        errno = EISDIR;
+    }
+    if (fd >= 0 && offset && lseek(fd, (off_t)offset, SEEK_SET) < 0) {
+        int e = errno;
+        close(fd);
+        fd = -1;
+        errno = e;
+    }
+    if (fd < 0) {
+        send_fail(id, errno, path);
+        free(path);
+        return;
+    }
+    free(path);
+    r->used = 1;
+    r->id = id;
+    r->fd = fd;
+    r->left = most;
+}
+
+static void pump_reads(void) {
+    unsigned char buf[CHUNK];
+    for (int i = 0; i < MAX_FILES; i++) {
+        struct rfile *r = &rfiles[i];
+        while (r->used && out_pending() < OUT_HIGH) {
+            size_t want = r->left < sizeof buf ? (size_t)r->left : sizeof buf;
+            ssize_t n = want ? read(r->fd, buf, want) : 0;
+            if (n > 0) {
+                send_frame(RSP_DATA, r->id, buf, (size_t)n);
+                r->left -= (uint64_t)n;
+                continue;
+            }
+            if (n < 0 && errno == EINTR) continue;
+            if (n < 0)
+                send_fail(r->id, errno, "reading the file");
+            else
+                send_frame(RSP_END, r->id, NULL, 0);
+            close(r->fd);
+            memset(r, 0, sizeof *r);
+        }
+    }
+}
+
+static void handle_frame(uint8_t type, uint32_t id, const unsigned char *pl, uint32_t len) {
+    switch (type) {
+    case REQ_EXEC:
+        do_exec(id, pl, len);
+        break;
+    case REQ_STDIN:
+        do_stdin(id, pl, len);
+        break;
+    case REQ_SIGNAL: {
+        struct proc *p = find_proc(id);
+        if (p && !p->exited && len >= 4) kill_tree(p->pid, (int)get_u32(pl));
+        break;
+    }
+    case REQ_WOPEN:
+        do_wopen(id, pl, len);
+        break;
+    case REQ_WDATA:
+        do_wdata(id, pl, len);
+        break;
+    case REQ_WCLOSE:
+        do_wclose(id);
+        break;
+    case REQ_READ:
+        do_read(id, pl, len);
+        break;
+    case REQ_TTL:
+        if (len >= 4) {
+            uint32_t ms = get_u32(pl);
+            ttl_deadline_ms = ms ? now_ms() + ms : 0;
+        }
+        send_frame(RSP_OK, id, NULL, 0);
+        break;
+    case REQ_PING:
+        send_frame(RSP_PONG, id, NULL, 0);
+        break;
+    default:
+        send_fail(id, ENOSYS, "unknown request type");
+    }
+}
+
+static void read_ctl(void) {
+    if (in_cap - in_len < CHUNK) {
+        size_t want = in_cap ? in_cap * 2 : 2 * CHUNK;
+        unsigned char *p = realloc(inbuf, want);
+        if (!p) _exit(71);
+        inbuf = p;
+        in_cap = want;
+    }
+    ssize_t n = recv(ctl, inbuf + in_len, in_cap - in_len, MSG_DONTWAIT);
+    if (n == 0) _exit(0); /* the provider closed us or died: everything goes with pid 1 */
+    if (n < 0) {
+        if (errno == EAGAIN || errno == EINTR) return;
+        _exit(0);
+    }
+    in_len += (size_t)n;
+    size_t off = 0;
+    while (in_len - off >= HDR) {
+        uint32_t len = get_u32(inbuf + off);
+        if (len > MAX_FRAME) _exit(72);
+        if (in_len - off < HDR + len) {
+            if (in_cap < HDR + len) {
+                unsigned char *p = realloc(inbuf, HDR + len + CHUNK);
+                if (!p) _exit(71);
+                inbuf = p;
+                in_cap = HDR + len + CHUNK;
+            }
+            break;
+        }
+        handle_frame(inbuf[off + 4], get_u32(inbuf + off + 5), inbuf + off + HDR, len);
+        off += HDR + len;
+    }
+    memmove(inbuf, inbuf + off, in_len - off);
+    in_len -= off;
+}
+
+static void reap(void) {
+    int status;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+        for (int i = 0; i < MAX_PROCS; i++) {
+            if (procs[i].used && procs[i].pid == pid && !procs[i].exited) {
+                procs[i].exited = 1;
+                procs[i].status = status;
+                complete_if_done(&procs[i]);
+                break;
+            }
+        }
+    }
+}
+
+static void close_stray_fds(int keep1, int keep2) {
+    DIR *d = opendir("/proc/self/fd");
+    if (!d) return;
+    int dfd = dirfd(d);
+    int fds[1024], n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < 1024) {
+        if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+        int fd = atoi(e->d_name);
+        if (fd > 2 && fd != keep1 && fd != keep2 && fd != dfd) fds[n++] = fd;
+    }
+    closedir(d);
+    for (int i = 0; i < n; i++) close(fds[i]);
+}
+
+static int agent_main(int argc, char **argv) {
+    const char *workdir = "/";
+    int lock_fd = -1;
+    uint32_t ttl_ms = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--fd") && i + 1 < argc)
+            ctl = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--lock-fd") && i + 1 < argc)
+            lock_fd = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--workdir") && i + 1 < argc)
+            workdir = argv[++i];
+        else if (!strcmp(argv[i], "--ttl-ms") && i + 1 < argc)
+            ttl_ms = (uint32_t)strtoul(argv[++i], NULL, 10);
+    }
+    if (ctl < 0) {
+        errno = 0;
+        die("agent: need --fd");
+    }
+    /* Non-dumpable: the sandbox's own root cannot ptrace its supervisor or read its fds. */
+    prctl(PR_SET_DUMPABLE, 0);
+    close_stray_fds(ctl, lock_fd);
+    if (lock_fd >= 0) fcntl(lock_fd, F_SETFD, FD_CLOEXEC);
+    fcntl(ctl, F_SETFD, FD_CLOEXEC);
+    int devnull = open("/dev/null", O_RDWR);
+    if (devnull >= 0) {
+        dup2(devnull, 0);
+        dup2(devnull, 1);
+        dup2(devnull, 2);
+        if (devnull > 2) close(devnull);
+    }
+    char wd[PATH_MAX];
+    snprintf(wd, sizeof wd, "%s/", workdir);
+    mkdirs_for(wd);
+    if (chdir("/") != 0) _exit(73);
+    ttl_deadline_ms = ttl_ms ? now_ms() + ttl_ms : 0;
+
+    sigset_t mask;
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGCHLD);
+    sigaddset(&mask, SIGPIPE);
+    sigprocmask(SIG_BLOCK, &mask, NULL);
+    sigset_t chld;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    int sfd = signalfd(-1, &chld, SFD_NONBLOCK | SFD_CLOEXEC);
+    set_nonblock(ctl);
+
+    unsigned char hello[4];
+    put_u32(hello, PROTOCOL_VERSION);
+    send_frame(RSP_HELLO, 0, hello, 4);
+
+    static struct pollfd pfds[2 + 2 * MAX_PROCS + MAX_DRAIN];
+    static struct proc *owner[2 + 2 * MAX_PROCS + MAX_DRAIN];
+    static int which[2 + 2 * MAX_PROCS + MAX_DRAIN];
+    for (;;) {
+        int n = 0;
+        pfds[n] = (struct pollfd){.fd = ctl, .events = POLLIN | (out_pending() ? POLLOUT : 0)};
+        owner[n++] = NULL;
+        pfds[n] = (struct pollfd){.fd = sfd, .events = POLLIN};
+        owner[n++] = NULL;
+        int64_t now = now_ms(), wake = ttl_deadline_ms;
+        for (int i = 0; i < MAX_PROCS; i++) {
+            struct proc *p = &procs[i];
+            if (!p->used) continue;
+            if (p->deadline_ms && !p->exited) {
+                if (now >= p->deadline_ms && !p->timed_out) {
+                    p->timed_out = 1;
+                    kill_tree(p->pid, SIGKILL);
+                } else if (!p->timed_out && (!wake || p->deadline_ms < wake)) {
+                    wake = p->deadline_ms;
+                }
+            }
+            if (out_pending() > OUT_HIGH) continue; /* back-pressure: let the children block */
+            for (int w = 0; w < 2; w++) {
+                if (p->fds[w] < 0) continue;
+                pfds[n] = (struct pollfd){.fd = p->fds[w], .events = POLLIN};
+                owner[n] = p;
+                which[n++] = w;
+            }
+        }
+        for (int i = 0; i < n_drain; i++) {
+            pfds[n] = (struct pollfd){.fd = drain_fds[i], .events = POLLIN};
+            owner[n] = NULL;
+            which[n++] = -1 - i;
+        }
+        int timeout = -1;
+        if (wake) timeout = wake > now ? (int)(wake - now) : 0;
+        int r = poll(pfds, (nfds_t)n, timeout);
+        if (ttl_deadline_ms && now_ms() >= ttl_deadline_ms) _exit(0); /* TTL: the sandbox ends */
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            _exit(74);
+        }
+        if (pfds[1].revents) {
+            struct signalfd_siginfo si;
+            while (read(sfd, &si, sizeof si) == sizeof si) {
+            }
+            reap();
+        }
+        for (int i = 2; i < n; i++) {
+            if (!pfds[i].revents) continue;
+            if (owner[i]) {
+                if (owner[i]->used && owner[i]->fds[which[i]] == pfds[i].fd) pump_pipe(owner[i], which[i]);
+            } else if (which[i] < 0) {
+                int idx = -1 - which[i];
+                char junk[CHUNK];
+                ssize_t got = read(drain_fds[idx], junk, sizeof junk);
+                if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR)) {
+                    close(drain_fds[idx]);
+                    drain_fds[idx] = -1;
+                }
+            }
+        }
+        int k = 0;
+        for (int i = 0; i < n_drain; i++)
+            if (drain_fds[i] >= 0) drain_fds[k++] = drain_fds[i];
+        n_drain = k;
+        if (pfds[0].revents & (POLLIN | POLLHUP | POLLERR)) read_ctl();
+        pump_reads();
+        reap();
+        flush_out(0);
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc >= 2 && !strcmp(argv[1], "launch")) return launch_main(argc - 1, argv + 1);
+    if (argc >= 2 && !strcmp(argv[1], "agent")) return agent_main(argc - 1, argv + 1);
+    fprintf(stderr, "usage: sandrl-helper launch|agent ... (started by sandrl, not by hand)\n");
+    return 64;
+}

@@ -1,0 +1,126 @@
+"""The provider's state directory: uid slots, one record per live sandbox, and reaping.
+
+Everything a sandbox leaves on the host outside its own namespaces is listed here, so a
+provider that starts can remove what a crashed one left::
+
+    <state>/slots/<k>.lock        flock'ed by a sandbox's processes for as long as they live
+    <state>/sandboxes/<id>/       meta.json (slot, spec, times) and log (the helper's stderr)
+
+A slot is a host uid range: sandbox root is host uid ``uid_base + k*65536``, so no two live
+sandboxes share a host uid. The lock file's open file description is inherited by the
+sandbox's supervisor, so the lock is held exactly as long as the sandbox lives, whatever
+happens to the provider; a record whose slot lock is free belongs to a dead sandbox.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandrl.errors import CapacityExhaustedError
+
+UID_RANGE = 65536
+DEFAULT_UID_BASE = 0x70000000
+"""Far above the uid ranges distributions hand out (subuid ranges, systemd's dynamic users)."""
+DEFAULT_SLOTS = 4096
+
+
+@dataclass
+class Slot:
+    index: int
+    uid: int
+    fd: int
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class StateDir:
+    def __init__(self, root: Path, *, uid_base: int = DEFAULT_UID_BASE, slots: int = DEFAULT_SLOTS) -> None:
+        self.root = root
+        self.uid_base = uid_base
+        self.n_slots = slots
+        self.slots_dir = root / "slots"
+        self.sandboxes_dir = root / "sandboxes"
+        for d in (root, self.slots_dir, self.sandboxes_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        os.chmod(root, 0o755)  # images and the helper live below; sandbox records are 0700
+        os.chmod(self.sandboxes_dir, 0o700)
+
+    def _try_lock(self, index: int) -> int | None:
+        fd = os.open(self.slots_dir / f"{index}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        return fd
+
+    def acquire_slot(self) -> Slot:
+        start = random.randrange(self.n_slots)  # spread providers over the range: fewer collisions
+        for i in range(self.n_slots):
+            index = (start + i) % self.n_slots
+            fd = self._try_lock(index)
+            if fd is not None:
+                return Slot(index=index, uid=self.uid_base + index * UID_RANGE, fd=fd)
+        raise CapacityExhaustedError(
+            f"all {self.n_slots} sandbox uid slots under {self.slots_dir} are in use; close sandboxes first"
+        )
+
+    def claim(self, slot: Slot, sandbox_id: str) -> None:
+        """Write the owner's id into the slot's lock file, so reaping can tell whose it is."""
+        os.ftruncate(slot.fd, 0)
+        os.pwrite(slot.fd, sandbox_id.encode(), 0)
+
+    def slot_owner(self, index: int) -> str | None:
+        """The id of the live sandbox holding slot ``index``, or None if the slot is free."""
+        fd = self._try_lock(index)
+        if fd is not None:
+            os.close(fd)
+            return None
+        try:
+            return (self.slots_dir / f"{index}.lock").read_text()
+        except OSError:
+            return ""
+
+    def record_dir(self, sandbox_id: str) -> Path:
+        return self.sandboxes_dir / sandbox_id
+
+    def write_record(self, sandbox_id: str, meta: dict[str, object]) -> Path:
+        d = self.record_dir(sandbox_id)
+        d.mkdir(mode=0o700)
+        (d / "meta.json").write_text(json.dumps(meta))
+        return d
+
+    def read_record(self, sandbox_id: str) -> dict[str, object] | None:
+        try:
+            data = json.loads((self.record_dir(sandbox_id) / "meta.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def remove_record(self, sandbox_id: str) -> None:
+        shutil.rmtree(self.record_dir(sandbox_id), ignore_errors=True)
+
+    def records(self) -> list[str]:
+        with contextlib.suppress(OSError):
+            return sorted(p.name for p in self.sandboxes_dir.iterdir() if p.is_dir())
+        return []
+
+    def dead_records(self) -> list[str]:
+        """Records of sandboxes whose processes are gone (their slot lock is free)."""
+        dead = []
+        for sid in self.records():
+            meta = self.read_record(sid)
+            slot = meta.get("slot") if meta else None
+            if not isinstance(slot, int) or self.slot_owner(slot) != sid:
+                dead.append(sid)
+        return dead
