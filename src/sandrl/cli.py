@@ -25,6 +25,83 @@ app.add_typer(serve_app, name="serve")
 err_console = Console(stderr=True)
 
 
+@app.command()
+def demo() -> None:
+    """Run the main job end to end on the embedded defaults."""
+    from sandrl.demo import main as demo_main
+
+    demo_main()
+
+
+@sandbox_app.command(
+    "run", context_settings={"allow_extra_args": True, "ignore_unknown_options": False}, no_args_is_help=True
+)
+def sandbox_run(
+    command: list[str] = typer.Argument(..., help="The command and its arguments (after --)."),
+    image: str = typer.Option("host", help="Image to start from."),
+    cpus: float = typer.Option(1.0, help="CPU quota in cores."),
+    memory_mb: int = typer.Option(2048, help="Memory limit in MiB."),
+    pids: int = typer.Option(512, help="Most processes at once."),
+    disk_mb: int = typer.Option(4096, help="Size of the writable layer in MiB."),
+    timeout: float = typer.Option(60.0, help="Wall-clock limit in seconds; exit code 124 when hit."),
+    network: bool = typer.Option(False, "--network", help="Share the host's network (default: loopback only)."),
+) -> None:
+    """Run COMMAND in a fresh sandbox, print its output, exit with its exit code."""
+    import asyncio
+    import shlex
+
+    from sandrl.sandbox.base import SandboxSpec
+    from sandrl.sandbox.bwrap import BwrapProvider
+
+    if timeout <= 0:
+        raise SandrlError("--timeout must be a positive number of seconds")
+    spec = SandboxSpec(
+        image=image,
+        cpus=cpus,
+        memory_mb=memory_mb,
+        pids=pids,
+        disk_mb=disk_mb,
+        network=network,
+        ttl_s=timeout + 60,
+    )
+
+    async def go() -> int:
+        provider = BwrapProvider()
+        async with await provider.create(spec) as sandbox:
+            result = await sandbox.exec(shlex.join(command), timeout_s=timeout)
+        sys.stdout.write(result.stdout)
+        sys.stderr.write(result.stderr)
+        if result.timed_out:
+            err_console.print(f"[bold red]timed out[/] after {timeout:g} s")
+        if result.truncated:
+            err_console.print("[yellow]output truncated[/] at the output cap")
+        return result.exit_code
+
+    code = asyncio.run(go())
+    raise typer.Exit(code if code >= 0 else 128 - code)
+
+
+@bench_app.command("sandbox")
+def bench_sandbox(
+    n: int = typer.Option(200, help="Repetitions of each latency measure."),
+    live: int = typer.Option(500, help="Idle sandboxes live at once for the memory measure."),
+    pool_size: int = typer.Option(8, help="Warm pool size."),
+    json_only: bool = typer.Option(False, "--json", help="Print only the JSON line."),
+) -> None:
+    """Sandbox start-up, exec latency and idle footprint against plain subprocess and bare bwrap."""
+    import asyncio
+    import io
+    import json
+
+    from sandrl.bench.sandbox import run
+
+    if n < 1 or live < 1 or pool_size < 1:
+        raise SandrlError("--n, --live and --pool-size must be at least 1")
+    console = Console(file=io.StringIO()) if json_only else Console(stderr=True)
+    result = asyncio.run(run(n=n, live=live, pool_size=pool_size, console=console))
+    print(json.dumps(result))
+
+
 def main() -> None:
     """Entry point of the console script."""
     try:

@@ -34,6 +34,7 @@ import asyncio
 import atexit
 import contextlib
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -43,7 +44,7 @@ import uuid
 import warnings
 import weakref
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -125,6 +126,7 @@ class BwrapProvider:
                 "or run scripts/bootstrap.sh"
             )
         self.bwrap = found
+        _raise_fd_limit()  # one socket per live sandbox: hundreds at once
         self.state = StateDir(Path(state_dir) if state_dir is not None else DEFAULT_STATE_DIR)
         self.images = ImageStore(self.state.root / "images")
         self.helper = helper_path(self.state.root / "bin")
@@ -327,6 +329,7 @@ class BwrapSandbox:
             **spec.env,
         }
         self._closing: asyncio.Task[None] | None = None
+        self._close_callbacks: list[Callable[[BwrapSandbox], None]] = []
         self.close_reason = ""
         loop = asyncio.get_running_loop()
         self._ttl_timer = loop.call_later(spec.ttl_s, self._expire)
@@ -381,6 +384,16 @@ class BwrapSandbox:
         self._group.remove()
         self.provider.state.remove_record(self.id)
         self.provider.live.discard(self)
+        callbacks, self._close_callbacks = self._close_callbacks, []
+        for callback in callbacks:
+            callback(self)
+
+    def add_close_callback(self, callback: Callable[[BwrapSandbox], None]) -> None:
+        """Call ``callback(sandbox)`` once the sandbox is gone (closed, expired or died)."""
+        if self._closing is not None and self._closing.done():
+            callback(self)
+        else:
+            self._close_callbacks.append(callback)
 
     def _cleanup_sync(self) -> None:
         self._group.kill()
@@ -708,6 +721,13 @@ def _safe(fn: object) -> int:
     except (OSError, ValueError):
         return 0
     return value  # type: ignore[no-any-return]
+
+
+def _raise_fd_limit() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def _mem_available_mb() -> int | None:

@@ -1,0 +1,1 @@
+"""Benchmarks. Each prints a table for people, then one JSON line for scripts."""

@@ -1,0 +1,239 @@
+"""``sandrl bench sandbox``: sandbox start-up, exec latency and idle footprint, side by side.
+
+In one run, on the same host, so the ratios are fair: (a) a plain subprocess ``/bin/true``,
+(b) bare ``bwrap ... true``, (c) sandrl cold create -> first exec returns, (d) the same from
+the warm pool, (e) exec round trip of ``true`` in a live sandbox, (f) memory per idle live
+sandbox with N live at once, and whether all N closed cleanly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from sandrl.bench.stats import summary_ms
+from sandrl.sandbox.base import SandboxSpec
+from sandrl.sandbox.bwrap import BwrapProvider, BwrapSandbox
+from sandrl.sandbox.pool import PooledProvider
+
+TARGETS = {
+    "warm_p50_ms": 10.0,
+    "warm_p99_ms": 50.0,
+    "cold_over_bwrap_p50": 3.0,
+    "exec_p50_ms": 5.0,
+    "idle_host_mib_per_sandbox": 2.0,
+}
+
+
+def _time_subprocess(argv: list[str], n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        subprocess.run(argv, check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        out.append(time.perf_counter() - t)
+    return out
+
+
+BARE_BWRAP = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-all", "--die-with-parent", "true"]
+
+
+def _meminfo_kb(key: str) -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def _rss_pss_kb(pids: set[int]) -> tuple[int, int]:
+    rss = pss = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Rss:"):
+                        rss += int(line.split()[1])
+                    elif line.startswith("Pss:"):
+                        pss += int(line.split()[1])
+        except OSError:
+            continue
+    return rss, pss
+
+
+async def _cold(provider: BwrapProvider, spec: SandboxSpec, n: int, tick: Callable[[], None]) -> list[float]:
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        sandbox = await provider.create(spec)
+        await sandbox.exec("true")
+        out.append(time.perf_counter() - t)
+        await sandbox.close()
+        tick()
+    return out
+
+
+async def _warm(
+    provider: BwrapProvider, spec: SandboxSpec, n: int, pool_size: int, tick: Callable[[], None]
+) -> list[float]:
+    pooled = PooledProvider(provider, pools=[(spec, pool_size)])
+    pool = pooled.pool(spec)
+    assert pool is not None
+    await pool.wait_full()
+    out = []
+    try:
+        for _ in range(n):
+            t = time.perf_counter()
+            sandbox = await pooled.create(spec)
+            await sandbox.exec("true")
+            out.append(time.perf_counter() - t)
+            await sandbox.close()
+            # Episodes arrive at a finite rate; give the refill the time one create takes.
+            await asyncio.sleep(0.01)
+            tick()
+    finally:
+        await pooled.close()
+    return out
+
+
+async def _exec_rtt(provider: BwrapProvider, spec: SandboxSpec, n: int, tick: Callable[[], None]) -> list[float]:
+    out = []
+    async with await provider.create(spec) as sandbox:
+        for _ in range(10):
+            await sandbox.exec("true")
+        for _ in range(n):
+            t = time.perf_counter()
+            await sandbox.exec("true")
+            out.append(time.perf_counter() - t)
+            tick()
+    return out
+
+
+async def _footprint(provider: BwrapProvider, spec: SandboxSpec, live: int, tick: Callable[[], None]) -> dict[str, Any]:
+    gc.collect()
+    await asyncio.sleep(0.2)
+    avail_before = _meminfo_kb("MemAvailable")
+    sandboxes: list[BwrapSandbox] = []
+    sem = asyncio.Semaphore(4)
+
+    async def one() -> None:
+        async with sem:
+            sandbox = await provider.create(spec)
+            sandboxes.append(sandbox)
+            tick()
+
+    t = time.perf_counter()
+    results = await asyncio.gather(*(one() for _ in range(live)), return_exceptions=True)
+    create_s = time.perf_counter() - t
+    errors = [r for r in results if isinstance(r, BaseException)]
+    await asyncio.sleep(1.0)  # let lazy kernel work settle before measuring
+    avail_after = _meminfo_kb("MemAvailable")
+    cgroup_bytes = sum(s.stats().memory_bytes for s in sandboxes)
+    pids: set[int] = set()
+    for s in sandboxes:
+        pids |= s._group.processes()
+    rss_kb, pss_kb = _rss_pss_kb(pids)
+    ok = sum([(await s.exec("echo ok")).stdout == "ok\n" for s in sandboxes[:: max(1, len(sandboxes) // 20)]])
+    t = time.perf_counter()
+    await asyncio.gather(*(s.close() for s in sandboxes))
+    close_s = time.perf_counter() - t
+    n = max(1, len(sandboxes))
+    leftovers = {
+        "records": len(provider.state.records()),
+        "cgroups": len(provider.cgroups.stale_groups()),
+        "processes": len(pids & {int(p) for p in os.listdir("/proc") if p.isdigit()}),
+    }
+    return {
+        "live": len(sandboxes),
+        "create_errors": len(errors),
+        "create_all_s": round(create_s, 3),
+        "close_all_s": round(close_s, 3),
+        "host_mib_per_sandbox": round((avail_before - avail_after) / 1024 / n, 3),
+        "cgroup_mib_per_sandbox": round(cgroup_bytes / 2**20 / n, 3),
+        "rss_mib_per_sandbox": round(rss_kb / 1024 / n, 3),
+        "pss_mib_per_sandbox": round(pss_kb / 1024 / n, 3),
+        "processes_per_sandbox": round(len(pids) / n, 2),
+        "sampled_execs_ok": ok,
+        "leftovers_after_close": leftovers,
+        "closed_cleanly": not any(leftovers.values()),
+    }
+
+
+async def run(n: int = 200, live: int = 500, pool_size: int = 8, console: Console | None = None) -> dict[str, Any]:
+    console = console or Console(stderr=True)
+    provider = BwrapProvider()
+    spec = SandboxSpec()
+    # Warm up: the helper build, the host image's layers, the page cache.
+    for _ in range(3):
+        async with await provider.create(spec) as sb:
+            await sb.exec("true")
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("subprocess /bin/true", total=n)
+        plain = [*_time_subprocess(["/bin/true"], n)]
+        progress.update(task, completed=n, description="bare bwrap true")
+        bare = _time_subprocess([provider.bwrap, *BARE_BWRAP], n)
+        progress.update(task, completed=0, description="cold create -> first exec")
+        cold = await _cold(provider, spec, n, lambda: progress.advance(task))
+        progress.update(task, completed=0, description="warm pool create -> first exec")
+        warm = await _warm(provider, spec, n, pool_size, lambda: progress.advance(task))
+        progress.update(task, completed=0, description="exec round trip")
+        rtt = await _exec_rtt(provider, spec, n, lambda: progress.advance(task))
+        progress.update(task, completed=0, total=live, description=f"{live} idle sandboxes")
+        footprint = await _footprint(provider, spec, live, lambda: progress.advance(task))
+    rows = {
+        "subprocess_true": summary_ms(plain),
+        "bwrap_true": summary_ms(bare),
+        "cold_create_exec": summary_ms(cold),
+        "warm_create_exec": summary_ms(warm),
+        "exec_true": summary_ms(rtt),
+    }
+    ratios = {
+        "cold_over_bwrap_p50": round(rows["cold_create_exec"]["p50_ms"] / rows["bwrap_true"]["p50_ms"], 3),
+        "warm_over_bwrap_p50": round(rows["warm_create_exec"]["p50_ms"] / rows["bwrap_true"]["p50_ms"], 3),
+    }
+    checks = {
+        "warm_p50": rows["warm_create_exec"]["p50_ms"] <= TARGETS["warm_p50_ms"],
+        "warm_p99": rows["warm_create_exec"]["p99_ms"] <= TARGETS["warm_p99_ms"],
+        "cold_ratio": ratios["cold_over_bwrap_p50"] <= TARGETS["cold_over_bwrap_p50"],
+        "exec_p50": rows["exec_true"]["p50_ms"] <= TARGETS["exec_p50_ms"],
+        "idle_memory": footprint["host_mib_per_sandbox"] <= TARGETS["idle_host_mib_per_sandbox"]
+        and footprint["live"] == live
+        and footprint["closed_cleanly"],
+    }
+    table = Table(title=f"sandrl bench sandbox ({os.cpu_count()} cores, n={n})")
+    for col in ("measure", "p50 ms", "p95 ms", "p99 ms"):
+        table.add_column(col, justify="right" if col != "measure" else "left")
+    labels = {
+        "subprocess_true": "(a) subprocess /bin/true",
+        "bwrap_true": "(b) bare bwrap true",
+        "cold_create_exec": "(c) cold create -> first exec",
+        "warm_create_exec": "(d) warm pool create -> first exec",
+        "exec_true": "(e) exec `true` in a live sandbox",
+    }
+    for key, label in labels.items():
+        r = rows[key]
+        table.add_row(label, f"{r['p50_ms']:.2f}", f"{r['p95_ms']:.2f}", f"{r['p99_ms']:.2f}")
+    console.print(table)
+    console.print(
+        f"(f) {footprint['live']} idle live: host {footprint['host_mib_per_sandbox']:.2f} MiB each, "
+        f"cgroup {footprint['cgroup_mib_per_sandbox']:.2f} MiB, RSS {footprint['rss_mib_per_sandbox']:.2f} MiB, "
+        f"PSS {footprint['pss_mib_per_sandbox']:.2f} MiB; closed cleanly: {footprint['closed_cleanly']}"
+    )
+    console.print(f"ratios: cold/bwrap {ratios['cold_over_bwrap_p50']}x, warm/bwrap {ratios['warm_over_bwrap_p50']}x")
+    return {
+        "bench": "sandbox",
+        **rows,
+        "ratios": ratios,
+        "idle": footprint,
+        "targets": TARGETS,
+        "checks": checks,
+        "pass": all(checks.values()),
+    }
