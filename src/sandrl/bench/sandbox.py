@@ -149,7 +149,7 @@ async def _footprint(provider: BwrapProvider, spec: SandboxSpec, live: int, tick
     leftovers = {
         "records": len(provider.state.records()),
         "cgroups": len(provider.cgroups.stale_groups()),
-        "processes": len(pids & {int(p) for p in os.listdir("/proc") if p.isdigit()}),
+        "processes": len(provider.state.sandbox_processes()),
     }
     return {
         "live": len(sandboxes),

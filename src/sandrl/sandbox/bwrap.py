@@ -259,6 +259,8 @@ class BwrapProvider:
         # The sandbox's own processes now hold the slot's lock; ours would outlive a crash of theirs.
         slot.release()
         sandbox = BwrapSandbox(self, sid, spec, image_env, slot.index, group, proc, conn)
+        sandbox.uid = slot.uid
+        sandbox.mount_plan = plan
         self.live.add(sandbox)
         return sandbox
 
@@ -334,6 +336,17 @@ class BwrapSandbox:
         loop = asyncio.get_running_loop()
         self._ttl_timer = loop.call_later(spec.ttl_s, self._expire)
         self._watch = asyncio.create_task(self._watch_death(), name=f"sandrl-watch-{sid}")
+
+    uid: int = 0
+    """Host uid of root inside the sandbox (inside uid n is host uid ``uid + n``)."""
+    mount_plan: MountPlan | None = None
+    """The image layers and overlays this sandbox was made from."""
+
+    @property
+    def host_pid(self) -> int:
+        """Host pid of the sandbox's outermost process; its mount namespace holds the writable layers,
+        at ``/tmp/sandrl/upper/<k>`` for the k-th overlay of :attr:`mount_plan` (``/`` first)."""
+        return self._proc.pid
 
     # -- lifecycle
 
@@ -540,7 +553,14 @@ class BwrapSandbox:
         target = self._abs(path)
         rid = self._conn.new_id()
         replies: asyncio.Queue[Frame | None] = asyncio.Queue()
-        self._conn.route(rid, replies.put_nowait)
+        open_failed = False
+
+        def on_frame(frame: Frame | None) -> None:
+            nonlocal open_failed
+            open_failed = open_failed or frame is None or frame.op is Op.FAIL
+            replies.put_nowait(frame)
+
+        self._conn.route(rid, on_frame)
         size = 0
         try:
             await self._conn.send(protocol.encode_wopen(rid, target, mode))
@@ -549,8 +569,8 @@ class BwrapSandbox:
                     piece = chunk[i : i + protocol.CHUNK]
                     await self._conn.send(protocol.encode(Op.WDATA, rid, piece))
                     size += len(piece)
-                if not replies.empty():
-                    break  # the open already failed: stop sending
+                if open_failed:
+                    break  # no point sending the rest
             await self._conn.send(protocol.encode(Op.WCLOSE, rid))
             for _ in range(2):
                 frame = await replies.get()

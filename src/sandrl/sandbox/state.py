@@ -124,3 +124,20 @@ class StateDir:
             if not isinstance(slot, int) or self.slot_owner(slot) != sid:
                 dead.append(sid)
         return dead
+
+    def sandbox_processes(self) -> list[int]:
+        """Host pids of processes running as any slot's uid: after every close there are none."""
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/status") as f:
+                    for line in f:
+                        if line.startswith("Uid:"):
+                            if int(line.split()[2]) >= self.uid_base:
+                                found.append(int(entry))
+                            break
+            except OSError:
+                continue
+        return found

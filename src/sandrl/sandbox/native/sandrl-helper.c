@@ -1030,6 +1030,9 @@ static int agent_main(int argc, char **argv) {
         }
         int timeout = -1;
         if (wake) timeout = wake > now ? (int)(wake - now) : 0;
+        /* A file being read has more to send as soon as the socket has room: don't sleep. */
+        for (int i = 0; i < MAX_FILES && timeout != 0; i++)
+            if (rfiles[i].used && out_pending() < OUT_HIGH) timeout = 0;
         int r = poll(pfds, (nfds_t)n, timeout);
         if (ttl_deadline_ms && now_ms() >= ttl_deadline_ms) _exit(0); /* TTL: the sandbox ends */
         if (r < 0) {
