@@ -1,0 +1,129 @@
+"""The inference interfaces: what every policy backend offers and every caller codes against.
+
+A *policy* turns prompt token ids into output token ids with the log-probability of each
+sampled token. Backends: the embedded CPU engine (:mod:`sandrl.inference.engine`), an
+SGLang server (:mod:`sandrl.inference.sglang`) and any OpenAI-compatible server such as
+vLLM (:mod:`sandrl.inference.openai`). The rollout code sees only :class:`InferenceClient`.
+
+Token in, token out: trajectories are token-exact, so nothing here takes or returns text
+that the caller would have to re-tokenize.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+from sandrl.errors import ConfigError
+
+FinishReason = Literal["stop", "length", "abort"]
+"""Why generation ended: a stop token or string, the token budget (or the context), or an abort."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one completion. Validated on construction (a bad value is a ConfigError)."""
+
+    temperature: float = 1.0
+    """Softmax temperature; 0 means greedy (argmax), which is deterministic."""
+    top_p: float = 1.0
+    """Nucleus sampling: sample only from the smallest set of tokens whose probability reaches top_p."""
+    max_new_tokens: int = 128
+    """Most tokens to generate; reaching it ends with finish_reason 'length'."""
+    stop: tuple[str, ...] = ()
+    """Stop strings: generation ends after the token that completes one of them (the token is kept)."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Extra stop tokens, on top of the model's end-of-sequence tokens; the stop token is kept in the output."""
+    seed: int | None = None
+    """Seed of this request's sampler: the same seed, prompt and weights give the same output."""
+    ignore_eos: bool = False
+    """Do not stop at the model's end-of-sequence tokens (``stop_token_ids`` still stop); for benchmarks."""
+    top_logprobs: int = 0
+    """Also return, for each output position, this many most likely tokens with their log-probs."""
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ConfigError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
+        if not math.isfinite(self.top_p) or not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.max_new_tokens < 0:
+            raise ConfigError(f"max_new_tokens must be >= 0, got {self.max_new_tokens!r}")
+        if not 0 <= self.top_logprobs <= 20:
+            raise ConfigError(f"top_logprobs must be between 0 and 20, got {self.top_logprobs!r}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ConfigError(f"stop strings must be non-empty strings, got {self.stop!r}")
+        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+            raise ConfigError(f"stop_token_ids must be non-negative token ids, got {self.stop_token_ids!r}")
+        # Lists are accepted for convenience; tuples keep the dataclass hashable and immutable.
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One completion: the sampled token ids and, for each, its log-probability under the policy.
+
+    ``output_logprobs[i]`` is ``log softmax(logits)[output_ids[i]]`` of the raw model
+    distribution (temperature 1, before top-p), which is what the trainer recomputes and
+    what importance correction needs.
+    """
+
+    output_ids: list[int]
+    """The sampled tokens, stop token included (trajectories keep what the model emitted)."""
+    output_logprobs: list[float]
+    """Log-probability of each sampled token; same length as ``output_ids``."""
+    finish_reason: FinishReason
+    weight_version: int
+    """Version of the weights that produced the last token (the server's version when the request finished)."""
+    prompt_tokens: int
+    """Length of the prompt, as the server counted it."""
+    start_weight_version: int | None = None
+    """Version of the weights that produced the first token; differs from ``weight_version`` only when
+    a weight update landed while this request was being decoded. None when the backend does not say."""
+    matched_stop: int | str | None = None
+    """The stop token id or stop string that ended generation, when finish_reason is 'stop'."""
+    text: str | None = None
+    """The output decoded by the server, when it has a tokenizer; informational only."""
+    output_top_logprobs: list[list[tuple[int, float]]] | None = field(default=None, repr=False)
+    """Per output position, the ``top_logprobs`` most likely (token id, log-prob) pairs, if requested."""
+
+    def __post_init__(self) -> None:
+        if len(self.output_ids) != len(self.output_logprobs):
+            raise ValueError(
+                f"a Generation needs one log-prob per output token: {len(self.output_ids)} ids, "
+                f"{len(self.output_logprobs)} log-probs"
+            )
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.output_ids)
+
+
+@runtime_checkable
+class InferenceClient(Protocol):
+    """A policy that can be sampled and whose weights can be replaced.
+
+    Implementations: :class:`~sandrl.inference.engine.Engine` (in process),
+    :class:`~sandrl.inference.sglang.SGLangClient`, :class:`~sandrl.inference.openai.OpenAIClient`.
+    """
+
+    async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation:
+        """Sample one completion of ``input_ids``. Raises InferenceError (server) or ConfigError (bad request)."""
+        ...
+
+    async def update_weights(self, path: str) -> int:
+        """Load new weights from a checkpoint directory on the server's disk; return the new weight version.
+
+        Requests in flight are not dropped: they go on with the new weights from the next
+        decode step.
+        """
+        ...
+
+    async def health(self) -> None:
+        """Return if the policy can serve requests; raise InferenceError saying what to do otherwise."""
+        ...

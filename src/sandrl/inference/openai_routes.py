@@ -1,0 +1,283 @@
+"""OpenAI's routes on the inference server: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``.
+
+What the official ``openai`` package and OpenAI-compatible clients send, answered in
+OpenAI's shapes, plus the vLLM extensions that keep a client token-exact:
+``prompt`` as token ids, ``return_token_ids`` (``choices[i].token_ids``),
+``return_tokens_as_token_ids`` (logprobs tokens spelled ``token_id:N``), ``stop_token_ids``,
+``ignore_eos``, ``skip_special_tokens``, ``include_stop_str_in_output``. Each answer also
+carries ``weight_version``, which OpenAI's API lacks and RL needs.
+
+Not served: streaming, ``echo``, ``suffix``, penalties, tools; asking for one is a 400
+that says so rather than an answer that quietly ignores it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import replace
+from typing import Any
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict
+
+from sandrl.errors import ConfigError
+from sandrl.inference.base import Generation, SamplingParams
+from sandrl.inference.engine import Engine
+from sandrl.inference.serving import (
+    engine_of,
+    output_text,
+    reject_unsupported,
+    require_tokenizer,
+    served_name,
+    token_bytes,
+    token_text,
+)
+
+_UNSUPPORTED: dict[str, Any] = {
+    "stream": False,
+    "echo": False,
+    "suffix": None,
+    "best_of": (None, 1),
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "logit_bias": (None, {}),
+    "tools": (None, []),
+    "response_format": (None, {"type": "text"}),
+}
+
+
+class _Common(BaseModel):
+    # Clients send many optional fields (user, metadata...); unknown ones are ignored.
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int = 1
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    max_tokens: int | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    return_tokens_as_token_ids: bool = False
+    return_token_ids: bool = False
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+
+
+class ChatCompletionRequest(_Common):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+
+
+router = APIRouter(prefix="/v1")
+
+
+@router.get("/models")
+async def models(request: Request) -> dict[str, Any]:
+    engine = engine_of(request)
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": served_name(request),
+                "object": "model",
+                "created": 0,
+                "owned_by": "sandrl",
+                "root": engine.model_path,
+                "max_model_len": engine.max_context,
+            }
+        ],
+    }
+
+
+@router.post("/completions")
+async def completions(body: CompletionRequest, request: Request) -> dict[str, Any]:
+    engine = _checked(body, request, "/v1/completions")
+    params = _params(body, body.max_tokens if body.max_tokens is not None else 16, body.logprobs or 0)
+    prompts = _completion_prompts(engine, body.prompt)
+    generations = await _run(engine, prompts, params, body.n)
+    choices = []
+    for index, (g, prompt) in enumerate(generations):
+        choice: dict[str, Any] = {
+            "index": index,
+            "text": _text(engine, g, body),
+            "logprobs": (
+                _completion_logprobs(engine, g, body.return_tokens_as_token_ids) if body.logprobs is not None else None
+            ),
+            "finish_reason": g.finish_reason,
+            "stop_reason": g.matched_stop,
+        }
+        if body.return_token_ids:
+            choice["token_ids"], choice["prompt_token_ids"] = g.output_ids, prompt
+        choices.append(choice)
+    return _envelope("cmpl", "text_completion", request, generations, choices)
+
+
+@router.post("/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> dict[str, Any]:
+    engine = _checked(body, request, "/v1/chat/completions")
+    tokenizer = require_tokenizer(engine, "/v1/chat/completions")
+    limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    top = (body.top_logprobs or 0) if body.logprobs else 0
+    params = _params(body, limit if limit is not None else engine.max_context, top)
+    messages = [{"role": m.role, "content": _content(m)} for m in body.messages]
+    prompt = tokenizer.encode_messages(messages, add_generation_prompt=True)
+    generations = await _run(engine, [prompt], params, body.n)
+    choices = []
+    for index, (g, _) in enumerate(generations):
+        choice: dict[str, Any] = {
+            "index": index,
+            "message": {"role": "assistant", "content": _text(engine, g, body)},
+            "logprobs": _chat_logprobs(engine, g, body.return_tokens_as_token_ids) if body.logprobs else None,
+            "finish_reason": g.finish_reason,
+            "stop_reason": g.matched_stop,
+        }
+        if body.return_token_ids:
+            choice["token_ids"] = g.output_ids
+        choices.append(choice)
+    answer = _envelope("chatcmpl", "chat.completion", request, generations, choices)
+    if body.return_token_ids:
+        answer["prompt_token_ids"] = prompt
+    return answer
+
+
+def _checked(body: _Common, request: Request, where: str) -> Engine:
+    name = served_name(request)
+    if body.model != name:
+        error = ConfigError(
+            f"{where}: this server serves the model {name!r}, not {body.model!r} (see /v1/models)",
+            error_code="model_not_found",
+        )
+        error.http_status = 404  # what OpenAI answers, so the openai package raises NotFoundError
+        raise error
+    reject_unsupported(body.model_dump(), _UNSUPPORTED, where)
+    if not 1 <= body.n <= 16:
+        raise ConfigError(f"{where}: n must be between 1 and 16, got {body.n}")
+    return engine_of(request)
+
+
+def _params(body: _Common, max_new_tokens: int, top_logprobs: int) -> SamplingParams:
+    stop = body.stop or ()
+    return SamplingParams(
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        max_new_tokens=max_new_tokens,
+        stop=(stop,) if isinstance(stop, str) else tuple(stop),
+        stop_token_ids=tuple(body.stop_token_ids or ()),
+        seed=body.seed,
+        ignore_eos=body.ignore_eos,
+        top_logprobs=top_logprobs,
+    )
+
+
+async def _run(
+    engine: Engine, prompts: list[list[int]], params: SamplingParams, n: int
+) -> list[tuple[Generation, list[int]]]:
+    """All prompts times n samples at once (they batch); sample i of a seeded request uses seed + i."""
+    jobs = []
+    for prompt in prompts:
+        for i in range(n):
+            p = params if params.seed is None or i == 0 else replace(params, seed=params.seed + i)
+            jobs.append((prompt, p))
+    results = await asyncio.gather(*(engine.generate(prompt, p) for prompt, p in jobs))
+    return [(g, prompt) for g, (prompt, _) in zip(results, jobs, strict=True)]
+
+
+def _completion_prompts(engine: Engine, prompt: str | list[str] | list[int] | list[list[int]]) -> list[list[int]]:
+    if isinstance(prompt, str):
+        return [require_tokenizer(engine, "a text prompt").encode(prompt)]
+    if prompt and all(isinstance(p, int) for p in prompt):
+        return [[int(t) for t in prompt if isinstance(t, int)]]
+    out: list[list[int]] = []
+    for item in prompt:
+        if isinstance(item, str):
+            out.append(require_tokenizer(engine, "a text prompt").encode(item))
+        elif isinstance(item, list):
+            out.append([int(t) for t in item])
+    if not out:
+        raise ConfigError("/v1/completions: prompt is empty")
+    return out
+
+
+def _content(message: ChatMessage) -> str:
+    if message.content is None or isinstance(message.content, str):
+        return message.content or ""
+    parts = []
+    for part in message.content:
+        if part.get("type") != "text":
+            raise ConfigError(f"only text message parts are supported, got a {part.get('type')!r} part")
+        parts.append(str(part.get("text", "")))
+    return "".join(parts)
+
+
+def _text(engine: Engine, g: Generation, body: _Common) -> str:
+    return output_text(
+        engine, g, skip_special_tokens=body.skip_special_tokens, keep_stop=body.include_stop_str_in_output
+    )
+
+
+def _completion_logprobs(engine: Engine, g: Generation, as_ids: bool) -> dict[str, Any]:
+    tokens = [token_text(engine, t, as_id=as_ids) for t in g.output_ids]
+    offsets, at = [], 0
+    for token in tokens:
+        offsets.append(at)
+        at += len(token)
+    if g.output_top_logprobs is not None:
+        tops = [{token_text(engine, t, as_id=as_ids): lp for t, lp in row} for row in g.output_top_logprobs]
+    else:
+        tops = [{tok: lp} for tok, lp in zip(tokens, g.output_logprobs, strict=True)]
+    return {"tokens": tokens, "token_logprobs": g.output_logprobs, "top_logprobs": tops, "text_offset": offsets}
+
+
+def _chat_logprobs(engine: Engine, g: Generation, as_ids: bool) -> dict[str, Any]:
+    rows = g.output_top_logprobs or [[] for _ in g.output_ids]
+    content = [
+        {
+            "token": token_text(engine, t, as_id=as_ids),
+            "logprob": lp,
+            "bytes": token_bytes(engine, t),
+            "top_logprobs": [
+                {"token": token_text(engine, tt, as_id=as_ids), "logprob": tlp, "bytes": token_bytes(engine, tt)}
+                for tt, tlp in row
+            ],
+        }
+        for t, lp, row in zip(g.output_ids, g.output_logprobs, rows, strict=True)
+    ]
+    return {"content": content, "refusal": None}
+
+
+def _envelope(
+    prefix: str, kind: str, request: Request, generations: list[tuple[Generation, list[int]]], choices: list[Any]
+) -> dict[str, Any]:
+    prompt_tokens = sum(len(p) for p in {tuple(p) for _, p in generations})
+    completion_tokens = sum(g.completion_tokens for g, _ in generations)
+    return {
+        "id": f"{prefix}-{uuid.uuid4().hex}",
+        "object": kind,
+        "created": int(time.time()),
+        "model": served_name(request),
+        "choices": choices,
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+        "weight_version": min(g.weight_version for g, _ in generations),
+    }

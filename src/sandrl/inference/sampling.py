@@ -1,0 +1,71 @@
+"""Choosing the next token for a batch of requests, each with its own sampling parameters.
+
+One call handles the whole batch with tensor operations; only the uniform draw is per
+row, from the request's own generator, so a seeded request samples the same tokens
+whatever else shares its batch.
+
+The log-prob returned for a token is that of the raw model distribution
+(``log_softmax(logits)``: temperature 1, no top-p), the quantity the trainer recomputes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class RowSampler:
+    """The sampling state of one request in the batch."""
+
+    temperature: float
+    top_p: float
+    generator: torch.Generator
+    top_logprobs: int = 0
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """The tokens chosen for one batch, row by row."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[int, float]] | None]
+
+
+def sample_next(logits: torch.Tensor, rows: Sequence[RowSampler]) -> Sampled:
+    """Pick one token per row of ``logits`` (shape [batch, vocab]) under that row's parameters."""
+    logits = logits.float()
+    logprobs = torch.log_softmax(logits, dim=-1)
+    chosen = logprobs.argmax(dim=-1)
+    sampled_rows = [i for i, row in enumerate(rows) if row.temperature > 0]
+    if sampled_rows:
+        index = torch.tensor(sampled_rows, dtype=torch.long)
+        temperature = torch.tensor([rows[i].temperature for i in sampled_rows], dtype=torch.float32)
+        top_p = torch.tensor([rows[i].top_p for i in sampled_rows], dtype=torch.float32)
+        uniform = torch.stack([torch.rand((), generator=rows[i].generator) for i in sampled_rows])
+        chosen[index] = _sample(logits[index] / temperature[:, None], top_p, uniform)
+    token_logprobs = logprobs.gather(1, chosen[:, None]).squeeze(1)
+    top: list[list[tuple[int, float]] | None] = [None] * len(rows)
+    for i, row in enumerate(rows):
+        if row.top_logprobs > 0:
+            values, ids = torch.topk(logprobs[i], row.top_logprobs)
+            top[i] = list(zip(ids.tolist(), values.tolist(), strict=True))
+    return Sampled(chosen.tolist(), token_logprobs.tolist(), top)
+
+
+def _sample(scaled_logits: torch.Tensor, top_p: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF sampling from softmax(scaled_logits), restricted to each row's top-p nucleus."""
+    probs = torch.softmax(scaled_logits, dim=-1)
+    sorted_probs, sorted_ids = probs.sort(dim=-1, descending=True)
+    # A token is outside the nucleus when the tokens before it already reach top_p;
+    # the most likely token always stays in.
+    before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    sorted_probs = sorted_probs.masked_fill(before >= top_p[:, None], 0.0)
+    cdf = sorted_probs.cumsum(dim=-1)
+    # right=True picks the first token whose CDF exceeds the draw, never a zero-probability one.
+    position = torch.searchsorted(cdf, (uniform * cdf[:, -1])[:, None], right=True)
+    position = position.clamp(max=cdf.shape[-1] - 1)
+    return sorted_ids.gather(1, position).squeeze(1)

@@ -1,0 +1,145 @@
+"""A client of SGLang's native API: token ids in, token ids and their log-probs out.
+
+``POST /generate`` with ``input_ids``, ``sampling_params`` and ``return_logprob``; the
+answer's ``meta_info.output_token_logprobs`` is a list of ``[logprob, token_id, text]``,
+one per output token, which gives the output ids and log-probs with no re-tokenizing.
+``POST /update_weights_from_disk`` with ``model_path`` (and ``weight_version``, a string)
+swaps the weights; ``GET /health`` says whether the server is up.
+
+Works with a real SGLang server (``python -m sglang.launch_server``) and with sandrl's own
+(``sandrl serve inference``), which serves the same routes.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from sandrl.errors import ConfigError, InferenceError
+from sandrl.inference.base import FinishReason, Generation, SamplingParams
+from sandrl.inference.transport import HTTPConfig, JSONTransport, parse_version
+
+
+class SGLangClient:
+    """An :class:`~sandrl.inference.base.InferenceClient` for a server with SGLang's native routes."""
+
+    def __init__(
+        self,
+        base_url: str = "http://127.0.0.1:30000",
+        *,
+        http: HTTPConfig | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._http = JSONTransport(base_url, http, transport=transport)
+        self.base_url = self._http.base_url
+        # SGLang's version is "default" until someone sets one; count from 0 locally until then.
+        self._version = 0
+
+    async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation:
+        body: dict[str, Any] = {
+            "input_ids": list(input_ids),
+            "sampling_params": sampling_params(params),
+            "return_logprob": True,
+            # Only the output's log-probs: scoring the prompt would be wasted work.
+            "logprob_start_len": -1,
+            "stream": False,
+        }
+        if params.top_logprobs:
+            body["top_logprobs_num"] = params.top_logprobs
+        answer = await self._http.post("/generate", body)
+        if isinstance(answer, list):
+            answer = answer[0] if answer else None
+        if not isinstance(answer, dict):
+            raise self._bad_answer("/generate", answer)
+        return self._generation(answer, len(input_ids))
+
+    async def update_weights(self, path: str) -> int:
+        current = await self.weight_version()
+        new = current + 1
+        answer = await self._http.post(
+            "/update_weights_from_disk", {"model_path": path, "weight_version": str(new), "abort_all_requests": False}
+        )
+        if not isinstance(answer, dict) or not answer.get("success", False):
+            message = answer.get("message") if isinstance(answer, dict) else answer
+            raise InferenceError(f"{self.base_url} could not load the weights in {path}: {message}")
+        self._version = parse_version(answer.get("weight_version")) or new
+        return self._version
+
+    async def weight_version(self) -> int:
+        """The server's weight version (SGLang's ``/get_weight_version``), or the last one this client set."""
+        try:
+            answer = await self._http.get("/get_weight_version")
+        except ConfigError:  # an older SGLang without the route answers 404: keep the local count
+            return self._version
+        version = parse_version(answer.get("weight_version")) if isinstance(answer, dict) else None
+        if version is not None:
+            self._version = version
+        return self._version
+
+    async def health(self) -> None:
+        await self._http.send("GET", "/health")
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> SGLangClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    def _generation(self, answer: dict[str, Any], prompt_len: int) -> Generation:
+        meta = answer.get("meta_info")
+        if not isinstance(meta, dict) or not isinstance(meta.get("output_token_logprobs"), list):
+            raise self._bad_answer("/generate", answer)
+        entries = meta["output_token_logprobs"]
+        ids = [int(e[1]) for e in entries]
+        logprobs = [float(e[0]) for e in entries]
+        finish = meta.get("finish_reason") or {}
+        kind = finish.get("type") if isinstance(finish, dict) else finish
+        reason: FinishReason = kind if kind in ("stop", "length") else "abort"
+        version = parse_version(meta.get("weight_version"))
+        if version is not None:
+            self._version = version
+        top = meta.get("output_top_logprobs")
+        return Generation(
+            output_ids=ids,
+            output_logprobs=logprobs,
+            finish_reason=reason,
+            weight_version=self._version if version is None else version,
+            prompt_tokens=int(meta.get("prompt_tokens", prompt_len)),
+            start_weight_version=parse_version(meta.get("start_weight_version")),
+            matched_stop=finish.get("matched") if isinstance(finish, dict) else None,
+            text=answer.get("text") if isinstance(answer.get("text"), str) else None,
+            output_top_logprobs=[[(int(e[1]), float(e[0])) for e in row] for row in top] if top else None,
+        )
+
+    def _bad_answer(self, path: str, answer: Any) -> InferenceError:
+        return InferenceError(
+            f"{self.base_url}{path} answered without meta_info.output_token_logprobs ({str(answer)[:200]}); "
+            "is that an SGLang server?",
+            error_code="inference_bad_response",
+        )
+
+
+def sampling_params(params: SamplingParams) -> dict[str, Any]:
+    """SGLang's ``sampling_params`` for ``params``: stop tokens and strings kept in the output."""
+    out: dict[str, Any] = {
+        "max_new_tokens": params.max_new_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "ignore_eos": params.ignore_eos,
+        "skip_special_tokens": False,
+        "no_stop_trim": True,
+    }
+    if params.stop:
+        out["stop"] = list(params.stop)
+    if params.stop_token_ids:
+        out["stop_token_ids"] = list(params.stop_token_ids)
+    if params.seed is not None:
+        out["sampling_seed"] = params.seed
+    return out

@@ -1,0 +1,266 @@
+"""Tokenizers: a byte-level one with a ChatML-like template, and an adapter for Hugging Face ones.
+
+The byte tokenizer is what models built from a config (``tiny``) use: ids 0-255 are the
+bytes of UTF-8 text, so any text round-trips exactly and no vocabulary file is needed;
+a few special tokens follow. User text never encodes to a special token, so a message
+cannot forge a turn boundary.
+
+The chat template renders each turn on its own and turns simply follow one another::
+
+    <|bos|><|im_start|>system\\nYou are...<|im_end|><|im_start|>user\\nls<|im_end|><|im_start|>assistant\\n
+
+There is no separator after ``<|im_end|>``, so the ids of a conversation are exactly the
+concatenation of its turns: a multi-turn agent appends the model's output (which ends in
+``<|im_end|>``), then ``encode_turn("tool", observation)``, then ``assistant_prefix_ids()``,
+and never re-tokenizes an earlier turn.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from sandrl.errors import ConfigError
+
+Message = Mapping[str, str]
+"""A chat message: ``{"role": ..., "content": ...}``."""
+
+TOKENIZER_FILE = "sandrl_tokenizer.json"
+"""Marker written next to a checkpoint whose model uses the byte tokenizer."""
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """What the engine and the server need from a tokenizer."""
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """Tokens that end generation unless a request says ``ignore_eos``."""
+        ...
+
+    @property
+    def pad_token_id(self) -> int: ...
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of plain text, without special tokens."""
+        ...
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str: ...
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (its UTF-8 text for a special token)."""
+        ...
+
+    def encode_messages(self, messages: Sequence[Message], *, add_generation_prompt: bool = False) -> list[int]:
+        """Render a conversation with the chat template."""
+        ...
+
+    def save(self, directory: str | Path) -> None:
+        """Write this tokenizer into a checkpoint directory, where :func:`load_tokenizer` finds it."""
+        ...
+
+
+class ByteTokenizer:
+    """256 byte tokens followed by the special tokens; see the module docstring for the template."""
+
+    SPECIAL_TOKENS: tuple[str, ...] = ("<|pad|>", "<|bos|>", "<|eos|>", "<|im_start|>", "<|im_end|>")
+
+    def __init__(self) -> None:
+        self._special_ids = {name: 256 + i for i, name in enumerate(self.SPECIAL_TOKENS)}
+        self._special_names = {i: name for name, i in self._special_ids.items()}
+
+    # -- ids of the special tokens -------------------------------------------------------------
+
+    @property
+    def pad_token_id(self) -> int:
+        return self._special_ids["<|pad|>"]
+
+    @property
+    def bos_token_id(self) -> int:
+        return self._special_ids["<|bos|>"]
+
+    @property
+    def eos_token_id(self) -> int:
+        return self._special_ids["<|eos|>"]
+
+    @property
+    def im_start_id(self) -> int:
+        return self._special_ids["<|im_start|>"]
+
+    @property
+    def im_end_id(self) -> int:
+        return self._special_ids["<|im_end|>"]
+
+    @property
+    def vocab_size(self) -> int:
+        return 256 + len(self.SPECIAL_TOKENS)
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        # <|im_end|> closes an assistant turn, so it must stop generation like <|eos|>.
+        return (self.eos_token_id, self.im_end_id)
+
+    # -- text --------------------------------------------------------------------------------
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
+        # Bytes are gathered first because one character spans several byte tokens; a model
+        # may emit invalid UTF-8, which decodes to U+FFFD rather than failing.
+        parts: list[str] = []
+        pending = bytearray()
+        for token_id in ids:
+            if 0 <= token_id < 256:
+                pending.append(token_id)
+                continue
+            name = self._special_names.get(token_id)
+            if name is None:
+                raise ConfigError(
+                    f"token id {token_id} is outside the byte tokenizer's vocabulary (0-{self.vocab_size - 1})"
+                )
+            if pending:
+                parts.append(pending.decode("utf-8", errors="replace"))
+                pending.clear()
+            if not skip_special_tokens:
+                parts.append(name)
+        if pending:
+            parts.append(pending.decode("utf-8", errors="replace"))
+        return "".join(parts)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        if 0 <= token_id < 256:
+            return bytes([token_id])
+        name = self._special_names.get(token_id)
+        if name is None:
+            raise ConfigError(
+                f"token id {token_id} is outside the byte tokenizer's vocabulary (0-{self.vocab_size - 1})"
+            )
+        return name.encode()
+
+    # -- chat template -------------------------------------------------------------------------
+
+    def encode_turn(self, role: str, text: str) -> list[int]:
+        """One complete turn: ``<|im_start|>role\\ntext<|im_end|>``."""
+        if not role or "\n" in role:
+            raise ConfigError(f"a chat role must be a non-empty single line, got {role!r}")
+        return [self.im_start_id, *self.encode(role + "\n"), *self.encode(text), self.im_end_id]
+
+    def assistant_prefix_ids(self) -> list[int]:
+        """What opens the assistant's turn; the model's output follows and ends with ``<|im_end|>``."""
+        return [self.im_start_id, *self.encode("assistant\n")]
+
+    def encode_messages(self, messages: Sequence[Message], *, add_generation_prompt: bool = False) -> list[int]:
+        ids = [self.bos_token_id]
+        for message in messages:
+            ids += self.encode_turn(_field(message, "role"), _field(message, "content"))
+        if add_generation_prompt:
+            ids += self.assistant_prefix_ids()
+        return ids
+
+    def parse_messages(self, ids: Sequence[int]) -> tuple[list[dict[str, str]], bool]:
+        """Invert :meth:`encode_messages`: the messages, and whether an open assistant turn ends the ids."""
+        pos = 1 if ids and ids[0] == self.bos_token_id else 0
+        messages: list[dict[str, str]] = []
+        while pos < len(ids):
+            if ids[pos] != self.im_start_id:
+                raise ConfigError(f"not a chat rendering: expected <|im_start|> at position {pos}, got id {ids[pos]}")
+            try:
+                end = list(ids).index(self.im_end_id, pos)
+            except ValueError:
+                end = -1
+            body = bytes(t for t in ids[pos + 1 : end if end >= 0 else len(ids)] if t < 256)
+            role, newline, content = body.decode("utf-8", errors="replace").partition("\n")
+            if end < 0:
+                if role == "assistant" and newline and not content:
+                    return messages, True
+                raise ConfigError("not a chat rendering: the last turn is not closed by <|im_end|>")
+            messages.append({"role": role, "content": content})
+            pos = end + 1
+        return messages, False
+
+    # -- on disk -------------------------------------------------------------------------------
+
+    def save(self, directory: str | Path) -> None:
+        """Write the marker that tells :func:`load_tokenizer` this checkpoint uses the byte tokenizer."""
+        spec = {"type": "byte", "special_tokens": list(self.SPECIAL_TOKENS)}
+        (Path(directory) / TOKENIZER_FILE).write_text(json.dumps(spec, indent=2) + "\n")
+
+
+class HFTokenizer:
+    """A Hugging Face tokenizer loaded from a local directory, seen through the :class:`Tokenizer` protocol."""
+
+    def __init__(self, hf_tokenizer: Any, eos_token_ids: Sequence[int] = ()) -> None:
+        self._tok = hf_tokenizer
+        ids = [int(i) for i in eos_token_ids]
+        if not ids and hf_tokenizer.eos_token_id is not None:
+            ids = [int(hf_tokenizer.eos_token_id)]
+        self._eos = tuple(dict.fromkeys(ids))
+
+    @classmethod
+    def from_dir(cls, directory: str | Path, eos_token_ids: Sequence[int] = ()) -> HFTokenizer:
+        from transformers import AutoTokenizer
+
+        try:
+            tok = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot load the tokenizer in {directory}: {exc}") from exc
+        return cls(tok, eos_token_ids)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._tok)
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self._eos
+
+    @property
+    def pad_token_id(self) -> int:
+        pad = self._tok.pad_token_id
+        return int(pad) if pad is not None else (self._eos[0] if self._eos else 0)
+
+    def encode(self, text: str) -> list[int]:
+        return [int(i) for i in self._tok.encode(text, add_special_tokens=False)]
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
+        return str(self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens))
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.decode([token_id]).encode("utf-8")
+
+    def encode_messages(self, messages: Sequence[Message], *, add_generation_prompt: bool = False) -> list[int]:
+        if not getattr(self._tok, "chat_template", None):
+            raise ConfigError("this checkpoint's tokenizer has no chat template; use /v1/completions or /generate")
+        ids = self._tok.apply_chat_template(
+            [dict(m) for m in messages], add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False
+        )
+        return [int(i) for i in ids]
+
+    def save(self, directory: str | Path) -> None:
+        self._tok.save_pretrained(str(directory))
+
+
+def load_tokenizer(directory: str | Path, eos_token_ids: Sequence[int] = ()) -> Tokenizer | None:
+    """The tokenizer stored with a checkpoint: the byte tokenizer's marker, else Hugging Face files, else None."""
+    path = Path(directory)
+    if (path / TOKENIZER_FILE).is_file():
+        spec = json.loads((path / TOKENIZER_FILE).read_text())
+        if spec.get("type") != "byte":
+            raise ConfigError(f"{path / TOKENIZER_FILE}: unknown tokenizer type {spec.get('type')!r} (expected 'byte')")
+        return ByteTokenizer()
+    if (path / "tokenizer.json").is_file() or (path / "tokenizer_config.json").is_file():
+        return HFTokenizer.from_dir(path, eos_token_ids)
+    return None
+
+
+def _field(message: Message, key: str) -> str:
+    value = message.get(key)
+    if not isinstance(value, str):
+        raise ConfigError(f"a chat message needs a string {key!r}, got {dict(message)!r}")
+    return value

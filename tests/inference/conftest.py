@@ -1,0 +1,76 @@
+"""Shared fixtures: the tiny model, a checkpoint of it on disk, and a real server on a free port."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from sandrl.inference.engine import Engine, EngineConfig
+from sandrl.inference.model import TinyModelConfig, build_tiny_model, save_weights
+from sandrl.inference.server import BackgroundServer, create_app
+from sandrl.inference.tokenizer import ByteTokenizer
+
+
+@dataclass
+class Served:
+    engine: Engine
+    url: str
+
+
+@pytest.fixture(scope="session")
+def tokenizer() -> ByteTokenizer:
+    return ByteTokenizer()
+
+
+@pytest.fixture(scope="session")
+def engine() -> Iterator[Engine]:
+    """One engine for the tests that do not change its weights."""
+    eng = Engine.load("tiny", EngineConfig(seed=0))
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="session")
+def served() -> Iterator[Served]:
+    """A real uvicorn server on 127.0.0.1 serving the tiny model (its weights are never updated)."""
+    eng = Engine.load("tiny")
+    with BackgroundServer(create_app(eng)) as server:
+        yield Served(eng, server.url)
+    eng.close()
+
+
+@pytest.fixture
+def fresh_served() -> Iterator[Served]:
+    """A server of its own, for tests that swap its weights."""
+    eng = Engine.load("tiny")
+    with BackgroundServer(create_app(eng)) as server:
+        yield Served(eng, server.url)
+    eng.close()
+
+
+@pytest.fixture(scope="session")
+def other_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny architecture with other weights (seed 1), saved as the trainer would export it."""
+    model, tokenizer = build_tiny_model(TinyModelConfig(seed=1))
+    return save_weights(model, tmp_path_factory.mktemp("ckpt") / "step-1", tokenizer)
+
+
+ForwardLogprobs = Callable[[Any, list[int], list[int]], list[float]]
+
+
+@pytest.fixture(scope="session")
+def forward_logprobs() -> ForwardLogprobs:
+    """Log-probs of ``output`` after ``prompt`` from one full forward pass of ``model``: no cache, no batching."""
+
+    def compute(model: Any, prompt: list[int], output: list[int]) -> list[float]:
+        with torch.inference_mode():
+            logits = model(input_ids=torch.tensor([prompt + output])).logits[0].float()
+        logprobs = torch.log_softmax(logits, dim=-1)
+        return [float(logprobs[len(prompt) + i - 1, token]) for i, token in enumerate(output)]
+
+    return compute
