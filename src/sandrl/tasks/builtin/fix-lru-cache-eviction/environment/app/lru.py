@@ -1,0 +1,34 @@
+"""A least-recently-used cache."""
+
+from collections import OrderedDict
+
+
+class LRUCache:
+    def __init__(self, capacity):
+        if capacity < 0:
+            raise ValueError("capacity must be at least 1")
+        self.capacity = capacity
+        self._data = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key, default=None):
+        if key in self._data:
+            self.hits += 1
+            return self._data[key]
+        self.misses += 1
+        return default
+
+    def put(self, key, value):
+        if len(self._data) >= self.capacity:
+            self._data.popitem(last=True)
+        self._data[key] = value
+
+    def __len__(self):
+        return len(self._data)
+
+    def __contains__(self, key):
+        return key in self._data
+
+    def keys(self):
+        return list(self._data)

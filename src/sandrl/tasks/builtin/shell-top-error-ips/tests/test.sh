@@ -1,0 +1,9 @@
+#!/bin/bash
+# Verifier: recomputes the answer from the (unchanged) log and compares.
+mkdir -p /logs/verifier
+echo 0 > /logs/verifier/reward.txt
+export PYTHONDONTWRITEBYTECODE=1
+cd /workspace || exit 0
+if timeout 50 python3 -m pytest -q -p no:cacheprovider -o addopts="" /tests; then
+    echo 1 > /logs/verifier/reward.txt
+fi

@@ -1,0 +1,157 @@
+"""Finding and loading tasks, whatever their format.
+
+``load_task(path)`` loads one task and raises on a malformed one; ``load_tasks(path)`` loads a
+whole set and returns the good tasks together with a ``(path, problem)`` entry for each bad one,
+so that one broken task does not hide the others (``sandrl tasks validate`` prints the problems).
+
+The format is told by what the path holds: ``task.toml`` → Harbor; ``task.yaml`` → Terminal-Bench
+1; a ``.json`` / ``.jsonl`` file → SWE-bench instances.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import NamedTuple
+
+from sandrl.errors import InvalidTaskError
+from sandrl.tasks.harbor import INSTRUCTION, is_harbor_dir, load_harbor_task
+from sandrl.tasks.swebench import is_swebench_file, load_swebench_instances, read_records
+from sandrl.tasks.task import Task, TaskFormat
+from sandrl.tasks.terminal_bench import is_terminal_bench_dir, load_terminal_bench_task
+
+logger = logging.getLogger(__name__)
+
+MAX_DEPTH = 3
+"""How far below the given directory task directories are looked for (``suite/dataset/task``)."""
+_SKIPPED_DIRS = {"__pycache__", "node_modules", "repos"}
+
+
+class TaskProblem(NamedTuple):
+    """A task that could not be loaded: where it is and what is wrong (with the fix)."""
+
+    path: Path
+    problem: str
+
+
+def detect_format(path: Path) -> TaskFormat:
+    """The format of a task directory or instance file; raises if it is none of them."""
+    path = Path(path)
+    if not path.exists():
+        raise InvalidTaskError(f"{path}: does not exist", path=path)
+    if path.is_file():
+        if is_swebench_file(path):
+            return "swe-bench"
+        raise InvalidTaskError(
+            f"{path}: is not a task; give a task directory or a SWE-bench .json/.jsonl file", path=path
+        )
+    if is_harbor_dir(path):
+        return "harbor"
+    if is_terminal_bench_dir(path):
+        return "terminal-bench"
+    hint = (
+        f"it has {INSTRUCTION} but no task.toml, which a Harbor task needs"
+        if (path / INSTRUCTION).is_file()
+        else "expected task.toml (Harbor) or task.yaml (Terminal-Bench)"
+    )
+    raise InvalidTaskError(f"{path}: is not a task directory of a known format; {hint}", path=path)
+
+
+def load_task(path: Path, *, repos: Path | None = None, test_command: str | None = None) -> Task:
+    """Load one task: a Harbor or Terminal-Bench directory, or a file holding one SWE-bench instance.
+
+    ``repos`` and ``test_command`` apply to SWE-bench only (see :func:`load_swebench_instances`).
+    """
+    path = Path(path)
+    kind = detect_format(path)
+    if kind == "harbor":
+        return load_harbor_task(path)
+    if kind == "terminal-bench":
+        return load_terminal_bench_task(path)
+    tasks, errors = load_swebench_instances(path, repos=repos, test_command=test_command)
+    if errors:
+        raise errors[0]
+    if len(tasks) != 1:
+        raise InvalidTaskError(
+            f"{path}: holds {len(tasks)} instances, not one; use load_tasks (sandrl tasks list) for a set", path=path
+        )
+    return tasks[0]
+
+
+def _looks_like_task(path: Path) -> bool:
+    return any((path / name).is_file() for name in ("task.toml", "task.yaml", "task.yml", INSTRUCTION))
+
+
+def _is_repository(path: Path) -> bool:
+    # A mirror of SWE-bench repositories is full of files that are not tasks.
+    return (path / ".git").exists() or ((path / "HEAD").is_file() and (path / "objects").is_dir())
+
+
+def _holds_instances(path: Path) -> bool:
+    """A top-level .json/.jsonl counts as SWE-bench when its first record has an instance_id."""
+    try:
+        records = read_records(path)
+    except InvalidTaskError:
+        return True  # malformed: report it rather than skip it silently
+    first = records[0][1] if records else None
+    return isinstance(first, dict) and "instance_id" in first
+
+
+def _task_dirs(root: Path, depth: int) -> list[Path]:
+    found: list[Path] = []
+    for child in sorted(root.iterdir()):
+        if not child.is_dir() or child.name.startswith(".") or child.name in _SKIPPED_DIRS:
+            continue
+        if _looks_like_task(child):
+            found.append(child)
+        elif depth < MAX_DEPTH and not _is_repository(child):
+            found.extend(_task_dirs(child, depth + 1))
+    return found
+
+
+def load_tasks(
+    path: Path, *, repos: Path | None = None, test_command: str | None = None
+) -> tuple[list[Task], list[TaskProblem]]:
+    """Every task under ``path`` (a task directory, a directory of them, or a SWE-bench file).
+
+    Returns the tasks that loaded, sorted by id, and a :class:`TaskProblem` for each that did not
+    (a duplicate id is a problem too). Task directories are found up to :data:`MAX_DEPTH` levels
+    down; ``.json``/``.jsonl`` files directly in ``path`` are read as SWE-bench instances.
+    """
+    path = Path(path)
+    tasks: list[Task] = []
+    problems: list[TaskProblem] = []
+    if not path.exists():
+        return [], [TaskProblem(path, f"{path}: does not exist")]
+
+    if path.is_file() or _looks_like_task(path):
+        candidates = [path]
+    else:
+        instance_files = sorted(p for p in path.iterdir() if is_swebench_file(p) and _holds_instances(p))
+        candidates = [*instance_files, *_task_dirs(path, 1)]
+        if not candidates:
+            logger.info("no tasks under %s", path)
+
+    for candidate in candidates:
+        try:
+            if candidate.is_file() and is_swebench_file(candidate):
+                loaded, errors = load_swebench_instances(candidate, repos=repos, test_command=test_command)
+                tasks.extend(loaded)
+                problems.extend(TaskProblem(candidate, str(error)) for error in errors)
+            else:
+                tasks.append(load_task(candidate))
+        except InvalidTaskError as exc:
+            problems.append(TaskProblem(candidate, str(exc)))
+
+    unique: dict[str, Task] = {}
+    for task in tasks:
+        if task.id in unique:
+            problems.append(
+                TaskProblem(
+                    task.source,
+                    f"{task.source}: task id {task.id!r} is also used by {unique[task.id].source}; rename one",
+                )
+            )
+            continue
+        unique[task.id] = task
+    return sorted(unique.values(), key=lambda task: task.id), problems

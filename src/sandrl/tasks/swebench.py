@@ -1,0 +1,238 @@
+"""SWE-bench instances, read from the JSON or JSONL files the dataset is published as.
+
+An instance names a GitHub repository and a commit; sandrl fetches nothing, so the repository
+must be on this machine: a local clone, or a mirror directory holding ``<owner>__<name>``
+(SWE-bench's own spelling), ``<owner>/<name>`` or ``<name>``, bare (``.git``) or not. By default
+the mirror is the ``repos/`` directory next to the instance file.
+
+``FAIL_TO_PASS`` and ``PASS_TO_PASS`` are JSON-encoded strings in the published dataset and real
+lists in many exports; both are read. Grading runs the test files ``test_patch`` touches with
+``pytest -rA`` (SWE-bench's command for pytest repositories) unless the instance or the caller
+gives another ``test_cmd``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from types import MappingProxyType
+
+from sandrl.errors import InvalidTaskError
+from sandrl.tasks.fields import type_name
+from sandrl.tasks.task import EnvironmentSpec, SolutionSpec, SweBenchInstance, Task, VerifierSpec
+
+DEFAULT_TEST_COMMAND = "pytest -rA"
+DEFAULT_TIMEOUT_S = 1800.0
+"""SWE-bench's evaluation timeout; the agent gets the same by default."""
+REPO_DIR = "/testbed"
+
+_REQUIRED = ("instance_id", "repo", "base_commit", "patch", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS")
+_OPTIONAL = ("environment_setup_commit", "version", "problem_statement", "test_cmd")
+# Files that SWE-bench leaves out of the test command (its NON_TEST_EXTS).
+_NON_TEST_SUFFIXES = (".json", ".png", "csv", ".txt", ".md", ".jpg", ".jpeg", ".pkl", ".yml", ".yaml", ".toml")
+_DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
+_REPO_NAME = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+_SHA = re.compile(r"^[0-9a-f]{7,64}$")
+
+
+def is_swebench_file(path: Path) -> bool:
+    return path.is_file() and path.suffix in (".json", ".jsonl")
+
+
+def read_records(path: Path) -> list[tuple[str, object]]:
+    """The instance records of a file, each with a label for messages (``file:line`` for JSONL)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidTaskError(f"{path}: cannot be read ({exc})", path=path) from exc
+    if path.suffix == ".jsonl":
+        records: list[tuple[str, object]] = []
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                records.append((f"{path}:{number}", json.loads(line)))
+            except json.JSONDecodeError as exc:
+                raise InvalidTaskError(
+                    f"{path}:{number}: is not valid JSON ({exc.msg}); a .jsonl file holds one instance object per line",
+                    path=path,
+                ) from exc
+        return records
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidTaskError(f"{path}: is not valid JSON ({exc})", path=path) from exc
+    items = data if isinstance(data, list) else [data]
+    return [(f"{path}[{index}]", item) for index, item in enumerate(items)]
+
+
+def _test_list(record: Mapping[str, object], key: str, where: str, path: Path) -> tuple[str, ...]:
+    value = record[key]
+    if isinstance(value, str):
+        # The published dataset stores the lists JSON-encoded.
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise InvalidTaskError(
+                f"{where}: {key} is a string but not a JSON list ({exc.msg}); write it as a list of test ids",
+                path=path,
+            ) from exc
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise InvalidTaskError(
+            f"{where}: {key} must be a list of test ids (or a JSON string of one), got {type_name(value)}", path=path
+        )
+    return tuple(value)
+
+
+def patch_files(patch: str) -> tuple[str, ...]:
+    """The files a diff touches, in order, as ``git apply`` sees them."""
+    seen: dict[str, None] = {}
+    for match in _DIFF_HEADER.finditer(patch):
+        seen[match.group(2)] = None
+    return tuple(seen)
+
+
+def _is_git_repo(path: Path) -> bool:
+    return (path / ".git").exists() or ((path / "HEAD").is_file() and (path / "objects").is_dir())
+
+
+def find_repo(repo: str, repos: Path) -> Path | None:
+    """A local copy of ``owner/name``: ``repos`` itself if it is that clone, else a mirror entry."""
+    owner, name = repo.split("/", 1)
+    candidates = [repos / f"{owner}__{name}", repos / owner / name, repos / name]
+    candidates += [c.with_name(c.name + ".git") for c in list(candidates)]
+    for candidate in candidates:
+        if candidate.is_dir() and _is_git_repo(candidate):
+            return candidate
+    if _is_git_repo(repos):
+        return repos  # a single clone given directly
+    return None
+
+
+def _check_commit(source: Path, commit: str, where: str, path: Path) -> None:
+    done = subprocess.run(
+        ["git", "-C", str(source), "cat-file", "-e", f"{commit}^{{commit}}"],
+        capture_output=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise InvalidTaskError(
+            f"{where}: commit {commit} is not in {source}; update the clone (git -C {source} fetch --all) "
+            "on a machine with internet access",
+            path=path,
+        )
+
+
+def _to_task(
+    record: object, where: str, path: Path, repos: Path, test_command: str | None, verify_commits: bool
+) -> Task:
+    if not isinstance(record, Mapping):
+        raise InvalidTaskError(f"{where}: an instance must be a JSON object, got {type_name(record)}", path=path)
+    missing = [key for key in _REQUIRED if key not in record]
+    if missing:
+        raise InvalidTaskError(
+            f"{where}: missing {', '.join(missing)}; a SWE-bench instance has {', '.join(_REQUIRED)}", path=path
+        )
+    strings: dict[str, str] = {}
+    for key in (*_REQUIRED[:5], *_OPTIONAL):
+        value = record.get(key)
+        if value is None and key in _OPTIONAL:
+            continue
+        if not isinstance(value, str):
+            raise InvalidTaskError(f"{where}: {key} must be a string, got {type_name(value)}", path=path)
+        strings[key] = value
+    instance_id, repo, base_commit = strings["instance_id"], strings["repo"], strings["base_commit"]
+    if not _REPO_NAME.match(repo):
+        raise InvalidTaskError(f"{where}: repo must be 'owner/name', got {repo!r}", path=path)
+    if not _SHA.match(base_commit):
+        raise InvalidTaskError(f"{where}: base_commit must be a commit sha, got {base_commit!r}", path=path)
+    if not strings["test_patch"].strip():
+        raise InvalidTaskError(f"{where}: test_patch is empty; it adds the tests that grade the instance", path=path)
+    fail_to_pass = _test_list(record, "FAIL_TO_PASS", where, path)
+    pass_to_pass = _test_list(record, "PASS_TO_PASS", where, path)
+    if not fail_to_pass:
+        raise InvalidTaskError(f"{where}: FAIL_TO_PASS is empty, so nothing shows the issue is fixed", path=path)
+
+    source = find_repo(repo, repos)
+    if source is None:
+        owner, name = repo.split("/", 1)
+        raise InvalidTaskError(
+            f"{where}: no local copy of {repo} in {repos} (looked for {owner}__{name}, {owner}/{name}, {name}); "
+            f"sandrl fetches nothing, so clone it first: git clone https://github.com/{repo} {repos}/{owner}__{name}",
+            path=path,
+        )
+    if verify_commits:
+        _check_commit(source, base_commit, where, path)
+
+    test_files = patch_files(strings["test_patch"])
+    directives = [f for f in test_files if not f.endswith(_NON_TEST_SUFFIXES)]
+    command = " ".join([strings.get("test_cmd") or test_command or DEFAULT_TEST_COMMAND, *directives])
+    instance = SweBenchInstance(
+        instance_id=instance_id,
+        repo=repo,
+        base_commit=base_commit,
+        patch=strings["patch"],
+        test_patch=strings["test_patch"],
+        fail_to_pass=fail_to_pass,
+        pass_to_pass=pass_to_pass,
+        repo_source=source,
+        test_command=command,
+        test_files=test_files,
+        environment_setup_commit=strings.get("environment_setup_commit"),
+        version=strings.get("version"),
+        repo_dir=REPO_DIR,
+    )
+    metadata = {key: value for key, value in record.items() if key not in (*_REQUIRED, "problem_statement")}
+    instruction = strings.get("problem_statement") or ""
+    if not instruction.strip():
+        raise InvalidTaskError(
+            f"{where}: problem_statement is missing or empty; it is what the agent is told", path=path
+        )
+    return Task(
+        id=instance_id,
+        name=instance_id,
+        source=path,
+        format="swe-bench",
+        instruction=instruction,
+        environment=EnvironmentSpec(
+            cpus=1.0,
+            memory_mb=4096,
+            storage_mb=10240,
+            allow_internet=False,  # the environment is complete; grading must not depend on the network
+            workdir=REPO_DIR,
+        ),
+        verifier=VerifierSpec(command=command, timeout_s=DEFAULT_TIMEOUT_S, reward="swe-bench"),
+        solution=SolutionSpec(command="git apply --verbose -", stdin=instance.patch),
+        agent_timeout_s=DEFAULT_TIMEOUT_S,
+        metadata=MappingProxyType(metadata),
+        swebench=instance,
+    )
+
+
+def load_swebench_instances(
+    path: Path,
+    *,
+    repos: Path | None = None,
+    test_command: str | None = None,
+    verify_commits: bool = True,
+) -> tuple[list[Task], list[InvalidTaskError]]:
+    """Every instance of a ``.json`` / ``.jsonl`` file, and the errors of those that are malformed.
+
+    ``repos`` is a local clone or a mirror directory (default: ``repos/`` next to the file);
+    ``test_command`` replaces ``pytest -rA`` for instances without their own ``test_cmd``;
+    ``verify_commits`` checks that each base commit is in the clone (one ``git`` call each).
+    A file that cannot be read at all raises :class:`~sandrl.errors.InvalidTaskError`.
+    """
+    path = Path(path)
+    mirror = Path(repos) if repos is not None else path.parent / "repos"
+    tasks: list[Task] = []
+    errors: list[InvalidTaskError] = []
+    for where, record in read_records(path):
+        try:
+            tasks.append(_to_task(record, where, path, mirror, test_command, verify_commits))
+        except InvalidTaskError as exc:
+            errors.append(exc)
+    return tasks, errors

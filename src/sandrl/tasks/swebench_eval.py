@@ -1,0 +1,272 @@
+"""SWE-bench in a sandbox: check the repository out, and grade a patch as the SWE-bench harness does.
+
+Grading follows ``swebench.harness``: the model's patch is applied to the repository at
+``base_commit`` with the harness's fallbacks (``git apply --verbose``, ``git apply --verbose
+--reject``, ``patch --batch --fuzz=5 -p1 -i``); the files the test patch touches are reset to
+``base_commit`` and the test patch applied; the tests run; the instance is resolved when every
+FAIL_TO_PASS and every PASS_TO_PASS test passed (an expected failure counts as a pass).
+
+Where this differs, it is stricter: results come from pytest's JUnit XML report, not from the
+printed log, so no test output can fake a result; a skipped FAIL_TO_PASS or PASS_TO_PASS test is a
+failure (SWE-bench leaves it out of the count); and the repository is reset between two patch
+attempts so that a half-applied ``--reject`` leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import shlex
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import MappingProxyType
+
+from sandrl.errors import TaskError
+from sandrl.sandbox.base import Sandbox
+from sandrl.tasks.envvars import resolve_env
+from sandrl.tasks.pytest_results import JunitError, TestStatus, parse_junit_xml, status_of
+from sandrl.tasks.result import VerifyResult, tail
+from sandrl.tasks.sandbox_io import empty_dir_command, extract_tar, read_optional, run, run_logged
+from sandrl.tasks.task import SweBenchInstance, Task
+
+GIT_APPLY_COMMANDS = ("git apply --verbose", "git apply --verbose --reject", "patch --batch --fuzz=5 -p1 -i")
+"""SWE-bench's patch commands, tried in this order."""
+WORK_DIR = "/tmp/sandrl-swebench"
+"""Patches, the test log and the JUnit report live here, outside the repository."""
+JUNIT_PLACEHOLDER = "{junit_xml}"
+
+
+def _instance(task: Task) -> SweBenchInstance:
+    if task.swebench is None:
+        raise TaskError(f"task {task.id} is not a SWE-bench instance")
+    return task.swebench
+
+
+# --- the repository --------------------------------------------------------------------------
+
+
+def cache_dir() -> Path:
+    """Where repository snapshots are kept: ``$SANDRL_CACHE_DIR/swebench`` or ``~/.cache/sandrl/swebench``."""
+    root = os.environ.get("SANDRL_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "sandrl"
+    )
+    return Path(root) / "swebench"
+
+
+def _git(*args: str, cwd: Path | None = None) -> str:
+    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise TaskError(f"git {' '.join(args)} failed: {done.stderr.strip()[-500:]}")
+    return done.stdout.strip()
+
+
+def repository_snapshot(source: Path, commit: str) -> Path:
+    """A tar of ``source`` checked out at ``commit``, with the history up to it and nothing after.
+
+    A plain clone would carry the later commits, and with them the fix: the agent could find it
+    with ``git log --all``. So the snapshot is a fresh repository that fetched only ``commit``.
+    Snapshots are cached by source and commit; writing is atomic, so concurrent builds are safe.
+    """
+    sha = _git("-C", str(source), "rev-parse", "--verify", f"{commit}^{{commit}}")
+    key = hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:16]
+    target = cache_dir() / f"{source.name}-{key}-{sha}.tar"
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="sandrl-repo-") as tmp:
+        repo = Path(tmp) / "repo"
+        _git("-c", "init.defaultBranch=main", "init", "-q", str(repo))
+        _git("fetch", "-q", "--no-tags", str(source.resolve()), sha, cwd=repo)
+        _git("checkout", "-q", "-B", "main", sha, cwd=repo)
+        # So that an agent can commit without configuring git first.
+        _git("config", "user.email", "agent@sandrl.invalid", cwd=repo)
+        _git("config", "user.name", "sandrl agent", cwd=repo)
+        (repo / ".git" / "FETCH_HEAD").unlink(missing_ok=True)
+        partial = target.with_suffix(f".{os.getpid()}.partial")
+        subprocess.run(["tar", "-cf", str(partial), "-C", str(repo), "."], check=True, capture_output=True)
+        partial.replace(target)
+    return target
+
+
+async def setup_repository(task: Task, sandbox: Sandbox) -> None:
+    """Put the repository at ``base_commit`` into the sandbox at ``/testbed``."""
+    instance = _instance(task)
+    snapshot = await asyncio.to_thread(repository_snapshot, instance.repo_source, instance.base_commit)
+    data = await asyncio.to_thread(snapshot.read_bytes)
+    await extract_tar(sandbox, data, instance.repo_dir, replace=True)
+
+
+# --- grading ---------------------------------------------------------------------------------
+
+
+# Compiled bytecode is never part of an answer, and a repository without a .gitignore would carry it.
+_NOT_THE_ANSWER = ("':(exclude,glob)**/__pycache__/**'", "':(exclude,glob)**/*.pyc'")
+
+
+async def model_patch(task: Task, sandbox: Sandbox, dest: str) -> str | None:
+    """Write the agent's work as a diff against ``base_commit`` (new files included) to ``dest``.
+
+    Returns None when it succeeded, else why not. The diff goes to a file, not through the exec
+    result, whose output cap a large diff would exceed.
+    """
+    instance = _instance(task)
+    result = await sandbox.exec(
+        f"git add -A -- . {' '.join(_NOT_THE_ANSWER)} && "
+        f"git diff --cached --binary {shlex.quote(instance.base_commit)} > {shlex.quote(dest)}",
+        cwd=instance.repo_dir,
+        timeout_s=300.0,
+    )
+    if result.exit_code != 0:
+        return (result.stderr or result.stdout).strip()[-500:] or f"exit {result.exit_code}"
+    return None
+
+
+def _reset_command(instance: SweBenchInstance) -> str:
+    # Ignored files stay: they are build artefacts of the environment, not the agent's answer.
+    return f"git reset -q --hard {shlex.quote(instance.base_commit)} && git clean -fdq"
+
+
+def _test_files_command(instance: SweBenchInstance) -> str:
+    """Reset what the test patch touches to base_commit (SWE-bench's ``git checkout <base> <test files>``)."""
+    base = shlex.quote(instance.base_commit)
+    lines = []
+    for name in instance.test_files:
+        quoted = shlex.quote(name)
+        lines.append(
+            f"if git cat-file -e {base}:{quoted} 2>/dev/null; then git checkout -q {base} -- {quoted}; "
+            f"else rm -rf -- {quoted}; fi"
+        )
+    return "\n".join(lines) or "true"
+
+
+def _test_command(instance: SweBenchInstance, junit: str) -> str:
+    if JUNIT_PLACEHOLDER in instance.test_command:
+        return instance.test_command.replace(JUNIT_PLACEHOLDER, shlex.quote(junit))
+    return f"{instance.test_command} --junitxml={shlex.quote(junit)}"
+
+
+def grade_statuses(
+    instance: SweBenchInstance, statuses: dict[tuple[str, str], TestStatus]
+) -> tuple[bool, dict[str, object]]:
+    """Resolved or not, and the per-group lists SWE-bench's report has."""
+    report: dict[str, object] = {}
+    resolved = True
+    for group, tests in (("FAIL_TO_PASS", instance.fail_to_pass), ("PASS_TO_PASS", instance.pass_to_pass)):
+        success: list[str] = []
+        failure: dict[str, str] = {}
+        for test in tests:
+            status = status_of(test, statuses)
+            if status is not None and status.ok:
+                success.append(test)
+            else:
+                failure[test] = "did not run" if status is None else status.value
+        resolved = resolved and not failure
+        report[group] = {"success": success, "failure": failure}
+    return resolved, report
+
+
+async def grade(task: Task, sandbox: Sandbox, *, patch: str | None = None) -> VerifyResult:
+    """Grade the agent's changes to ``/testbed`` (or ``patch``, when given) as SWE-bench does."""
+    instance = _instance(task)
+    start = time.monotonic()
+    repo = instance.repo_dir
+
+    def result(
+        reward: float = 0.0,
+        *,
+        error: str | None = None,
+        details: dict[str, object] | None = None,
+        output: str = "",
+        exit_code: int | None = None,
+        timed_out: bool = False,
+        infra_error: bool = False,
+    ) -> VerifyResult:
+        return VerifyResult(
+            reward=reward,
+            passed=reward >= 1.0,
+            duration_s=time.monotonic() - start,
+            details=MappingProxyType(details or {}),
+            stdout_tail=tail(output),
+            exit_code=exit_code,
+            timed_out=timed_out,
+            error=error,
+            infra_error=infra_error,
+        )
+
+    await run(sandbox, empty_dir_command(WORK_DIR), what="making the grading directory")
+    patch_file = f"{WORK_DIR}/model.patch"
+    if patch is None:
+        why = await model_patch(task, sandbox, patch_file)
+        if why is not None:
+            return result(error=f"the agent's changes could not be read from {repo}: {why}")
+        patch = (await sandbox.read_file(patch_file)).decode(errors="replace")
+    else:
+        if patch.strip() and not patch.endswith("\n"):
+            patch += "\n"  # git apply rejects a final hunk line without its newline ("corrupt patch")
+        await sandbox.write_file(patch_file, patch.encode())
+    if not patch.strip():
+        # As SWE-bench: an empty prediction is unresolved without running anything.
+        return result(error="empty patch: nothing in the repository was changed")
+    await sandbox.write_file(f"{WORK_DIR}/test.patch", instance.test_patch.encode())
+
+    applied_with: str | None = None
+    attempts: list[str] = []
+    for command in GIT_APPLY_COMMANDS:
+        await run(sandbox, _reset_command(instance), what="resetting the repository", cwd=repo)
+        applied = await sandbox.exec(f"{command} {patch_file}", cwd=repo, timeout_s=300.0)
+        attempts.append(f"$ {command}\n{applied.stdout}{applied.stderr}")
+        if applied.exit_code == 0:
+            applied_with = command
+            break
+    if applied_with is None:
+        return result(
+            error="the patch does not apply to base_commit with any of SWE-bench's commands",
+            output="\n".join(attempts),
+            details={"patch_applied": False, "model_patch": patch},
+        )
+
+    await run(sandbox, _test_files_command(instance), what="resetting the test files", cwd=repo)
+    applied = await sandbox.exec(f"git apply --verbose {WORK_DIR}/test.patch", cwd=repo, timeout_s=300.0)
+    if applied.exit_code != 0:
+        return result(
+            error="the instance's test_patch does not apply after the model patch",
+            output=applied.stdout + applied.stderr,
+            infra_error=True,
+        )
+
+    junit = f"{WORK_DIR}/junit.xml"
+    env = resolve_env(task.verifier.env, where=f"task {task.id}: verifier env")
+    tests, log_tail = await run_logged(
+        sandbox,
+        _test_command(instance, junit),
+        log=f"{WORK_DIR}/test-output.txt",
+        timeout_s=task.verifier.timeout_s,
+        cwd=repo,
+        env=env,
+    )
+    if tests.timed_out:
+        return result(
+            error=f"the tests did not finish within {task.verifier.timeout_s:g} s",
+            timed_out=True,
+            output=log_tail,
+            exit_code=tests.exit_code,
+        )
+    report_bytes = await read_optional(sandbox, junit)
+    if report_bytes is None:
+        return result(
+            error=f"the test command wrote no JUnit report (exit {tests.exit_code}); pytest did not run to the end",
+            infra_error=tests.exit_code in (126, 127),  # the command itself is missing: the environment's fault
+            output=log_tail,
+            exit_code=tests.exit_code,
+        )
+    try:
+        statuses = parse_junit_xml(report_bytes)
+    except JunitError as exc:
+        return result(error=f"the JUnit report is unreadable: {exc}", output=log_tail, exit_code=tests.exit_code)
+    resolved, report = grade_statuses(instance, statuses)
+    report["patch_applied"] = applied_with
+    report["model_patch"] = patch
+    return result(1.0 if resolved else 0.0, details=report, output=log_tail, exit_code=tests.exit_code)

@@ -1,0 +1,174 @@
+"""The task model: what an episode attempts, independent of the format it was written in.
+
+A :class:`Task` is loaded from a Harbor task directory, a Terminal-Bench 1 task directory or a
+SWE-bench instance (see :mod:`sandrl.tasks.loader`). It says what the agent is told
+(``instruction``), where it works (:class:`EnvironmentSpec`), how its work is judged
+(:class:`VerifierSpec`) and, when the format has one, a reference solution
+(:class:`SolutionSpec`). Every field is plain data; nothing here touches a sandbox.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Literal
+
+from sandrl.sandbox.base import SandboxSpec
+from sandrl.tasks.envvars import resolve_env
+
+TaskFormat = Literal["harbor", "terminal-bench", "swe-bench"]
+"""The on-disk format a task was loaded from."""
+
+RewardSource = Literal["reward-file", "pytest-summary", "swe-bench"]
+"""How the verifier's reward is read.
+
+- ``reward-file``: Harbor; the test command writes ``/logs/verifier/reward.txt`` (one number)
+  or ``/logs/verifier/reward.json`` (an object of named numbers).
+- ``pytest-summary``: Terminal-Bench 1; the pytest "short test summary info" lines of the test
+  command's output, every test passed = reward 1.
+- ``swe-bench``: the SWE-bench harness; the model's diff and the test patch are applied, the tests
+  run with a JUnit XML report, resolved when every FAIL_TO_PASS and PASS_TO_PASS test passed.
+"""
+
+TESTS_DIR = "/tests"
+"""Where a task's tests are written at verify time (Harbor's and Terminal-Bench's path)."""
+VERIFIER_LOGS_DIR = "/logs/verifier"
+"""Where a Harbor test script writes its reward file."""
+
+
+def _frozen(mapping: Mapping[str, object] | None = None) -> Mapping[str, object]:
+    return MappingProxyType(dict(mapping or {}))
+
+
+def _frozen_str(mapping: Mapping[str, str] | None = None) -> Mapping[str, str]:
+    return MappingProxyType(dict(mapping or {}))
+
+
+def _frozen_paths(mapping: Mapping[str, Path] | None = None) -> Mapping[str, Path]:
+    return MappingProxyType(dict(mapping or {}))
+
+
+@dataclass(frozen=True)
+class EnvironmentSpec:
+    """The machine the agent works in, as the task asks for it."""
+
+    dockerfile: Path | None = None
+    """The task's Dockerfile on the host, if it has one."""
+    dockerfile_text: str | None = None
+    """Its text, read when the task was loaded."""
+    context_dir: Path | None = None
+    """The Docker build context (Harbor: ``environment/``; Terminal-Bench: the task directory)."""
+    compose_file: Path | None = None
+    """A ``docker-compose.yaml`` the task ships; recorded, not run (multi-container tasks need Docker)."""
+    docker_image: str | None = None
+    """A prebuilt image the task names instead of (or besides) a Dockerfile."""
+    base_image: str | None = None
+    """The image the Dockerfile's final stage starts ``FROM``."""
+    cpus: float = 1.0
+    memory_mb: int = 2048
+    storage_mb: int = 10240
+    allow_internet: bool = True
+    env: Mapping[str, str] = field(default_factory=_frozen_str)
+    """Environment of every command; values may be ``${VAR}`` templates read from the host at run time."""
+    workdir: str = "/app"
+    build_timeout_s: float = 600.0
+
+
+@dataclass(frozen=True)
+class VerifierSpec:
+    """How the agent's work is judged once it has finished."""
+
+    command: str
+    """The shell command run in the sandbox (in the environment's workdir)."""
+    timeout_s: float
+    reward: RewardSource
+    tests_dir: Path | None = None
+    """The task's ``tests/`` on the host; written to :data:`TESTS_DIR` only at verify time."""
+    uploads: Mapping[str, Path] = field(default_factory=_frozen_paths)
+    """Sandbox path → host file or directory, written in order before the command runs."""
+    env: Mapping[str, str] = field(default_factory=_frozen_str)
+    """Extra environment of the test command; values may be ``${VAR}`` templates."""
+
+
+@dataclass(frozen=True)
+class SolutionSpec:
+    """A reference ("oracle") solution: a command that solves the task when run in the environment."""
+
+    command: str
+    uploads: Mapping[str, Path] = field(default_factory=_frozen_paths)
+    """Sandbox path → host file or directory, written before the command runs."""
+    stdin: str | None = None
+    """Fed to the command (SWE-bench: the gold patch for ``git apply``)."""
+    env: Mapping[str, str] = field(default_factory=_frozen_str)
+    script: Path | None = None
+    """The solution script on the host, when there is one file to show."""
+
+
+@dataclass(frozen=True)
+class SweBenchInstance:
+    """The SWE-bench fields grading needs (the rest stays in :attr:`Task.metadata`)."""
+
+    instance_id: str
+    repo: str
+    """``owner/name`` on GitHub."""
+    base_commit: str
+    patch: str
+    """The gold patch (the oracle solution)."""
+    test_patch: str
+    fail_to_pass: tuple[str, ...]
+    pass_to_pass: tuple[str, ...]
+    repo_source: Path
+    """A local clone or mirror of ``repo``; nothing is fetched from the internet."""
+    test_command: str
+    """Runs the tests touched by ``test_patch``; a JUnit XML path is appended (or put at ``{junit_xml}``)."""
+    test_files: tuple[str, ...]
+    """Files ``test_patch`` touches; reset to ``base_commit`` before it is applied."""
+    environment_setup_commit: str | None = None
+    version: str | None = None
+    repo_dir: str = "/testbed"
+    """Where the repository is checked out in the sandbox (SWE-bench's path)."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task, whatever format it came from."""
+
+    id: str
+    """Unique within a task set: the directory name, or the SWE-bench ``instance_id``."""
+    name: str
+    """For people: Harbor's ``[task] name`` when set, else the id."""
+    source: Path
+    """The task directory, or the instance file."""
+    format: TaskFormat
+    instruction: str
+    environment: EnvironmentSpec
+    verifier: VerifierSpec
+    solution: SolutionSpec | None = None
+    agent_timeout_s: float = 600.0
+    metadata: Mapping[str, object] = field(default_factory=_frozen)
+    """Author, difficulty, tags and other descriptive fields, as the format names them."""
+    extra: Mapping[str, object] = field(default_factory=_frozen)
+    """Keys sandrl does not know, kept as read (dotted paths, e.g. ``environment.gpus_per_node``)."""
+    swebench: SweBenchInstance | None = None
+
+    def to_sandbox_spec(self, *, image: str = "host") -> SandboxSpec:
+        """The sandbox this task runs in.
+
+        ``image`` is ``host`` until the Dockerfile builder exists; a template in the task's
+        environment (``${VAR}``) is resolved from the host's environment here.
+        """
+        env = self.environment
+        # The TTL is a backstop against leaks, so it covers every phase with room to spare.
+        ttl_s = self.environment.build_timeout_s + self.agent_timeout_s + self.verifier.timeout_s + 600.0
+        return SandboxSpec(
+            image=image,
+            cpus=env.cpus,
+            memory_mb=env.memory_mb,
+            disk_mb=env.storage_mb,
+            network=env.allow_internet,
+            ttl_s=ttl_s,
+            workdir=env.workdir,
+            env=resolve_env(env.env, where=f"task {self.id}: environment env"),
+        )

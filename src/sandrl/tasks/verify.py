@@ -1,0 +1,152 @@
+"""The task's side of an episode, over the Sandbox protocol: set up, run the oracle, verify.
+
+``verify`` runs after the agent has finished. It writes the task's tests into the sandbox only
+then (the agent never sees them), clears the reward directory first (so a reward file the agent
+wrote cannot count), runs the test command with the verifier's timeout and environment, and reads
+the reward the way the task's format defines it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from sandrl.errors import TaskError
+from sandrl.sandbox.base import ExecResult, Sandbox
+from sandrl.tasks import swebench_eval
+from sandrl.tasks.envvars import resolve_env
+from sandrl.tasks.pytest_results import parse_short_summary
+from sandrl.tasks.result import VerifyResult, tail
+from sandrl.tasks.sandbox_io import empty_dir_command, read_optional, run, run_logged, upload_all
+from sandrl.tasks.task import TESTS_DIR, VERIFIER_LOGS_DIR, Task
+
+TEST_LOG = f"{VERIFIER_LOGS_DIR}/test-output.txt"
+"""The test command's interleaved output (Harbor keeps it at test-stdout.txt; the name is ours)."""
+
+
+async def prepare_environment(task: Task, sandbox: Sandbox) -> None:
+    """What the task's environment needs before the agent starts, beyond the sandbox's image.
+
+    SWE-bench: the repository at ``base_commit`` in ``/testbed``. Harbor and Terminal-Bench
+    environments come from their Dockerfile, which the image builder handles; here only the
+    working directory is made.
+    """
+    if task.swebench is not None:
+        await swebench_eval.setup_repository(task, sandbox)
+    else:
+        await run(sandbox, f"mkdir -p {task.environment.workdir}", what="making the working directory")
+
+
+async def run_solution(task: Task, sandbox: Sandbox) -> ExecResult:
+    """Run the task's reference solution (the oracle) in the sandbox, within the agent's time budget."""
+    if task.solution is None:
+        raise TaskError(
+            f"task {task.id} has no reference solution "
+            "(Harbor: solution/solve.sh; Terminal-Bench: solution.sh or solution.yaml)"
+        )
+    solution = task.solution
+    await upload_all(sandbox, solution.uploads)
+    return await sandbox.exec(
+        solution.command,
+        timeout_s=task.agent_timeout_s,
+        cwd=task.environment.workdir,
+        env=resolve_env(solution.env, where=f"task {task.id}: solution env"),
+        stdin=solution.stdin.encode() if solution.stdin is not None else None,
+    )
+
+
+async def verify(task: Task, sandbox: Sandbox, *, patch: str | None = None) -> VerifyResult:
+    """Judge the sandbox's state after the agent; ``patch`` (SWE-bench only) grades a given diff instead."""
+    if task.verifier.reward == "swe-bench":
+        return await swebench_eval.grade(task, sandbox, patch=patch)
+    if patch is not None:
+        raise TaskError(f"task {task.id} is a {task.format} task; only SWE-bench tasks are graded from a patch")
+    start = time.monotonic()
+    await run(
+        sandbox,
+        empty_dir_command(VERIFIER_LOGS_DIR),
+        what="clearing the verifier's log directory",
+    )
+    await upload_all(sandbox, task.verifier.uploads)
+    env = {"TEST_DIR": TESTS_DIR, **resolve_env(task.verifier.env, where=f"task {task.id}: verifier env")}
+    result, output = await run_logged(
+        sandbox,
+        task.verifier.command,
+        log=TEST_LOG,
+        timeout_s=task.verifier.timeout_s,
+        cwd=task.environment.workdir,
+        env=env,
+    )
+
+    def done(
+        reward: float, details: Mapping[str, object], *, error: str | None = None, infra: bool = False
+    ) -> VerifyResult:
+        return VerifyResult(
+            reward=reward,
+            passed=reward >= 1.0 and error is None,
+            duration_s=time.monotonic() - start,
+            details=MappingProxyType(dict(details)),
+            stdout_tail=tail(output),
+            exit_code=result.exit_code,
+            timed_out=result.timed_out,
+            error=error,
+            infra_error=infra,
+        )
+
+    if result.timed_out:
+        return done(0.0, {}, error=f"the tests did not finish within {task.verifier.timeout_s:g} s")
+    if task.verifier.reward == "reward-file":
+        reward, details, error = await _read_reward_file(sandbox)
+        # No reward at all means the test script is broken, not that the agent failed.
+        return done(reward, details, error=error, infra=error is not None)
+    reward, details, error = _read_pytest_summary(output, result.exit_code)
+    return done(reward, details, error=error)
+
+
+async def _read_reward_file(sandbox: Sandbox) -> tuple[float, dict[str, object], str | None]:
+    """Harbor's reward: ``reward.txt`` (one number) first, else ``reward.json`` (named numbers)."""
+    text_path, json_path = f"{VERIFIER_LOGS_DIR}/reward.txt", f"{VERIFIER_LOGS_DIR}/reward.json"
+    raw = await read_optional(sandbox, text_path)
+    if raw is not None:
+        try:
+            value = float(raw.decode().strip())
+        except (UnicodeDecodeError, ValueError):
+            return 0.0, {}, f"{text_path} does not hold a number: {raw[:200]!r}"
+        if not math.isfinite(value):
+            return 0.0, {}, f"{text_path} holds {value}, not a finite number"
+        return value, {"rewards": {"reward": value}}, None
+    raw = await read_optional(sandbox, json_path)
+    if raw is None:
+        return 0.0, {}, f"the test script wrote neither {text_path} nor {json_path}"
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, ValueError):
+        return 0.0, {}, f"{json_path} is not valid JSON: {raw[:200]!r}"
+    if not isinstance(data, dict) or not data:
+        return 0.0, {}, f'{json_path} must be an object of named rewards, e.g. {{"reward": 1.0}}'
+    rewards: dict[str, float] = {}
+    for name, value in data.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            return 0.0, {}, f"{json_path}: reward {name!r} is {value!r}, not a number"
+        rewards[str(name)] = float(value)
+    if "reward" in rewards:
+        reward = rewards["reward"]
+    elif len(rewards) == 1:
+        reward = next(iter(rewards.values()))
+    else:
+        return 0.0, {"rewards": rewards}, f"{json_path} has several rewards and none is named 'reward'"
+    return reward, {"rewards": rewards}, None
+
+
+def _read_pytest_summary(output: str, exit_code: int) -> tuple[float, dict[str, object], str | None]:
+    """Terminal-Bench: every test in pytest's short summary passed (and pytest said so with exit 0)."""
+    statuses = parse_short_summary(output)
+    if statuses is None:
+        return 0.0, {}, "no 'short test summary info' in the test output; run-tests.sh must run pytest with -rA"
+    tests = {name: status.value for name, status in statuses.items()}
+    # The exit status guards against a summary-shaped text the tests printed after pytest's own.
+    passed = bool(statuses) and all(status.ok for status in statuses.values()) and exit_code == 0
+    return (1.0 if passed else 0.0), {"tests": tests}, None
