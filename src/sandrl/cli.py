@@ -102,6 +102,40 @@ def bench_sandbox(
     print(json.dumps(result))
 
 
+@serve_app.command("inference")
+def serve_inference(
+    model: str = typer.Option("tiny", help="'tiny' (built from a config) or a local Hugging Face checkpoint dir."),
+    host: str = typer.Option("127.0.0.1", help="Address to bind."),
+    port: int = typer.Option(30000, help="Port to bind."),
+    max_batch_size: int = typer.Option(64, help="Most requests decoded together."),
+    seed: int = typer.Option(0, help="Seed of the tiny model's weights and of sampling."),
+) -> None:
+    """Serve the embedded CPU engine with SGLang's and OpenAI's routes."""
+    from sandrl.inference.engine import EngineConfig
+    from sandrl.inference.server import serve
+
+    serve(model, host, port, engine_config=EngineConfig(max_batch_size=max_batch_size, seed=seed))
+
+
+@bench_app.command("inference")
+def bench_inference(
+    model: str = typer.Option("tiny", help="'tiny' or a local checkpoint dir."),
+    concurrency: int = typer.Option(16, help="Concurrent requests, compared with one at a time."),
+    max_new_tokens: int = typer.Option(64, help="Tokens generated per request."),
+    repeats: int = typer.Option(3, help="Repetitions; the median is reported."),
+) -> None:
+    """Embedded engine throughput: N concurrent requests against one at a time."""
+    import json
+
+    from sandrl.inference.bench import bench_engine, render_card
+
+    if concurrency < 1 or max_new_tokens < 1 or repeats < 1:
+        raise SandrlError("--concurrency, --max-new-tokens and --repeats must be at least 1")
+    result = bench_engine(model, concurrency=concurrency, max_new_tokens=max_new_tokens, repeats=repeats)
+    err_console.print(render_card(result))
+    print(json.dumps(result))
+
+
 def main() -> None:
     """Entry point of the console script."""
     try:

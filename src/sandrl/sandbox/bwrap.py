@@ -379,14 +379,19 @@ class BwrapSandbox:
 
     async def _cleanup(self) -> None:
         self._ttl_timer.cancel()
+        # Closing the socket makes the agent (pid 1) exit, which kills and reaps everything in its
+        # pid namespace; bubblewrap's monitor exits only after that, so once it has exited no
+        # process of the sandbox is left. SIGKILL through the cgroup is the fallback.
         await self._conn.close()
-        self._group.kill()
+        deadline = time.monotonic() + 2
+        while self._proc.poll() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.002)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             if self._proc.poll() is not None and not self._group.processes():
                 break
-            await asyncio.sleep(0.002)
             self._group.kill()
+            await asyncio.sleep(0.002)
         self._finish_cleanup()
         if self._watch is not asyncio.current_task():
             self._watch.cancel()

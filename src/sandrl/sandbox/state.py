@@ -125,8 +125,8 @@ class StateDir:
                 dead.append(sid)
         return dead
 
-    def sandbox_processes(self) -> list[int]:
-        """Host pids of processes running as any slot's uid: after every close there are none."""
+    def sandbox_processes(self, uids: set[int] | None = None) -> list[int]:
+        """Host pids of processes running as a sandbox's uid (the given sandbox root uids, or any)."""
         found = []
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
@@ -135,7 +135,9 @@ class StateDir:
                 with open(f"/proc/{entry}/status") as f:
                     for line in f:
                         if line.startswith("Uid:"):
-                            if int(line.split()[2]) >= self.uid_base:
+                            uid = int(line.split()[2])
+                            base = uid - (uid - self.uid_base) % UID_RANGE
+                            if uid >= self.uid_base and (uids is None or base in uids):
                                 found.append(int(entry))
                             break
             except OSError:

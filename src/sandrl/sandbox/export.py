@@ -1,0 +1,171 @@
+"""A sandbox's changes as an image layer: what ``docker commit`` does, for the bubblewrap backend.
+
+Every overlay of a :class:`~sandrl.sandbox.bwrap.BwrapSandbox` keeps what the sandbox wrote in its
+upper directory, ``/tmp/sandrl/upper/<k>`` in the sandbox helper's private mount namespace (the
+k-th overlay of the sandbox's mount plan, ``/`` first). :func:`export_changes` copies each one
+into ``dest/<mount point>`` on the host, so that ``dest`` is a layer tree in overlayfs' own
+format, ready to be stacked as a read-only lower layer over the layers the sandbox started from:
+
+- files, directories, symlinks and hard links keep their modes and times;
+- deleted entries stay overlayfs *whiteouts* (character devices 0:0) and replaced directories
+  stay *opaque* (the xattr ``trusted.overlay.opaque=y``), so they hide what is below them;
+- owners are shifted back: the sandbox's uid ``n`` is host uid ``sandbox.uid + n`` in the upper
+  directory, and ``n`` in the layer, which sandboxes mount idmapped (host root → sandbox root);
+- overlayfs' bookkeeping xattrs (``origin``, ``impure``...) are dropped: they describe the
+  sandbox's own mount, not the layer.
+
+The copy is one tar stream from ``nsenter --mount tar -c`` in the helper's namespace, re-owned on
+the way by :mod:`tarfile`, into ``tar -x`` on the host. The sandbox keeps running; export while
+no command is writing, or the layer holds whatever state the files were in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import posixpath
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+from typing import IO
+
+from sandrl.errors import SandboxError
+from sandrl.sandbox.bwrap import BwrapSandbox
+
+UPPER_DIR = "/tmp/sandrl/upper"
+"""Where the helper keeps the overlays' writable directories (see ``native/sandrl-helper.c``)."""
+UID_RANGE = 65536
+"""How many uids a sandbox's user namespace maps (0..65535 inside)."""
+KEPT_XATTRS = ("trusted.overlay.opaque", "user.*")
+"""Extended attributes copied into the layer; every other ``trusted.overlay.*`` is the mount's own."""
+EXPORT_TIMEOUT_S = 600.0
+_EXCLUDED_TOP = {".bubblewrap"}
+"""Top-level names in the root upper dir that are bubblewrap's scratch, never the sandbox's work."""
+_NOBODY = 65534
+
+
+def _tar_flags() -> list[str]:
+    return ["--numeric-owner", "--xattrs", *(f"--xattrs-include={pattern}" for pattern in KEPT_XATTRS)]
+
+
+def _shift(value: int, base: int) -> int:
+    """A host uid (or gid) of the upper dir → the sandbox's own id; host root (whiteouts) stays root."""
+    if base <= value < base + UID_RANGE:
+        return value - base
+    return 0 if value == 0 else _NOBODY
+
+
+def _excluded(name: str, is_root_overlay: bool) -> bool:
+    parts = posixpath.normpath(name).split("/")
+    parts = [p for p in parts if p not in ("", ".")]
+    if not parts or not is_root_overlay:
+        return False
+    return parts[0] in _EXCLUDED_TOP or parts[0].startswith(".bubblewrap-")
+
+
+def _reown(source: IO[bytes], sink: IO[bytes], base: int, is_root_overlay: bool) -> int:
+    """Copy a tar stream, shifting owners by ``-base``; return the number of members written."""
+    count = 0
+    with (
+        tarfile.open(fileobj=source, mode="r|") as reader,
+        tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as writer,
+    ):
+        for member in reader:
+            if _excluded(member.name, is_root_overlay):
+                continue
+            member.uid = _shift(member.uid, base)
+            member.gid = _shift(member.gid, base)
+            member.uname = member.gname = ""
+            data = reader.extractfile(member) if member.isreg() else None
+            writer.addfile(member, data)
+            count += 1
+    return count
+
+
+def _export_overlay(host_pid: int, base: int, k: int, target_dir: Path, is_root_overlay: bool) -> int:
+    """Copy one upper dir into ``target_dir``; return how many entries it held (its root included)."""
+    target_dir.mkdir(parents=True, exist_ok=True)
+    create = [
+        "nsenter",
+        f"--target={host_pid}",
+        "--mount",
+        "--",
+        "tar",
+        "-C",
+        f"{UPPER_DIR}/{k}",
+        *_tar_flags(),
+        "--format=posix",
+        "-cf",
+        "-",
+        ".",
+    ]
+    extract = ["tar", "-C", str(target_dir), *_tar_flags(), "--same-owner", "--same-permissions", "-xf", "-"]
+    producer = subprocess.Popen(create, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    consumer = subprocess.Popen(extract, stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert producer.stdout is not None and consumer.stdin is not None
+    count = 0
+    failure: BaseException | None = None
+    try:
+        count = _reown(producer.stdout, consumer.stdin, base, is_root_overlay)
+    except (tarfile.TarError, OSError) as exc:
+        failure = exc
+    finally:
+        producer.stdout.close()
+        try:
+            consumer.stdin.close()
+        except OSError as exc:  # the consumer died early: its stderr says why
+            failure = failure or exc
+    _, create_err = producer.communicate(timeout=EXPORT_TIMEOUT_S)
+    _, extract_err = consumer.communicate(timeout=EXPORT_TIMEOUT_S)
+    if producer.returncode != 0 or consumer.returncode != 0 or failure is not None:
+        detail = (create_err + extract_err).decode(errors="replace").strip()[-800:] or str(failure)
+        raise SandboxError(
+            f"exporting the writable layer {k} of sandbox (helper pid {host_pid}) failed "
+            f"(tar exit {producer.returncode}/{consumer.returncode}): {detail}"
+        )
+    return count
+
+
+def _export_sync(host_pid: int, base: int, overlays: list[str], dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    # "/" first, so a nested mount point's directory exists before its own tree goes in.
+    for k, target in sorted(enumerate(overlays), key=lambda item: item[1].count("/") if item[1] != "/" else -1):
+        rel = target.strip("/")
+        target_dir = dest / rel if rel else dest
+        if rel:
+            # The root overlay never holds anything at a mount point; clear what is there to be safe.
+            if target_dir.is_symlink() or (target_dir.exists() and not target_dir.is_dir()):
+                target_dir.unlink()
+            staging = dest.parent / f".{dest.name}.{k}.part"
+            shutil.rmtree(staging, ignore_errors=True)
+            count = _export_overlay(host_pid, base, k, staging, False)
+            if count <= 1:  # only the upper dir itself: nothing changed under this mount point
+                shutil.rmtree(staging)
+                continue
+            if target_dir.is_dir():
+                shutil.rmtree(target_dir)
+            target_dir.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(staging, target_dir)
+        else:
+            _export_overlay(host_pid, base, k, target_dir, True)
+
+
+async def export_changes(sandbox: BwrapSandbox, dest: Path) -> None:
+    """Copy what ``sandbox`` changed into ``dest`` as a layer tree (``dest/<mount point>`` per overlay).
+
+    ``dest`` is made if missing; it should be on the filesystem of the image store so that the
+    store can take it over with a rename. Needs root (``nsenter``) and GNU tar on the host.
+    """
+    if sandbox.closed:
+        raise SandboxError(f"sandbox {sandbox.id} is closed; export its changes before closing it")
+    plan = sandbox.mount_plan
+    if plan is None or sandbox.uid == 0:
+        raise SandboxError(f"sandbox {sandbox.id} has no mount plan or uid; it was not made by BwrapProvider")
+    overlays = [target for target, _ in plan.overlays]
+    await asyncio.to_thread(_export_sync, sandbox.host_pid, sandbox.uid, overlays, Path(dest))
+
+
+def is_empty_layer(layer: Path) -> bool:
+    """True when an exported layer holds no change at all (only its own root directory)."""
+    return not any(layer.iterdir())

@@ -1,0 +1,140 @@
+"""Lifecycle: close, crash, reaping, and no leaks over many cycles."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from sandrl.errors import SandboxClosedError
+from sandrl.sandbox.base import SandboxSpec
+from sandrl.sandbox.bwrap import BwrapProvider
+
+from .conftest import needs_sandbox
+
+pytestmark = needs_sandbox
+
+
+def _mounts() -> int:
+    return len(Path("/proc/self/mountinfo").read_text().splitlines())
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def test_close_twice_is_harmless(provider: BwrapProvider) -> None:
+    sb = await provider.create(SandboxSpec())
+    await sb.close()
+    await sb.close()
+    assert sb.closed
+    with pytest.raises(SandboxClosedError, match="closed"):
+        await sb.exec("true")
+
+
+async def test_close_with_running_children(provider: BwrapProvider) -> None:
+    sb = await provider.create(SandboxSpec())
+    await sb.exec("nohup sleep 1000 >/dev/null 2>&1 & nohup sh -c 'while :; do :; done' >/dev/null 2>&1 &")
+    running = asyncio.create_task(sb.exec("sleep 500", timeout_s=600))
+    await asyncio.sleep(0.3)
+    await sb.close()
+    with pytest.raises(SandboxClosedError):
+        await running
+    assert provider.state.sandbox_processes({sb.uid}) == []
+    assert sb.id not in provider.cgroups.stale_groups()
+
+
+async def test_cancelled_exec_kills_its_command(sandbox) -> None:  # type: ignore[no-untyped-def]
+    task = asyncio.create_task(sandbox.exec("sleep 77", timeout_s=100))
+    await asyncio.sleep(0.3)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.sleep(0.2)
+    assert "sleep 77" not in (await sandbox.exec("ps -eo args --no-headers")).stdout
+
+
+async def test_sandbox_dying_on_its_own_is_cleaned_up(provider: BwrapProvider) -> None:
+    sb = await provider.create(SandboxSpec())
+    # Kill the sandbox's processes from the host, as an OOM killer or an operator might.
+    sb._group.kill()
+    for _ in range(250):
+        if sb.closed and not provider.state.record_dir(sb.id).exists():
+            break
+        await asyncio.sleep(0.02)
+    assert sb.closed
+    assert sb.id not in provider.cgroups.stale_groups()
+    with pytest.raises(SandboxClosedError):
+        await sb.exec("true")
+
+
+def test_kill_9_of_provider_then_reaped_by_a_new_one(state_dir: Path, provider: BwrapProvider) -> None:
+    script = textwrap.dedent(
+        f"""
+        import asyncio, sys
+        from sandrl.sandbox.bwrap import BwrapProvider
+        async def main():
+            p = BwrapProvider({str(state_dir)!r})
+            sbs = [await p.create() for _ in range(3)]
+            for s in sbs:
+                await s.exec("nohup sleep 1000 >/dev/null 2>&1 &")
+            print(" ".join(s.id for s in sbs), flush=True)
+            await asyncio.sleep(1000)
+        asyncio.run(main())
+        """
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    ids = child.stdout.readline().split()
+    assert len(ids) == 3
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    child.stdout.close()
+    # With the provider gone its sandboxes' supervisors see the socket close and exit.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(provider.state.slot_owner(i) for i in _slots(provider, ids)):
+        time.sleep(0.05)
+    leftovers = provider.cgroups.stale_groups()
+    assert all(sid in leftovers for sid in ids)  # cgroups and records are left behind by the crash...
+    fresh = BwrapProvider(state_dir)
+    assert set(ids) <= set(fresh.reaped)  # ...and a new provider removes them
+    assert not any(sid in fresh.cgroups.stale_groups() for sid in ids)
+    assert not any(provider.state.record_dir(sid).exists() for sid in ids)
+
+
+def _slots(provider: BwrapProvider, ids: list[str]) -> list[int]:
+    slots = []
+    for sid in ids:
+        meta = provider.state.read_record(sid)
+        if meta and isinstance(meta.get("slot"), int):
+            slots.append(int(meta["slot"]))  # type: ignore[arg-type]
+    return slots
+
+
+@pytest.mark.slow
+async def test_200_create_close_cycles_leak_nothing(provider: BwrapProvider) -> None:
+    async with await provider.create(SandboxSpec()) as warm:
+        await warm.exec("true")
+    mounts, fds = _mounts(), _fds()
+    records, groups = set(provider.state.records()), set(provider.cgroups.stale_groups())
+    uids = set()
+    for i in range(200):
+        sb = await provider.create(SandboxSpec())
+        uids.add(sb.uid)
+        if i % 20 == 0:
+            assert (await sb.exec("echo $HOSTNAME")).stdout.strip() == sb.id
+        await sb.close()
+    await asyncio.sleep(0.1)
+    assert _mounts() == mounts
+    assert _fds() == fds
+    assert set(provider.state.records()) == records
+    assert set(provider.cgroups.stale_groups()) == groups
+    assert provider.state.sandbox_processes(uids) == []
+    assert not provider.live

@@ -1,0 +1,62 @@
+"""The ``sandrl`` command as a user runs it: real processes, real sandboxes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .sandbox.conftest import needs_sandbox
+
+SANDRL = Path(sys.executable).with_name("sandrl")
+
+
+def run(args: list[str], state_dir: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, "SANDRL_STATE_DIR": str(state_dir), **env}
+    return subprocess.run([str(SANDRL), *args], capture_output=True, text=True, env=full_env, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("cli-state")
+
+
+@needs_sandbox
+def test_sandbox_run_prints_output_and_exit_code(state_dir: Path) -> None:
+    r = run(["sandbox", "run", "--", "sh", "-c", "echo out; echo err >&2; exit 7"], state_dir)
+    assert r.returncode == 7
+    assert r.stdout == "out\n"
+    assert r.stderr == "err\n"
+
+
+@needs_sandbox
+def test_sandbox_run_timeout_exits_124(state_dir: Path) -> None:
+    r = run(["sandbox", "run", "--timeout", "1", "--", "sleep", "30"], state_dir)
+    assert r.returncode == 124
+    assert "timed out" in r.stderr
+
+
+@needs_sandbox
+def test_sandbox_run_quotes_arguments(state_dir: Path) -> None:
+    r = run(["sandbox", "run", "--", "printf", "%s|", "a b", "$HOME", "'q'"], state_dir)
+    assert r.stdout == "a b|$HOME|'q'|"
+
+
+def test_bad_argument_is_one_clear_line(state_dir: Path) -> None:
+    r = run(["sandbox", "run", "--cpus", "-1", "--", "true"], state_dir)
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    assert "cpus must be between" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_missing_bwrap_is_one_clear_line(state_dir: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the root check comes first when not root")
+    r = run(["sandbox", "run", "--", "true"], state_dir, PATH="/nonexistent")
+    assert r.returncode == 2
+    assert "bubblewrap is not installed" in r.stderr
+    assert "Traceback" not in r.stderr
