@@ -98,3 +98,19 @@ async def test_signal_kills_a_running_command(sandbox: BwrapSandbox) -> None:
 async def test_nul_in_command_is_refused(sandbox: BwrapSandbox) -> None:
     with pytest.raises(SandboxError, match="NUL"):
         await sandbox.exec("echo \0")
+
+
+async def test_network_true_shares_the_host_network(provider: BwrapProvider) -> None:
+    import socket
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    try:
+        async with await provider.create(SandboxSpec(network=True)) as sb:
+            client = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=5); print('connected')"
+            r = await sb.exec(f'python3 -c "{client}"')
+            assert r.stdout == "connected\n"
+    finally:
+        server.close()

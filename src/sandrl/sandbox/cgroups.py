@@ -195,16 +195,36 @@ class CgroupManager:
             if self.kill_base is not None:
                 self.kill_base.mkdir(parents=True, exist_ok=True)
             if self.version == 2:
-                base = self.bases["unified"]
-                wanted = {"memory", "pids", "cpu"} & set((base / "cgroup.controllers").read_text().split())
-                if wanted:
-                    _write(base / "cgroup.subtree_control", " ".join(f"+{c}" for c in sorted(wanted)))
+                self._delegate_v2(self.bases["unified"])
         except OSError as exc:
             raise LimitUnsupportedError(
                 f"cannot set up cgroups under {self.root} ({exc}); run as root on a host with cgroups "
                 "(on cgroup v2, from a group whose controllers are delegated, e.g. "
                 "`systemd-run --scope -p Delegate=yes ...`), or set require_limits=False"
             ) from exc
+
+    def _delegate_v2(self, base: Path) -> None:
+        """Enable memory, pids and cpu for the sandboxes' groups.
+
+        A v2 group may not both hold processes and hand controllers to its children, so if
+        the provider's own group has processes they move to a leaf ``sandrl-provider`` first.
+        """
+        own = base.parent
+        wanted = {"memory", "pids", "cpu"} & set((own / "cgroup.controllers").read_text().split())
+        if not wanted:
+            return
+        enable = " ".join(f"+{c}" for c in sorted(wanted))
+        if own != self.root:
+            try:
+                _write(own / "cgroup.subtree_control", enable)
+            except OSError:
+                leaf = own / "sandrl-provider"
+                leaf.mkdir(exist_ok=True)
+                for pid in (own / "cgroup.procs").read_text().split():
+                    with contextlib.suppress(OSError):
+                        _write(leaf / "cgroup.procs", pid)
+                _write(own / "cgroup.subtree_control", enable)
+        _write(base / "cgroup.subtree_control", enable)
 
     def create(self, name: str, *, memory_mb: int | None, pids: int | None, cpus: float | None) -> SandboxCgroup:
         dirs: list[Path] = []
