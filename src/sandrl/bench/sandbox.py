@@ -136,7 +136,9 @@ async def _footprint(provider: BwrapProvider, spec: SandboxSpec, live: int, tick
     errors = [r for r in results if isinstance(r, BaseException)]
     await asyncio.sleep(1.0)  # let lazy kernel work settle before measuring
     avail_after = _meminfo_kb("MemAvailable")
-    cgroup_bytes = sum(s.stats().memory_bytes for s in sandboxes)
+    stats = [s.stats() for s in sandboxes]
+    cgroup_bytes = sum(st.memory_bytes for st in stats)
+    kernel_bytes = sum(st.kernel_memory_bytes for st in stats)
     pids: set[int] = set()
     for s in sandboxes:
         pids |= s._group.processes()
@@ -158,6 +160,7 @@ async def _footprint(provider: BwrapProvider, spec: SandboxSpec, live: int, tick
         "close_all_s": round(close_s, 3),
         "host_mib_per_sandbox": round((avail_before - avail_after) / 1024 / n, 3),
         "cgroup_mib_per_sandbox": round(cgroup_bytes / 2**20 / n, 3),
+        "kernel_mib_per_sandbox": round(kernel_bytes / 2**20 / n, 3),
         "rss_mib_per_sandbox": round(rss_kb / 1024 / n, 3),
         "pss_mib_per_sandbox": round(pss_kb / 1024 / n, 3),
         "processes_per_sandbox": round(len(pids) / n, 2),
@@ -222,10 +225,12 @@ async def run(n: int = 200, live: int = 500, pool_size: int = 8, console: Consol
         r = rows[key]
         table.add_row(label, f"{r['p50_ms']:.2f}", f"{r['p95_ms']:.2f}", f"{r['p99_ms']:.2f}")
     console.print(table)
+    fp = footprint
     console.print(
-        f"(f) {footprint['live']} idle live: host {footprint['host_mib_per_sandbox']:.2f} MiB each, "
-        f"cgroup {footprint['cgroup_mib_per_sandbox']:.2f} MiB, RSS {footprint['rss_mib_per_sandbox']:.2f} MiB, "
-        f"PSS {footprint['pss_mib_per_sandbox']:.2f} MiB; closed cleanly: {footprint['closed_cleanly']}"
+        f"(f) {fp['live']} idle live: host {fp['host_mib_per_sandbox']:.2f} MiB each, "
+        f"cgroup {fp['cgroup_mib_per_sandbox']:.2f} MiB (kernel {fp['kernel_mib_per_sandbox']:.2f}), "
+        f"RSS {fp['rss_mib_per_sandbox']:.2f} MiB, PSS {fp['pss_mib_per_sandbox']:.2f} MiB; "
+        f"closed cleanly: {fp['closed_cleanly']}"
     )
     console.print(f"ratios: cold/bwrap {ratios['cold_over_bwrap_p50']}x, warm/bwrap {ratios['warm_over_bwrap_p50']}x")
     return {

@@ -94,6 +94,7 @@ READ_WINDOW = 4 << 20
 @dataclass(frozen=True)
 class SandboxStats:
     memory_bytes: int
+    kernel_memory_bytes: int
     memory_peak_bytes: int
     cpu_s: float
     pids: int
@@ -457,6 +458,7 @@ class BwrapSandbox:
         g = self._group
         return SandboxStats(
             memory_bytes=_safe(g.memory_bytes),
+            kernel_memory_bytes=_safe(g.kernel_memory_bytes),
             memory_peak_bytes=_safe(g.memory_peak_bytes),
             cpu_s=float(_safe(g.cpu_seconds)),
             pids=_safe(g.pids_current),

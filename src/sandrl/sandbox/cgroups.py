@@ -76,6 +76,18 @@ class SandboxCgroup:
         name = "memory.current" if self.version == 2 else "memory.usage_in_bytes"
         return int((self.memory / name).read_text())
 
+    def kernel_memory_bytes(self) -> int:
+        """The kernel's share of :meth:`memory_bytes` (page tables, slabs, socket buffers, stacks)."""
+        if self.memory is None:
+            return 0
+        if self.version == 2:
+            for line in (self.memory / "memory.stat").read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "kernel":
+                    return int(value)
+            return 0
+        return int((self.memory / "memory.kmem.usage_in_bytes").read_text())
+
     def memory_peak_bytes(self) -> int:
         if self.memory is None:
             return 0
