@@ -25,11 +25,11 @@ def _fake_v2(root: Path, controllers: str = "cpu memory pids") -> Path:
 
 def test_v2_is_chosen_and_limits_written(tmp_path: Path) -> None:
     root = _fake_v2(tmp_path / "cg")
-    mgr = CgroupManager(root=root, proc_cgroup="0::/user.slice\n")
+    mgr = CgroupManager(root=root, proc_cgroup="0::/user.slice\n", subdir="sandrl/state1")
     assert mgr.version == 2
     assert mgr.missing() == []
     mgr.prepare()
-    base = root / "user.slice" / "sandrl"
+    base = root / "user.slice" / "sandrl" / "state1"
     group = mgr.create("sb-1", memory_mb=64, pids=32, cpus=0.5)
     d = base / "sb-1"
     assert (d / "memory.max").read_text() == str(64 << 20)
@@ -38,6 +38,7 @@ def test_v2_is_chosen_and_limits_written(tmp_path: Path) -> None:
     assert group.kill_dir == d
     assert (base / "cgroup.subtree_control").read_text() == "+cpu +memory +pids"
     assert (root / "user.slice" / "cgroup.subtree_control").read_text() == "+cpu +memory +pids"
+    assert (root / "user.slice" / "sandrl" / "cgroup.subtree_control").read_text() == "+cpu +memory +pids"
 
 
 def test_v2_without_controllers_reports_them_missing(tmp_path: Path) -> None:

@@ -131,7 +131,7 @@ class BwrapProvider:
         self.state = StateDir(Path(state_dir) if state_dir is not None else DEFAULT_STATE_DIR)
         self.images = ImageStore(self.state.root / "images")
         self.helper = helper_path(self.state.root / "bin")
-        self.cgroups = CgroupManager(root=cgroup_root)
+        self.cgroups = CgroupManager(root=cgroup_root, subdir=f"sandrl/{self.state.cgroup_name}")
         self._cgroup_missing = self.cgroups.missing()
         if len(self._cgroup_missing) < 3:
             self.cgroups.prepare()

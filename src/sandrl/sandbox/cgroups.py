@@ -170,12 +170,14 @@ class CgroupManager:
     version: int = field(init=False)
     bases: dict[str, Path] = field(init=False, default_factory=dict)
     kill_base: Path | None = field(init=False, default=None)
+    own_v2: Path | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         own = _own_groups(self.proc_cgroup if self.proc_cgroup is not None else Path("/proc/self/cgroup").read_text())
         if (self.root / "cgroup.controllers").exists():
             self.version = 2
-            base = self.root / own.get("", "/").lstrip("/") / self.subdir
+            self.own_v2 = self.root / own.get("", "/").lstrip("/")
+            base = self.own_v2 / self.subdir
             self.bases["unified"] = base
             self.kill_base = base
         else:
@@ -191,8 +193,9 @@ class CgroupManager:
     def missing(self) -> list[str]:
         """The limits (memory, pids, cpu) that cannot be enforced here."""
         if self.version == 2:
+            assert self.own_v2 is not None
             try:
-                available = set((self.bases["unified"].parent / "cgroup.controllers").read_text().split())
+                available = set((self.own_v2 / "cgroup.controllers").read_text().split())
             except OSError:
                 available = set()
         else:
@@ -221,7 +224,8 @@ class CgroupManager:
         A v2 group may not both hold processes and hand controllers to its children, so if
         the provider's own group has processes they move to a leaf ``sandrl-provider`` first.
         """
-        own = base.parent
+        own = self.own_v2
+        assert own is not None
         wanted = {"memory", "pids", "cpu"} & set((own / "cgroup.controllers").read_text().split())
         if not wanted:
             return
@@ -236,7 +240,10 @@ class CgroupManager:
                     with contextlib.suppress(OSError):
                         _write(leaf / "cgroup.procs", pid)
                 _write(own / "cgroup.subtree_control", enable)
-        _write(base / "cgroup.subtree_control", enable)
+        level = own
+        for part in base.relative_to(own).parts:
+            level = level / part
+            _write(level / "cgroup.subtree_control", enable)
 
     def create(self, name: str, *, memory_mb: int | None, pids: int | None, cpus: float | None) -> SandboxCgroup:
         dirs: list[Path] = []

@@ -3,8 +3,11 @@
 Everything a sandbox leaves on the host outside its own namespaces is listed here, so a
 provider that starts can remove what a crashed one left::
 
-    <state>/slots/<k>.lock        flock'ed by a sandbox's processes for as long as they live
+    /run/sandrl/slots/<k>.lock    flock'ed by a sandbox's processes for as long as they live
     <state>/sandboxes/<id>/       meta.json (slot, spec, times) and log (the helper's stderr)
+
+Slots are machine-wide (``SANDRL_SLOTS_DIR``, default ``/run/sandrl/slots``) whatever the
+state directory, so providers with different state directories never hand out the same uid.
 
 A slot is a host uid range: sandbox root is host uid ``uid_base + k*65536``, so no two live
 sandboxes share a host uid. The lock file's open file description is inherited by the
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import random
@@ -29,6 +33,7 @@ UID_RANGE = 65536
 DEFAULT_UID_BASE = 0x70000000
 """Far above the uid ranges distributions hand out (subuid ranges, systemd's dynamic users)."""
 DEFAULT_SLOTS = 4096
+DEFAULT_SLOTS_DIR = Path(os.environ.get("SANDRL_SLOTS_DIR", "/run/sandrl/slots"))
 
 
 @dataclass
@@ -44,16 +49,26 @@ class Slot:
 
 
 class StateDir:
-    def __init__(self, root: Path, *, uid_base: int = DEFAULT_UID_BASE, slots: int = DEFAULT_SLOTS) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        uid_base: int = DEFAULT_UID_BASE,
+        slots: int = DEFAULT_SLOTS,
+        slots_dir: Path = DEFAULT_SLOTS_DIR,
+    ) -> None:
         self.root = root
         self.uid_base = uid_base
         self.n_slots = slots
-        self.slots_dir = root / "slots"
+        self.slots_dir = slots_dir
         self.sandboxes_dir = root / "sandboxes"
         for d in (root, self.slots_dir, self.sandboxes_dir):
             d.mkdir(parents=True, exist_ok=True)
         os.chmod(root, 0o755)  # images and the helper live below; sandbox records are 0700
         os.chmod(self.sandboxes_dir, 0o700)
+        # One provider's reaper must never touch another state directory's sandboxes: their
+        # cgroups live under a parent named after the state directory.
+        self.cgroup_name = "sandrl-" + hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:12]
 
     def _try_lock(self, index: int) -> int | None:
         fd = os.open(self.slots_dir / f"{index}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
