@@ -114,3 +114,11 @@ async def test_network_true_shares_the_host_network(provider: BwrapProvider) -> 
             assert r.stdout == "connected\n"
     finally:
         server.close()
+
+
+async def test_stdin_to_a_command_that_does_not_read_never_stalls_the_sandbox(sandbox: BwrapSandbox) -> None:
+    slow = asyncio.create_task(sandbox.exec("sleep 2; head -c 10 >/dev/null; echo read", stdin=b"x" * (4 << 20)))
+    await asyncio.sleep(0.2)
+    quick = await asyncio.wait_for(sandbox.exec("echo meanwhile"), 1.5)  # the agent is not blocked on the pipe
+    assert quick.stdout == "meanwhile\n"
+    assert (await slow).stdout == "read\n"

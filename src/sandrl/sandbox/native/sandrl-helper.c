@@ -332,12 +332,16 @@ enum {
 #define MAX_DRAIN 4096
 #define CHUNK 65536
 #define OUT_HIGH (1u << 20) /* stop reading children's pipes while this much waits for the socket */
+#define STDIN_MAX (64u << 20) /* stdin queued for a child that does not read it; beyond, stdin closes */
 
 struct proc {
     uint32_t id;
     pid_t pid;
     int fds[2]; /* stdout, stderr read ends; -1 once closed */
     int in_fd;
+    unsigned char *inq; /* stdin not yet taken by the child */
+    size_t inq_len, inq_off;
+    int in_eof;
     uint64_t sent[2];
     uint64_t cap;
     int truncated;
@@ -523,6 +527,7 @@ static void finish_proc(struct proc *p) {
     for (int i = 0; i < 8; i++) msg[6 + i] = (dur >> (8 * i)) & 0xff;
     send_frame(RSP_EXIT, p->id, msg, sizeof msg);
     close_fd(&p->in_fd);
+    free(p->inq);
     memset(p, 0, sizeof *p);
 }
 
@@ -659,31 +664,61 @@ static void do_exec(uint32_t id, const unsigned char *pl, uint32_t len) {
     slot->deadline_ms = timeout_ms ? now_ms() + timeout_ms : 0;
     set_nonblock(outp[0]);
     set_nonblock(errp[0]);
+    if (inp[1] >= 0) set_nonblock(inp[1]);
     unsigned char pidbuf[4];
     put_u32(pidbuf, (uint32_t)pid);
     send_frame(RSP_STARTED, id, pidbuf, 4);
+}
+
+static void drop_stdin(struct proc *p) {
+    close_fd(&p->in_fd);
+    free(p->inq);
+    p->inq = NULL;
+    p->inq_len = p->inq_off = 0;
+}
+
+/* Feed queued stdin without ever blocking: a child that does not read must not stall pid 1. */
+static void flush_stdin(struct proc *p) {
+    while (p->in_fd >= 0 && p->inq_off < p->inq_len) {
+        ssize_t n = write(p->in_fd, p->inq + p->inq_off, p->inq_len - p->inq_off);
+        if (n > 0) {
+            p->inq_off += (size_t)n;
+        } else if (n < 0 && errno == EINTR) {
+            continue;
+        } else if (n < 0 && errno == EAGAIN) {
+            return;
+        } else {
+            drop_stdin(p); /* EPIPE: the child closed its stdin */
+            return;
+        }
+    }
+    p->inq_len = p->inq_off = 0;
+    if (p->in_eof) drop_stdin(p);
 }
 
 static void do_stdin(uint32_t id, const unsigned char *pl, uint32_t len) {
     struct proc *p = find_proc(id);
     if (!p || p->in_fd < 0) return; /* the process is gone or took no stdin: drop, as a pipe would */
     if (len == 0) {
-        close_fd(&p->in_fd);
+        p->in_eof = 1;
+        flush_stdin(p);
         return;
     }
-    /* Blocking write: stdin arrives in bounded chunks and the provider awaits each one. */
-    size_t off = 0;
-    while (off < len) {
-        ssize_t n = write(p->in_fd, pl + off, len - off);
-        if (n > 0)
-            off += (size_t)n;
-        else if (n < 0 && errno == EINTR)
-            continue;
-        else {
-            close_fd(&p->in_fd);
-            break;
-        }
+    if (p->inq_len - p->inq_off + len > STDIN_MAX) {
+        drop_stdin(p);
+        return;
     }
+    if (p->inq_off) {
+        memmove(p->inq, p->inq + p->inq_off, p->inq_len - p->inq_off);
+        p->inq_len -= p->inq_off;
+        p->inq_off = 0;
+    }
+    unsigned char *q = realloc(p->inq, p->inq_len + len);
+    if (!q) _exit(71);
+    p->inq = q;
+    memcpy(p->inq + p->inq_len, pl, len);
+    p->inq_len += len;
+    flush_stdin(p);
 }
 
 static int mkdirs_for(char *path) {
@@ -994,9 +1029,9 @@ static int agent_main(int argc, char **argv) {
     put_u32(hello, PROTOCOL_VERSION);
     send_frame(RSP_HELLO, 0, hello, 4);
 
-    static struct pollfd pfds[2 + 2 * MAX_PROCS + MAX_DRAIN];
-    static struct proc *owner[2 + 2 * MAX_PROCS + MAX_DRAIN];
-    static int which[2 + 2 * MAX_PROCS + MAX_DRAIN];
+    static struct pollfd pfds[2 + 3 * MAX_PROCS + MAX_DRAIN];
+    static struct proc *owner[2 + 3 * MAX_PROCS + MAX_DRAIN];
+    static int which[2 + 3 * MAX_PROCS + MAX_DRAIN];
     for (;;) {
         int n = 0;
         pfds[n] = (struct pollfd){.fd = ctl, .events = POLLIN | (out_pending() ? POLLOUT : 0)};
@@ -1014,6 +1049,11 @@ static int agent_main(int argc, char **argv) {
                 } else if (!p->timed_out && (!wake || p->deadline_ms < wake)) {
                     wake = p->deadline_ms;
                 }
+            }
+            if (p->in_fd >= 0 && p->inq_off < p->inq_len) {
+                pfds[n] = (struct pollfd){.fd = p->in_fd, .events = POLLOUT};
+                owner[n] = p;
+                which[n++] = 2;
             }
             if (out_pending() > OUT_HIGH) continue; /* back-pressure: let the children block */
             for (int w = 0; w < 2; w++) {
@@ -1047,7 +1087,9 @@ static int agent_main(int argc, char **argv) {
         }
         for (int i = 2; i < n; i++) {
             if (!pfds[i].revents) continue;
-            if (owner[i]) {
+            if (owner[i] && which[i] == 2) {
+                if (owner[i]->used && owner[i]->in_fd == pfds[i].fd) flush_stdin(owner[i]);
+            } else if (owner[i]) {
                 if (owner[i]->used && owner[i]->fds[which[i]] == pfds[i].fd) pump_pipe(owner[i], which[i]);
             } else if (which[i] < 0) {
                 int idx = -1 - which[i];
