@@ -19,7 +19,8 @@ that says what went wrong *and what to do about it*.
      │    ├── SandboxFileError          a file operation inside the sandbox failed
      │    └── ImageNotFoundError        no image of that name in the store
      ├── TaskError                   a task that cannot be loaded or run
-     │    └── InvalidTaskError       a task directory or instance file that is malformed
+     │    ├── InvalidTaskError       a task directory or instance file that is malformed
+     │    └── ImageBuildError        an environment image could not be built (Dockerfile, failed step)
      ├── InferenceError              the policy's server failed or answered wrongly
      └── TrainError                  the trainer could not take a step
 
@@ -144,6 +145,14 @@ class InvalidTaskError(TaskError):
     def __init__(self, message: str, *, path: Path | None = None, error_code: str | None = None) -> None:
         super().__init__(message, error_code=error_code)
         self.path = path
+
+
+class ImageBuildError(TaskError):
+    """An image could not be built from a Dockerfile: an unsupported or malformed instruction
+    (the message names the file and line), a missing build-context file, or a step that failed
+    (its number, exit code and the end of its output)."""
+
+    error_code = "image_build_failed"
 
 
 class InferenceError(SandrlError):

@@ -43,6 +43,7 @@ EXPORT_TIMEOUT_S = 600.0
 _EXCLUDED_TOP = {".bubblewrap"}
 """Top-level names in the root upper dir that are bubblewrap's scratch, never the sandbox's work."""
 _NOBODY = 65534
+_OWNER_KEYS = {"uid", "gid", "uname", "gname"}
 
 
 def _tar_flags() -> list[str]:
@@ -77,6 +78,8 @@ def _reown(source: IO[bytes], sink: IO[bytes], base: int, is_root_overlay: bool)
             member.uid = _shift(member.uid, base)
             member.gid = _shift(member.gid, base)
             member.uname = member.gname = ""
+            # Large host uids travel in pax headers, which would win over the fields above.
+            member.pax_headers = {k: v for k, v in member.pax_headers.items() if k not in _OWNER_KEYS}
             data = reader.extractfile(member) if member.isreg() else None
             writer.addfile(member, data)
             count += 1
@@ -103,17 +106,21 @@ def _export_overlay(host_pid: int, base: int, k: int, target_dir: Path, is_root_
     extract = ["tar", "-C", str(target_dir), *_tar_flags(), "--same-owner", "--same-permissions", "-xf", "-"]
     producer = subprocess.Popen(create, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     consumer = subprocess.Popen(extract, stdin=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert producer.stdout is not None and consumer.stdin is not None
+    source, sink = producer.stdout, consumer.stdin
+    assert source is not None and sink is not None
+    producer.stdout = consumer.stdin = None  # ours to close; communicate() below reads stderr only
     count = 0
     failure: BaseException | None = None
     try:
-        count = _reown(producer.stdout, consumer.stdin, base, is_root_overlay)
+        count = _reown(source, sink, base, is_root_overlay)
+        while source.read(1 << 16):  # tar pads its stream past the end marker tarfile stops at
+            pass
     except (tarfile.TarError, OSError) as exc:
         failure = exc
     finally:
-        producer.stdout.close()
+        source.close()
         try:
-            consumer.stdin.close()
+            sink.close()
         except OSError as exc:  # the consumer died early: its stderr says why
             failure = failure or exc
     _, create_err = producer.communicate(timeout=EXPORT_TIMEOUT_S)

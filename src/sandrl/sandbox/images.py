@@ -6,7 +6,8 @@ sandboxes share one image on disk and none can change it.
 
 Layout under the store's root::
 
-    images/<name>.json     name, layers (ids, topmost first), env, workdir, created
+    images/<name>.json     name, layers (ids, topmost first), env, workdir, created; optionally
+                           base (an image the layers are stacked on) and config (build metadata)
     layers/<id>/           one layer: a directory tree (for a full image, a whole rootfs)
     host/                  what the built-in ``host`` image needs (skeleton, /etc mask)
 
@@ -67,6 +68,27 @@ class MountPlan:
     """(mount point inside the sandbox, indices into ``layers`` topmost first); "/" first."""
 
 
+def stack_layers(plan: MountPlan, layers: tuple[Path, ...]) -> MountPlan:
+    """``plan`` with layer trees (topmost first) stacked on each of its overlays.
+
+    A layer tree holds the changes under every mount point at its own path (``<layer>/usr``
+    for the overlay on ``/usr``, as :func:`sandrl.sandbox.export.export_changes` writes it); a
+    layer that has nothing under a mount point is left out of that overlay.
+    """
+    all_layers = list(plan.layers)
+    overlays: list[tuple[str, tuple[int, ...]]] = []
+    for target, indices in plan.overlays:
+        rel = target.strip("/")
+        added: list[int] = []
+        for layer in layers:
+            path = layer / rel if rel else layer
+            if path.is_dir() and not path.is_symlink():
+                all_layers.append(path)
+                added.append(len(all_layers) - 1)
+        overlays.append((target, (*added, *indices)))
+    return MountPlan(layers=tuple(all_layers), overlays=tuple(overlays))
+
+
 @dataclass(frozen=True)
 class Image:
     name: str
@@ -87,12 +109,12 @@ class ImageStore:
 
     # -- reading
 
-    def get(self, name: str) -> Image:
+    def get(self, name: str, *, _depth: int = 0) -> Image:
         if name == HOST_IMAGE:
             return self.host_image()
         meta = self._meta_path(name)
         if not meta.exists():
-            known = ", ".join(self.names())
+            known = ", ".join(n for n in self.names() if not n.startswith("build-"))
             raise ImageNotFoundError(
                 f"no image named {name!r} in {self.root} (images: {known}); "
                 "build one with `sandrl images build` or import a rootfs with ImageStore.add_rootfs"
@@ -102,13 +124,34 @@ class ImageStore:
         for layer in layers:
             if not layer.is_dir():
                 raise ImageNotFoundError(f"image {name!r} is damaged: its layer {layer} is missing; rebuild it")
-        return Image(
-            name=name,
-            plan=MountPlan(layers=layers, overlays=(("/", tuple(range(len(layers)))),)),
-            env=dict(data.get("env", {})),
-            workdir=data.get("workdir"),
-            created=float(data.get("created", 0.0)),
-        )
+        base_name = data.get("base")
+        if base_name is None:
+            plan = MountPlan(layers=layers, overlays=(("/", tuple(range(len(layers)))),))
+            env = dict(data.get("env", {}))
+            workdir = data.get("workdir")
+        else:
+            if base_name == name or _depth > 8:
+                raise ImageNotFoundError(f"image {name!r} is damaged: its base images form a loop; rebuild it")
+            try:
+                base = self.get(str(base_name), _depth=_depth + 1)
+            except ImageNotFoundError as exc:
+                raise ImageNotFoundError(
+                    f"image {name!r} is stacked on the image {base_name!r}, which is gone ({exc}); rebuild both"
+                ) from exc
+            plan = stack_layers(base.plan, layers)
+            env = {**base.env, **data.get("env", {})}
+            workdir = data.get("workdir") or base.workdir
+        return Image(name=name, plan=plan, env=env, workdir=workdir, created=float(data.get("created", 0.0)))
+
+    def meta(self, name: str) -> dict[str, object]:
+        """The image's record as stored (``host``: an empty one); raises if there is no such image."""
+        if name == HOST_IMAGE:
+            return {"name": HOST_IMAGE, "layers": [], "env": dict(self.host_image().env), "workdir": "/workspace"}
+        meta = self._meta_path(name)
+        if not meta.exists():
+            self.get(name)  # raises with the list of images
+        data: dict[str, object] = json.loads(meta.read_text())
+        return data
 
     def names(self) -> list[str]:
         found = [HOST_IMAGE]
@@ -145,20 +188,36 @@ class ImageStore:
         *,
         env: dict[str, str] | None = None,
         workdir: str | None = None,
+        base: str | None = None,
+        config: dict[str, object] | None = None,
     ) -> Image:
-        """Register an image made of existing layers (topmost first)."""
+        """Register an image made of existing layers (topmost first).
+
+        With ``base``, the layers are stacked on that image's mount plan, over each of its
+        overlays (see :func:`stack_layers`), and ``env`` adds to the base's environment; without
+        it they are a whole root filesystem, one overlay on ``/``. ``config`` is kept as metadata.
+        """
         self._check_name(name)
         for lid in layer_ids:
             if not (self.root / "layers" / lid).is_dir():
                 raise ConfigError(f"no layer {lid} in {self.root / 'layers'}")
+        if base is not None and not self.exists(base):
+            raise ImageNotFoundError(f"cannot stack image {name!r} on {base!r}: there is no such image")
+        record: dict[str, object] = {
+            "name": name,
+            "layers": layer_ids,
+            "env": env or {},
+            "workdir": workdir,
+            "created": time.time(),
+        }
+        if base is not None:
+            record["base"] = base
+        if config:
+            record["config"] = config
         meta = self._meta_path(name)
         meta.parent.mkdir(parents=True, exist_ok=True)
-        tmp = meta.with_suffix(".tmp")
-        tmp.write_text(
-            json.dumps(
-                {"name": name, "layers": layer_ids, "env": env or {}, "workdir": workdir, "created": time.time()}
-            )
-        )
+        tmp = meta.with_name(f".{meta.name}.{uuid.uuid4().hex}.tmp")
+        tmp.write_text(json.dumps(record))
         os.replace(tmp, meta)
         return self.get(name)
 

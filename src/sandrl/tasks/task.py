@@ -156,7 +156,9 @@ class Task:
     def to_sandbox_spec(self, *, image: str = "host") -> SandboxSpec:
         """The sandbox this task runs in.
 
-        ``image`` is ``host`` until the Dockerfile builder exists; a template in the task's
+        ``image`` is the store image built from the task's Dockerfile
+        (:func:`sandrl.tasks.build.ensure_task_image` builds it, or finds it in the cache, and
+        returns its name); ``host`` when the task has none. A template in the task's
         environment (``${VAR}``) is resolved from the host's environment here.
         """
         env = self.environment

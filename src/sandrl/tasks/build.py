@@ -1,0 +1,732 @@
+"""Environment images without Docker: a Dockerfile subset built in sandboxes, layer by layer.
+
+::
+
+    builder = ImageBuilder(BwrapProvider())
+    result = await builder.build(Path("environment/Dockerfile"), context=Path("environment"))
+    spec = SandboxSpec(image=result.image)
+
+Supported: ``FROM`` (an image of the store: ``host``, ``debian`` made by ``sandrl images build
+debian``, or an image built before; ``debian:bookworm`` and friends mean ``debian``), ``RUN``,
+``COPY`` and ``ADD`` of build-context files (``ADD`` unpacks local tar archives; URLs are
+refused), ``WORKDIR``, ``ENV``, ``ARG``, ``USER``, ``SHELL``. ``CMD``, ``ENTRYPOINT``, ``EXPOSE``,
+``LABEL``, ``VOLUME``, ``HEALTHCHECK``, ``STOPSIGNAL``, ``MAINTAINER`` and ``ONBUILD`` are kept as
+metadata and otherwise ignored. Anything else (multi-stage builds, ``COPY --from``, ``RUN
+--mount``, heredocs) is an :class:`~sandrl.errors.ImageBuildError` naming the file and line.
+
+Each ``RUN``, ``COPY`` and ``ADD`` runs in a fresh build sandbox started from the image so far
+(network off unless the build asks for it); what the step changed is exported
+(:func:`sandrl.sandbox.export.export_changes`) as a read-only layer, and the image so far plus
+that layer is registered in the store as ``build-<key>``. The key hashes the parent's key, the
+instruction and the state it runs in (environment, working directory, user, shell) and, for
+``COPY``/``ADD``, the content of the files copied: as Docker's layer cache, a rebuild with
+nothing changed starts no sandbox at all, and a changed ``COPY`` source rebuilds that step and
+every one after it. ``USER`` applies to ``RUN`` (through ``setpriv``); the sandboxes of the
+finished image still run every command as root.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import io
+import json
+import os
+import posixpath
+import shlex
+import shutil
+import stat
+import tarfile
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from sandrl.errors import ImageBuildError, ImageNotFoundError
+from sandrl.sandbox.base import ExecResult, SandboxSpec
+from sandrl.sandbox.bwrap import BwrapProvider, BwrapSandbox
+from sandrl.sandbox.export import export_changes, is_empty_layer
+from sandrl.sandbox.images import HOST_IMAGE, ImageStore
+from sandrl.tasks.instructions import Instruction, expand, key_values, parse_dockerfile, words
+from sandrl.tasks.task import Task
+
+BUILD_PREFIX = "build-"
+"""Images the builder registers for its cache: ``build-<key>``."""
+CACHE_VERSION = "sandrl-build-1"
+"""Part of every cache key: bump it when the way a step is built changes."""
+MAX_BUILD_LAYERS = 24
+"""Layers one image may stack over its base (the sandbox helper mounts at most 32 in all)."""
+DEFAULT_SHELL = ("/bin/sh", "-c")
+METADATA_ONLY = {"CMD", "ENTRYPOINT", "EXPOSE", "LABEL", "VOLUME", "HEALTHCHECK", "STOPSIGNAL", "MAINTAINER", "ONBUILD"}
+_DEBIAN_ALIASES = {"debian", "debian:bookworm", "debian:12", "debian:bookworm-slim", "debian:12-slim", "debian:stable"}
+_TAIL_LINES = 25
+
+StepStatus = Literal["cached", "built", "metadata"]
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """How a build runs: its budget, the build sandboxes' limits, and build arguments."""
+
+    timeout_s: float = 600.0
+    """The whole build (every step) must finish within this; Harbor's ``build_timeout_sec``."""
+    network: bool = False
+    """Give ``RUN`` steps the host's network (``RUN --network=none`` turns it off for one step)."""
+    cpus: float = float(min(2, os.cpu_count() or 1))
+    memory_mb: int = 4096
+    """Memory of a build sandbox; its writable layer (the step's changes) counts against it."""
+    disk_mb: int = 4096
+    """Size of a build sandbox's writable layer."""
+    build_args: Mapping[str, str] = field(default_factory=dict)
+    """Values for ``ARG`` (as ``docker build --build-arg``)."""
+    use_cache: bool = True
+    """False rebuilds every step (and refreshes the cache)."""
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """Progress of a build, one event as a step starts and one as it ends."""
+
+    index: int
+    """1-based."""
+    total: int
+    instruction: Instruction
+    phase: Literal["start", "done"]
+    status: StepStatus | None = None
+    duration_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    image: str
+    """The built image's name in the store (``build-<key>``, or the tag asked for)."""
+    key: str
+    steps: int
+    cached: int
+    """Steps that were cache hits."""
+    built: int
+    """Steps that ran in a sandbox."""
+    duration_s: float
+    env: Mapping[str, str]
+    workdir: str | None
+    user: str | None
+
+
+@dataclass
+class _State:
+    """What a Dockerfile has set up to the current step."""
+
+    key: str
+    image: str
+    """The store image the next sandbox step starts from."""
+    base: str | None
+    """The image the layers are stacked on (``host``), or None when ``layers`` are a whole rootfs."""
+    layers: list[str]
+    """The image's own layer ids, topmost first."""
+    env: dict[str, str]
+    workdir: str | None = None
+    user: str | None = None
+    shell: tuple[str, ...] = DEFAULT_SHELL
+    args: dict[str, str] = field(default_factory=dict)
+    declared_args: set[str] = field(default_factory=set)
+    metadata: dict[str, object] = field(default_factory=dict)
+
+    def expansion_env(self) -> dict[str, str]:
+        return {**self.args, **self.env}
+
+
+_KEY_LOCKS: dict[str, asyncio.Lock] = {}
+
+
+def _lock(key: str) -> asyncio.Lock:
+    lock = _KEY_LOCKS.get(key)
+    if lock is None:
+        lock = _KEY_LOCKS[key] = asyncio.Lock()
+    return lock
+
+
+def _hash(*parts: object) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def image_name_for(key: str) -> str:
+    return f"{BUILD_PREFIX}{key[:24]}"
+
+
+class ImageBuilder:
+    """Builds Dockerfiles into images of ``provider``'s store, in ``provider``'s sandboxes."""
+
+    def __init__(self, provider: BwrapProvider, *, on_event: Callable[[StepEvent], None] | None = None) -> None:
+        self.provider = provider
+        self.store: ImageStore = provider.images
+        self.on_event = on_event
+
+    async def build(
+        self,
+        dockerfile: Path | None = None,
+        *,
+        context: Path | None = None,
+        text: str | None = None,
+        options: BuildOptions | None = None,
+        tag: str | None = None,
+    ) -> BuildResult:
+        """Build ``dockerfile`` (or ``text``) with ``context`` (default: the Dockerfile's directory)."""
+        options = options or BuildOptions()
+        if text is None:
+            if dockerfile is None:
+                raise ImageBuildError("give a Dockerfile path or its text")
+            try:
+                text = dockerfile.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ImageBuildError(f"{dockerfile}: cannot be read ({exc})") from exc
+        source = str(dockerfile) if dockerfile is not None else "Dockerfile"
+        if context is None:
+            context = dockerfile.parent if dockerfile is not None else Path.cwd()
+        if not context.is_dir():
+            raise ImageBuildError(f"{source}: the build context {context} is not a directory")
+        instructions = parse_dockerfile(text, source)
+        self._check_supported(instructions, source)
+        start = time.monotonic()
+        deadline = start + options.timeout_s
+        try:
+            return await asyncio.wait_for(
+                self._run(instructions, context.resolve(), options, tag, deadline, start), options.timeout_s
+            )
+        except TimeoutError:
+            raise ImageBuildError(
+                f"{source}: the build did not finish within {options.timeout_s:g} s (build_timeout_sec); "
+                "raise the timeout or make the slow RUN step faster"
+            ) from None
+
+    # -- checking
+
+    def _check_supported(self, instructions: list[Instruction], source: str) -> None:
+        froms = [inst for inst in instructions if inst.keyword == "FROM"]
+        if not froms:
+            raise ImageBuildError(f"{source}: has no FROM instruction; start with FROM host")
+        if len(froms) > 1:
+            raise froms[1].error("multi-stage builds (a second FROM) are not supported by sandrl's builder")
+        for inst in instructions:
+            if inst.keyword == "FROM":
+                break
+            if inst.keyword != "ARG":
+                raise inst.error("only ARG may come before FROM")
+        known = {"FROM", "RUN", "COPY", "ADD", "WORKDIR", "ENV", "ARG", "USER", "SHELL", *METADATA_ONLY}
+        for inst in instructions:
+            if inst.keyword not in known:
+                raise inst.error(
+                    "is not an instruction sandrl's builder supports (FROM, RUN, COPY, ADD, WORKDIR, ENV, "
+                    "ARG, USER, SHELL; CMD, ENTRYPOINT, EXPOSE, LABEL, VOLUME... are kept as metadata)"
+                )
+            allowed = {"RUN": {"network"}, "COPY": {"chown", "chmod", "link"}, "ADD": {"chown", "chmod", "link"}}
+            for flag in inst.flags:
+                if inst.keyword in ("COPY", "ADD") and flag == "from":
+                    raise inst.error("--from (copying from another stage or image) is not supported")
+                if flag not in allowed.get(inst.keyword, set()):
+                    raise inst.error(f"the option --{flag} is not supported by sandrl's builder")
+            if inst.keyword == "RUN" and inst.flags.get("network", "none") not in ("none", "default", "host"):
+                raise inst.error(f"--network={inst.flags['network']} is not supported (none, default or host)")
+
+    # -- running
+
+    async def _run(
+        self,
+        instructions: list[Instruction],
+        context: Path,
+        options: BuildOptions,
+        tag: str | None,
+        deadline: float,
+        start: float,
+    ) -> BuildResult:
+        global_args: dict[str, str] = {}
+        state: _State | None = None
+        cached = built = 0
+        total = len(instructions)
+        for index, inst in enumerate(instructions, 1):
+            self._emit(StepEvent(index, total, inst, "start"))
+            step_start = time.monotonic()
+            status: StepStatus = "metadata"
+            if state is None:
+                if inst.keyword == "ARG":
+                    for name, value in key_values(inst, global_args):
+                        given = options.build_args.get(name, value)
+                        if given is not None:
+                            global_args[name] = given
+                else:
+                    state = self._from(inst, global_args)
+            elif inst.keyword in ("RUN", "COPY", "ADD"):
+                status = await self._layer_step(inst, state, context, options, deadline, index, total)
+                cached += status == "cached"
+                built += status == "built"
+            else:
+                self._metadata_step(inst, state, options, global_args)
+            self._emit(StepEvent(index, total, inst, "done", status, time.monotonic() - step_start))
+        assert state is not None  # _check_supported saw a FROM
+        final_key = _hash(state.key, "final", state.env, state.workdir, state.user, state.metadata)
+        name = tag or image_name_for(final_key)
+        config: dict[str, object] = {"key": final_key, "user": state.user, "shell": list(state.shell)}
+        config.update(state.metadata)
+        self.store.add_image(
+            name, list(state.layers), env=state.env, workdir=state.workdir, base=state.base, config=config
+        )
+        return BuildResult(
+            image=name,
+            key=final_key,
+            steps=total,
+            cached=cached,
+            built=built,
+            duration_s=time.monotonic() - start,
+            env=dict(state.env),
+            workdir=state.workdir,
+            user=state.user,
+        )
+
+    def _emit(self, event: StepEvent) -> None:
+        if self.on_event is not None:
+            self.on_event(event)
+
+    def _from(self, inst: Instruction, global_args: dict[str, str]) -> _State:
+        parts = words(inst.args, global_args, inst.where)
+        if not parts or (len(parts) not in (1, 3)) or (len(parts) == 3 and parts[1].lower() != "as"):
+            raise inst.error("write FROM <image> [AS <name>]")
+        if "platform" in inst.flags:
+            raise inst.error("--platform is not supported")
+        wanted = parts[0]
+        name = "debian" if wanted.lower() in _DEBIAN_ALIASES else wanted
+        if not self.store.exists(name):
+            hint = " (make it with `sandrl images build debian`)" if name == "debian" else ""
+            raise inst.error(
+                f"{wanted!r} is not an image in the store {self.store.root}{hint}; sandrl builds without Docker "
+                f"and cannot pull images: use FROM host, or one of: {', '.join(self.store.names())}"
+            )
+        meta = self.store.meta(name)
+        image = self.store.get(name)
+        if name == HOST_IMAGE:
+            host_layers = [str(p) for p in image.plan.layers]
+            return _State(
+                key=_hash(CACHE_VERSION, "from-host", host_layers),
+                image=name,
+                base=HOST_IMAGE,
+                layers=[],
+                env=dict(image.env),
+                workdir=image.workdir,
+            )
+        raw_layers = meta.get("layers", [])
+        layers = [str(x) for x in raw_layers] if isinstance(raw_layers, list) else []
+        base = meta.get("base")
+        key = _hash(CACHE_VERSION, "from", name, layers, base, meta.get("created"))
+        return _State(
+            key=key,
+            image=name,
+            base=str(base) if base is not None else None,
+            layers=layers,
+            env=dict(image.env),
+            workdir=image.workdir,
+        )
+
+    def _metadata_step(
+        self, inst: Instruction, state: _State, options: BuildOptions, global_args: Mapping[str, str]
+    ) -> None:
+        env = state.expansion_env()
+        if inst.keyword == "ENV":
+            for name, value in key_values(inst, env):
+                if value is None:
+                    raise inst.error(f"{name} needs a value (ENV {name}=value)")
+                state.env[name] = value
+        elif inst.keyword == "ARG":
+            for name, value in key_values(inst, env):
+                state.declared_args.add(name)
+                given = options.build_args.get(name, value if value is not None else global_args.get(name))
+                if given is not None:
+                    state.args[name] = given
+        elif inst.keyword == "WORKDIR":
+            path = " ".join(words(inst.args, env, inst.where))
+            if not path:
+                raise inst.error("needs a directory")
+            base = state.workdir or "/"
+            state.workdir = posixpath.normpath(posixpath.join(base, path))
+        elif inst.keyword == "USER":
+            user = " ".join(words(inst.args, env, inst.where))
+            if not user or " " in user:
+                raise inst.error("write USER <user>[:<group>]")
+            state.user = user
+        elif inst.keyword == "SHELL":
+            if inst.exec_form is None or not inst.exec_form:
+                raise inst.error('must be a JSON array, e.g. SHELL ["/bin/bash", "-c"]')
+            state.shell = inst.exec_form
+        else:  # CMD, ENTRYPOINT, EXPOSE, LABEL...: recorded, not acted on
+            recorded: object = list(inst.exec_form) if inst.exec_form is not None else inst.args
+            ignored = state.metadata.setdefault("ignored", [])
+            assert isinstance(ignored, list)
+            ignored.append({"instruction": inst.keyword, "value": recorded, "line": inst.line})
+            if inst.keyword in ("CMD", "ENTRYPOINT"):
+                state.metadata[inst.keyword.lower()] = recorded
+        # ARG values count only where they are used (as Docker): in RUN's environment, in
+        # what ENV, WORKDIR, USER and COPY expand to; not in the ARG line itself.
+        state.key = _hash(state.key, inst.keyword, inst.flags, inst.args, state.env, state.workdir, state.user)
+
+    async def _layer_step(
+        self,
+        inst: Instruction,
+        state: _State,
+        context: Path,
+        options: BuildOptions,
+        deadline: float,
+        index: int,
+        total: int,
+    ) -> StepStatus:
+        env = state.expansion_env()
+        network = options.network and inst.flags.get("network", "default") != "none"
+        if inst.keyword == "RUN":
+            content: object = None
+            args: object = state.args
+        else:
+            content = _sources_digest(inst, context, env)
+            args = [_copy_args(inst, env), {k: expand(v, env, inst.where) for k, v in inst.flags.items()}]
+        key = _hash(
+            state.key,
+            inst.keyword,
+            inst.flags,
+            inst.args,
+            content,
+            state.env,
+            args,
+            state.workdir,
+            state.user,
+            list(state.shell),
+            network,
+        )
+        name = image_name_for(key)
+        async with _lock(key):
+            if options.use_cache and self.store.exists(name):
+                with contextlib.suppress(ImageNotFoundError):
+                    self.store.get(name)  # a hit only when every layer is still there
+                    cached_layers = self.store.meta(name).get("layers", [])
+                    if isinstance(cached_layers, list):
+                        state.layers = [str(x) for x in cached_layers]
+                        state.key, state.image = key, name
+                        return "cached"
+            if len(state.layers) >= MAX_BUILD_LAYERS:
+                raise inst.error(
+                    f"the image would have more than {MAX_BUILD_LAYERS} layers; join RUN steps with && "
+                    "or COPY a whole directory at once"
+                )
+            remaining = deadline - time.monotonic()
+            spec = SandboxSpec(
+                image=state.image,
+                cpus=options.cpus,
+                memory_mb=options.memory_mb,
+                disk_mb=options.disk_mb,
+                network=network,
+                ttl_s=max(remaining, 1.0) + 120.0,
+                workdir=state.workdir or "/",
+                env={k: v for k, v in env.items() if _valid_env_name(k)},
+            )
+            layer_dir = self.store.root / "layers" / f".build-{uuid.uuid4().hex}"
+            try:
+                sandbox = await self.provider.create(spec)
+                try:
+                    if inst.keyword == "RUN":
+                        await self._run_step(inst, state, sandbox, remaining, index, total)
+                    else:
+                        await self._copy_step(inst, state, sandbox, context, env)
+                    await export_changes(sandbox, layer_dir)
+                finally:
+                    await sandbox.close()
+                layers = list(state.layers)
+                if not is_empty_layer(layer_dir):
+                    layers.insert(0, self.store.add_layer(layer_dir, move=True))
+                self.store.add_image(
+                    name,
+                    layers,
+                    env=state.env,
+                    workdir=state.workdir,
+                    base=state.base,
+                    config={"key": key, "step": inst.text, "where": inst.where},
+                )
+            finally:
+                shutil.rmtree(layer_dir, ignore_errors=True)
+        state.layers, state.key, state.image = layers, key, name
+        return "built"
+
+    async def _run_step(
+        self, inst: Instruction, state: _State, sandbox: BwrapSandbox, remaining: float, index: int, total: int
+    ) -> None:
+        if inst.exec_form is not None:
+            if not inst.exec_form:
+                raise inst.error("the JSON array is empty")
+            command = shlex.join(inst.exec_form)
+        elif not inst.args:
+            raise inst.error("needs a command")
+        elif state.shell == DEFAULT_SHELL:
+            command = inst.args
+        else:
+            command = shlex.join([*state.shell, inst.args])
+        if state.user not in (None, "root", "0", "root:root", "0:0"):
+            command = _as_user(state.user or "", command)
+        result: ExecResult = await sandbox.exec(command, timeout_s=max(remaining, 1.0), cwd=state.workdir or "/")
+        if result.timed_out:
+            raise ImageBuildError(
+                f"step {index}/{total} ({inst.where}) `{_short(inst.text)}` did not finish within the build's "
+                f"time budget{_tail(result)}"
+            )
+        if result.exit_code != 0:
+            raise ImageBuildError(
+                f"step {index}/{total} ({inst.where}) `{_short(inst.text)}` failed with exit code "
+                f"{result.exit_code}{_tail(result)}"
+            )
+
+    async def _copy_step(
+        self, inst: Instruction, state: _State, sandbox: BwrapSandbox, context: Path, env: Mapping[str, str]
+    ) -> None:
+        sources, dest = _copy_args(inst, env)
+        workdir = state.workdir or "/"
+        dest_abs = posixpath.normpath(posixpath.join(workdir, dest))
+        matched = [path for pattern in sources for path in _match(inst, context, pattern)]
+        into_dir = dest.endswith("/") or len(matched) > 1 or any(_has_glob(p) for p in sources)
+        if not into_dir and matched[0].is_file() and not _is_archive(inst, matched[0]):
+            probe = await sandbox.exec(f"test -d {shlex.quote(dest_abs)}", timeout_s=30, cwd="/")
+            into_dir = probe.exit_code == 0
+        owner = await _owner(inst, sandbox, env)
+        mode = _chmod(inst, env)
+        archive = io.BytesIO()
+        with tarfile.open(fileobj=archive, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            for path in matched:
+                if path.is_dir():
+                    _add_tree(tar, path, "", owner, mode)
+                elif _is_archive(inst, path):
+                    _add_archive(tar, inst, path, owner)
+                elif into_dir:
+                    _add_one(tar, path, path.name, owner, mode)
+                else:
+                    _add_one(tar, path, posixpath.basename(dest_abs), owner, mode)
+        extract_at = (
+            dest_abs
+            if into_dir or matched[0].is_dir() or _is_archive(inst, matched[0])
+            else (posixpath.dirname(dest_abs) or "/")
+        )
+        quoted = shlex.quote(extract_at)
+        result = await sandbox.exec(
+            f"mkdir -p {quoted} && tar --numeric-owner -xpf - -C {quoted}",
+            stdin=archive.getvalue(),
+            timeout_s=300,
+            cwd="/",
+        )
+        if result.exit_code != 0:
+            raise inst.error(f"writing the files to {extract_at} failed (exit {result.exit_code}){_tail(result)}")
+
+
+# -- COPY / ADD helpers
+
+
+def _valid_env_name(name: str) -> bool:
+    return name.replace("_", "a").isalnum() and not name[0].isdigit()
+
+
+def _copy_args(inst: Instruction, env: Mapping[str, str]) -> tuple[list[str], str]:
+    parts = (
+        [expand(p, env, inst.where) for p in inst.exec_form]
+        if inst.exec_form is not None
+        else words(inst.args, env, inst.where)
+    )
+    if len(parts) < 2:
+        raise inst.error("needs at least one source and a destination")
+    for source in parts[:-1]:
+        if "://" in source or source.startswith("git@"):
+            raise inst.error(
+                f"{source!r} is a URL; sandrl's builder copies build-context files only (no network at build "
+                "time): download the file into the task's environment/ directory and COPY it"
+            )
+    return parts[:-1], parts[-1]
+
+
+def _has_glob(pattern: str) -> bool:
+    return any(ch in pattern for ch in "*?[")
+
+
+def _match(inst: Instruction, context: Path, pattern: str) -> list[Path]:
+    rel = posixpath.normpath(pattern.lstrip("/")) if pattern.strip("/") else "."
+    if rel == ".." or rel.startswith("../"):
+        raise inst.error(f"{pattern!r} is outside the build context {context}")
+    found = sorted(context.glob(rel)) if _has_glob(rel) else [context / rel]
+    found = [p for p in found if p.exists() or p.is_symlink()]
+    if not found:
+        raise inst.error(f"{pattern!r} is not in the build context {context}")
+    for path in found:
+        if not path.resolve().is_relative_to(context) and not path.is_symlink():
+            raise inst.error(f"{pattern!r} leads outside the build context {context}")
+    return found
+
+
+def _is_archive(inst: Instruction, path: Path) -> bool:
+    return inst.keyword == "ADD" and path.is_file() and tarfile.is_tarfile(path)
+
+
+def _walk(root: Path) -> Iterator[Path]:
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        base = Path(dirpath)
+        for name in [*dirnames, *sorted(filenames)]:
+            yield base / name
+
+
+def _sources_digest(inst: Instruction, context: Path, env: Mapping[str, str]) -> str:
+    """A hash of every file a COPY/ADD copies: paths, types, modes, contents (not times)."""
+    sources, _ = _copy_args(inst, env)
+    digest = hashlib.sha256()
+    for pattern in sources:
+        for path in _match(inst, context, pattern):
+            for item in [path, *(_walk(path) if path.is_dir() and not path.is_symlink() else [])]:
+                st = item.lstat()
+                digest.update(f"{item.relative_to(context)}\0{st.st_mode:o}\0".encode())
+                if stat.S_ISLNK(st.st_mode):
+                    digest.update(os.readlink(item).encode())
+                elif stat.S_ISREG(st.st_mode):
+                    with open(item, "rb") as f:
+                        for chunk in iter(lambda: f.read(1 << 20), b""):
+                            digest.update(chunk)
+                digest.update(b"\1")
+    return digest.hexdigest()
+
+
+def _chmod(inst: Instruction, env: Mapping[str, str]) -> int | None:
+    value = inst.flags.get("chmod")
+    if value is None:
+        return None
+    try:
+        mode = int(expand(value, env, inst.where), 8)
+    except ValueError:
+        raise inst.error(f"--chmod={value} is not an octal mode (e.g. --chmod=755)") from None
+    if not 0 <= mode <= 0o7777:
+        raise inst.error(f"--chmod={value} is not a file mode")
+    return mode
+
+
+async def _owner(inst: Instruction, sandbox: BwrapSandbox, env: Mapping[str, str]) -> tuple[int, int]:
+    value = inst.flags.get("chown")
+    if value is None:
+        return 0, 0
+    user, _, group = expand(value, env, inst.where).partition(":")
+    ids: list[int] = []
+    for name, flag in ((user, "-u"), (group or user, "-g")):
+        if name.isdigit():
+            ids.append(int(name))
+            continue
+        lookup = (
+            f"id {flag} {shlex.quote(name)}"
+            if flag == "-u" or not group
+            else f"getent group {shlex.quote(name)} | cut -d: -f3"
+        )
+        result = await sandbox.exec(lookup, timeout_s=30, cwd="/")
+        if result.exit_code != 0 or not result.stdout.strip().isdigit():
+            raise inst.error(f"--chown={value}: no user or group {name!r} in the image")
+        ids.append(int(result.stdout.strip()))
+    return ids[0], ids[1]
+
+
+def _tar_info(
+    tar: tarfile.TarFile, path: Path, arcname: str, owner: tuple[int, int], mode: int | None
+) -> tarfile.TarInfo:
+    info = tar.gettarinfo(str(path), arcname=arcname)
+    info.uid, info.gid = owner
+    info.uname = info.gname = ""
+    if mode is not None and not info.issym():
+        info.mode = mode
+    return info
+
+
+def _add_one(tar: tarfile.TarFile, path: Path, arcname: str, owner: tuple[int, int], mode: int | None) -> None:
+    info = _tar_info(tar, path, arcname, owner, mode)
+    if info.isreg():
+        with open(path, "rb") as f:
+            tar.addfile(info, f)
+    else:
+        tar.addfile(info)
+
+
+def _add_tree(tar: tarfile.TarFile, root: Path, prefix: str, owner: tuple[int, int], mode: int | None) -> None:
+    """The contents of ``root`` (not itself), as Docker's COPY of a directory."""
+    for item in _walk(root):
+        _add_one(tar, item, posixpath.join(prefix, item.relative_to(root).as_posix()), owner, mode)
+
+
+def _add_archive(tar: tarfile.TarFile, inst: Instruction, path: Path, owner: tuple[int, int]) -> None:
+    """ADD of a local tar archive: its members, unpacked (any compression tarfile reads)."""
+    chown = "chown" in inst.flags
+    with tarfile.open(path, mode="r:*") as archive:
+        for member in archive:
+            name = posixpath.normpath(member.name.lstrip("/"))
+            if name == ".." or name.startswith("../"):
+                raise inst.error(f"the archive {path.name} holds {member.name!r}, outside its directory")
+            if member.isdev():
+                continue
+            member.name = name
+            if chown:
+                member.uid, member.gid = owner
+                member.uname = member.gname = ""
+            data = archive.extractfile(member) if member.isreg() else None
+            tar.addfile(member, data)
+
+
+def _as_user(user: str, command: str) -> str:
+    """``command`` run as ``user[:group]`` by setpriv (util-linux), which the image must have."""
+    name, _, group = user.partition(":")
+    uid = name if name.isdigit() else f"$(id -u {shlex.quote(name)})"
+    if group:
+        gid = group if group.isdigit() else f"$(getent group {shlex.quote(group)} | cut -d: -f3)"
+    else:
+        gid = name if name.isdigit() else f"$(id -g {shlex.quote(name)})"
+    groups = "--clear-groups" if name.isdigit() else "--init-groups"
+    return f"exec setpriv --reuid={uid} --regid={gid} {groups} -- /bin/sh -c {shlex.quote(command)}"
+
+
+def _short(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _tail(result: ExecResult) -> str:
+    lines = (result.stdout + ("\n" if result.stdout and result.stderr else "") + result.stderr).strip().splitlines()
+    if not lines:
+        return " and printed nothing"
+    return ":\n" + "\n".join("  " + line for line in lines[-_TAIL_LINES:])
+
+
+# -- tasks
+
+
+def task_build_options(task: Task) -> BuildOptions:
+    """A task's build: its ``build_timeout_sec``, and the network only when the task allows the internet."""
+    env = task.environment
+    return BuildOptions(
+        timeout_s=env.build_timeout_s,
+        network=env.allow_internet,
+        cpus=max(env.cpus, BuildOptions.cpus),
+        memory_mb=max(env.memory_mb, BuildOptions.memory_mb),
+        disk_mb=max(min(env.storage_mb, 16384), 1024),
+    )
+
+
+async def ensure_task_image(
+    task: Task, provider: BwrapProvider, *, on_event: Callable[[StepEvent], None] | None = None
+) -> str:
+    """The store image ``task`` runs in, built from its Dockerfile if needed (a cache hit when unchanged).
+
+    A task without a Dockerfile runs in its ``docker_image`` when the store has one of that name,
+    else in ``host``. Pass the name to :meth:`Task.to_sandbox_spec`.
+    """
+    env = task.environment
+    if env.dockerfile_text is None:
+        if env.docker_image is not None and provider.images.exists(env.docker_image):
+            return env.docker_image
+        return HOST_IMAGE
+    context = env.context_dir or (env.dockerfile.parent if env.dockerfile is not None else task.source)
+    try:
+        result = await ImageBuilder(provider, on_event=on_event).build(
+            env.dockerfile, context=context, text=env.dockerfile_text, options=task_build_options(task)
+        )
+    except ImageBuildError as exc:
+        raise ImageBuildError(f"task {task.id}: building its environment failed: {exc}") from exc
+    return result.image
