@@ -1,0 +1,1 @@
+"""Policy updates: the GRPO family of losses, the trainer, its checkpoints and config."""

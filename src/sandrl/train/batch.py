@@ -1,0 +1,190 @@
+"""The trainer's input: token-exact samples, GRPO groups turned into advantages, micro-batches.
+
+A :class:`TrainSample` is one episode as the trainer sees it: the token ids of the whole
+conversation, a loss mask that is 1 on the model's own tokens, and the log-prob the inference
+server gave each of those tokens. :func:`samples_from_groups` turns GRPO groups (the samples of
+one task) into a :class:`Batch` with advantages, dropping and counting the groups that carry no
+signal. :func:`plan_micro_batches` cuts a batch into forwards that fit a token budget, and
+:func:`collate` pads one of them into tensors.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+from sandrl.errors import TrainError
+from sandrl.train.losses import ScaleRewards, group_advantages, has_signal
+
+
+@dataclass(frozen=True)
+class TrainSample:
+    """One episode, token-exact. ``rollout_logprobs[t]`` is ``log p(token_ids[t] | token_ids[:t])`` as sampled."""
+
+    token_ids: tuple[int, ...]
+    """The whole conversation: prompt, model turns, observations, in order."""
+    loss_mask: tuple[int, ...]
+    """1 where the model produced the token (trained), 0 elsewhere; same length as ``token_ids``.
+    The first token has no context to be predicted from, so its mask must be 0."""
+    rollout_logprobs: tuple[float, ...] | None = None
+    """The sampler's log-prob of each token (any value, e.g. 0, where the mask is 0); needed for
+    importance sampling (``LossConfig.tis_cap``), not for supervised steps."""
+    reward: float = 0.0
+    advantage: float = 0.0
+    """Set by :func:`samples_from_groups`; what the policy loss multiplies."""
+    group_id: str = ""
+    """The GRPO group: samples of the same task whose rewards are compared."""
+    weight_version: int = 0
+    """The policy version that generated the sample (the oldest, if a weight update landed mid-episode)."""
+    episode_id: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "token_ids", tuple(int(t) for t in self.token_ids))
+        object.__setattr__(self, "loss_mask", tuple(int(m) for m in self.loss_mask))
+        if self.rollout_logprobs is not None:
+            object.__setattr__(self, "rollout_logprobs", tuple(float(x) for x in self.rollout_logprobs))
+        name = self.episode_id or self.group_id or "a sample"
+        if len(self.token_ids) < 2:
+            raise TrainError(f"{name}: a sample needs at least 2 tokens (a context and a token to predict)")
+        if len(self.loss_mask) != len(self.token_ids):
+            raise TrainError(
+                f"{name}: the loss mask has {len(self.loss_mask)} entries but there are {len(self.token_ids)} tokens; "
+                "they must be aligned one to one"
+            )
+        if self.rollout_logprobs is not None and len(self.rollout_logprobs) != len(self.token_ids):
+            raise TrainError(
+                f"{name}: {len(self.rollout_logprobs)} rollout log-probs for {len(self.token_ids)} tokens; "
+                "give one per token (0 where the loss mask is 0)"
+            )
+        if any(m not in (0, 1) for m in self.loss_mask):
+            raise TrainError(f"{name}: the loss mask must hold only 0 and 1")
+        if self.loss_mask[0]:
+            raise TrainError(f"{name}: the first token cannot be trained (nothing precedes it); set its mask to 0")
+        if not math.isfinite(self.reward) or not math.isfinite(self.advantage):
+            raise TrainError(f"{name}: reward and advantage must be finite, got {self.reward!r}, {self.advantage!r}")
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_model_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """The samples of one training step, with the groups that were left out counted."""
+
+    samples: tuple[TrainSample, ...]
+    groups: int = 0
+    """Groups offered, trained or not."""
+    zero_signal_groups: int = 0
+    """Groups dropped because all their rewards were equal (no advantage, nothing to learn)."""
+    zero_signal_samples: int = 0
+    reward_mean: float = 0.0
+    """Mean reward over every sample offered, the dropped groups included."""
+
+    @classmethod
+    def of(cls, samples: Iterable[TrainSample]) -> Batch:
+        """A batch of samples whose advantages are already set (or a supervised batch)."""
+        items = tuple(samples)
+        mean = sum(s.reward for s in items) / len(items) if items else 0.0
+        return cls(items, groups=len({s.group_id for s in items}), reward_mean=mean)
+
+
+def samples_from_groups(
+    groups: Iterable[Sequence[TrainSample]], *, scale_rewards: ScaleRewards = "group", epsilon: float = 1e-4
+) -> Batch:
+    """A batch with GRPO advantages (see :func:`~sandrl.train.losses.group_advantages`).
+
+    Each group is the samples of one task; they must share a ``group_id``. A group whose rewards
+    are all equal (including a group of one) is dropped and counted in ``zero_signal_groups``.
+    With ``scale_rewards="batch"`` the spread is measured over the groups that are kept.
+    """
+    offered = [list(g) for g in groups]
+    for group in offered:
+        ids = {s.group_id for s in group}
+        if len(ids) > 1:
+            raise TrainError(f"a group holds samples of several group ids {sorted(ids)}; pass one group per task")
+    kept = [g for g in offered if has_signal([s.reward for s in g])]
+    advantages = group_advantages([[s.reward for s in g] for g in kept], scale_rewards, epsilon)
+    samples = tuple(
+        replace(s, advantage=a)
+        for group, advs in zip(kept, advantages, strict=True)
+        for s, a in zip(group, advs, strict=True)
+    )
+    rewards = [s.reward for g in offered for s in g]
+    return Batch(
+        samples=samples,
+        groups=len(offered),
+        zero_signal_groups=len(offered) - len(kept),
+        zero_signal_samples=len(rewards) - len(samples),
+        reward_mean=sum(rewards) / len(rewards) if rewards else 0.0,
+    )
+
+
+def plan_micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Indices of the samples in each micro-batch, such that ``rows * longest row <= max_tokens``.
+
+    Samples are taken longest first, so rows of similar length share a micro-batch and little is
+    padding. A sample longer than the budget gets a micro-batch of its own. The plan depends
+    only on the lengths, so a resumed run forwards exactly the same micro-batches.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    plans: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        # Longest first: the first row of a micro-batch is its widest.
+        if current and (len(current) + 1) * lengths[current[0]] > max_tokens:
+            plans.append(current)
+            current = []
+        current.append(i)
+    if current:
+        plans.append(current)
+    return plans
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """Padded tensors of some samples; every tensor is ``[rows, width]`` except ``advantages`` (``[rows]``)."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    """Float, aligned with ``input_ids``; 0 on padding."""
+    rollout_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    index: tuple[int, ...]
+    """Positions of these rows in the batch."""
+
+
+def collate(
+    samples: Sequence[TrainSample], index: Sequence[int], *, pad_id: int, device: torch.device | str = "cpu"
+) -> MicroBatch:
+    """Right-pad ``samples[i] for i in index`` into one micro-batch on ``device``."""
+    rows = [samples[i] for i in index]
+    width = max(s.num_tokens for s in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.float32)
+    rollout = torch.zeros((len(rows), width), dtype=torch.float32)
+    for row, s in enumerate(rows):
+        n = s.num_tokens
+        ids[row, :n] = torch.tensor(s.token_ids, dtype=torch.long)
+        attention[row, :n] = 1
+        mask[row, :n] = torch.tensor(s.loss_mask, dtype=torch.float32)
+        if s.rollout_logprobs is not None:
+            rollout[row, :n] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
+    advantages = torch.tensor([s.advantage for s in rows], dtype=torch.float32)
+    return MicroBatch(
+        input_ids=ids.to(device),
+        attention_mask=attention.to(device),
+        loss_mask=mask.to(device),
+        rollout_logprobs=rollout.to(device),
+        advantages=advantages.to(device),
+        index=tuple(index),
+    )

@@ -1,0 +1,182 @@
+"""The trainer's part of the run config: :class:`TrainConfig`, read from a ``[train]`` TOML table.
+
+.. code-block:: toml
+
+    [train]
+    lr = 1e-5
+    micro_batch_tokens = 8192
+
+    [train.loss]            # sandrl.train.losses.LossConfig
+    loss_type = "dapo"
+    epsilon_high = 0.28
+
+TOML has no null, so an optional setting is switched off with ``false`` (``tis_cap = false``,
+``max_grad_norm = false``). Every field is checked when the config is built; a wrong key, type
+or value is a :class:`~sandrl.errors.ConfigError` that names the key and what would be valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sandrl.errors import ConfigError
+from sandrl.train.losses import LossConfig
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How the trainer updates the policy. The loss itself is :class:`~sandrl.train.losses.LossConfig`."""
+
+    lr: float = 1e-5
+    """AdamW's peak learning rate."""
+    warmup_steps: int = 0
+    """Updates over which the learning rate rises linearly from ``lr / warmup_steps`` to ``lr``; constant after."""
+    weight_decay: float = 0.0
+    """AdamW's decoupled weight decay (Loshchilov & Hutter 2019, arXiv:1711.05101)."""
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    max_grad_norm: float | None = 1.0
+    """Clip the global gradient norm to this before each update; None disables clipping."""
+    micro_batch_tokens: int = 8192
+    """Token budget of one forward (rows x longest row, padding included); gradients of the micro-batches of
+    an update are accumulated, so this bounds memory and leaves the result unchanged. A sample longer than
+    the budget is forwarded alone."""
+    minibatches: int = 1
+    """Optimizer updates per batch: the batch is split into this many parts, updated on one after the other
+    (PPO's minibatches; with more than one, the clipping in the loss takes effect)."""
+    device: str = "cpu"
+    """Where the model trains: ``cpu``, ``cuda``, ``cuda:1``, ``mps``... (any torch device)."""
+    keep_checkpoints: int = 2
+    """Checkpoints kept by :meth:`~sandrl.train.trainer.Trainer.save_checkpoint`; older ones are deleted."""
+    loss: LossConfig = field(default_factory=LossConfig)
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.lr) or self.lr <= 0:
+            raise ConfigError(f"lr must be a finite number > 0 (1e-6 to 1e-5 is usual for RL), got {self.lr!r}")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        if not math.isfinite(self.weight_decay) or self.weight_decay < 0:
+            raise ConfigError(f"weight_decay must be a finite number >= 0, got {self.weight_decay!r}")
+        for name in ("adam_beta1", "adam_beta2"):
+            value = getattr(self, name)
+            if not 0 <= value < 1:
+                raise ConfigError(f"{name} must be in [0, 1), got {value!r}")
+        if not math.isfinite(self.adam_eps) or self.adam_eps <= 0:
+            raise ConfigError(f"adam_eps must be a finite number > 0, got {self.adam_eps!r}")
+        if self.max_grad_norm is not None and (not math.isfinite(self.max_grad_norm) or self.max_grad_norm <= 0):
+            raise ConfigError(
+                f"max_grad_norm must be a number > 0, or absent to disable clipping; got {self.max_grad_norm!r}"
+            )
+        if self.micro_batch_tokens < 2:
+            raise ConfigError(f"micro_batch_tokens must be >= 2, got {self.micro_batch_tokens}")
+        if self.minibatches < 1:
+            raise ConfigError(f"minibatches must be >= 1, got {self.minibatches}")
+        if not self.device:
+            raise ConfigError("device must name a torch device, e.g. 'cpu' or 'cuda'")
+        if self.keep_checkpoints < 1:
+            raise ConfigError(f"keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
+
+    @classmethod
+    def from_mapping(cls, table: Mapping[str, object], *, where: str = "[train]") -> TrainConfig:
+        """Build from a parsed TOML table; ``where`` names it in error messages."""
+        return from_mapping(cls, table, where=where)
+
+    @classmethod
+    def from_toml(cls, path: str | Path, *, table: str = "train") -> TrainConfig:
+        """Read the ``[table]`` of a TOML file (all defaults if the file has no such table)."""
+        file = Path(path)
+        try:
+            data = tomllib.loads(file.read_text())
+        except OSError as exc:
+            raise ConfigError(f"cannot read the config file {file}: {exc.strerror or exc}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{file} is not valid TOML: {exc}") from exc
+        section = data.get(table, {})
+        return from_mapping(cls, section, where=f"{file}: [{table}]")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain dict (TOML/JSON-ready: None is written ``false``) that :meth:`from_mapping` reads back."""
+        return _none_as_false(dataclasses.asdict(self))
+
+
+def from_mapping(cls: type[T], table: object, *, where: str) -> T:
+    """An instance of the config dataclass ``cls`` from ``table``, type-checked key by key."""
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"{where} must be a table of keys, got {_type_name(table)}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(str(k) for k in table if k not in fields)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; valid keys are {', '.join(fields)}")
+    values: dict[str, Any] = {}
+    for key, raw in table.items():
+        values[key] = _convert(hints[key], raw, f"{where} {key}", f"{where[:-1]}.{key}]")
+    try:
+        return cls(**values)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc.message}") from exc
+
+
+def _convert(hint: Any, raw: object, label: str, subtable: str) -> Any:
+    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        return from_mapping(hint, raw, where=subtable)
+    origin = typing.get_origin(hint)
+    if origin is typing.Literal:
+        choices = typing.get_args(hint)
+        if raw not in choices:
+            raise ConfigError(f"{label} must be one of {', '.join(map(repr, choices))}, got {raw!r}")
+        return raw
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if raw is False or raw is None:  # TOML has no null: `false` switches an optional setting off
+            return None
+        if len(args) == 1:
+            return _convert(args[0], raw, label, subtable)
+    if hint is bool:
+        if not isinstance(raw, bool):
+            raise ConfigError(f"{label} must be true or false, got {_type_name(raw)}")
+        return raw
+    if hint is int:
+        if isinstance(raw, bool) or not isinstance(raw, int):
+            raise ConfigError(f"{label} must be an integer, got {_type_name(raw)} {raw!r}")
+        return raw
+    if hint is float:
+        if isinstance(raw, bool) or not isinstance(raw, int | float):
+            raise ConfigError(f"{label} must be a number, got {_type_name(raw)} {raw!r}")
+        return float(raw)
+    if hint is str:
+        if not isinstance(raw, str):
+            raise ConfigError(f"{label} must be a string, got {_type_name(raw)} {raw!r}")
+        return raw
+    raise ConfigError(f"{label}: values of type {hint} cannot be read from a config file")  # pragma: no cover
+
+
+def _type_name(value: object) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, Mapping):
+        return "a table"
+    return type(value).__name__
+
+
+def _none_as_false(data: dict[str, Any]) -> dict[str, Any]:
+    return {k: _none_as_false(v) if isinstance(v, dict) else (False if v is None else v) for k, v in data.items()}
