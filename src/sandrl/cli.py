@@ -48,9 +48,12 @@ def sandbox_run(
     disk_mb: int = typer.Option(4096, help="Size of the writable layer in MiB."),
     timeout: float = typer.Option(60.0, help="Wall-clock limit in seconds; exit code 124 when hit."),
     network: bool = typer.Option(False, "--network", help="Share the host's network (default: loopback only)."),
+    server: str | None = typer.Option(None, help="A sandbox service URL (default $SANDRL_SERVER; none: local)."),
+    token_file: str | None = typer.Option(None, help="File holding the service's token (default $SANDRL_TOKEN)."),
 ) -> None:
     """Run COMMAND in a fresh sandbox, print its output, exit with its exit code."""
     import asyncio
+    import os
     import shlex
 
     from sandrl.sandbox.base import SandboxSpec
@@ -67,6 +70,11 @@ def sandbox_run(
         network=network,
         ttl_s=timeout + 60,
     )
+    server = server or os.environ.get("SANDRL_SERVER")
+    if server:
+        from sandrl.sandbox.client import run_command
+
+        raise typer.Exit(run_command(server, shlex.join(command), spec, timeout_s=timeout, token_file=token_file))
 
     async def go() -> int:
         provider = BwrapProvider()
@@ -82,6 +90,87 @@ def sandbox_run(
 
     code = asyncio.run(go())
     raise typer.Exit(code if code >= 0 else 128 - code)
+
+
+def _labels(items: list[str]) -> dict[str, str]:
+    labels = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SandrlError(f"--metadata takes KEY=VALUE, got {item!r}")
+        labels[key] = value
+    return labels
+
+
+@sandbox_app.command("ls")
+def sandbox_ls(
+    server: str | None = typer.Option(None, help="The sandbox service URL (default $SANDRL_SERVER)."),
+    metadata: list[str] = typer.Option([], help="Only sandboxes with this KEY=VALUE label (repeatable)."),
+    token_file: str | None = typer.Option(None, help="File holding the service's token (default $SANDRL_TOKEN)."),
+    json_out: bool = typer.Option(False, "--json", help="One JSON object per line."),
+) -> None:
+    """List the live sandboxes on a sandbox service."""
+    import json
+
+    from sandrl.sandbox.client import format_list, list_command
+
+    rows = list_command(server, _labels(metadata), token_file=token_file)
+    if json_out:
+        for row in rows:
+            print(json.dumps(row.model_dump()))
+    else:
+        print(format_list(rows))
+
+
+@sandbox_app.command("rm")
+def sandbox_rm(
+    ids: list[str] = typer.Argument(None, help="Sandbox ids to close."),
+    server: str | None = typer.Option(None, help="The sandbox service URL (default $SANDRL_SERVER)."),
+    all_: bool = typer.Option(False, "--all", help="Close every sandbox (with --metadata: every matching one)."),
+    metadata: list[str] = typer.Option([], help="With --all: only sandboxes with this KEY=VALUE label."),
+    token_file: str | None = typer.Option(None, help="File holding the service's token (default $SANDRL_TOKEN)."),
+) -> None:
+    """Close sandboxes on a sandbox service."""
+    from sandrl.sandbox.client import remove_command
+
+    if not ids and not all_:
+        raise SandrlError("give sandbox ids to close, or --all")
+    closed = remove_command(server, ids or [], all_matching=_labels(metadata) if all_ else None, token_file=token_file)
+    print(f"closed {len(closed)} sandbox(es)")
+
+
+@serve_app.command("sandboxes")
+def serve_sandboxes(
+    host: str = typer.Option("127.0.0.1", help="Address to bind (without a token: loopback only)."),
+    port: int = typer.Option(8700, help="Port to bind."),
+    token_file: str | None = typer.Option(None, help="File holding the bearer token (or set $SANDRL_TOKEN)."),
+    max_live: int | None = typer.Option(None, help="Most live sandboxes; further creates get capacity_exhausted."),
+    state_dir: str | None = typer.Option(None, help="State directory (default /var/lib/sandrl)."),
+) -> None:
+    """Serve sandboxes over HTTP: the native /v1 API, Prometheus /metrics."""
+    from sandrl.sandbox.server import serve
+
+    serve(host, port, token_file=token_file, max_live=max_live, state_dir=state_dir)
+
+
+@bench_app.command("service")
+def bench_service(
+    concurrency: list[int] = typer.Option([], help="Concurrent clients (repeatable; default 1, 16, 64, 256)."),
+    n_exec: int = typer.Option(300, help="Execs for the one-client round-trip measure."),
+    json_only: bool = typer.Option(False, "--json", help="Print only the JSON line."),
+) -> None:
+    """The sandbox service over HTTP beside the in-process provider."""
+    import asyncio
+    import io
+    import json
+
+    from sandrl.bench.service import LEVELS, run
+
+    if any(c < 1 for c in concurrency) or n_exec < 1:
+        raise SandrlError("--concurrency and --n-exec must be at least 1")
+    console = Console(file=io.StringIO()) if json_only else Console(stderr=True)
+    result = asyncio.run(run(concurrency=tuple(concurrency) or LEVELS, n_exec=n_exec, console=console))
+    print(json.dumps(result))
 
 
 @bench_app.command("sandbox")

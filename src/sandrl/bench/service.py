@@ -1,0 +1,195 @@
+"""``sandrl bench service``: the sandbox service over HTTP beside the in-process provider, in one run.
+
+(a) exec round trip of ``true`` with one client, in process and over HTTP; (b) at each
+concurrency N, N clients each doing create -> ``execs`` execs -> close at once, over HTTP
+and in process: throughput (cycles/s), create/exec/close latency, errors. The server runs
+as its own process (as in production, and so it does not share this process's GIL), on a
+free port of 127.0.0.1 with a fresh state directory and token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+from sandrl.bench.stats import summary_ms
+from sandrl.errors import SandboxUnavailableError, SandrlError
+from sandrl.sandbox.base import Sandbox, SandboxProvider, SandboxSpec
+from sandrl.sandbox.bwrap import BwrapProvider
+from sandrl.sandbox.client import ClientConfig, RemoteProvider
+
+LEVELS = (1, 16, 64, 256)
+TARGETS = {"http_exec_over_inproc_p50_ms": 2.0, "p99_over_p50_exec_at_max": 10.0}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.asynccontextmanager
+async def server_process(state_dir: Path, max_live: int) -> AsyncIterator[tuple[str, str]]:
+    """A sandbox server as a child process; yields its URL and token."""
+    port, token = _free_port(), secrets.token_hex(24)
+    code = (
+        "from sandrl.sandbox.server import serve; "
+        f"serve('127.0.0.1', {port}, state_dir={str(state_dir)!r}, max_live={max_live}, log_level='warning')"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "SANDRL_TOKEN": token})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        async with httpx.AsyncClient() as client:
+            while True:
+                with contextlib.suppress(httpx.TransportError):
+                    if (await client.get(url + "/healthz", timeout=1)).status_code == 200:
+                        break
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise SandboxUnavailableError(f"the benchmark's sandbox server did not start (exit {proc.poll()})")
+                await asyncio.sleep(0.05)
+        yield url, token
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+async def _exec_round_trip(provider: SandboxProvider, n: int) -> list[float]:
+    sandbox = await provider.create(SandboxSpec(ttl_s=600))
+    try:
+        for _ in range(20):
+            await sandbox.exec("true")
+        out = []
+        for _ in range(n):
+            t = time.perf_counter()
+            await sandbox.exec("true")
+            out.append(time.perf_counter() - t)
+        return out
+    finally:
+        await sandbox.close()
+
+
+async def _cycles(provider: SandboxProvider, clients: int, execs: int) -> dict[str, Any]:
+    creates: list[float] = []
+    runs: list[float] = []
+    closes: list[float] = []
+    errors: dict[str, int] = {}
+
+    async def client() -> None:
+        sandbox: Sandbox | None = None
+        try:
+            t = time.perf_counter()
+            sandbox = await provider.create(SandboxSpec(ttl_s=600))
+            creates.append(time.perf_counter() - t)
+            for _ in range(execs):
+                t = time.perf_counter()
+                result = await sandbox.exec("true")
+                runs.append(time.perf_counter() - t)
+                if result.exit_code != 0:
+                    errors["exit_code"] = errors.get("exit_code", 0) + 1
+            t = time.perf_counter()
+            await sandbox.close()
+            closes.append(time.perf_counter() - t)
+            sandbox = None
+        except SandrlError as exc:
+            errors[exc.error_code] = errors.get(exc.error_code, 0) + 1
+        finally:
+            if sandbox is not None:
+                with contextlib.suppress(SandrlError):
+                    await sandbox.close()
+
+    started = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    wall = time.perf_counter() - started
+    return {
+        "clients": clients,
+        "cycles_per_s": round(clients / wall, 2),
+        "wall_s": round(wall, 3),
+        "create": summary_ms(creates),
+        "exec": summary_ms(runs),
+        "close": summary_ms(closes),
+        "errors": sum(errors.values()),
+        "errors_by_code": errors,
+    }
+
+
+async def run(
+    concurrency: Sequence[int] = LEVELS, n_exec: int = 300, execs: int = 5, console: Console | None = None
+) -> dict[str, Any]:
+    """The benchmark; returns the JSON line's dict."""
+    console = console or Console(stderr=True)
+    levels = sorted(set(concurrency))
+    if not levels or levels[0] < 1 or n_exec < 1 or execs < 1:
+        raise SandrlError("concurrency levels, n_exec and execs must be at least 1")
+    with tempfile.TemporaryDirectory(prefix="sandrl-bench-service-") as tmp:
+        local = BwrapProvider(Path(tmp) / "inproc")
+        async with server_process(Path(tmp) / "server", max_live=levels[-1] + 8) as (url, token):
+            config = ClientConfig(max_connections=max(64, 2 * levels[-1]), timeout_s=300, retries=0)
+            async with RemoteProvider(url, token=token, config=config) as remote:
+                console.print(f"exec round trip of `true`, 1 client, {n_exec} times")
+                inproc_rt = summary_ms(await _exec_round_trip(local, n_exec))
+                http_rt = summary_ms(await _exec_round_trip(remote, n_exec))
+                rows: list[dict[str, Any]] = []
+                for n in levels:
+                    console.print(f"{n} concurrent clients: create -> {execs} execs -> close")
+                    rows.append(
+                        {"level": n, "http": await _cycles(remote, n, execs), "inproc": await _cycles(local, n, execs)}
+                    )
+        await local.close_all()
+    top = rows[-1]["http"]
+    over = round(http_rt["p50_ms"] - inproc_rt["p50_ms"], 3)
+    tail = round(top["exec"]["p99_ms"] / top["exec"]["p50_ms"], 2) if top["exec"]["p50_ms"] else None
+    result: dict[str, Any] = {
+        "bench": "service",
+        "cpus": os.cpu_count(),
+        "exec_round_trip": {"inproc": inproc_rt, "http": http_rt, "http_over_inproc_p50_ms": over},
+        "levels": rows,
+        "targets": TARGETS,
+        "met": {
+            "http_exec_over_inproc_p50_ms": over <= TARGETS["http_exec_over_inproc_p50_ms"],
+            "zero_errors_at_max": top["errors"] == 0,
+            "p99_over_p50_exec_at_max": tail is not None and tail <= TARGETS["p99_over_p50_exec_at_max"],
+        },
+    }
+    console.print(render_card(result))
+    return result
+
+
+def render_card(result: dict[str, Any]) -> Table:
+    rt = result["exec_round_trip"]
+    table = Table(title=f"sandbox service vs in-process ({result['cpus']} CPUs)")
+    for col in ("clients", "via", "cycles/s", "create p50/p99 ms", "exec p50/p99 ms", "close p50 ms", "errors"):
+        table.add_column(col, justify="right")
+    table.add_row("1", "inproc exec rt", "", "", f"{rt['inproc']['p50_ms']:.2f}/{rt['inproc']['p99_ms']:.2f}", "", "")
+    table.add_row("1", "http exec rt", "", "", f"{rt['http']['p50_ms']:.2f}/{rt['http']['p99_ms']:.2f}", "", "")
+    for row in result["levels"]:
+        for via in ("http", "inproc"):
+            r = row[via]
+            table.add_row(
+                str(row["level"]),
+                via,
+                f"{r['cycles_per_s']:.1f}",
+                f"{r['create']['p50_ms']:.1f}/{r['create']['p99_ms']:.1f}",
+                f"{r['exec']['p50_ms']:.2f}/{r['exec']['p99_ms']:.2f}",
+                f"{r['close']['p50_ms']:.1f}",
+                str(r["errors"]),
+            )
+    return table

@@ -1,0 +1,523 @@
+"""RemoteProvider: the sandbox service's native API over httpx, as a SandboxProvider.
+
+A rollout uses a remote host exactly as a local provider::
+
+    async with RemoteProvider("http://gpu-box:8700") as provider:     # token from $SANDRL_TOKEN
+        async with await provider.create(SandboxSpec(memory_mb=4096)) as sandbox:
+            result = await sandbox.exec("pytest -q", timeout_s=600)
+
+One pooled ``httpx.AsyncClient`` per provider, shared by its sandboxes. Failures are typed:
+
+- the server cannot be reached (refused, DNS, connect timeout): every call is retried with
+  backoff (the request never arrived), then :class:`~sandrl.errors.SandboxUnavailableError`
+  ``service_unreachable``;
+- the connection broke after the request was sent (server killed, network): idempotent calls
+  (GET, DELETE, timeout, file writes from bytes) are retried, others (create, exec) are not,
+  since they may have run: ``SandboxUnavailableError`` ``service_connection_lost``, which the
+  caller may retry as a whole (a new sandbox, the episode again);
+- 502/503/504 answers: idempotent calls retried;
+- error answers keep the server's ``error_code`` and message, as the matching class of
+  :mod:`sandrl.errors` (``sandbox_not_found`` -> SandboxNotFoundError, ``capacity_exhausted``
+  -> CapacityExhaustedError, ...), with ``http_status`` set.
+
+Retry-worthy for a caller: ``SandboxUnavailableError`` and ``CapacityExhaustedError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import sys
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Literal
+
+import httpx
+
+from sandrl.errors import (
+    CapacityExhaustedError,
+    ConfigError,
+    ImageNotFoundError,
+    InvalidSpecError,
+    LimitUnsupportedError,
+    SandboxClosedError,
+    SandboxError,
+    SandboxFileError,
+    SandboxNotFoundError,
+    SandboxUnavailableError,
+    SandrlError,
+)
+from sandrl.sandbox.base import ExecResult, OutputChunk, SandboxSpec
+from sandrl.sandbox.service_api import (
+    API_PREFIX,
+    ExecRequest,
+    ExecResponse,
+    FileWritten,
+    Health,
+    SandboxInfo,
+    SandboxList,
+)
+from sandrl.sandbox.service_auth import TOKEN_ENV, load_token
+
+SERVER_ENV = "SANDRL_SERVER"
+_RETRY_STATUS = frozenset({502, 503, 504})
+_ERRORS: dict[str, type[SandrlError]] = {
+    "sandbox_not_found": SandboxNotFoundError,
+    "sandbox_closed": SandboxClosedError,
+    "capacity_exhausted": CapacityExhaustedError,
+    "invalid_spec": InvalidSpecError,
+    "limit_unsupported": LimitUnsupportedError,
+    "image_not_found": ImageNotFoundError,
+    "file_error": SandboxFileError,
+    "file_not_found": SandboxFileError,
+    "service_draining": SandboxUnavailableError,
+    "sandbox_unavailable": SandboxUnavailableError,
+}
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """Timeouts, retries and pooling of a :class:`RemoteProvider`."""
+
+    timeout_s: float = 60.0
+    """Longest wait for an answer to a call other than exec (whose own timeout adds ``exec_margin_s``)."""
+    connect_timeout_s: float = 5.0
+    retries: int = 3
+    """Attempts after the first, for the failures that may be retried (see the module docstring)."""
+    backoff_s: float = 0.1
+    """Wait before the first retry; doubles on each next one up to ``backoff_max_s``."""
+    backoff_max_s: float = 2.0
+    max_connections: int = 1024
+    """Connections kept to the server: one per concurrent call."""
+    create_wait_s: float = 0.0
+    """How long a create queues on a full server (0: fail at once with capacity_exhausted)."""
+    exec_margin_s: float = 30.0
+    """Added to an exec's timeout_s for the HTTP wait (the server answers exec_timeout within 5 s)."""
+
+    def __post_init__(self) -> None:
+        if self.timeout_s <= 0 or self.connect_timeout_s <= 0 or self.exec_margin_s <= 0:
+            raise ConfigError("client timeouts must be positive")
+        if self.retries < 0 or self.backoff_s < 0 or self.max_connections < 1 or self.create_wait_s < 0:
+            raise ConfigError("client retries, backoff and create_wait_s must be >= 0, max_connections >= 1")
+
+
+class RemoteProvider:
+    """A :class:`~sandrl.sandbox.base.SandboxProvider` backed by a sandbox service."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        token: str | None = None,
+        config: ClientConfig | None = None,
+        metadata: Mapping[str, str] | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        url = url or os.environ.get(SERVER_ENV)
+        if not url:
+            raise ConfigError(f"no sandbox server given: pass its URL or set ${SERVER_ENV} (e.g. http://host:8700)")
+        self.url = url.rstrip("/")
+        self.config = cfg = config or ClientConfig()
+        self.metadata = dict(metadata or {})
+        """Labels added to every sandbox this provider creates."""
+        token = token if token is not None else (os.environ.get(TOKEN_ENV) or "").strip() or None
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._client = httpx.AsyncClient(
+            base_url=self.url,
+            headers=headers,
+            timeout=httpx.Timeout(cfg.timeout_s, connect=cfg.connect_timeout_s),
+            limits=httpx.Limits(max_connections=cfg.max_connections, max_keepalive_connections=cfg.max_connections),
+            transport=transport,
+        )
+
+    # -- the API
+
+    async def create(
+        self, spec: SandboxSpec | None = None, *, metadata: Mapping[str, str] | None = None, wait_s: float | None = None
+    ) -> RemoteSandbox:
+        spec = spec or SandboxSpec()
+        wait = self.config.create_wait_s if wait_s is None else wait_s
+        # Sent as the spec has it: the server's checks (and messages) apply, not the client's copy of them.
+        body = {**spec.to_dict(), "metadata": {**self.metadata, **(metadata or {})}, "wait_s": wait}
+        timeout = self.config.timeout_s + wait
+        r = await self.request("POST", "/sandboxes", json=body, idempotent=False, timeout=timeout)
+        return RemoteSandbox(self, SandboxInfo.model_validate_json(r.content))
+
+    async def list_sandboxes(self, metadata: Mapping[str, str] | None = None) -> list[SandboxInfo]:
+        params = httpx.QueryParams([("metadata", f"{k}={v}") for k, v in (metadata or {}).items()])
+        r = await self.request("GET", "/sandboxes", params=params)
+        return SandboxList.model_validate_json(r.content).sandboxes
+
+    async def get(self, sandbox_id: str) -> SandboxInfo:
+        r = await self.request("GET", f"/sandboxes/{sandbox_id}")
+        return SandboxInfo.model_validate_json(r.content)
+
+    async def connect(self, sandbox_id: str) -> RemoteSandbox:
+        """A handle to a sandbox that already exists (made by another client, say)."""
+        return RemoteSandbox(self, await self.get(sandbox_id))
+
+    async def kill(self, sandbox_id: str) -> bool:
+        """Close a sandbox by id; False if the server had no such sandbox."""
+        try:
+            await self.request("DELETE", f"/sandboxes/{sandbox_id}")
+        except SandboxNotFoundError:
+            return False
+        return True
+
+    async def health(self) -> Health:
+        r = await self.request("GET", "/healthz", prefix="")
+        return Health.model_validate_json(r.content)
+
+    # -- transport
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        idempotent: bool | None = None,
+        json: Any = None,
+        content: bytes | AsyncIterator[bytes] | None = None,
+        params: httpx.QueryParams | None = None,
+        timeout: float | None = None,
+        stream: bool = False,
+        prefix: str = API_PREFIX,
+        headers: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
+        """One call with the retry and error policy of the module docstring; returns a 2xx response.
+
+        With ``stream`` the body is not read: the caller must close the response.
+        """
+        if idempotent is None:
+            idempotent = method in ("GET", "HEAD", "DELETE", "PUT")
+        cfg = self.config
+        http_timeout = httpx.Timeout(timeout or cfg.timeout_s, connect=cfg.connect_timeout_s)
+        delay = cfg.backoff_s
+        url = prefix + path
+        for attempt in range(cfg.retries + 1):
+            last = attempt == cfg.retries
+            request = self._client.build_request(
+                method, url, json=json, content=content, params=params, timeout=http_timeout, headers=headers
+            )
+            try:
+                response = await self._client.send(request, stream=stream)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                if last:
+                    raise SandboxUnavailableError(
+                        f"the sandbox server at {self.url} is not reachable ({type(exc).__name__}: {exc}; "
+                        f"{attempt + 1} attempts): start it with `sandrl serve sandboxes` or check the URL",
+                        error_code="service_unreachable",
+                    ) from exc
+            except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError) as exc:
+                if last or not idempotent:
+                    raise SandboxUnavailableError(
+                        f"the connection to the sandbox server at {self.url} broke during {method} {url} "
+                        f"({type(exc).__name__}: {exc}): the server may have restarted; "
+                        + ("retry the call" if idempotent else "the call may or may not have run, so retry it whole"),
+                        error_code="service_connection_lost",
+                    ) from exc
+            except httpx.TimeoutException as exc:
+                raise SandboxError(
+                    f"the sandbox server at {self.url} did not answer {method} {url} within "
+                    f"{http_timeout.read:g} s: raise ClientConfig.timeout_s, or check the server's load",
+                    error_code="service_timeout",
+                ) from exc
+            else:
+                if response.status_code in _RETRY_STATUS and idempotent and not last:
+                    await response.aclose()
+                elif response.status_code >= 400:
+                    await response.aread()
+                    await response.aclose()
+                    raise error_from(method, url, response)
+                else:
+                    return response
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, cfg.backoff_max_s)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def __aenter__(self) -> RemoteProvider:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+def error_from(method: str, url: str, response: httpx.Response) -> SandrlError:
+    """The typed error for an error answer, keeping the server's error_code and message."""
+    error_code, message = "http_error", response.text[:500] or response.reason_phrase
+    try:
+        body = response.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        body = None
+    if isinstance(body, dict):
+        error_code = str(body.get("error_code") or error_code)
+        message = str(body.get("message") or message)
+    return _typed(error_code, message, response.status_code)
+
+
+def _typed(error_code: str, message: str, status: int) -> SandrlError:
+    cls = _ERRORS.get(error_code)
+    if cls is None:
+        cls = ConfigError if 400 <= status < 500 else SandboxError
+    error = cls(message, error_code=error_code)
+    error.http_status = status
+    return error
+
+
+class RemoteSandbox:
+    """One sandbox on a sandbox service (a :class:`~sandrl.sandbox.base.Sandbox`)."""
+
+    def __init__(self, provider: RemoteProvider, info: SandboxInfo) -> None:
+        self.provider = provider
+        self.id = info.id
+        self.info = info
+        self.spec = info.spec.to_spec()
+        self.closed = False
+        self._base = f"/sandboxes/{info.id}"
+
+    async def exec(
+        self,
+        command: str,
+        *,
+        timeout_s: float = 60,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | None = None,
+    ) -> ExecResult:
+        body = self._exec_body(command, timeout_s, cwd, env, stdin)
+        timeout = timeout_s + self.provider.config.exec_margin_s
+        r = await self.provider.request("POST", self._base + "/exec", json=body, idempotent=False, timeout=timeout)
+        return ExecResponse.model_validate_json(r.content).to_result()
+
+    def _exec_body(
+        self, command: str, timeout_s: float, cwd: str | None, env: Mapping[str, str] | None, stdin: bytes | None
+    ) -> dict[str, Any]:
+        stdin_b64 = base64.b64encode(stdin).decode() if stdin is not None else None
+        request = ExecRequest(
+            command=command, timeout_s=timeout_s, cwd=cwd, env=dict(env) if env else None, stdin_b64=stdin_b64
+        )
+        return request.model_dump(exclude_none=True)
+
+    async def exec_stream(
+        self,
+        command: str,
+        *,
+        timeout_s: float = 60,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | None = None,
+    ) -> AsyncIterator[OutputChunk | ExecResult]:
+        """Output chunks as the command prints them, then its :class:`ExecResult` (holding no output)."""
+        body = self._exec_body(command, timeout_s, cwd, env, stdin)
+        r = await self.provider.request(
+            "POST",
+            self._base + "/exec/stream",
+            json=body,
+            idempotent=False,
+            stream=True,
+            timeout=self.provider.config.timeout_s,
+        )
+        try:
+            event, data = "", ""
+            async for line in r.aiter_lines():
+                if line.startswith("event:"):
+                    event = line[6:].strip()
+                elif line.startswith("data:"):
+                    data += line[5:].strip()
+                elif not line and event:
+                    payload = json.loads(data)
+                    if event == "stdout":
+                        yield OutputChunk("stdout", payload["text"].encode())
+                    elif event == "stderr":
+                        yield OutputChunk("stderr", payload["text"].encode())
+                    elif event == "exit":
+                        yield ExecResponse.model_validate(payload).to_result()
+                        return
+                    elif event == "error":
+                        raise _typed(payload["error_code"], payload["message"], int(payload["code"]))
+                    event, data = "", ""
+        except (httpx.ReadError, httpx.RemoteProtocolError) as exc:
+            raise SandboxUnavailableError(
+                f"the connection to {self.provider.url} broke while streaming a command in {self.id}: {exc}",
+                error_code="service_connection_lost",
+            ) from exc
+        finally:
+            await r.aclose()
+        raise SandboxUnavailableError(
+            f"the stream of a command in {self.id} ended without its exit status: the server may have restarted",
+            error_code="service_connection_lost",
+        )
+
+    async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        await self._put("/files", path, data, mode)
+
+    async def write_file_stream(self, path: str, chunks: AsyncIterator[bytes], mode: int = 0o644) -> int:
+        """Write a file from a stream of chunks (never held whole); returns its size."""
+        return await self._put("/files", path, chunks, mode)
+
+    async def _put(self, route: str, path: str, content: bytes | AsyncIterator[bytes], mode: int | None) -> int:
+        params = httpx.QueryParams({"path": path} | ({"mode": f"{mode & 0o7777:o}"} if mode is not None else {}))
+        kind: Literal["application/octet-stream", "application/x-tar"] = (
+            "application/x-tar" if route == "/tar" else "application/octet-stream"
+        )
+        r = await self.provider.request(
+            "PUT",
+            self._base + route,
+            content=content,
+            params=params,
+            idempotent=isinstance(content, bytes),
+            timeout=max(self.provider.config.timeout_s, 3600),
+            headers={"Content-Type": kind},
+        )
+        return FileWritten.model_validate_json(r.content).size
+
+    async def read_file(self, path: str) -> bytes:
+        return b"".join([c async for c in self.read_file_stream(path)])
+
+    async def read_file_stream(self, path: str) -> AsyncIterator[bytes]:
+        """The file's bytes, chunk by chunk as they arrive."""
+        async for chunk in self._get_stream("/files", path):
+            yield chunk
+
+    async def upload_tar(self, path: str, archive: bytes | AsyncIterator[bytes]) -> int:
+        """Unpack a tar archive into the directory ``path`` (made if missing); returns the archive's size."""
+        return await self._put("/tar", path, archive, None)
+
+    async def download_tar(self, path: str) -> AsyncIterator[bytes]:
+        """The directory ``path`` as a tar archive (paths relative to it), streamed."""
+        async for chunk in self._get_stream("/tar", path):
+            yield chunk
+
+    async def _get_stream(self, route: str, path: str) -> AsyncIterator[bytes]:
+        r = await self.provider.request(
+            "GET",
+            self._base + route,
+            params=httpx.QueryParams({"path": path}),
+            stream=True,
+            timeout=max(self.provider.config.timeout_s, 600),
+        )
+        try:
+            async for chunk in r.aiter_bytes():
+                yield chunk
+        except (httpx.ReadError, httpx.RemoteProtocolError) as exc:
+            raise SandboxUnavailableError(
+                f"the transfer of {path} from {self.id} broke off ({exc}): the file may be incomplete, retry",
+                error_code="service_connection_lost",
+            ) from exc
+        finally:
+            await r.aclose()
+
+    async def set_ttl(self, ttl_s: float) -> None:
+        """Let the sandbox live ``ttl_s`` more seconds, from now."""
+        r = await self.provider.request("POST", self._base + "/timeout", json={"ttl_s": ttl_s}, idempotent=True)
+        self.info = SandboxInfo.model_validate_json(r.content)
+
+    async def refresh(self) -> SandboxInfo:
+        self.info = await self.provider.get(self.id)
+        return self.info
+
+    async def close(self) -> None:
+        """Close the sandbox on the server; idempotent (a sandbox already gone is fine)."""
+        if self.closed:
+            return
+        await self.provider.kill(self.id)
+        self.closed = True
+
+    async def __aenter__(self) -> RemoteSandbox:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await asyncio.shield(self.close())
+
+
+# -- operator commands (`sandrl sandbox run --server`, `sandrl sandbox ls`, `sandrl sandbox rm`)
+
+
+def _provider(server: str | None, token_file: str | None) -> RemoteProvider:
+    token = load_token(token_file) if token_file else None
+    return RemoteProvider(server, token=token)
+
+
+def run_command(
+    server: str | None, command: str, spec: SandboxSpec, *, timeout_s: float = 60, token_file: str | None = None
+) -> int:
+    """Run ``command`` in a fresh sandbox on ``server``, stream its output, return its exit code (as a shell's)."""
+
+    async def go() -> int:
+        async with _provider(server, token_file) as provider, await provider.create(spec) as sandbox:
+            async for item in sandbox.exec_stream(command, timeout_s=timeout_s):
+                if isinstance(item, OutputChunk):
+                    out = sys.stdout if item.stream == "stdout" else sys.stderr
+                    out.buffer.write(item.data)
+                    out.flush()
+                else:
+                    if item.timed_out:
+                        print(f"timed out after {timeout_s:g} s", file=sys.stderr)
+                    if item.truncated:
+                        print("output truncated at the output cap", file=sys.stderr)
+                    return item.exit_code if item.exit_code >= 0 else 128 - item.exit_code
+        raise SandboxError("the command's stream ended without an exit status")
+
+    return asyncio.run(go())
+
+
+def list_command(
+    server: str | None, metadata: Mapping[str, str] | None = None, *, token_file: str | None = None
+) -> list[SandboxInfo]:
+    """The live sandboxes on ``server`` (with every given label)."""
+
+    async def go() -> list[SandboxInfo]:
+        async with _provider(server, token_file) as provider:
+            return await provider.list_sandboxes(metadata)
+
+    return asyncio.run(go())
+
+
+def format_list(sandboxes: Sequence[SandboxInfo]) -> str:
+    """``sandrl sandbox ls`` as a plain table."""
+    import time
+
+    rows = [("ID", "IMAGE", "CPUS", "MEM_MB", "EXPIRES_IN", "METADATA")]
+    now = time.time()
+    for s in sandboxes:
+        labels = ",".join(f"{k}={v}" for k, v in sorted(s.metadata.items()))
+        left = max(0.0, s.expires_at - now)
+        rows.append((s.id, s.spec.image, f"{s.spec.cpus:g}", str(s.spec.memory_mb), f"{left:.0f}s", labels))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+
+
+def remove_command(
+    server: str | None,
+    ids: Sequence[str] = (),
+    *,
+    all_matching: Mapping[str, str] | None = None,
+    token_file: str | None = None,
+) -> list[str]:
+    """Close the sandboxes ``ids`` (and, with ``all_matching``, every one with those labels; ``{}``: all).
+
+    Returns the ids closed; raises SandboxNotFoundError naming the ids the server did not have.
+    """
+
+    async def go() -> list[str]:
+        async with _provider(server, token_file) as provider:
+            targets = list(ids)
+            if all_matching is not None:
+                targets += [s.id for s in await provider.list_sandboxes(all_matching)]
+            found = await asyncio.gather(*(provider.kill(i) for i in targets))
+        missing = [i for i, ok in zip(targets, found, strict=True) if not ok]
+        if missing:
+            raise SandboxNotFoundError(f"no such sandbox on the server: {' '.join(missing)} (see `sandrl sandbox ls`)")
+        return targets
+
+    return asyncio.run(go())

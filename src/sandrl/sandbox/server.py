@@ -1,0 +1,232 @@
+"""The sandbox service over HTTP: ``sandrl serve sandboxes``.
+
+The native JSON API lives under ``/v1`` in :data:`router` (the routes are in
+:mod:`sandrl.sandbox.service_routes`); an E2B-compatible router can be added to the same
+app with ``app.include_router`` and share its service, auth and metrics. Open routes:
+``GET /healthz``. Behind the bearer token: everything else, ``/metrics`` (Prometheus) and
+``/openapi.json`` included. Errors are ``{"code", "error_code", "message"}`` everywhere.
+
+:func:`serve` runs it with uvicorn over the bubblewrap provider: the provider reaps what a
+crashed predecessor left when it starts; SIGTERM (or Ctrl-C) drains: new creates are refused,
+requests in flight get ``drain_grace_s`` to finish, then every sandbox is closed.
+:class:`BackgroundServer` runs an app in a thread on a free port (tests, one-process setups).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from types import FrameType, TracebackType
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from sandrl import __version__
+from sandrl.errors import SandboxFileError, SandrlError
+from sandrl.sandbox.base import SandboxProvider
+from sandrl.sandbox.service import SandboxService, ServiceConfig
+from sandrl.sandbox.service_api import API_PREFIX, Health
+from sandrl.sandbox.service_auth import BearerAuth, BodyLimit, bind_host, load_token
+from sandrl.sandbox.service_metrics import CONTENT_TYPE
+from sandrl.sandbox.service_routes import ERRORS, router, service_of
+
+log = logging.getLogger("sandrl.service")
+DEFAULT_PORT = 8700
+
+
+def create_app(service: SandboxService, *, token: str | None) -> FastAPI:
+    """The FastAPI app serving ``service``; its shutdown drains and closes every sandbox."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        service.loop = asyncio.get_running_loop()
+        try:
+            yield
+        finally:
+            await service.shutdown()
+
+    app = FastAPI(
+        title="sandrl sandbox service",
+        version=__version__,
+        description="Isolated Linux sandboxes over HTTP. Every route but /healthz needs "
+        "'Authorization: Bearer <token>'.",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.state.service = service
+    app.include_router(router)
+
+    @app.get("/healthz", response_model=Health, tags=["service"], responses={503: ERRORS[503]})
+    async def healthz(request: Request) -> JSONResponse:
+        svc = service_of(request)
+        status = "draining" if svc.draining else "ok"
+        body = Health(status=status, live=len(svc.entries), version=__version__)
+        return JSONResponse(body.model_dump(), status_code=503 if svc.draining else 200)
+
+    @app.get(
+        "/metrics",
+        tags=["service"],
+        response_class=Response,
+        responses={200: {"content": {CONTENT_TYPE: {"schema": {"type": "string"}}}}, 401: ERRORS[401]},
+    )
+    async def metrics(request: Request) -> Response:
+        """Prometheus: live sandboxes, creates, create and exec latency, failures by error_code, host pressure."""
+        return Response(service_of(request).metrics.render(), media_type=CONTENT_TYPE)
+
+    failures = service.metrics.failures
+
+    def answer(status: int, error_code: str, message: str) -> JSONResponse:
+        failures.labels(error_code).inc()
+        return JSONResponse({"code": status, "error_code": error_code, "message": message}, status_code=status)
+
+    @app.exception_handler(SandrlError)
+    async def sandrl_error(request: Request, exc: SandrlError) -> JSONResponse:
+        if isinstance(exc, SandboxFileError) and exc.errno == errno.ENOENT:
+            return answer(404, "file_not_found", exc.message + ": check the path (relative paths start at the workdir)")
+        return answer(exc.http_status, exc.error_code, exc.message)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err.get('loc', ()) if p != 'body') or 'body'}: {err.get('msg')}"
+            for err in exc.errors()
+        )
+        is_create = request.method == "POST" and request.url.path.rstrip("/") == f"{API_PREFIX}/sandboxes"
+        code = "invalid_spec" if is_create else "invalid_request"
+        return answer(400, code, f"invalid request: {problems} (the OpenAPI document at /openapi.json has the shapes)")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            return answer(404, "not_found", f"no route {request.url.path}: the API is under {API_PREFIX}/sandboxes")
+        if exc.status_code == 405:
+            return answer(405, "method_not_allowed", f"{request.method} is not allowed on {request.url.path}")
+        if exc.status_code == 413:
+            return answer(413, "payload_too_large", str(exc.detail))
+        return answer(
+            exc.status_code, "invalid_request" if exc.status_code < 500 else "internal_error", str(exc.detail)
+        )
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("internal error on %s %s", request.method, request.url.path)
+        return answer(500, "internal_error", f"internal error: {exc!r}; the server log has the traceback")
+
+    cfg = service.config
+
+    def limit_for(path: str) -> int:
+        return cfg.max_file_bytes if path.endswith(("/files", "/tar")) else cfg.max_json_bytes
+
+    app.add_middleware(BodyLimit, limit_for=limit_for)
+    app.add_middleware(BearerAuth, token=token, on_refused=lambda code: failures.labels(code).inc())
+    return app
+
+
+class _DrainingServer(uvicorn.Server):
+    """uvicorn, but the first SIGTERM/SIGINT also stops the service taking new sandboxes."""
+
+    def __init__(self, config: uvicorn.Config, service: SandboxService) -> None:
+        super().__init__(config)
+        self.service = service
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.service.draining = True
+        super().handle_exit(sig, frame)
+
+
+def serve(
+    host: str = "127.0.0.1",
+    port: int = DEFAULT_PORT,
+    *,
+    token_file: Path | str | None = None,
+    max_live: int | None = None,
+    state_dir: Path | str | None = None,
+    config: ServiceConfig | None = None,
+    provider: SandboxProvider | None = None,
+    log_level: str = "info",
+) -> None:
+    """Serve sandboxes until SIGTERM or Ctrl-C (``sandrl serve sandboxes``).
+
+    The token comes from ``token_file`` or ``$SANDRL_TOKEN``; without one only loopback is served.
+    """
+    from dataclasses import replace
+
+    from sandrl.sandbox.bwrap import BwrapProvider
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    token = load_token(token_file)
+    host, warning = bind_host(host, token)
+    if warning:
+        log.warning(warning)
+    cfg = config or ServiceConfig()
+    if max_live is not None:
+        cfg = replace(cfg, max_live=max_live)
+    service = SandboxService(provider or BwrapProvider(state_dir), cfg)
+    app = create_app(service, token=token)
+    log.info("serving sandboxes on http://%s:%d (%s)", host, port, "bearer token" if token else "no auth")
+    uv = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        ws="none",
+        access_log=False,
+        timeout_graceful_shutdown=max(1, round(cfg.drain_grace_s)),
+        timeout_keep_alive=30,
+        backlog=4096,
+    )
+    _DrainingServer(uv, service).run()
+
+
+class BackgroundServer:
+    """Serve an app with uvicorn in a daemon thread on a free port of 127.0.0.1 (or the one given)."""
+
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((host, port))
+        self.host, self.port = self._sock.getsockname()[:2]
+        config = uvicorn.Config(
+            app, log_level="warning", ws="none", lifespan="on", access_log=False, timeout_graceful_shutdown=10
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout_s: float = 30.0) -> BackgroundServer:
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the sandbox server on {self.url} did not start within {timeout_s:g} s")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        if self._thread.is_alive():
+            self._thread.join(timeout=60)
+        self._sock.close()
+
+    def __enter__(self) -> BackgroundServer:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

@@ -1,0 +1,343 @@
+"""The sandbox service's state: live sandboxes, their TTLs, admission control and draining.
+
+:class:`SandboxService` sits between the HTTP routes (:mod:`sandrl.sandbox.server`) and any
+:class:`~sandrl.sandbox.base.SandboxProvider`. It owns every sandbox it hands out:
+
+- **TTL.** Each sandbox is killed ``ttl_s`` after creation (or after its last
+  ``POST .../timeout``) by the service's own timer, whatever the client does; a backend that
+  can also enforce the TTL itself (``set_ttl``: bwrap's agent exits at its deadline) is told
+  too, so a sandbox outlives not even a crashed server.
+- **Admission.** At ``max_live`` (live + being created), under the memory reserve, or under
+  memory pressure, a create fails with ``capacity_exhausted``, or queues up to the
+  ``wait_s`` the client asked for (clamped to ``max_create_wait_s``).
+- **Drain.** :meth:`shutdown` refuses new creates, lets running execs finish up to
+  ``drain_grace_s``, then closes every sandbox.
+
+What a crashed predecessor left (cgroups, records) is reaped by the provider when it starts
+(:meth:`sandrl.sandbox.bwrap.BwrapProvider.reap`); the count is exported as a metric.
+Optional backend features (streaming exec, streamed files, TTL extension, close callbacks)
+are used when the sandbox has them, and emulated or refused when it does not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from sandrl.errors import CapacityExhaustedError, InvalidSpecError, SandboxNotFoundError
+from sandrl.sandbox.base import ExecResult, Sandbox, SandboxProcess, SandboxProvider, SandboxSpec
+from sandrl.sandbox.service_api import ServiceError
+from sandrl.sandbox.service_metrics import ServiceMetrics, mem_available_bytes, pressure_avg10
+
+log = logging.getLogger("sandrl.service")
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """Limits and timeouts of one sandbox service."""
+
+    max_live: int | None = None
+    """Most sandboxes alive (or being created) at once; None: bounded by the host only."""
+    min_free_memory_mb: int = 512
+    """Creates are refused while the host has less memory available than this."""
+    max_memory_pressure: float = 40.0
+    """Creates are refused while the host's memory PSI ``full avg10`` (percent) is above this."""
+    max_ttl_s: float = 86400.0
+    """The longest TTL a create or a timeout extension may ask for."""
+    max_create_wait_s: float = 300.0
+    """The longest a create may queue for room (the client's ``wait_s`` is clamped to it)."""
+    drain_grace_s: float = 30.0
+    """On SIGTERM, how long running execs may take to finish before everything is closed."""
+    exec_grace_s: float = 5.0
+    """How long past an exec's own timeout the service waits before it answers exec_timeout."""
+    max_json_bytes: int = 16 << 20
+    """Largest JSON request body (exec stdin included); files and tars go through streamed routes."""
+    max_file_bytes: int = 64 << 30
+    """Largest file or tar upload (the sandbox's disk_mb bounds it too)."""
+    keepalive_s: float = 15.0
+    """A streaming exec sends a keep-alive comment after this long without output."""
+
+    def __post_init__(self) -> None:
+        if self.max_live is not None and self.max_live < 1:
+            raise InvalidSpecError("max_live must be at least 1")
+        for name in ("max_ttl_s", "drain_grace_s", "exec_grace_s", "keepalive_s"):
+            if not getattr(self, name) > 0:
+                raise InvalidSpecError(f"{name} must be positive")
+
+
+@runtime_checkable
+class StreamingSandbox(Protocol):
+    """What :class:`~sandrl.sandbox.bwrap.BwrapSandbox` offers beyond :class:`Sandbox`: used when present."""
+
+    async def spawn(
+        self,
+        command: str,
+        *,
+        timeout_s: float | None = 60,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bool = False,
+        output_cap: int | None = None,
+    ) -> SandboxProcess: ...
+
+    async def write_file_stream(self, path: str, chunks: AsyncIterator[bytes], mode: int = 0o644) -> int: ...
+
+    def read_file_stream(self, path: str) -> AsyncIterator[bytes]: ...
+
+
+@dataclass
+class Entry:
+    """One sandbox the service holds."""
+
+    sandbox: Sandbox
+    spec: SandboxSpec
+    metadata: dict[str, str]
+    created_at: float
+    expires_at: float
+    timer: asyncio.TimerHandle | None = None
+    busy: int = 0
+    why: str = ""
+    """Why it is being closed: deleted, ttl, died, broken, shutdown."""
+    closing: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    @property
+    def id(self) -> str:
+        return self.sandbox.id
+
+
+RECENT_CLOSED = 4096
+MIN_TTL_S = 1.0
+"""The shortest TTL a create may ask for (a shorter one could expire before the sandbox has started)."""
+
+
+class SandboxService:
+    def __init__(self, provider: SandboxProvider, config: ServiceConfig | None = None) -> None:
+        self.provider = provider
+        self.config = config or ServiceConfig()
+        self.entries: dict[str, Entry] = {}
+        self.recent: OrderedDict[str, str] = OrderedDict()
+        """Ids of sandboxes gone lately, with why, so a client is told more than 'not found'."""
+        self.creating = 0
+        self.running = 0
+        """Execs (and file transfers) in flight."""
+        self.draining = False
+        self.loop: asyncio.AbstractEventLoop | None = None
+        """The event loop serving this service (set when the app starts)."""
+        self.metrics = ServiceMetrics(lambda: len(self.entries))
+        self._room = asyncio.Event()
+        self._idle = asyncio.Event()
+        reaped = getattr(provider, "reaped", None)
+        if isinstance(reaped, list) and reaped:
+            self.metrics.reaped.inc(len(reaped))
+            log.warning("reaped %d sandboxes left by a previous server: %s", len(reaped), " ".join(reaped))
+
+    # -- lookup
+
+    def get(self, sandbox_id: str) -> Entry:
+        entry = self.entries.get(sandbox_id)
+        if entry is not None:
+            return entry
+        why = self.recent.get(sandbox_id)
+        if why is not None:
+            raise SandboxNotFoundError(f"sandbox {sandbox_id} is gone ({why}): create a new one")
+        raise SandboxNotFoundError(
+            f"no sandbox {sandbox_id} on this server: it may have expired, been deleted, or live on another "
+            "server (GET /v1/sandboxes lists the live ones)"
+        )
+
+    def list(self, metadata: Mapping[str, str] | None = None) -> list[Entry]:
+        want = dict(metadata or {})
+        return [e for e in self.entries.values() if all(e.metadata.get(k) == v for k, v in want.items())]
+
+    # -- create
+
+    async def create(self, spec: SandboxSpec, metadata: Mapping[str, str] | None = None, wait_s: float = 0) -> Entry:
+        self._check_not_draining()
+        if spec.ttl_s < MIN_TTL_S:
+            raise InvalidSpecError(
+                f"ttl_s={spec.ttl_s:g} is too short to start a sandbox: ask for at least {MIN_TTL_S:g} s"
+            )
+        if spec.ttl_s > self.config.max_ttl_s:
+            raise InvalidSpecError(
+                f"ttl_s={spec.ttl_s:g} is over this server's maximum of {self.config.max_ttl_s:g} s: ask for less "
+                "and extend it later with POST /v1/sandboxes/{id}/timeout"
+            )
+        await self._admit(min(max(wait_s, 0.0), self.config.max_create_wait_s))
+        self._check_not_draining()
+        self.creating += 1
+        started = time.perf_counter()
+        try:
+            sandbox = await self.provider.create(spec)
+        finally:
+            self.creating -= 1
+            self._room.set()
+        self.metrics.create_seconds.observe(time.perf_counter() - started)
+        self.metrics.creates.inc()
+        now = time.time()
+        entry = Entry(sandbox, spec, dict(metadata or {}), now, now + spec.ttl_s)
+        self.entries[sandbox.id] = entry
+        entry.timer = asyncio.get_running_loop().call_later(spec.ttl_s, self._expire, entry)
+        add_callback = getattr(sandbox, "add_close_callback", None)
+        if callable(add_callback):
+            add_callback(lambda _sb: self._gone(entry))
+        return entry
+
+    def _check_not_draining(self) -> None:
+        if self.draining:
+            raise ServiceError(
+                "this server is shutting down and takes no new sandboxes: retry on another server or once it restarts",
+                error_code="service_draining",
+                http_status=503,
+            )
+
+    def full(self) -> str | None:
+        """Why a create would be refused now, or None if there is room."""
+        cfg = self.config
+        live = len(self.entries) + self.creating
+        if cfg.max_live is not None and live >= cfg.max_live:
+            return f"{live} sandboxes are live or starting, this server's limit (--max-live {cfg.max_live})"
+        available = mem_available_bytes()
+        if available is not None and available < cfg.min_free_memory_mb << 20:
+            reserve = cfg.min_free_memory_mb
+            return f"the host has {available >> 20} MiB of memory available, under its {reserve} MiB reserve"
+        pressure = pressure_avg10("memory", "full")
+        if pressure is not None and pressure > cfg.max_memory_pressure:
+            return f"the host is under memory pressure ({pressure:.0f}% of the last 10 s stalled on memory)"
+        return None
+
+    async def _admit(self, wait_s: float) -> None:
+        deadline = time.monotonic() + wait_s
+        while (reason := self.full()) is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                if wait_s > 0:
+                    hint = f"waited {wait_s:g} s for room; close sandboxes or retry later"
+                else:
+                    hint = "close sandboxes, retry later, or create with wait_s > 0 to queue for room"
+                raise CapacityExhaustedError(f"{reason}: {hint}")
+            self._room.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._room.wait(), min(remaining, 0.5))  # re-polls memory too
+
+    # -- lifetime
+
+    async def extend(self, entry: Entry, ttl_s: float) -> None:
+        """Let the sandbox live ``ttl_s`` more seconds from now."""
+        if ttl_s > self.config.max_ttl_s:
+            raise InvalidSpecError(f"ttl_s={ttl_s:g} is over this server's maximum of {self.config.max_ttl_s:g} s")
+        set_ttl = getattr(entry.sandbox, "set_ttl", None)
+        if callable(set_ttl):
+            await set_ttl(ttl_s)
+        if entry.timer is not None:
+            entry.timer.cancel()
+        entry.timer = asyncio.get_running_loop().call_later(ttl_s, self._expire, entry)
+        entry.expires_at = time.time() + ttl_s
+
+    def _expire(self, entry: Entry) -> None:
+        self._start_close(entry, "ttl")
+
+    def _start_close(self, entry: Entry, why: str) -> asyncio.Task[None]:
+        if entry.closing is None:
+            entry.why = entry.why or why
+            entry.closing = asyncio.get_running_loop().create_task(
+                self._close(entry), name=f"sandrl-svc-close-{entry.id}"
+            )
+        return entry.closing
+
+    async def _close(self, entry: Entry) -> None:
+        try:
+            await entry.sandbox.close()
+        except Exception:
+            log.exception("closing sandbox %s failed", entry.id)
+        self._gone(entry)
+
+    async def delete(self, entry: Entry) -> None:
+        await asyncio.shield(self._start_close(entry, "deleted"))
+
+    def _gone(self, entry: Entry) -> None:
+        if self.entries.get(entry.id) is not entry:
+            return
+        del self.entries[entry.id]
+        if entry.timer is not None:
+            entry.timer.cancel()
+        why = entry.why or ("ttl" if "TTL" in str(getattr(entry.sandbox, "close_reason", "")) else "died")
+        self.recent[entry.id] = {
+            "deleted": "deleted by a client",
+            "ttl": f"its TTL expired at {time.strftime('%H:%M:%S', time.localtime(entry.expires_at))}; "
+            "extend it with POST /v1/sandboxes/{id}/timeout next time",
+            "died": "its processes died: " + (str(getattr(entry.sandbox, "close_reason", "")) or "unknown cause"),
+            "broken": "it stopped answering and was closed",
+            "shutdown": "the server shut down",
+        }.get(why, why)
+        while len(self.recent) > RECENT_CLOSED:
+            self.recent.popitem(last=False)
+        self.metrics.closes.labels(why).inc()
+        self._room.set()
+
+    # -- work in a sandbox
+
+    @contextlib.contextmanager
+    def busy(self, entry: Entry) -> Iterator[None]:
+        entry.busy += 1
+        self.running += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            entry.busy -= 1
+            self.running -= 1
+            if self.running == 0:
+                self._idle.set()
+
+    async def exec(
+        self,
+        entry: Entry,
+        command: str,
+        *,
+        timeout_s: float,
+        cwd: str | None,
+        env: Mapping[str, str] | None,
+        stdin: bytes | None,
+    ) -> ExecResult:
+        started = time.perf_counter()
+        with self.busy(entry):
+            run = entry.sandbox.exec(command, timeout_s=timeout_s, cwd=cwd, env=env, stdin=stdin)
+            result = await self.within_grace(entry, run, timeout_s)
+        self.metrics.exec_seconds.observe(time.perf_counter() - started)
+        return result
+
+    async def within_grace(self, entry: Entry, work: Awaitable[ExecResult], timeout_s: float) -> ExecResult:
+        """``work``, or exec_timeout (and the sandbox closed) if it overruns its timeout by the grace period."""
+        try:
+            return await asyncio.wait_for(work, timeout_s + self.config.exec_grace_s)
+        except TimeoutError:
+            await asyncio.shield(self._start_close(entry, "broken"))
+            raise ServiceError(
+                f"sandbox {entry.id} did not end a command {self.config.exec_grace_s:g} s after its timeout of "
+                f"{timeout_s:g} s and was closed: create a new sandbox",
+                error_code="exec_timeout",
+                http_status=504,
+            ) from None
+
+    def streaming(self, entry: Entry) -> StreamingSandbox | None:
+        sandbox = entry.sandbox
+        return sandbox if isinstance(sandbox, StreamingSandbox) else None
+
+    # -- shutdown
+
+    async def shutdown(self, grace_s: float | None = None) -> None:
+        """Refuse new creates, let running work finish up to ``grace_s``, then close every sandbox."""
+        self.draining = True
+        grace = self.config.drain_grace_s if grace_s is None else grace_s
+        if self.running:
+            log.warning("draining: waiting up to %g s for %d running execs", grace, self.running)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), grace)
+        entries = list(self.entries.values())
+        await asyncio.gather(*(self._start_close(e, "shutdown") for e in entries), return_exceptions=True)

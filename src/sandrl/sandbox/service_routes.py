@@ -1,0 +1,431 @@
+"""The native ``/v1`` routes of the sandbox service (mounted by :func:`sandrl.sandbox.server.create_app`).
+
+File paths are passed as given to the agent inside the sandbox, which resolves them in the
+sandbox's own mount namespace: ``..`` and symlinks cannot reach the host, and nothing is
+resolved on the host side. File and tar bodies are streamed both ways in chunks, never
+buffered whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import codecs
+import contextlib
+import json
+import shlex
+import signal
+import time
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, cast
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi.responses import StreamingResponse
+from fastapi.security import HTTPBearer
+
+from sandrl.errors import SandboxError, SandboxFileError, SandrlError
+from sandrl.sandbox.base import OutputChunk, SandboxProcess
+from sandrl.sandbox.service import Entry, SandboxService, StreamingSandbox
+from sandrl.sandbox.service_api import (
+    API_PREFIX,
+    OCTET_MEDIA_TYPE,
+    SSE_MEDIA_TYPE,
+    TAR_MEDIA_TYPE,
+    CreateRequest,
+    ErrorBody,
+    ExecRequest,
+    ExecResponse,
+    FileWritten,
+    SandboxInfo,
+    SandboxList,
+    ServiceError,
+    SpecBody,
+    TimeoutRequest,
+)
+from sandrl.sandbox.service_auth import PayloadTooLarge, too_large
+
+_DESCRIPTIONS = {
+    400: "Invalid request or spec",
+    401: "Missing or wrong bearer token",
+    404: "No such sandbox or file",
+    410: "The sandbox closed",
+    413: "Body over the limit",
+    429: "Capacity exhausted",
+    503: "Shutting down or unavailable",
+    504: "The command overran its timeout",
+}
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody, "description": text} for code, text in _DESCRIPTIONS.items()
+}
+
+
+def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    return {c: ERRORS[c] for c in (400, 401, *codes)}
+
+
+# Documents the scheme in the OpenAPI document; the check itself is service_auth.BearerAuth.
+_bearer = HTTPBearer(auto_error=False, description="The server's token ($SANDRL_TOKEN or --token-file).")
+router = APIRouter(prefix=API_PREFIX, tags=["sandboxes"], dependencies=[Depends(_bearer)])
+SandboxId = Annotated[str, Path(pattern=r"^[A-Za-z0-9_.-]{1,128}$", description="A sandbox id.")]
+FilePath = Annotated[
+    str,
+    Query(min_length=1, max_length=4096, description="Path inside the sandbox; relative paths start at its workdir."),
+]
+
+
+def service_of(request: Request) -> SandboxService:
+    return cast(SandboxService, request.app.state.service)
+
+
+def _info(entry: Entry) -> SandboxInfo:
+    return SandboxInfo(
+        id=entry.id,
+        spec=SpecBody.from_spec(entry.spec),
+        metadata=entry.metadata,
+        created_at=entry.created_at,
+        expires_at=entry.expires_at,
+    )
+
+
+def _no_nul(value: str | None, what: str) -> None:
+    if value is not None and "\0" in value:
+        raise ServiceError(f"{what} cannot contain NUL bytes", error_code="invalid_request", http_status=400)
+
+
+def _parse_metadata(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ServiceError(
+                f"metadata filter {pair!r} is not key=value (e.g. ?metadata=run=7&metadata=user=ana)",
+                error_code="invalid_request",
+                http_status=400,
+            )
+        out[key] = value
+    return out
+
+
+@router.post("/sandboxes", status_code=201, response_model=SandboxInfo, responses=_errors(404, 429, 503))
+async def create_sandbox(body: CreateRequest, request: Request) -> SandboxInfo:
+    """Create a sandbox. At capacity: 429 capacity_exhausted at once, or after queueing up to ``wait_s``."""
+    spec = SpecBody.model_validate(body.model_dump(exclude={"metadata", "wait_s"})).to_spec()
+    entry = await service_of(request).create(spec, body.metadata, body.wait_s)
+    return _info(entry)
+
+
+@router.get("/sandboxes", response_model=SandboxList, responses=_errors())
+async def list_sandboxes(
+    request: Request,
+    metadata: Annotated[list[str], Query(description="key=value; repeat to require several labels.")] = [],  # noqa: B006
+) -> SandboxList:
+    """The live sandboxes, those with every given metadata label only."""
+    wanted = _parse_metadata(metadata)
+    return SandboxList(sandboxes=[_info(e) for e in service_of(request).list(wanted)])
+
+
+@router.get("/sandboxes/{sandbox_id}", response_model=SandboxInfo, responses=_errors(404))
+async def get_sandbox(sandbox_id: SandboxId, request: Request) -> SandboxInfo:
+    return _info(service_of(request).get(sandbox_id))
+
+
+@router.delete("/sandboxes/{sandbox_id}", status_code=204, responses=_errors(404))
+async def delete_sandbox(sandbox_id: SandboxId, request: Request) -> None:
+    """Kill everything in the sandbox and remove it."""
+    svc = service_of(request)
+    await svc.delete(svc.get(sandbox_id))
+
+
+@router.post("/sandboxes/{sandbox_id}/timeout", response_model=SandboxInfo, responses=_errors(404, 410))
+async def set_timeout(sandbox_id: SandboxId, body: TimeoutRequest, request: Request) -> SandboxInfo:
+    """Let the sandbox live ``ttl_s`` more seconds, counted from now."""
+    svc = service_of(request)
+    entry = svc.get(sandbox_id)
+    await svc.extend(entry, body.ttl_s)
+    return _info(entry)
+
+
+def _stdin(body: ExecRequest) -> bytes | None:
+    if body.stdin is not None and body.stdin_b64 is not None:
+        raise ServiceError("give stdin or stdin_b64, not both", error_code="invalid_request", http_status=400)
+    if body.stdin_b64 is not None:
+        try:
+            return base64.b64decode(body.stdin_b64, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise ServiceError(
+                f"stdin_b64 is not base64: {exc}", error_code="invalid_request", http_status=400
+            ) from exc
+    return body.stdin.encode() if body.stdin is not None else None
+
+
+def _check_exec(body: ExecRequest) -> None:
+    _no_nul(body.command, "the command")
+    _no_nul(body.cwd, "cwd")
+    if body.cwd is not None and not body.cwd:
+        raise ServiceError(
+            "cwd cannot be empty: leave it out for the workdir", error_code="invalid_request", http_status=400
+        )
+
+
+@router.post("/sandboxes/{sandbox_id}/exec", response_model=ExecResponse, responses=_errors(404, 410, 504))
+async def exec_command(sandbox_id: SandboxId, body: ExecRequest, request: Request) -> ExecResponse:
+    """Run a command to its end. A failing command is a result with its exit code, not an error."""
+    svc = service_of(request)
+    entry = svc.get(sandbox_id)
+    _check_exec(body)
+    stdin = _stdin(body)
+    result = await svc.exec(entry, body.command, timeout_s=body.timeout_s, cwd=body.cwd, env=body.env, stdin=stdin)
+    return ExecResponse.of(result)
+
+
+def _event(kind: str, data: dict[str, Any]) -> bytes:
+    return f"event: {kind}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+@router.post(
+    "/sandboxes/{sandbox_id}/exec/stream",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "description": "Server-sent events: started, stdout, stderr, then exit or error.",
+            "content": {SSE_MEDIA_TYPE: {"schema": {"type": "string"}}},
+        },
+        **_errors(404, 410),
+    },
+)
+async def exec_stream(sandbox_id: SandboxId, body: ExecRequest, request: Request) -> StreamingResponse:
+    """Run a command, streaming its output as server-sent events (for long commands)."""
+    svc = service_of(request)
+    entry = svc.get(sandbox_id)
+    _check_exec(body)
+    stdin = _stdin(body)
+    sandbox = svc.streaming(entry)
+    if sandbox is None:
+        result = await svc.exec(entry, body.command, timeout_s=body.timeout_s, cwd=body.cwd, env=body.env, stdin=stdin)
+
+        async def whole() -> AsyncIterator[bytes]:
+            for stream, text in (("stdout", result.stdout), ("stderr", result.stderr)):
+                if text:
+                    yield _event(stream, {"text": text})
+            yield _event("exit", ExecResponse.of(result).model_copy(update={"stdout": "", "stderr": ""}).model_dump())
+
+        return StreamingResponse(whole(), media_type=SSE_MEDIA_TYPE)
+    started = time.perf_counter()
+    proc = await sandbox.spawn(
+        body.command, timeout_s=body.timeout_s, cwd=body.cwd, env=body.env, stdin=stdin is not None
+    )
+    return StreamingResponse(
+        _stream_events(svc, entry, proc, stdin, body.timeout_s, started),
+        media_type=SSE_MEDIA_TYPE,
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _stream_events(
+    svc: SandboxService, entry: Entry, proc: SandboxProcess, stdin: bytes | None, timeout_s: float, started: float
+) -> AsyncIterator[bytes]:
+    queue: asyncio.Queue[OutputChunk | None] = asyncio.Queue()
+
+    async def pump() -> None:
+        try:
+            async for chunk in proc.output():
+                queue.put_nowait(chunk)
+        finally:
+            queue.put_nowait(None)
+
+    decoders = {s: codecs.getincrementaldecoder("utf-8")(errors="replace") for s in ("stdout", "stderr")}
+    finished = False
+    with svc.busy(entry):
+        pumping = asyncio.create_task(pump())
+        try:
+            yield _event("started", {"pid": proc.pid})
+            if stdin is not None:
+                await proc.write_stdin(stdin)
+                await proc.close_stdin()
+            while True:
+                try:
+                    item = await asyncio.wait_for(queue.get(), svc.config.keepalive_s)
+                except TimeoutError:
+                    yield b": keepalive\n\n"
+                    continue
+                if item is None:
+                    break
+                text = decoders[item.stream].decode(item.data)
+                if text:
+                    yield _event(item.stream, {"text": text})
+            for stream, decoder in decoders.items():
+                if tail := decoder.decode(b"", final=True):
+                    yield _event(stream, {"text": tail})
+            result = await svc.within_grace(entry, proc.wait(), timeout_s)
+            finished = True
+            svc.metrics.exec_seconds.observe(time.perf_counter() - started)
+            yield _event("exit", ExecResponse.of(result).model_dump())
+        except SandrlError as exc:
+            finished = True
+            svc.metrics.failures.labels(exc.error_code).inc()
+            yield _event("error", {"code": exc.http_status, "error_code": exc.error_code, "message": exc.message})
+        finally:
+            pumping.cancel()
+            if not finished:  # the client went away: the command must not run on unseen
+                with contextlib.suppress(Exception):
+                    await proc.signal(signal.SIGKILL)
+
+
+def _mode(mode: str) -> int:
+    return int(mode, 8)
+
+
+ModeQuery = Annotated[str, Query(pattern=r"^[0-7]{3,4}$", description="Octal permission bits, e.g. 644 or 0755.")]
+
+
+async def _body_chunks(request: Request, limit: int) -> AsyncIterator[bytes]:
+    seen = 0
+    async for chunk in request.stream():
+        seen += len(chunk)
+        if seen > limit:
+            raise PayloadTooLarge(too_large(limit))
+        if chunk:
+            yield chunk
+
+
+_BINARY_BODY = {"required": True, "content": {OCTET_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}}}
+_TAR_BODY = {"required": True, "content": {TAR_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}}}
+
+
+@router.put(
+    "/sandboxes/{sandbox_id}/files",
+    response_model=FileWritten,
+    responses=_errors(404, 410, 413),
+    openapi_extra={"requestBody": _BINARY_BODY},
+)
+async def put_file(sandbox_id: SandboxId, path: FilePath, request: Request, mode: ModeQuery = "644") -> FileWritten:
+    """Write the request body to ``path`` (parents made), streamed."""
+    svc = service_of(request)
+    entry = svc.get(sandbox_id)
+    _no_nul(path, "path")
+    chunks = _body_chunks(request, svc.config.max_file_bytes)
+    with svc.busy(entry):
+        sandbox = svc.streaming(entry)
+        if sandbox is not None:
+            size = await sandbox.write_file_stream(path, chunks, _mode(mode))
+        else:
+            data = b"".join([c async for c in chunks])
+            await entry.sandbox.write_file(path, data, _mode(mode))
+            size = len(data)
+    return FileWritten(path=path, size=size)
+
+
+@router.get(
+    "/sandboxes/{sandbox_id}/files",
+    response_class=StreamingResponse,
+    responses={
+        200: {"content": {OCTET_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}}},
+        **_errors(404, 410),
+    },
+)
+async def get_file(sandbox_id: SandboxId, path: FilePath, request: Request) -> StreamingResponse:
+    """The bytes of the file at ``path``, streamed."""
+    svc = service_of(request)
+    entry = svc.get(sandbox_id)
+    _no_nul(path, "path")
+    sandbox = svc.streaming(entry)
+    if sandbox is None:
+        data = await entry.sandbox.read_file(path)
+        return StreamingResponse(iter([data]), media_type=OCTET_MEDIA_TYPE)
+    stream = sandbox.read_file_stream(path)
+    first = await anext(stream, b"")  # a missing file fails here, before the response starts
+
+    async def body() -> AsyncIterator[bytes]:
+        with svc.busy(entry):
+            if first:
+                yield first
+            async for chunk in stream:
+                yield chunk
+
+    return StreamingResponse(body(), media_type=OCTET_MEDIA_TYPE)
+
+
+def _tar_sandbox(svc: SandboxService, entry: Entry) -> StreamingSandbox:
+    sandbox = svc.streaming(entry)
+    if sandbox is None:
+        raise ServiceError(
+            "this server's sandbox backend cannot stream processes, so it has no tar transfers: use /files",
+            error_code="unsupported",
+            http_status=400,
+        )
+    return sandbox
+
+
+TAR_TIMEOUT_S = 3600.0
+
+
+@router.put(
+    "/sandboxes/{sandbox_id}/tar",
+    response_model=FileWritten,
+    responses=_errors(404, 410, 413),
+    openapi_extra={"requestBody": _TAR_BODY},
+)
+async def put_tar(sandbox_id: SandboxId, path: FilePath, request: Request) -> FileWritten:
+    """Unpack the tar archive in the body into the directory ``path`` (made if missing), streamed."""
+    svc = service_of(request)
+    entry = svc.get(sandbox_id)
+    _no_nul(path, "path")
+    sandbox = _tar_sandbox(svc, entry)
+    q = shlex.quote(path)
+    with svc.busy(entry):
+        proc = await sandbox.spawn(f"mkdir -p -- {q} && exec tar -x -f - -C {q}", timeout_s=TAR_TIMEOUT_S, stdin=True)
+        size = 0
+        try:
+            async for chunk in _body_chunks(request, svc.config.max_file_bytes):
+                size += len(chunk)
+                await proc.write_stdin(chunk)
+        except BaseException:
+            await proc.signal(signal.SIGKILL)
+            raise
+        finally:
+            await proc.close_stdin()
+        result = await proc.wait()
+    if result.exit_code != 0:
+        raise SandboxFileError(f"cannot unpack the archive into {path}: {result.stderr.strip()[-500:] or 'tar failed'}")
+    return FileWritten(path=path, size=size)
+
+
+@router.get(
+    "/sandboxes/{sandbox_id}/tar",
+    response_class=StreamingResponse,
+    responses={
+        200: {"content": {TAR_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}}},
+        **_errors(404, 410),
+    },
+)
+async def get_tar(sandbox_id: SandboxId, path: FilePath, request: Request) -> StreamingResponse:
+    """The directory ``path`` as a tar archive, streamed (paths in it are relative to ``path``)."""
+    svc = service_of(request)
+    entry = svc.get(sandbox_id)
+    _no_nul(path, "path")
+    sandbox = _tar_sandbox(svc, entry)
+    q = shlex.quote(path)
+    check = await entry.sandbox.exec(f"test -d {q}", timeout_s=30)
+    if check.exit_code != 0:
+        raise SandboxFileError(f"{path} is not a directory in sandbox {entry.id}", errno=2)
+    proc = await sandbox.spawn(f"exec tar -c -f - -C {q} .", timeout_s=TAR_TIMEOUT_S, output_cap=0xFFFFFFFF)
+
+    async def body() -> AsyncIterator[bytes]:
+        done = False
+        with svc.busy(entry):
+            try:
+                async for chunk in proc.output():
+                    if chunk.stream == "stdout":
+                        yield chunk.data
+                result = await proc.wait()
+                done = True
+                if result.exit_code != 0:
+                    # Too late for an error status: break the stream so the client cannot take it for whole.
+                    raise SandboxError(f"tar of {path} failed: {result.stderr.strip()[-500:]}")
+            finally:
+                if not done:
+                    with contextlib.suppress(Exception):
+                        await proc.signal(signal.SIGKILL)
+
+    return StreamingResponse(body(), media_type=TAR_MEDIA_TYPE)

@@ -1,0 +1,75 @@
+"""Fixtures for the sandbox service tests: a real server (uvicorn on 127.0.0.1) over real bwrap sandboxes."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from sandrl.sandbox.bwrap import BwrapProvider
+from sandrl.sandbox.client import ClientConfig, RemoteProvider
+from sandrl.sandbox.server import BackgroundServer, create_app
+from sandrl.sandbox.service import SandboxService, ServiceConfig
+
+
+def _why_not_runnable() -> str | None:
+    if os.geteuid() != 0:
+        return "the bwrap backend needs root"
+    if shutil.which("bwrap") is None:
+        return "bubblewrap is not installed (apt-get install bubblewrap)"
+    return None
+
+
+REASON = _why_not_runnable()
+needs_sandbox = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+TOKEN = secrets.token_hex(24)
+
+
+@dataclass
+class Served:
+    url: str
+    service: SandboxService
+    provider: BwrapProvider
+    token: str | None
+
+
+@pytest.fixture(scope="session")
+def service_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("sandrl-service-state")
+
+
+@pytest.fixture(scope="session")
+def bwrap(service_state_dir: Path) -> Iterator[BwrapProvider]:
+    if REASON is not None:
+        pytest.skip(REASON)
+    p = BwrapProvider(service_state_dir)
+    yield p
+    p._close_all_sync()
+
+
+@contextmanager
+def serving(
+    provider: BwrapProvider, config: ServiceConfig | None = None, token: str | None = TOKEN
+) -> Iterator[Served]:
+    """A service over ``provider`` on a free port; every sandbox it made is closed when it stops."""
+    service = SandboxService(provider, config or ServiceConfig(max_live=300))
+    with BackgroundServer(create_app(service, token=token)) as server:
+        yield Served(server.url, service, provider, token)
+
+
+@pytest.fixture(scope="session")
+def served(bwrap: BwrapProvider) -> Iterator[Served]:
+    with serving(bwrap) as s:
+        yield s
+
+
+@pytest.fixture
+async def remote(served: Served) -> AsyncIterator[RemoteProvider]:
+    async with RemoteProvider(served.url, token=served.token, config=ClientConfig(retries=1)) as provider:
+        yield provider

@@ -1,0 +1,29 @@
+"""The service benchmark end to end, at small sizes: one JSON-able dict with every measure."""
+
+from __future__ import annotations
+
+import io
+import json
+
+from rich.console import Console
+
+from sandrl.bench.service import run
+
+from .conftest import needs_sandbox
+
+pytestmark = needs_sandbox
+
+
+async def test_bench_service_small_run() -> None:
+    out = io.StringIO()
+    result = await run(concurrency=[1, 4], n_exec=20, execs=2, console=Console(file=out, width=200))
+    json.dumps(result)
+    assert [row["level"] for row in result["levels"]] == [1, 4]
+    for row in result["levels"]:
+        for via in ("http", "inproc"):
+            r = row[via]
+            assert r["errors"] == 0 and r["exec"]["n"] == row["level"] * 2 and r["cycles_per_s"] > 0
+    rt = result["exec_round_trip"]
+    assert rt["http"]["n"] == rt["inproc"]["n"] == 20 and rt["http"]["p50_ms"] > 0
+    assert set(result["met"]) == {"http_exec_over_inproc_p50_ms", "zero_errors_at_max", "p99_over_p50_exec_at_max"}
+    assert "sandbox service vs in-process" in out.getvalue()
