@@ -8,6 +8,7 @@ line that says what to do, never as a traceback.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import typer
 from rich.console import Console
@@ -170,6 +171,79 @@ def bench_service(
         raise SandrlError("--concurrency and --n-exec must be at least 1")
     console = Console(file=io.StringIO()) if json_only else Console(stderr=True)
     result = asyncio.run(run(concurrency=tuple(concurrency) or LEVELS, n_exec=n_exec, console=console))
+    print(json.dumps(result))
+
+
+@app.command("eval")
+def eval_tasks(
+    tasks: str = typer.Argument(..., help="A task directory, a directory of them, a SWE-bench file, or 'builtin'."),
+    agent: str = typer.Option("oracle", help="llm, oracle, null or replay."),
+    inference: str | None = typer.Option(None, help="'embedded' or the URL of an SGLang-routes server (--agent llm)."),
+    model: str = typer.Option("tiny", help="'tiny' or a checkpoint dir (embedded: the model; URL: its tokenizer)."),
+    samples: int = typer.Option(1, help="Episodes per task (a GRPO group)."),
+    concurrency: int = typer.Option(8, help="Episodes at once."),
+    out: Path | None = typer.Option(None, "--out", "--save-rollouts", help="Write every trajectory here (JSONL)."),
+    max_turns: int = typer.Option(20, help="Turns per episode."),
+    max_total_tokens: int = typer.Option(8192, help="Tokens per episode, prompt included."),
+    max_new_tokens: int = typer.Option(512, help="Tokens per model reply."),
+    temperature: float = typer.Option(1.0, help="Sampling temperature."),
+    run_id: str | None = typer.Option(None, help="Prefix of the episode ids; fixed = ids stable across runs."),
+) -> None:
+    """Run an agent over tasks in sandboxes; print a summary, then one JSON line."""
+    import asyncio
+    import json
+
+    from sandrl.rollout.evaluate import EvalConfig, evaluate, result_line
+
+    config = EvalConfig(
+        tasks,
+        agent=agent,  # type: ignore[arg-type]
+        inference=inference,
+        model=model,
+        samples=samples,
+        concurrency=concurrency,
+        out=out,
+        max_turns=max_turns,
+        max_total_tokens=max_total_tokens,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        run_id=run_id,
+    )
+    result = asyncio.run(evaluate(config, console=err_console))
+    print(json.dumps(result_line(config, result)))
+
+
+@bench_app.command("rollout")
+def bench_rollout(
+    episodes: int = typer.Option(256, help="Episodes in all."),
+    concurrency: int = typer.Option(256, help="Episodes at once."),
+    suite: str = typer.Option("generated", help="'generated' or 'builtin'."),
+    think_min_s: float = typer.Option(1.0, help="Shortest emulated model time per turn."),
+    think_max_s: float = typer.Option(2.0, help="Longest emulated model time per turn."),
+    json_only: bool = typer.Option(False, "--json", help="Print only the JSON line."),
+) -> None:
+    """Concurrent replay episodes with the model's time fixed: infra errors and orchestrator overhead."""
+    import asyncio
+    import io
+    import json
+
+    from sandrl.bench.rollout import run
+
+    if suite not in ("generated", "builtin"):
+        raise SandrlError("--suite must be 'generated' or 'builtin'")
+    if episodes < 1 or concurrency < 1 or not 0 < think_min_s <= think_max_s:
+        raise SandrlError("--episodes and --concurrency must be at least 1, and 0 < --think-min-s <= --think-max-s")
+    console = Console(file=io.StringIO()) if json_only else Console(stderr=True)
+    result = asyncio.run(
+        run(
+            episodes,
+            concurrency,
+            suite=suite,  # type: ignore[arg-type]
+            think_s=(think_min_s, think_max_s),
+            progress=not json_only,
+            console=console,
+        )
+    )
     print(json.dumps(result))
 
 

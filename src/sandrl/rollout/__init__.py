@@ -1,0 +1,43 @@
+"""Episodes: agents in sandboxes, the trajectories they produce, and the runner of many at once.
+
+::
+
+    runner = RolloutRunner(BwrapProvider(), LLMAgent(engine.tokenizer), policy=engine,
+                           config=RunnerConfig(concurrency=32, group_size=8))
+    result = await runner.run(tasks, progress=True)
+    write_jsonl("rollouts.jsonl", result.trajectories)
+"""
+
+from sandrl.rollout.agent import Agent, AgentResult, Budget
+from sandrl.rollout.episode import EpisodeConfig, run_episode
+from sandrl.rollout.jsonl import TrajectoryWriter, read_jsonl, write_jsonl
+from sandrl.rollout.llm_agent import LLMAgent, LLMAgentConfig
+from sandrl.rollout.runner import Group, RolloutRunner, RunnerConfig, RunResult
+from sandrl.rollout.scripted import NullAgent, OracleAgent, ReplayAgent, ThinkTime
+from sandrl.rollout.trajectory import EpisodeError, EpisodeStatus, Timings, Trajectory, Turn
+
+__all__ = [
+    "Agent",
+    "AgentResult",
+    "Budget",
+    "EpisodeConfig",
+    "EpisodeError",
+    "EpisodeStatus",
+    "Group",
+    "LLMAgent",
+    "LLMAgentConfig",
+    "NullAgent",
+    "OracleAgent",
+    "ReplayAgent",
+    "RolloutRunner",
+    "RunResult",
+    "RunnerConfig",
+    "ThinkTime",
+    "Timings",
+    "Trajectory",
+    "TrajectoryWriter",
+    "Turn",
+    "read_jsonl",
+    "run_episode",
+    "write_jsonl",
+]

@@ -1,0 +1,238 @@
+"""One episode: create the sandbox, set up the environment, run the agent, verify, close.
+
+::
+
+    run_episode(task, provider, agent)
+      sandbox_create  provider.create(task.to_sandbox_spec(image=...))
+      setup           prepare_environment(task, sandbox)
+      agent           agent.run(task, sandbox, policy, budget)
+      verifier        verify(task, sandbox): tests/ written only now, then run, reward read
+      close           sandbox.close(), always: on errors and on cancellation too
+
+Nothing here raises for a failed episode: the failure is recorded on the returned
+:class:`~sandrl.rollout.trajectory.Trajectory` (``status``, ``error``), and an ``infra_error``
+has no reward. Only cancellation propagates, after the sandbox is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from sandrl.inference.base import InferenceClient
+from sandrl.rollout.agent import Agent, AgentResult, Budget
+from sandrl.rollout.failures import classify
+from sandrl.rollout.trajectory import EpisodeError, EpisodeStatus, Timings, Trajectory
+from sandrl.sandbox.base import Sandbox, SandboxProvider
+from sandrl.tasks.result import VerifyResult
+from sandrl.tasks.task import Task
+from sandrl.tasks.verify import prepare_environment, verify
+
+log = logging.getLogger(__name__)
+
+VERIFIER_TAIL_CHARS = 2000
+"""How much of the end of the test output a trajectory keeps."""
+
+
+@dataclass(frozen=True)
+class EpisodeConfig:
+    """Budgets and per-phase timeouts of one episode."""
+
+    budget: Budget = field(default_factory=Budget)
+    create_timeout_s: float = 120.0
+    setup_timeout_s: float = 600.0
+    agent_grace_s: float = 30.0
+    """The agent phase is abandoned (an infra error: the sandbox stopped answering) this long after
+    its wall-time budget."""
+    verifier_grace_s: float = 120.0
+    """Beyond the task's verifier timeout, for writing the tests and reading the reward."""
+    close_timeout_s: float = 60.0
+
+
+@dataclass
+class _Clock:
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def add(self, phase: str, seconds: float) -> None:
+        self.timings[phase] = self.timings.get(phase, 0.0) + seconds
+
+
+async def close_sandbox(sandbox: Sandbox, timeout_s: float) -> None:
+    """Close ``sandbox`` and wait for it, even if the caller is cancelled meanwhile (then re-raise)."""
+    closing = asyncio.ensure_future(sandbox.close())
+    cancelled = False
+    deadline = time.monotonic() + timeout_s
+    while not closing.done():
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            log.warning("sandbox %s did not close within %g s; its TTL will reap it", sandbox.id, timeout_s)
+            break
+        try:
+            await asyncio.wait({closing}, timeout=remaining)
+        except asyncio.CancelledError:
+            cancelled = True
+    if closing.done() and not closing.cancelled() and closing.exception() is not None:
+        log.warning("closing sandbox %s failed: %s", sandbox.id, closing.exception())
+    if cancelled:
+        raise asyncio.CancelledError
+
+
+def _verifier_record(result: VerifyResult) -> dict[str, Any]:
+    record = {
+        "exit_code": result.exit_code,
+        "timed_out": result.timed_out,
+        "error": result.error,
+        "infra_error": result.infra_error,
+        "duration_s": result.duration_s,
+        "details": dict(result.details),
+        "stdout_tail": result.stdout_tail[-VERIFIER_TAIL_CHARS:],
+    }
+    # Plain JSON types only, so the record round-trips through JSONL unchanged.
+    loaded: dict[str, Any] = json.loads(json.dumps(record, default=str))
+    return loaded
+
+
+def _status(agent: AgentResult) -> EpisodeStatus:
+    if agent.stop_reason == "error":
+        return "agent_error"
+    return "truncated" if agent.truncated else "completed"
+
+
+def _oldest_version(agent: AgentResult) -> int | None:
+    versions = [v for t in agent.turns for v in (t.start_weight_version, t.weight_version) if v is not None]
+    return min(versions) if versions else None
+
+
+async def run_episode(
+    task: Task,
+    provider: SandboxProvider,
+    agent: Agent,
+    *,
+    policy: InferenceClient | None = None,
+    config: EpisodeConfig | None = None,
+    image: str = "host",
+    episode_id: str | None = None,
+    group_id: str | None = None,
+    sample_index: int = 0,
+    attempt: int = 1,
+    queue_s: float = 0.0,
+) -> Trajectory:
+    """Run ``agent`` on ``task`` in a new sandbox of ``provider``; see the module docstring.
+
+    ``image`` is the store image the task's environment was built into
+    (:func:`sandrl.tasks.build.ensure_task_image`); ``host`` for a task without a Dockerfile.
+    """
+    cfg = config or EpisodeConfig()
+    group = group_id or f"adhoc/{task.id}"
+    eid = episode_id or f"{group}/{sample_index}-{uuid.uuid4().hex[:8]}"
+    clock = _Clock()
+    started_at = time.time()
+    start = time.monotonic()
+    sandbox: Sandbox | None = None
+    agent_result: AgentResult | None = None
+    verified: VerifyResult | None = None
+    error: EpisodeError | None = None
+    phase = "sandbox_create"
+
+    async def timed(name: str, coro_timeout: float, work: Any) -> Any:
+        t0 = time.monotonic()
+        try:
+            async with asyncio.timeout(coro_timeout):
+                return await work
+        finally:
+            clock.add(name, time.monotonic() - t0)
+
+    try:
+        spec = task.to_sandbox_spec(image=image)
+        sandbox = await timed("sandbox_create_s", cfg.create_timeout_s, provider.create(spec))
+        phase = "setup"
+        await timed("setup_s", cfg.setup_timeout_s, prepare_environment(task, sandbox))
+        phase = "agent"
+        wall = cfg.budget.wall_time_for(task) + cfg.agent_grace_s
+        agent_result = await timed("agent_s", wall, agent.run(task, sandbox, policy, cfg.budget))
+        if agent_result.stop_reason != "error":
+            phase = "verifier"
+            verified = await timed("verifier_s", task.verifier.timeout_s + cfg.verifier_grace_s, verify(task, sandbox))
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        error = classify(exc, phase)
+        if phase == "agent" and isinstance(exc, TimeoutError):
+            error = EpisodeError(
+                "infra",
+                phase,
+                "agent_hung",
+                f"the agent did not return within its wall time + {cfg.agent_grace_s:g} s",
+                retryable=True,
+            )
+        log.debug("episode %s failed in %s: %s", eid, phase, error.message)
+    finally:
+        if sandbox is not None:
+            t0 = time.monotonic()
+            try:
+                await close_sandbox(sandbox, cfg.close_timeout_s)
+            finally:
+                clock.add("close_s", time.monotonic() - t0)
+
+    status: EpisodeStatus
+    reward: float | None = None
+    passed: bool | None = None
+    verifier_record: dict[str, Any] = {}
+    if verified is not None:
+        verifier_record = _verifier_record(verified)
+        if verified.infra_error:
+            error = EpisodeError(
+                "infra", "verifier", "verifier_broken", verified.error or "the verifier gave no reward", retryable=False
+            )
+    if error is not None:
+        status = "infra_error" if error.kind == "infra" else "agent_error"
+    elif agent_result is not None and agent_result.stop_reason == "error":
+        status = "agent_error"
+        error = EpisodeError("agent", "agent", "agent_failed", agent_result.error or "the agent failed", False)
+    else:
+        assert agent_result is not None and verified is not None
+        status = _status(agent_result)
+        reward, passed = verified.reward, verified.passed
+
+    turns = agent_result.turns if agent_result is not None else []
+    timings = Timings(
+        queue_s=queue_s,
+        sandbox_create_s=clock.timings.get("sandbox_create_s", 0.0),
+        setup_s=clock.timings.get("setup_s", 0.0),
+        model_s=sum((t.model_s for t in turns), 0.0),
+        command_s=sum((t.command_s for t in turns), 0.0),
+        sandbox_wait_s=sum((t.sandbox_wait_s for t in turns), 0.0),
+        agent_s=clock.timings.get("agent_s", 0.0),
+        verifier_s=clock.timings.get("verifier_s", 0.0),
+        close_s=clock.timings.get("close_s", 0.0),
+        total_s=time.monotonic() - start,
+    )
+    return Trajectory(
+        episode_id=eid,
+        group_id=group,
+        task_id=task.id,
+        sample_index=sample_index,
+        agent=agent.name,
+        status=status,
+        stop_reason=agent_result.stop_reason if agent_result is not None else "error",
+        reward=reward,
+        passed=passed,
+        attempt=attempt,
+        ids=agent_result.ids if agent_result is not None else [],
+        loss_mask=agent_result.loss_mask if agent_result is not None else [],
+        logprobs=agent_result.logprobs if agent_result is not None else [],
+        prompt_len=agent_result.prompt_len if agent_result is not None else 0,
+        turns=list(turns),
+        weight_version=_oldest_version(agent_result) if agent_result is not None else None,
+        timings=timings,
+        error=error,
+        verifier=verifier_record,
+        sandbox_id=sandbox.id if sandbox is not None else None,
+        image=image,
+        started_at=started_at,
+    )

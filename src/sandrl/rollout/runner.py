@@ -1,0 +1,244 @@
+"""Many episodes at once: a concurrency limit, GRPO groups, streaming, retries, JSONL, a summary.
+
+::
+
+    runner = RolloutRunner(provider, agent, policy=engine, config=RunnerConfig(concurrency=64, group_size=8))
+    async for group in runner.stream(tasks):      # groups in the order they finish
+        trainer_queue.put(group)
+    result = await runner.run(tasks)              # or all at once, with a summary
+
+Every task becomes one group of ``group_size`` episodes (a GRPO group: same task, independent
+samples). Episodes of all groups share one semaphore of ``concurrency`` slots, taken in
+submission order, so early groups finish first and flow on while later ones run. An episode
+that ends in a retryable ``infra_error`` is run again (same ``episode_id``, ``attempt`` + 1)
+up to ``max_attempts``; the errors of earlier attempts stay on the final trajectory.
+Cancelling a stream or a run cancels its episodes, each of which closes its sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sandrl.errors import ConfigError
+from sandrl.inference.base import InferenceClient
+from sandrl.rollout.agent import Agent
+from sandrl.rollout.episode import EpisodeConfig, run_episode
+from sandrl.rollout.failures import classify
+from sandrl.rollout.images import ImageFor, TaskImages
+from sandrl.rollout.jsonl import TrajectoryWriter
+from sandrl.rollout.progress import EpisodeProgress
+from sandrl.rollout.summary import summarize
+from sandrl.rollout.trajectory import EpisodeError, Trajectory
+from sandrl.sandbox.base import SandboxProvider
+from sandrl.tasks.task import Task
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    """How many episodes run at once, how they are grouped and retried."""
+
+    concurrency: int = 32
+    """Most episodes (and so sandboxes) live at once."""
+    group_size: int = 1
+    """Samples per task (GRPO's n)."""
+    max_attempts: int = 3
+    """Attempts per episode when it ends in a retryable infra error (1 = no retry)."""
+    retry_backoff_s: float = 1.0
+    """Wait before a retry; doubles with each further attempt."""
+    run_id: str | None = None
+    """Prefix of every group and episode id; a fixed one makes ids stable across runs. None: random."""
+    episode: EpisodeConfig = field(default_factory=EpisodeConfig)
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ConfigError(f"concurrency must be >= 1, got {self.concurrency}")
+        if self.group_size < 1:
+            raise ConfigError(f"group_size (samples per task) must be >= 1, got {self.group_size}")
+        if self.max_attempts < 1:
+            raise ConfigError(f"max_attempts must be >= 1, got {self.max_attempts}")
+        if self.retry_backoff_s < 0:
+            raise ConfigError(f"retry_backoff_s must be >= 0, got {self.retry_backoff_s}")
+
+
+@dataclass(frozen=True)
+class Group:
+    """The samples of one task in one run: what GRPO normalises rewards over."""
+
+    group_id: str
+    task_id: str
+    trajectories: list[Trajectory]
+
+    @property
+    def complete(self) -> bool:
+        """Every sample was verified: no infra or agent error left after retries."""
+        return all(t.reward is not None for t in self.trajectories)
+
+    @property
+    def rewards(self) -> list[float | None]:
+        return [t.reward for t in self.trajectories]
+
+
+@dataclass(frozen=True)
+class RunResult:
+    groups: list[Group]
+    summary: dict[str, Any]
+    wall_s: float
+
+    @property
+    def trajectories(self) -> list[Trajectory]:
+        return [t for g in self.groups for t in g.trajectories]
+
+
+class RolloutRunner:
+    """Runs groups of episodes concurrently; see the module docstring."""
+
+    def __init__(
+        self,
+        provider: SandboxProvider,
+        agent: Agent,
+        *,
+        policy: InferenceClient | None = None,
+        config: RunnerConfig | None = None,
+        image_for: ImageFor | None = None,
+        writer: TrajectoryWriter | None = None,
+        on_episode: Callable[[Trajectory], None] | None = None,
+    ) -> None:
+        self.provider = provider
+        self.agent = agent
+        self.policy = policy
+        self.config = config or RunnerConfig()
+        self.run_id = self.config.run_id or uuid.uuid4().hex[:12]
+        self.image_for = image_for or TaskImages(provider)
+        self.writer = writer
+        self._listeners: list[Callable[[Trajectory], None]] = [on_episode] if on_episode is not None else []
+        self._slots = asyncio.Semaphore(self.config.concurrency)
+
+    def group_ids(self, tasks: Sequence[Task]) -> list[str]:
+        """The group id of each task: ``<run_id>/<task_id>#<k>``, k counting repeats of a task in the list."""
+        seen: Counter[str] = Counter()
+        ids = []
+        for task in tasks:
+            ids.append(f"{self.run_id}/{task.id}#{seen[task.id]}")
+            seen[task.id] += 1
+        return ids
+
+    async def stream(self, tasks: Sequence[Task]) -> AsyncIterator[Group]:
+        """Run every task's group; yield each group as soon as all its samples have finished."""
+        pending = {
+            asyncio.ensure_future(self._group(task, gid))
+            for task, gid in zip(tasks, self.group_ids(tasks), strict=True)
+        }
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for finished in done:
+                    yield finished.result()
+        finally:
+            for still in pending:
+                still.cancel()
+            if pending:
+                # Wait for the cancelled episodes to close their sandboxes.
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.gather(*pending, return_exceptions=True)
+
+    async def run(self, tasks: Sequence[Task], *, progress: bool = False) -> RunResult:
+        """All groups, in the tasks' order, with the summary of every episode."""
+        start = time.monotonic()
+        order = {gid: i for i, gid in enumerate(self.group_ids(tasks))}
+        groups: list[Group] = []
+        bar = EpisodeProgress(len(tasks) * self.config.group_size, enabled=progress)
+        self._listeners.append(bar.done)
+        try:
+            with bar:
+                async for group in self.stream(tasks):
+                    groups.append(group)
+        finally:
+            self._listeners.remove(bar.done)
+        groups.sort(key=lambda g: order[g.group_id])
+        trajectories = [t for g in groups for t in g.trajectories]
+        return RunResult(groups, summarize(trajectories), time.monotonic() - start)
+
+    async def _group(self, task: Task, group_id: str) -> Group:
+        try:
+            image = await self.image_for(task)
+        except Exception as exc:
+            error = classify(exc, "image")
+            trajectories = [self._failed(task, group_id, i, error) for i in range(self.config.group_size)]
+        else:
+            submitted = time.monotonic()
+            trajectories = list(
+                await asyncio.gather(
+                    *(self._episode(task, group_id, i, image, submitted) for i in range(self.config.group_size))
+                )
+            )
+        group = Group(group_id, task.id, trajectories)
+        if self.writer is not None:
+            self.writer.write_all(group.trajectories)
+        return group
+
+    def _failed(self, task: Task, group_id: str, index: int, error: EpisodeError) -> Trajectory:
+        trajectory = Trajectory(
+            episode_id=f"{group_id}/{index}",
+            group_id=group_id,
+            task_id=task.id,
+            sample_index=index,
+            agent=self.agent.name,
+            status="infra_error" if error.kind == "infra" else "agent_error",
+            stop_reason="error",
+            error=error,
+            started_at=time.time(),
+        )
+        self._finished(trajectory)
+        return trajectory
+
+    def _finished(self, trajectory: Trajectory) -> None:
+        for listener in self._listeners:
+            listener(trajectory)
+
+    async def _episode(self, task: Task, group_id: str, index: int, image: str, submitted: float) -> Trajectory:
+        episode_id = f"{group_id}/{index}"
+        earlier: list[EpisodeError] = []
+        backoff = self.config.retry_backoff_s
+        attempt = 1
+        while True:
+            async with self._slots:
+                queue_s = time.monotonic() - submitted
+                trajectory = await run_episode(
+                    task,
+                    self.provider,
+                    self.agent,
+                    policy=self.policy,
+                    config=self.config.episode,
+                    image=image,
+                    episode_id=episode_id,
+                    group_id=group_id,
+                    sample_index=index,
+                    attempt=attempt,
+                    queue_s=queue_s,
+                )
+            error = trajectory.error
+            retry = (
+                trajectory.status == "infra_error"
+                and error is not None
+                and error.retryable
+                and attempt < self.config.max_attempts
+            )
+            if not retry:
+                break
+            assert error is not None
+            earlier.append(error)
+            attempt += 1
+            await asyncio.sleep(backoff)
+            backoff *= 2
+            submitted = time.monotonic()
+        trajectory = dataclasses.replace(trajectory, retried_errors=earlier)
+        self._finished(trajectory)
+        return trajectory

@@ -1,0 +1,82 @@
+"""What a set of episodes came to: pass rate, status counts, phase-time percentiles; as a dict and a table."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from sandrl.bench.stats import quantile
+from sandrl.rollout.trajectory import STATUSES, Trajectory
+
+PHASES = (
+    "queue_s",
+    "sandbox_create_s",
+    "setup_s",
+    "model_s",
+    "command_s",
+    "sandbox_wait_s",
+    "verifier_s",
+    "close_s",
+    "total_s",
+    "overhead_s",
+)
+"""The per-episode times summarised (``overhead_s``: total minus the phases the orchestrator waits on)."""
+
+
+def _phase(t: Trajectory, name: str) -> float:
+    return t.timings.overhead_s if name == "overhead_s" else float(getattr(t.timings, name))
+
+
+def percentiles(values: Sequence[float]) -> dict[str, float]:
+    return {
+        "p50": round(quantile(values, 0.50), 4),
+        "p90": round(quantile(values, 0.90), 4),
+        "p99": round(quantile(values, 0.99), 4),
+        "max": round(max(values), 4),
+    }
+
+
+def summarize(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
+    """Counts and rates over episodes; the pass rate and mean reward are over verified episodes only."""
+    statuses = Counter(t.status for t in trajectories)
+    verified = [t for t in trajectories if t.reward is not None]
+    total = sum(t.timings.total_s for t in trajectories)
+    overhead = sum(t.timings.overhead_s for t in trajectories)
+    errors = Counter(t.error.error_code for t in trajectories if t.error is not None)
+    return {
+        "episodes": len(trajectories),
+        "status": {s: statuses.get(s, 0) for s in STATUSES},
+        "verified": len(verified),
+        "pass_rate": round(sum(bool(t.passed) for t in verified) / len(verified), 4) if verified else None,
+        "mean_reward": round(sum(t.reward or 0.0 for t in verified) / len(verified), 4) if verified else None,
+        "retries": sum(len(t.retried_errors) for t in trajectories),
+        "errors": dict(errors.most_common()),
+        "turns_mean": round(sum(t.num_turns for t in trajectories) / len(trajectories), 3) if trajectories else None,
+        "overhead_share": round(overhead / total, 6) if total > 0 else None,
+        "phases_s": {p: percentiles([_phase(t, p) for t in trajectories]) for p in PHASES} if trajectories else {},
+    }
+
+
+def print_summary(summary: dict[str, Any], console: Console | None = None) -> None:
+    """The summary for people: one line of counts, then a table of phase times."""
+    out = console or Console(stderr=True)
+    status = ", ".join(f"{k} {v}" for k, v in summary["status"].items())
+    rate = summary["pass_rate"]
+    out.print(
+        f"[bold]{summary['episodes']} episodes[/bold]: {status}; "
+        f"pass rate {'-' if rate is None else f'{rate:.1%}'} of {summary['verified']} verified; "
+        f"{summary['retries']} retries"
+    )
+    if summary["errors"]:
+        out.print("errors: " + ", ".join(f"{k} x{v}" for k, v in summary["errors"].items()))
+    table = Table(title="phase times (s)")
+    table.add_column("phase")
+    for column in ("p50", "p90", "p99", "max"):
+        table.add_column(column, justify="right")
+    for phase, values in summary["phases_s"].items():
+        table.add_row(phase, *(f"{values[c]:.3f}" for c in ("p50", "p90", "p99", "max")))
+    out.print(table)

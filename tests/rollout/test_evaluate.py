@@ -1,0 +1,50 @@
+"""``sandrl eval`` and ``sandrl bench rollout`` as functions, end to end on real sandboxes."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from sandrl.bench.rollout import run as bench_rollout
+from sandrl.errors import ConfigError
+from sandrl.rollout import read_jsonl
+from sandrl.rollout.evaluate import EvalConfig, evaluate, result_line
+from sandrl.sandbox.bwrap import BwrapProvider
+
+
+async def test_eval_oracle_saves_rollouts(task_root: Path, provider: BwrapProvider, tmp_path: Path) -> None:
+    config = EvalConfig(str(task_root), agent="oracle", samples=2, out=tmp_path / "out.jsonl", run_id="ev")
+    result = await evaluate(config, provider=provider, progress=False, console=Console(file=io.StringIO()))
+    line = result_line(config, result)
+    assert line["pass_rate"] == 1.0 and line["episodes"] == 12 and line["status"]["completed"] == 12
+    saved = {t.episode_id: t for t in read_jsonl(tmp_path / "out.jsonl")}
+    assert saved == {t.episode_id: t for t in result.trajectories}
+
+
+async def test_eval_llm_embedded(task_root: Path, provider: BwrapProvider) -> None:
+    config = EvalConfig(
+        str(task_root / "echo-0-0000"), agent="llm", inference="embedded", max_turns=2, max_new_tokens=16
+    )
+    result = await evaluate(config, provider=provider, progress=False, console=Console(file=io.StringIO()))
+    (t,) = result.trajectories
+    assert t.status == "truncated" and t.reward == 0.0 and t.num_turns == 2 and any(t.loss_mask)
+
+
+def test_eval_config_is_checked() -> None:
+    with pytest.raises(ConfigError, match="needs --inference"):
+        EvalConfig("builtin", agent="llm")
+    with pytest.raises(ConfigError, match="--agent must be"):
+        EvalConfig("builtin", agent="gpt")  # type: ignore[arg-type]
+
+
+async def test_bench_rollout_small() -> None:
+    result = await bench_rollout(
+        episodes=8, concurrency=8, think_s=(0.05, 0.1), progress=False, console=Console(file=io.StringIO())
+    )
+    assert result["infra_errors"] == 0 and result["pass_rate"] == 1.0
+    assert result["status"]["completed"] == 8
+    assert result["overhead_share"] is not None and result["overhead_share"] < 0.05
+    assert set(result["met"]) == {"zero_infra_errors", "overhead_under_1pct"}
