@@ -302,6 +302,17 @@ def bench_inference(
     print(json.dumps(result))
 
 
+def _register_cpu_bench() -> None:
+    from sandrl.bench import commands as cpu_bench
+
+    bench_app.command("contention")(cpu_bench.contention)
+    bench_app.command("report")(cpu_bench.report)
+    bench_app.command("compare")(cpu_bench.compare)
+
+
+_register_cpu_bench()
+
+
 def main() -> None:
     """Entry point of the console script."""
     try:

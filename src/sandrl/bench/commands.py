@@ -1,0 +1,95 @@
+"""Typer-ready commands of the sandbox-CPU benchmark, for ``cli.py`` to register::
+
+    from sandrl.bench import commands as cpu_bench
+    bench_app.command("contention")(cpu_bench.contention)
+    bench_app.command("report")(cpu_bench.report)
+    bench_app.command("compare")(cpu_bench.compare)
+
+Each prints its table on stderr and ends with one JSON line on stdout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from pathlib import Path
+from typing import Literal, cast
+
+import typer
+from rich.console import Console
+
+from sandrl.errors import ConfigError
+
+LimitChoice = Literal["auto", "affinity", "quota"]
+
+
+def parse_levels(text: str | None) -> tuple[int, ...] | None:
+    """``"0,1,2,4"`` -> (0, 1, 2, 4); None or empty -> None (the defaults)."""
+    if not text:
+        return None
+    try:
+        return tuple(int(x) for x in text.replace(" ", "").split(",") if x)
+    except ValueError as exc:
+        raise ConfigError(f"--levels takes whole numbers separated by commas (e.g. 0,2,4,8), got {text!r}") from exc
+
+
+def contention(
+    quick: bool = typer.Option(False, "--quick", help="The small run: under 3 minutes on 2 cores."),
+    levels: str | None = typer.Option(None, help="Background-task counts, e.g. 0,2,4,8 (default: scaled to cores)."),
+    bar: float = typer.Option(1.5, help="Slowdown bar: time / standalone at most this."),
+    quantile: float = typer.Option(0.95, help="Fraction of commands that must be within the bar."),
+    cpus_per_host: float | None = typer.Option(None, help="Emulate a host of this many cores (default: all)."),
+    host_limit: str = typer.Option("auto", help="How to emulate it: auto, affinity (pin) or quota (CFS)."),
+    probes: int | None = typer.Option(None, help="Probe commands per level."),
+    workloads: str | None = typer.Option(None, help="Workload names, comma-separated (default: all; --quick: 6)."),
+    out: Path | None = typer.Option(None, help="Also write the JSON result to this file."),
+    json_only: bool = typer.Option(False, "--json", help="Print only the JSON line."),
+) -> None:
+    """Commands' slowdown as background sandboxes fill the host; capacity at the latency bar."""
+    from sandrl.bench.contention import ContentionConfig, run
+
+    if host_limit not in ("auto", "affinity", "quota"):
+        raise ConfigError(f"--host-limit is auto, affinity or quota, not {host_limit!r}")
+    config = ContentionConfig(
+        quick=quick,
+        levels=parse_levels(levels),
+        bar=bar,
+        quantile=quantile,
+        cores=cpus_per_host,
+        host_limit=cast(LimitChoice, host_limit),
+        probes=probes,
+        workloads=tuple(w for w in workloads.split(",") if w) if workloads else None,
+    )
+    console = Console(file=io.StringIO()) if json_only else Console(stderr=True)
+    result = asyncio.run(run(config, console=console))
+    line = json.dumps(result)
+    if out is not None:
+        out.write_text(line + "\n")
+    print(line)
+
+
+def report(
+    results: list[Path] = typer.Argument(..., help="Result files of `sandrl bench contention`."),
+    output: Path = typer.Option(Path("report.html"), "-o", "--output", help="The HTML page to write."),
+) -> None:
+    """Render result files as one HTML page with the plots."""
+    from sandrl.bench.report import write_report
+
+    path = write_report(results, output)
+    Console(stderr=True).print(f"wrote {path}")
+    print(json.dumps({"bench": "report", "output": str(path), "results": [str(p) for p in results]}))
+
+
+def compare(
+    a: Path = typer.Argument(..., help="Host A's result."),
+    b: Path = typer.Argument(..., help="Host B's result."),
+    json_only: bool = typer.Option(False, "--json", help="Print only the JSON line."),
+) -> None:
+    """Two hosts side by side: episode, commands, verifier, capacity, per-core slowdown, idle KV, projection."""
+    from sandrl.bench.report import compare_files
+
+    table, result = compare_files(a, b)
+    if not json_only:
+        Console(stderr=True).print(table)
+    print(json.dumps(result))

@@ -1,0 +1,245 @@
+"""Benchmark results: load the JSON, render the HTML page, compare two hosts side by side.
+
+A result (``bench: contention``) holds ``host``, ``config``, ``standalone``, ``levels``,
+``capacity`` and ``full_load``; the episode-level run adds ``episodes``
+(:func:`sandrl.bench.breakdown.episodes_section`) and ``projection``
+(:func:`sandrl.bench.projection.projection_section`). Everything here reads those keys and
+skips what a result does not have.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from sandrl.bench import plots, projection
+from sandrl.bench.breakdown import EpisodeBreakdown
+from sandrl.bench.workloads import CLASSES
+from sandrl.errors import ConfigError
+
+Labelled = Sequence[tuple[str, dict[str, Any]]]
+REQUIRED = ("host", "config", "standalone", "levels", "capacity", "full_load")
+
+
+def load_result(path: Path | str) -> dict[str, Any]:
+    """Read and check one result file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the result {path}: {exc.strerror}") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        # A saved stdout holds the table too: the result is its last line, the JSON one.
+        lines = [ln for ln in text.splitlines() if ln.startswith("{")]
+        try:
+            data = json.loads(lines[-1])
+        except (json.JSONDecodeError, IndexError) as exc:
+            raise ConfigError(f"{path} is not a benchmark result (no JSON object in it)") from exc
+    if not isinstance(data, dict) or data.get("bench") != "contention":
+        raise ConfigError(f"{path} is not a `sandrl bench contention` result (its 'bench' is {data.get('bench')!r})")
+    missing = [k for k in REQUIRED if k not in data]
+    if missing:
+        raise ConfigError(f"{path} lacks {', '.join(missing)}: was it written by an older sandrl?")
+    return data
+
+
+def label_for(path: Path | str, result: dict[str, Any]) -> str:
+    return f"{Path(path).stem} ({float(result['host']['cores']):g} cores)"
+
+
+def load_labelled(paths: Sequence[Path | str]) -> list[tuple[str, dict[str, Any]]]:
+    return [(label_for(p, r), r) for p, r in ((p, load_result(p)) for p in paths)]
+
+
+# -- HTML
+
+
+def _table(head: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    th = "".join(f"<th>{html.escape(str(h))}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _img(name: str, png: bytes | None, alt: str) -> str:
+    if png is None:
+        return f'<p class="missing" id="plot-{name}">{html.escape(alt)}: no result holds this data.</p>'
+    data = base64.b64encode(png).decode()
+    src = f"data:image/png;base64,{data}"
+    return f'<figure><img id="plot-{name}" class="plot" alt="{html.escape(alt)}" src="{src}"></figure>'
+
+
+def _fmt(x: object, spec: str = ".2f") -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return format(x, spec) if isinstance(x, int | float) else str(x)
+
+
+CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px}
+table{border-collapse:collapse;margin:0.5em 0 1.5em}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
+th{background:#f3f3f3}img.plot{max-width:100%}h2{border-bottom:1px solid #ddd}"""
+
+
+def render_html(results: Labelled) -> str:
+    """The report page: hosts, capacity, per-level tables, the plots, the projection's assumptions."""
+    if not results:
+        raise ConfigError("give at least one result file")
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>sandrl sandbox-CPU benchmark</title>"]
+    parts.append(f"<style>{CSS}</style></head><body><h1>sandrl sandbox-CPU benchmark</h1>")
+    keys = ("cpu_model", "cores", "machine_cpus", "memory_mib", "kernel", "sandbox_backend", "cgroup_version")
+    parts.append("<h2>Hosts</h2>")
+    parts.append(
+        _table(
+            ["result", *keys, "host limit", "run s"],
+            [
+                [label, *(r["host"].get(k) for k in keys), r["host"]["host_limit"]["mode"], r.get("duration_s")]
+                for label, r in results
+            ],
+        )
+    )
+    parts.append("<h2>Capacity and per-core slowdown</h2>")
+    cap_rows = []
+    for label, r in results:
+        cap, full = r["capacity"], r["full_load"]
+        per_core = full.get("per_core_slowdown") or {}
+        cap_rows.append(
+            [
+                label,
+                f"{cap['bar']:g}x at {cap['quantile']:.0%}",
+                cap["load"],
+                cap["bound"],
+                _fmt(cap["per_core"]),
+                *(_fmt(per_core.get(c)) for c in CLASSES),
+            ]
+        )
+    parts.append(
+        "<p>Capacity: the most background tasks at which at least the quantile of the probe commands finished "
+        "within the bar (times their standalone time). Full load: cores - 1 background tasks plus the probe, "
+        "every core busy; per-core slowdown is the median slowdown there.</p>"
+    )
+    parts.append(
+        _table(
+            ["result", "bar", "capacity", "bound", "per core", *(f"{c} per-core slowdown" for c in CLASSES)],
+            cap_rows,
+        )
+    )
+    parts.append(_img("slowdown", plots.slowdown_vs_load(results), "slowdown vs load per class"))
+    parts.append(_img("capacity", plots.capacity_bars(results), "capacity per host"))
+    parts.append("<h2>Levels</h2>")
+    for label, r in results:
+        rows = []
+        for lv in r["levels"]:
+            cells: list[object] = [lv["background"], lv["source"], _fmt(lv["load_per_core"])]
+            for c in CLASSES:
+                s = lv["classes"].get(c)
+                cells += [f"{s['p50']:.2f} / {s['p95']:.2f}", f"{s['within_bar']:.0%}"] if s else ["-", "-"]
+            cells += [_fmt(lv["cpu_utilization"], ".0%"), "yes" if lv["passed"] else "no"]
+            rows.append(cells)
+        head = ["background", "source", "per core"]
+        for c in CLASSES:
+            head += [f"{c} p50 / p95", f"{c} in bar"]
+        parts.append(f"<h3>{html.escape(label)}</h3>" + _table([*head, "cpu busy", "pass"], rows))
+    parts.append("<h2>Episodes</h2>")
+    parts.append(_img("breakdown", plots.breakdown_bars(results), "episode breakdown"))
+    parts.append(_img("projection", plots.projection_curve(results), "projection for faster inference"))
+    parts.append("<h3>Projection model: assumptions</h3><ul>")
+    parts += [f"<li>{html.escape(a)}</li>" for a in projection.ASSUMPTIONS]
+    parts.append("</ul></body></html>")
+    return "\n".join(parts)
+
+
+def write_report(paths: Sequence[Path | str], out: Path | str) -> Path:
+    out = Path(out)
+    out.write_text(render_html(load_labelled(paths)))
+    return out
+
+
+# -- compare
+
+
+def _pct(a: float | None, b: float | None) -> str:
+    if a is None or b is None or a == 0:
+        return "-"
+    return f"{(b - a) / a * 100:+.1f}%"
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    if a is None or b is None or a == 0:
+        return "-"
+    return f"{b / a:.2f}x"
+
+
+def _mean(r: dict[str, Any]) -> EpisodeBreakdown | None:
+    eps = r.get("episodes")
+    return EpisodeBreakdown.from_dict(eps["mean"]) if eps else None
+
+
+def _standalone(r: dict[str, Any], cls: str) -> float | None:
+    times = [s["median_s"] for s in r["standalone"].values() if s["class"] == cls]
+    return math.prod(times) ** (1 / len(times)) if times else None
+
+
+def compare(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
+    """The study's side-by-side rows: measure, A, B, change (B against A)."""
+    rows: list[dict[str, Any]] = []
+
+    def row(measure: str, va: float | None, vb: float | None, change: Callable[[Any, Any], str], spec: str) -> None:
+        rows.append({"measure": measure, "a": va, "b": vb, "change": change(va, vb), "format": spec})
+
+    ea, eb = _mean(a), _mean(b)
+    for name, attr in (("episode s", "total_s"), ("commands s", "commands_s"), ("verifier s", "verifier_s")):
+        row(name, getattr(ea, attr, None), getattr(eb, attr, None), _pct, ".2f")
+    row("capacity (background tasks)", a["capacity"]["load"], b["capacity"]["load"], _ratio, "d")
+    row("capacity per core", a["capacity"]["per_core"], b["capacity"]["per_core"], _ratio, ".2f")
+    for cls in CLASSES:
+        pa = (a["full_load"].get("per_core_slowdown") or {}).get(cls)
+        pb = (b["full_load"].get("per_core_slowdown") or {}).get(cls)
+        if pa is not None or pb is not None:
+            row(f"per-core slowdown, {cls}", pa, pb, _pct, ".2f")
+    for cls in CLASSES:
+        sa, sb = _standalone(a, cls), _standalone(b, cls)
+        if sa is not None or sb is not None:
+            row(f"standalone s, {cls} (geo mean)", sa, sb, _pct, ".3f")
+    kva = ea.kv.idle_fraction if ea is not None and ea.kv is not None else None
+    kvb = eb.kv.idle_fraction if eb is not None and eb.kv is not None else None
+    row("idle KV fraction", kva, kvb, _pct, ".1%")
+    if ea is not None and eb is not None:
+        for p in projection.host_ratio(ea, eb):
+            rows.append(
+                {
+                    "measure": f"projection k={p['k']:g}: episode s",
+                    "a": p["a_s"],
+                    "b": p["b_s"],
+                    "change": f"{p['ratio']:.2f}x",
+                    "format": ".2f",
+                }
+            )
+    else:
+        rows.append({"measure": "projection", "a": None, "b": None, "change": "needs episode runs", "format": ""})
+    return rows
+
+
+def compare_table(label_a: str, label_b: str, rows: Sequence[dict[str, Any]]) -> Table:
+    table = Table(title=f"{label_a}  vs  {label_b}")
+    table.add_column("measure")
+    table.add_column(f"A: {label_a}", justify="right")
+    table.add_column(f"B: {label_b}", justify="right")
+    table.add_column("B vs A", justify="right")
+    for r in rows:
+        table.add_row(r["measure"], _fmt(r["a"], r["format"]), _fmt(r["b"], r["format"]), r["change"])
+    return table
+
+
+def compare_files(path_a: Path | str, path_b: Path | str) -> tuple[Table, dict[str, Any]]:
+    """The table to print and the JSON result of ``sandrl bench compare A.json B.json``."""
+    (la, a), (lb, b) = load_labelled([path_a, path_b])
+    rows = compare(a, b)
+    return compare_table(la, lb, rows), {"bench": "compare", "a": la, "b": lb, "rows": rows}
