@@ -213,6 +213,19 @@ def eval_tasks(
     print(json.dumps(result_line(config, result)))
 
 
+@app.command("train")
+def train_cmd(
+    config: Path = typer.Argument(..., help="The run's TOML config (see configs/tiny.toml)."),
+    mode: str | None = typer.Option(None, help="sync or async (default: [run] mode)."),
+    load_rollouts: Path | None = typer.Option(None, help="Train on saved trajectories: no sandboxes, no inference."),
+    rollout_only: bool = typer.Option(False, help="Collect rollouts without training."),
+) -> None:
+    """Train a policy with GRPO in sandboxes; a progress line per step, then one JSON line."""
+    from sandrl.train.command import train
+
+    train(config, mode, load_rollouts, rollout_only)
+
+
 @bench_app.command("rollout")
 def bench_rollout(
     episodes: int = typer.Option(256, help="Episodes in all."),

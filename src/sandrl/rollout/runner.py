@@ -166,6 +166,10 @@ class RolloutRunner:
         trajectories = [t for g in groups for t in g.trajectories]
         return RunResult(groups, summarize(trajectories), time.monotonic() - start)
 
+    async def run_group(self, task: Task, group_id: str) -> Group:
+        """One group of ``task`` under an id the caller chose (a training driver numbers groups across steps)."""
+        return await self._group(task, group_id)
+
     async def _group(self, task: Task, group_id: str) -> Group:
         try:
             image = await self.image_for(task)

@@ -1,0 +1,400 @@
+"""What the sync and async drivers share: a :class:`Session` that rolls out, trains, pushes weights, records.
+
+A driver only decides *when* groups are collected and *when* weights are pushed
+(:mod:`sandrl.train.sync`, :mod:`sandrl.train.async_`); everything else is here:
+
+- the data stream: data position ``p`` is task ``order[p]`` (a seeded shuffle per pass over the
+  tasks), or the ``p``-th group of a ``--load-rollouts`` file; the position saved in a checkpoint is
+  the lowest one not yet consumed, so a resumed run redoes at most the groups that were in flight;
+- :meth:`Session.train`: trajectories to a batch (:mod:`sandrl.train.adapter`), then the one
+  :meth:`~sandrl.train.trainer.Trainer.step` both drivers use; metrics to ``metrics.jsonl`` and the
+  progress line; checkpoints every ``checkpoint_every`` steps;
+- :meth:`Session.push_weights`: export the trainer's weights and load them into the inference
+  side, whose next samples then carry the new weight version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import random
+import shutil
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+from rich.console import Console
+
+from sandrl.errors import ConfigError
+from sandrl.inference.base import InferenceClient, SamplingParams
+from sandrl.inference.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
+from sandrl.rollout.agent import Agent, Budget
+from sandrl.rollout.episode import EpisodeConfig
+from sandrl.rollout.jsonl import TrajectoryWriter, iter_jsonl
+from sandrl.rollout.llm_agent import LLMAgent, LLMAgentConfig
+from sandrl.rollout.runner import Group, RolloutRunner, RunnerConfig
+from sandrl.sandbox.base import SandboxProvider
+from sandrl.tasks.task import Task
+from sandrl.train import checkpoint
+from sandrl.train.adapter import batch_from_groups
+from sandrl.train.run_config import RunConfig, save_resolved
+from sandrl.train.trainer import Metrics, Trainer
+
+Item = tuple[int, Group]
+"""A group and its data position."""
+
+
+class GroupSource(Protocol):
+    """Where groups come from: rollouts, or a file of saved ones."""
+
+    limit: int | None
+    """Positions available (None: unbounded)."""
+
+    async def group(self, position: int, group_id: str) -> Group: ...
+
+
+@dataclass
+class RolloutSource:
+    """Runs the group of the task at each data position (seeded shuffle per pass over the tasks)."""
+
+    runner: RolloutRunner
+    tasks: Sequence[Task]
+    seed: int = 0
+    limit: int | None = None
+
+    def task_at(self, position: int) -> Task:
+        epoch, index = divmod(position, len(self.tasks))
+        order = list(range(len(self.tasks)))
+        random.Random(f"sandrl.train:{self.seed}:{epoch}").shuffle(order)
+        return self.tasks[order[index]]
+
+    def group_id(self, position: int, regenerated: int = 0) -> str:
+        suffix = f".r{regenerated}" if regenerated else ""
+        return f"{self.runner.run_id}/{self.task_at(position).id}#{position}{suffix}"
+
+    async def group(self, position: int, group_id: str) -> Group:
+        return await self.runner.run_group(self.task_at(position), group_id)
+
+
+@dataclass
+class FileSource:
+    """The groups of a ``--save-rollouts`` file, in the order their first episode appears."""
+
+    groups: list[Group]
+    limit: int | None = None
+
+    @classmethod
+    def read(cls, path: str | Path) -> FileSource:
+        if not Path(path).is_file():
+            raise ConfigError(f"--load-rollouts {path}: no such file (it is written by a run with save_rollouts)")
+        by_id: dict[str, list[Any]] = {}
+        for trajectory in iter_jsonl(path):
+            by_id.setdefault(trajectory.group_id, []).append(trajectory)
+        groups = [Group(gid, ts[0].task_id, sorted(ts, key=lambda t: t.sample_index)) for gid, ts in by_id.items()]
+        if not groups:
+            raise ConfigError(f"--load-rollouts {path}: the file holds no trajectories")
+        return cls(groups, limit=len(groups))
+
+    def group_id(self, position: int, regenerated: int = 0) -> str:
+        return self.groups[position].group_id
+
+    async def group(self, position: int, group_id: str) -> Group:
+        return self.groups[position]
+
+
+@dataclass
+class Counters:
+    """Running totals over the whole run, in every metrics line."""
+
+    episodes: int = 0
+    infra_errors: int = 0
+    untrainable: int = 0
+    zero_signal_groups: int = 0
+    stale_dropped: int = 0
+    stale_regenerated: int = 0
+
+
+@dataclass
+class Session:
+    """One run's state between the drivers and the parts; see the module docstring."""
+
+    config: RunConfig
+    source: RolloutSource | FileSource
+    trainer: Trainer | None
+    """None with ``--rollout-only``."""
+    policy: InferenceClient | None = None
+    """The inference side weights are pushed to; None when training from a file."""
+    mode: str = "sync"
+    console: Console = field(default_factory=lambda: Console(stderr=True))
+    counters: Counters = field(default_factory=Counters)
+    batches: int = 0
+    """Batches consumed (trained, or recorded with ``--rollout-only``)."""
+    pushed_version: int = 0
+    """The weight version the inference side serves (it starts on the initial weights, version 0)."""
+    _next: int = 0
+    _requeued: collections.deque[int] = field(default_factory=collections.deque)
+    _regenerated: collections.Counter[int] = field(default_factory=collections.Counter)
+    _consumed: set[int] = field(default_factory=set)
+    _low: int = 0
+    _metrics: IO[str] | None = None
+    _last: float = field(default_factory=time.monotonic)
+
+    def __post_init__(self) -> None:
+        out = self.config.output_dir
+        out.mkdir(parents=True, exist_ok=True)
+        self._metrics = (out / "metrics.jsonl").open("a", encoding="utf-8")
+        if self.trainer is not None:
+            self.batches = self.trainer.steps
+            self._next = self._low = self.trainer.data_position
+
+    # -- the data stream ---------------------------------------------------------------------------
+
+    @property
+    def finished(self) -> bool:
+        exhausted = self.source.limit is not None and self._next >= self.source.limit and not self._requeued
+        return self.batches >= self.config.run.steps or (exhausted and not self._in_use())
+
+    def _in_use(self) -> bool:
+        return self._low < self._next
+
+    def next_position(self) -> int | None:
+        """The next data position to roll out (a requeued one first); None when the source is used up."""
+        if self._requeued:
+            return self._requeued.popleft()
+        if self.source.limit is not None and self._next >= self.source.limit:
+            return None
+        self._next += 1
+        return self._next - 1
+
+    async def rollout(self, position: int) -> Item:
+        group_id = self.source.group_id(position, self._regenerated[position])
+        return position, await self.source.group(position, group_id)
+
+    async def collect(self, n: int) -> list[Item]:
+        """``n`` groups rolled out at once (fewer at the end of a file)."""
+        positions = [p for p in (self.next_position() for _ in range(n)) if p is not None]
+        return list(await asyncio.gather(*(self.rollout(p) for p in positions)))
+
+    def consumed(self, position: int) -> None:
+        self._consumed.add(position)
+        while self._low in self._consumed:
+            self._consumed.discard(self._low)
+            self._low += 1
+
+    def stale(self, position: int) -> None:
+        """A group too stale to train: drop it, or run its task again (``async.on_stale``)."""
+        if self.config.async_.on_stale == "regenerate" and isinstance(self.source, RolloutSource):
+            self.counters.stale_regenerated += 1
+            self._regenerated[position] += 1
+            self._requeued.append(position)
+        else:
+            self.counters.stale_dropped += 1
+            self.consumed(position)
+
+    @property
+    def version(self) -> int:
+        """The trainer's weight version (what staleness is measured against)."""
+        return self.trainer.version if self.trainer is not None else self.pushed_version
+
+    # -- the step ---------------------------------------------------------------------------------
+
+    async def train(self, items: Sequence[Item], **extra: float) -> dict[str, Any]:
+        """Train on ``items`` with ``Trainer.step`` (or only record them with ``--rollout-only``); log, checkpoint.
+
+        The step runs in a worker thread, so the event loop (episodes in flight, the async
+        driver's producer) goes on meanwhile; the bookkeeping stays on the loop.
+        """
+        groups = [g.trajectories for _, g in items]
+        adapted = batch_from_groups(groups, scale_rewards=self.config.rollout.scale_rewards)
+        c = self.counters
+        c.episodes += adapted.episodes
+        c.infra_errors += adapted.infra_errors
+        c.untrainable += adapted.untrainable
+        c.zero_signal_groups += adapted.batch.zero_signal_groups
+        trajectories = [t for g in groups for t in g]
+        sampled_by = [t.weight_version for t in trajectories if t.weight_version is not None]
+        staleness = [self.version - v for v in sampled_by]  # measured against the weights the step starts from
+        trained: Metrics = {}
+        if self.trainer is not None:
+            trained = await asyncio.to_thread(self.trainer.step, adapted.batch)
+        self.batches += 1
+        for position, _ in items:
+            self.consumed(position)
+        now = time.monotonic()
+        elapsed, self._last = now - self._last, now
+        model_tokens = sum(sum(t.loss_mask) for t in trajectories)
+        record: dict[str, Any] = {
+            "step": self.batches,
+            "mode": self.mode,
+            "time": time.time(),
+            "data_position": self._low,
+            "weight_version": self.version,
+            "reward_mean": adapted.batch.reward_mean,
+            "pass_rate": sum(bool(t.passed) for t in trajectories) / max(len(trajectories), 1),
+            "tokens_per_s": model_tokens / elapsed if elapsed > 0 else 0.0,
+            "step_s": elapsed,
+            "groups": len(items),
+            "groups_trained": adapted.batch.groups - adapted.batch.zero_signal_groups,
+            "samples_trained": len(adapted.batch.samples),
+            "staleness_hist": {str(k): v for k, v in sorted(collections.Counter(staleness).items())},
+            **{f"total_{k}": v for k, v in vars(c).items()},
+            **extra,
+            **{f"train/{k}": v for k, v in trained.items()},
+        }
+        assert self._metrics is not None
+        self._metrics.write(json.dumps(record) + "\n")
+        self._metrics.flush()
+        self._progress(record)
+        every = self.config.run.checkpoint_every
+        if self.trainer is not None and every and self.batches % every == 0:
+            self.save_checkpoint()
+        return record
+
+    def _progress(self, r: dict[str, Any]) -> None:
+        hist = r["staleness_hist"]
+        stale = max((int(k) for k in hist), default=0)
+        line = (
+            f"step {r['step']}/{self.config.run.steps}  reward {r['reward_mean']:.3f}  pass {r['pass_rate']:.2f}  "
+            f"tok/s {r['tokens_per_s']:.0f}  stale<={stale}  v{r['weight_version']}  "
+            f"trained {r['groups_trained']}/{r['groups']} groups"
+        )
+        if "buffer_fill" in r:
+            line += f"  buffer {r['buffer_fill']:.2f}  idle: trainer {r['trainer_idle_s']:.1f}s"
+            line += f" rollout {r['rollout_idle_s']:.1f}s"
+        self.console.print(line, highlight=False)
+
+    # -- weights and checkpoints --------------------------------------------------------------------
+
+    async def push_weights(self) -> int:
+        """Load the trainer's weights into the inference side (when they changed); the version it now serves."""
+        if self.trainer is None or self.policy is None or self.trainer.version == self.pushed_version:
+            return self.pushed_version
+        from sandrl.inference.engine import Engine
+
+        exported = self.trainer.export_weights(self.config.output_dir / "weights")
+        if isinstance(self.policy, Engine):  # the engine takes the trainer's version as its own
+            await self.policy.update_weights(str(exported.path), version=exported.version)
+        else:
+            await self.policy.update_weights(str(exported.path))
+        self.pushed_version = exported.version
+        for old in sorted(exported.path.parent.glob("weights-v*"))[:-2]:
+            shutil.rmtree(old, ignore_errors=True)
+        return self.pushed_version
+
+    def save_checkpoint(self) -> Path | None:
+        if self.trainer is None:
+            return None
+        self.trainer.data_position = self._low
+        return self.trainer.save_checkpoint(self.config.output_dir / "checkpoints")
+
+    def close(self) -> None:
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
+
+
+# -- putting a session together ----------------------------------------------------------------------
+
+
+def _tasks(config: RunConfig) -> list[Task]:
+    from sandrl.rollout.evaluate import load_task_set
+    from sandrl.tasks.builtin.generated import generate_tasks
+
+    spec = config.tasks
+    if spec.family:
+        root = config.output_dir / "tasks"
+        generate_tasks(root, spec.family, spec.count, spec.seed, overwrite=True)
+        return load_task_set(str(root))
+    return load_task_set(spec.path)
+
+
+def _tokenizer(name: str, trainer: Trainer | None) -> Tokenizer:
+    if trainer is not None and trainer.tokenizer is not None:
+        return trainer.tokenizer
+    if name == "tiny":
+        return ByteTokenizer()
+    tokenizer = load_tokenizer(name)
+    if tokenizer is None:
+        raise ConfigError(f"no tokenizer files in {name}: [model] name must be a checkpoint directory with them")
+    return tokenizer
+
+
+def make_trainer(config: RunConfig) -> Trainer:
+    """The trainer on a fresh copy of ``[model] name``, resumed from the newest checkpoint if ``run.resume``."""
+    from sandrl.inference.model import load_model
+
+    net, tokenizer, _ = load_model(config.model.name)
+    trainer = Trainer(net, config.train, tokenizer=tokenizer)
+    last = checkpoint.latest(config.output_dir / "checkpoints") if config.run.resume else None
+    if last is not None:
+        trainer.load_checkpoint(last)
+    return trainer
+
+
+@contextlib.asynccontextmanager
+async def open_session(
+    config: RunConfig,
+    *,
+    mode: str = "sync",
+    load_rollouts: str | Path | None = None,
+    rollout_only: bool = False,
+    provider: SandboxProvider | None = None,
+    agent: Agent | None = None,
+    console: Console | None = None,
+) -> AsyncIterator[Session]:
+    """A ready session: trainer (resumed), policy with the trainer's weights, sandboxes, the data source.
+
+    With ``load_rollouts`` nothing is started but the trainer: no sandboxes, no inference.
+    ``provider`` and ``agent`` replace the bwrap provider and the LLM agent (tests, custom agents).
+    """
+    if load_rollouts is not None and rollout_only:
+        raise ConfigError("--load-rollouts trains on saved trajectories and --rollout-only collects without training")
+    save_resolved(config)
+    trainer = None if rollout_only else make_trainer(config)
+    extra: dict[str, Any] = {"mode": mode}
+    if console is not None:
+        extra["console"] = console
+    if load_rollouts is not None:
+        assert trainer is not None
+        session = Session(config, FileSource.read(load_rollouts), trainer, **extra)
+        try:
+            yield session
+        finally:
+            session.close()
+        return
+    from sandrl.rollout.evaluate import open_policy
+
+    tasks = _tasks(config)
+    r = config.rollout
+    runner_config = RunnerConfig(
+        concurrency=r.concurrency,
+        group_size=r.group_size,
+        max_attempts=r.max_attempts,
+        run_id=f"{Path(config.run.output_dir).name}",
+        episode=EpisodeConfig(budget=Budget(max_turns=r.max_turns, max_total_tokens=r.max_total_tokens)),
+    )
+    if provider is None:
+        from sandrl.sandbox.bwrap import BwrapProvider
+
+        provider = BwrapProvider()
+    writer = TrajectoryWriter(config.output_dir / "rollouts.jsonl", append=True) if config.run.save_rollouts else None
+    try:
+        async with open_policy(config.model.inference, config.model.name) as policy:
+            if agent is None:
+                sampling = SamplingParams(temperature=r.temperature, max_new_tokens=r.max_new_tokens)
+                agent = LLMAgent(_tokenizer(config.model.name, trainer), LLMAgentConfig(sampling=sampling))
+            runner = RolloutRunner(provider, agent, policy=policy, config=runner_config, writer=writer)
+            source = RolloutSource(runner, tasks, seed=config.run.seed)
+            session = Session(config, source, trainer, policy=policy, **extra)
+            try:
+                await session.push_weights()  # a resumed run serves the checkpoint's weights
+                yield session
+            finally:
+                session.close()
+    finally:
+        if writer is not None:
+            writer.close()

@@ -1,0 +1,305 @@
+"""One run, one TOML file: what ``sandrl train CONFIG`` reads, checks on load and saves resolved.
+
+.. code-block:: toml
+
+    [run]                       # RunSection: where the run writes, how long it trains
+    output_dir = "runs/tiny"    # relative paths are relative to this file
+    steps = 20
+    groups_per_step = 4
+
+    [model]                     # ModelSection
+    name = "tiny"
+
+    [tasks]                     # TasksSection: a task directory, or a generated family
+    family = "echo"
+    count = 32
+
+    [rollout]                   # RolloutSection: groups, budgets, sampling
+    group_size = 4
+
+    [async]                     # AsyncSection: used by --mode async
+    max_staleness = 1
+
+    [train]                     # sandrl.train.config.TrainConfig
+    lr = 1e-5
+
+Every section and key is checked when the file loads: an unknown key, a wrong type or a
+contradiction is a :class:`~sandrl.errors.ConfigError` naming the file, the key and what would
+be valid. :func:`save_resolved` writes every setting, defaults included, as TOML next to the
+checkpoints (``<output_dir>/config.toml``), which :func:`load_run_config` reads back unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from sandrl.errors import ConfigError
+from sandrl.tasks.builtin.generated import FAMILIES
+from sandrl.train.config import TrainConfig, from_mapping
+from sandrl.train.losses import ScaleRewards
+
+Mode = Literal["sync", "async"]
+MODES: tuple[Mode, ...] = ("sync", "async")
+
+
+@dataclass(frozen=True)
+class RunSection:
+    """Where the run writes and how long it trains."""
+
+    output_dir: str = "runs/sandrl"
+    """Checkpoints (``checkpoints/``), ``metrics.jsonl``, ``rollouts.jsonl`` and the resolved ``config.toml``."""
+    mode: Mode = "sync"
+    """The driver when ``--mode`` is not given."""
+    steps: int = 10
+    """Training steps (one ``Trainer.step`` each); with ``--rollout-only``, batches collected."""
+    groups_per_step: int = 4
+    """Groups (tasks) in one step's batch; each holds ``rollout.group_size`` episodes."""
+    seed: int = 0
+    """Seeds the order in which tasks are drawn (a new shuffle every pass over them)."""
+    checkpoint_every: int = 0
+    """Save a checkpoint every this many steps; 0: only at the end. The run resumes from the newest."""
+    save_rollouts: bool = True
+    """Append every trajectory to ``<output_dir>/rollouts.jsonl`` (what ``--load-rollouts`` reads)."""
+    resume: bool = True
+    """Continue from the newest checkpoint under ``<output_dir>/checkpoints`` if there is one."""
+
+    def __post_init__(self) -> None:
+        if not self.output_dir:
+            raise ConfigError("output_dir must name a directory")
+        for name in ("steps", "groups_per_step"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.checkpoint_every < 0:
+            raise ConfigError(f"checkpoint_every must be >= 0 (0: only at the end), got {self.checkpoint_every}")
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    """The policy: what the trainer updates and the inference side serves."""
+
+    name: str = "tiny"
+    """``tiny`` (the built-from-config model) or a local checkpoint directory."""
+    inference: str = "embedded"
+    """``embedded`` (the in-process engine on ``name``) or the URL of a server with SGLang's routes."""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ConfigError("name must be 'tiny' or a checkpoint directory")
+        if self.inference != "embedded" and not self.inference.startswith(("http://", "https://")):
+            raise ConfigError(f"inference must be 'embedded' or an http(s):// URL, got {self.inference!r}")
+
+
+@dataclass(frozen=True)
+class TasksSection:
+    """What the episodes attempt: a task set on disk, or a generated family (exactly one)."""
+
+    path: str = ""
+    """A task directory, a directory of them, a SWE-bench file, or ``builtin``."""
+    family: str = ""
+    """A generated family (:mod:`sandrl.tasks.builtin.generated`), written under ``<output_dir>/tasks``."""
+    count: int = 32
+    """Tasks generated of ``family``."""
+    seed: int = 0
+    """Seed of the generated tasks."""
+
+    def __post_init__(self) -> None:
+        if bool(self.path) == bool(self.family):
+            raise ConfigError(
+                "give exactly one of path (a task directory or 'builtin') and family "
+                f"(one of {', '.join(FAMILIES)}); got path={self.path!r}, family={self.family!r}"
+            )
+        if self.family and self.family not in FAMILIES:
+            raise ConfigError(f"family must be one of {', '.join(FAMILIES)}, got {self.family!r}")
+        if self.count < 1:
+            raise ConfigError(f"count must be >= 1, got {self.count}")
+
+
+@dataclass(frozen=True)
+class RolloutSection:
+    """How episodes are grouped, budgeted and sampled."""
+
+    group_size: int = 4
+    """Episodes per task (GRPO's n); at least 2, or no group could carry a signal."""
+    concurrency: int = 8
+    """Most episodes (and sandboxes) at once."""
+    max_turns: int = 4
+    max_total_tokens: int = 2048
+    max_new_tokens: int = 128
+    """Per model turn."""
+    temperature: float = 1.0
+    max_attempts: int = 3
+    """Attempts per episode on a retryable infra error."""
+    scale_rewards: ScaleRewards = "group"
+    """How advantages are scaled (see :class:`~sandrl.train.losses.LossConfig`)."""
+
+    def __post_init__(self) -> None:
+        if self.group_size < 2:
+            raise ConfigError(f"group_size must be >= 2 (GRPO compares the samples of a task), got {self.group_size}")
+        for name in ("concurrency", "max_turns", "max_total_tokens", "max_new_tokens", "max_attempts"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not math.isfinite(self.temperature) or self.temperature <= 0:
+            raise ConfigError(f"temperature must be > 0 for RL (sampling, not greedy), got {self.temperature!r}")
+        if self.max_new_tokens > self.max_total_tokens:
+            raise ConfigError(
+                f"max_new_tokens ({self.max_new_tokens}) is more than max_total_tokens ({self.max_total_tokens}); "
+                "one turn could never fit"
+            )
+
+
+@dataclass(frozen=True)
+class AsyncSection:
+    """The asynchronous driver: rollouts run ahead of the trainer by at most ``max_staleness`` versions."""
+
+    max_staleness: int = 1
+    """A group sampled by weights more than this many versions behind the trainer's is not trained on.
+    ``groups_per_step x (1 + max_staleness)`` groups are in flight or buffered at once."""
+    on_stale: Literal["drop", "regenerate"] = "drop"
+    """What happens to a too-stale group: ``drop`` it (counted), or ``regenerate`` it (its task runs again)."""
+    update_interval: int = 1
+    """Push the trainer's weights to the inference side every this many steps."""
+
+    def __post_init__(self) -> None:
+        if self.max_staleness < 0:
+            raise ConfigError(f"max_staleness must be >= 0, got {self.max_staleness}")
+        if self.update_interval < 1:
+            raise ConfigError(f"update_interval must be >= 1, got {self.update_interval}")
+        if self.update_interval > self.max_staleness + 1:
+            raise ConfigError(
+                f"update_interval ({self.update_interval}) > max_staleness + 1 ({self.max_staleness + 1}): "
+                "samples would be too stale before new weights arrive; raise max_staleness or push more often"
+            )
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one ``sandrl train`` run takes."""
+
+    run: RunSection = field(default_factory=RunSection)
+    model: ModelSection = field(default_factory=ModelSection)
+    tasks: TasksSection = field(default_factory=lambda: TasksSection(family="echo"))
+    rollout: RolloutSection = field(default_factory=RolloutSection)
+    async_: AsyncSection = field(default_factory=AsyncSection)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    @property
+    def output_dir(self) -> Path:
+        return Path(self.run.output_dir)
+
+    def to_dict(self) -> dict[str, Any]:
+        """TOML-ready (sections as tables, None written ``false``); :func:`from_dict` reads it back."""
+        out: dict[str, Any] = {}
+        for name in _SECTIONS:
+            value = getattr(self, _SECTIONS[name])
+            out[name] = value.to_dict() if isinstance(value, TrainConfig) else dataclasses.asdict(value)
+        return out
+
+
+_SECTIONS: dict[str, str] = {
+    "run": "run",
+    "model": "model",
+    "tasks": "tasks",
+    "rollout": "rollout",
+    "async": "async_",
+    "train": "train",
+}
+_TYPES: dict[str, type[Any]] = {
+    "run": RunSection,
+    "model": ModelSection,
+    "tasks": TasksSection,
+    "rollout": RolloutSection,
+    "async": AsyncSection,
+    "train": TrainConfig,
+}
+
+
+def from_dict(data: Mapping[str, object], *, where: str = "config", base: Path | None = None) -> RunConfig:
+    """A :class:`RunConfig` from parsed TOML; relative paths are resolved against ``base``."""
+    unknown = sorted(str(k) for k in data if k not in _SECTIONS)
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown section(s) {', '.join(unknown)}; valid sections are {', '.join(_SECTIONS)}"
+        )
+    if "tasks" not in data:
+        raise ConfigError(
+            f"{where}: a [tasks] section is required: path = a task directory, or family = one of {', '.join(FAMILIES)}"
+        )
+    values: dict[str, Any] = {}
+    for name, attr in _SECTIONS.items():
+        values[attr] = from_mapping(_TYPES[name], data.get(name, {}), where=f"{where}: [{name}]")
+    config = RunConfig(**values)
+    if base is not None:
+        config = _resolve_paths(config, base)
+    return config
+
+
+def load_run_config(path: str | Path) -> RunConfig:
+    """Read and check the run config at ``path``."""
+    file = Path(path)
+    try:
+        data = tomllib.loads(file.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read the config file {file}: {exc.strerror or exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{file} is not valid TOML: {exc}") from exc
+    return from_dict(data, where=str(file), base=file.resolve().parent)
+
+
+def save_resolved(config: RunConfig, path: str | Path | None = None) -> Path:
+    """Write every setting of ``config`` as TOML (default: ``<output_dir>/config.toml``)."""
+    target = Path(path) if path is not None else config.output_dir / "config.toml"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(
+        "# The resolved config of this run (every default filled in), written by sandrl train.\n"
+        + dumps(config.to_dict())
+    )
+    return target
+
+
+def dumps(data: Mapping[str, Any], prefix: str = "") -> str:
+    """Nested dicts of strings, numbers and booleans as TOML (enough for config files)."""
+    lines = [f"{key} = {_value(value)}" for key, value in data.items() if not isinstance(value, Mapping)]
+    out = "\n".join(lines) + ("\n" if lines else "")
+    for key, value in data.items():
+        if isinstance(value, Mapping):
+            name = f"{prefix}{key}"
+            out += f"\n[{name}]\n" + dumps(value, f"{name}.")
+    return out
+
+
+def _value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return "inf" if value > 0 else ("-inf" if value < 0 else "nan")
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_value(v) for v in value) + "]"
+    raise ConfigError(f"cannot write {type(value).__name__} {value!r} to TOML")
+
+
+def _resolve_paths(config: RunConfig, base: Path) -> RunConfig:
+    def absolute(path: str) -> str:
+        return str(base / path) if path and path != "builtin" and not Path(path).is_absolute() else path
+
+    model = config.model
+    if model.name != "tiny" and (base / model.name).exists():
+        model = dataclasses.replace(model, name=absolute(model.name))
+    return dataclasses.replace(
+        config,
+        run=dataclasses.replace(config.run, output_dir=absolute(config.run.output_dir)),
+        tasks=dataclasses.replace(config.tasks, path=absolute(config.tasks.path)),
+        model=model,
+    )
