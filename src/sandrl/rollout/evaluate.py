@@ -150,17 +150,21 @@ async def evaluate(
         from sandrl.sandbox.bwrap import BwrapProvider
 
         provider = BwrapProvider()
-    budget = Budget(max_turns=config.max_turns, max_total_tokens=config.max_total_tokens)
-    runner_config = RunnerConfig(
-        concurrency=config.concurrency,
-        group_size=config.samples,
-        max_attempts=config.max_attempts,
-        run_id=config.run_id,
-        episode=EpisodeConfig(budget=budget),
-    )
     writer = TrajectoryWriter(config.out) if config.out is not None else None
     try:
         async with open_policy(config.inference if config.agent == "llm" else None, config.model) as policy:
+            # A conversation longer than the model's context cannot be generated from: the token
+            # budget ends the episode as truncated there instead of failing the next turn.
+            context = getattr(policy, "max_context", None)
+            max_total = min(config.max_total_tokens, context) if isinstance(context, int) else config.max_total_tokens
+            budget = Budget(max_turns=config.max_turns, max_total_tokens=max_total)
+            runner_config = RunnerConfig(
+                concurrency=config.concurrency,
+                group_size=config.samples,
+                max_attempts=config.max_attempts,
+                run_id=config.run_id,
+                episode=EpisodeConfig(budget=budget),
+            )
             agent = make_agent(config, policy)
             runner = RolloutRunner(provider, agent, policy=policy, config=runner_config, writer=writer)
             result = await runner.run(tasks, progress=progress)
