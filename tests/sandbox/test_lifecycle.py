@@ -136,5 +136,5 @@ async def test_200_create_close_cycles_leak_nothing(provider: BwrapProvider) -> 
     assert _fds() == fds
     assert set(provider.state.records()) == records
     assert set(provider.cgroups.stale_groups()) == groups
-    assert provider.state.sandbox_processes(uids) == []
+    assert provider.state.leaked_processes(uids) == []
     assert not provider.live

@@ -158,3 +158,17 @@ class StateDir:
             except OSError:
                 continue
         return found
+
+    def leaked_processes(self, uids: set[int]) -> list[int]:
+        """Processes of these sandbox root uids whose slot no live sandbox holds: leftovers of a
+        closed sandbox (a freed slot may already belong to a new sandbox, whose processes are not)."""
+        leaked = []
+        for pid in self.sandbox_processes(uids):
+            try:
+                with open(f"/proc/{pid}/status") as f:
+                    uid = next(int(line.split()[1]) for line in f if line.startswith("Uid:"))
+            except (OSError, StopIteration):
+                continue
+            if self.slot_owner((uid - self.uid_base) // UID_RANGE) is None:
+                leaked.append(pid)
+        return leaked
