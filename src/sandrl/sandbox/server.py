@@ -34,6 +34,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from sandrl import __version__
 from sandrl.errors import SandboxFileError, SandrlError
 from sandrl.sandbox.base import SandboxProvider
+from sandrl.sandbox.e2b import mount as mount_e2b
 from sandrl.sandbox.service import SandboxService, ServiceConfig
 from sandrl.sandbox.service_api import API_PREFIX, Health
 from sandrl.sandbox.service_auth import BearerAuth, BodyLimit, bind_host, load_token
@@ -130,6 +131,7 @@ def create_app(service: SandboxService, *, token: str | None) -> FastAPI:
 
     app.add_middleware(BodyLimit, limit_for=limit_for)
     app.add_middleware(BearerAuth, token=token, on_refused=lambda code: failures.labels(code).inc())
+    mount_e2b(app, service, token=token)  # last: its gateway goes in front of the bearer auth
     return app
 
 
