@@ -21,14 +21,11 @@ runs it in a thread on a free port, for tests and for embedding in one process.
 from __future__ import annotations
 
 import asyncio
-import socket
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import uvicorn
@@ -38,6 +35,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from sandrl.background_server import BackgroundServer as BackgroundServer
 from sandrl.errors import ConfigError, SandrlError
 from sandrl.inference.base import Generation, SamplingParams
 from sandrl.inference.engine import Engine, EngineConfig
@@ -233,47 +231,6 @@ def serve(
         uvicorn.run(app, host=host, port=port, log_level=log_level, ws="none")
     finally:
         engine.close()
-
-
-class BackgroundServer:
-    """Serve an app with uvicorn in a daemon thread on a free port of 127.0.0.1 (or the one given)."""
-
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind((host, port))
-        self.host, self.port = self._sock.getsockname()[:2]
-        config = uvicorn.Config(app, log_level="warning", ws="none", lifespan="on")
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    def start(self, timeout_s: float = 30.0) -> BackgroundServer:
-        self._thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"the inference server on {self.url} did not start within {timeout_s:g} s")
-            time.sleep(0.01)
-        return self
-
-    def stop(self) -> None:
-        self._server.should_exit = True
-        if self._thread.is_alive():
-            self._thread.join(timeout=30)
-        self._sock.close()
-
-    def __enter__(self) -> BackgroundServer:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
 
 def _sglang_params(sp: dict[str, Any], top_logprobs: int) -> SamplingParams:
