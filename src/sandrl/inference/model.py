@@ -23,6 +23,10 @@ import transformers
 from sandrl.errors import ConfigError, InferenceError
 from sandrl.inference.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 
+# Weights are saved and loaded on every policy update; transformers' per-call progress bars
+# ("Writing model shards", "Loading weights") would flood the trainer's own progress display.
+transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+
 TINY = "tiny"
 """The model name that builds :class:`TinyModelConfig`'s model instead of loading a checkpoint."""
 
