@@ -67,7 +67,7 @@ async def run_demo(console: Console) -> None:
         _show(
             console,
             "pids limit: a fork bomb, stopped by a 2 s timeout",
-            await sandbox.exec("bomb() { bomb | bomb & }; bomb; sleep 10", timeout_s=2),
+            await sandbox.exec("sleep 10 & s=$!; bomb() { bomb | bomb & }; bomb; wait $s", timeout_s=2),
         )
         _show(console, "and the sandbox is still fine", await sandbox.exec("echo alive; ps -e --no-headers | wc -l"))
         _show(

@@ -25,7 +25,10 @@ async def test_memory_hog_is_oom_killed_inside(provider: BwrapProvider) -> None:
 
 async def test_fork_bomb_is_contained_and_host_stays_responsive(provider: BwrapProvider) -> None:
     async with await provider.create(SandboxSpec(pids=64, cpus=0.5)) as sb:
-        bomb = asyncio.create_task(sb.exec("bomb() { bomb | bomb & }; bomb; sleep 30", timeout_s=4))
+        # The root shell starts its sleep before the bomb and then only waits (a builtin): with no
+        # fork left it must still live until the timeout, which then kills the whole tree under it.
+        command = "sleep 30 & s=$!; bomb() { bomb | bomb & }; bomb; wait $s"
+        bomb = asyncio.create_task(sb.exec(command, timeout_s=4))
         await asyncio.sleep(1.5)
         assert sb.stats().pids <= 64
         t = time.perf_counter()
