@@ -15,29 +15,13 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from sandrl.errors import InvalidTaskError
+from sandrl.toml_config import type_name as type_name
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class TaskWarning(UserWarning):
     """A task loaded, but something in it is ignored or cannot be honoured here."""
-
-
-def type_name(value: object) -> str:
-    """How a value's type is called in the file's own terms."""
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list | tuple):
-        return "a list"
-    if isinstance(value, Mapping):
-        return "a table"
-    return "null" if value is None else type(value).__name__
 
 
 def warn(file: Path, message: str) -> None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import tomllib
 import types
 import typing
 from collections.abc import Mapping
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from sandrl.errors import ConfigError
+from sandrl.toml_config import read_toml, type_name
 from sandrl.train.losses import LossConfig
 
 T = TypeVar("T")
@@ -96,12 +96,7 @@ class TrainConfig:
     def from_toml(cls, path: str | Path, *, table: str = "train") -> TrainConfig:
         """Read the ``[table]`` of a TOML file (all defaults if the file has no such table)."""
         file = Path(path)
-        try:
-            data = tomllib.loads(file.read_text())
-        except OSError as exc:
-            raise ConfigError(f"cannot read the config file {file}: {exc.strerror or exc}") from exc
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{file} is not valid TOML: {exc}") from exc
+        data = read_toml(file)
         section = data.get(table, {})
         return from_mapping(cls, section, where=f"{file}: [{table}]")
 
@@ -113,7 +108,7 @@ class TrainConfig:
 def from_mapping(cls: type[T], table: object, *, where: str) -> T:
     """An instance of the config dataclass ``cls`` from ``table``, type-checked key by key."""
     if not isinstance(table, Mapping):
-        raise ConfigError(f"{where} must be a table of keys, got {_type_name(table)}")
+        raise ConfigError(f"{where} must be a table of keys, got {type_name(table)}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(str(k) for k in table if k not in fields)
@@ -145,37 +140,21 @@ def _convert(hint: Any, raw: object, label: str, subtable: str) -> Any:
             return _convert(args[0], raw, label, subtable)
     if hint is bool:
         if not isinstance(raw, bool):
-            raise ConfigError(f"{label} must be true or false, got {_type_name(raw)}")
+            raise ConfigError(f"{label} must be true or false, got {type_name(raw)}")
         return raw
     if hint is int:
         if isinstance(raw, bool) or not isinstance(raw, int):
-            raise ConfigError(f"{label} must be an integer, got {_type_name(raw)} {raw!r}")
+            raise ConfigError(f"{label} must be an integer, got {type_name(raw)} {raw!r}")
         return raw
     if hint is float:
         if isinstance(raw, bool) or not isinstance(raw, int | float):
-            raise ConfigError(f"{label} must be a number, got {_type_name(raw)} {raw!r}")
+            raise ConfigError(f"{label} must be a number, got {type_name(raw)} {raw!r}")
         return float(raw)
     if hint is str:
         if not isinstance(raw, str):
-            raise ConfigError(f"{label} must be a string, got {_type_name(raw)} {raw!r}")
+            raise ConfigError(f"{label} must be a string, got {type_name(raw)} {raw!r}")
         return raw
     raise ConfigError(f"{label}: values of type {hint} cannot be read from a config file")  # pragma: no cover
-
-
-def _type_name(value: object) -> str:
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, Mapping):
-        return "a table"
-    return type(value).__name__
 
 
 def _none_as_false(data: dict[str, Any]) -> dict[str, Any]:

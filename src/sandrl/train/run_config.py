@@ -34,7 +34,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +41,7 @@ from typing import Any, Literal
 
 from sandrl.errors import ConfigError
 from sandrl.tasks.builtin.generated import FAMILIES
+from sandrl.toml_config import read_toml
 from sandrl.train.config import TrainConfig, from_mapping
 from sandrl.train.losses import ScaleRewards
 
@@ -243,12 +243,7 @@ def from_dict(data: Mapping[str, object], *, where: str = "config", base: Path |
 def load_run_config(path: str | Path) -> RunConfig:
     """Read and check the run config at ``path``."""
     file = Path(path)
-    try:
-        data = tomllib.loads(file.read_text())
-    except OSError as exc:
-        raise ConfigError(f"cannot read the config file {file}: {exc.strerror or exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{file} is not valid TOML: {exc}") from exc
+    data = read_toml(file)
     return from_dict(data, where=str(file), base=file.resolve().parent)
 
 
