@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .sandbox.conftest import needs_sandbox
+from .support import needs_sandbox
 
 SANDRL = Path(sys.executable).with_name("sandrl")
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import copy
-import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,17 +13,7 @@ from sandrl.bench.breakdown import EpisodeBreakdown, KvUsage, episodes_section
 from sandrl.bench.projection import projection_section
 from sandrl.sandbox.bwrap import BwrapProvider
 
-
-def _why_not_runnable() -> str | None:
-    if os.geteuid() != 0:
-        return "the bwrap backend needs root"
-    if shutil.which("bwrap") is None:
-        return "bubblewrap is not installed (apt-get install bubblewrap)"
-    return None
-
-
-REASON = _why_not_runnable()
-needs_sandbox = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+from ..support import REASON
 
 
 @pytest.fixture(scope="session")

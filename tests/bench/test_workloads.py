@@ -14,7 +14,7 @@ from sandrl.errors import ConfigError
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider
 
-from .conftest import needs_sandbox
+from ..support import needs_sandbox
 
 
 def _tree_digest(root: Path) -> str:

@@ -6,9 +6,7 @@ at the one server, ``E2B_API_KEY`` its token.
 
 from __future__ import annotations
 
-import os
 import secrets
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -18,16 +16,8 @@ from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.sandbox.server import BackgroundServer, create_app
 from sandrl.sandbox.service import SandboxService, ServiceConfig
 
+from ..support import REASON
 
-def _why_not_runnable() -> str | None:
-    if os.geteuid() != 0:
-        return "the bwrap backend needs root"
-    if shutil.which("bwrap") is None:
-        return "bubblewrap is not installed (apt-get install bubblewrap)"
-    return None
-
-
-REASON = _why_not_runnable()
 TOKEN = secrets.token_hex(24)
 
 

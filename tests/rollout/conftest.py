@@ -8,8 +8,6 @@ wraps the real provider to see (or refuse) what is created.
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,16 +25,7 @@ from sandrl.tasks import Task, load_task, load_tasks
 from sandrl.tasks.builtin import SUITE_DIR
 from sandrl.tasks.builtin.generated import generate_tasks
 
-
-def _why_not_runnable() -> str | None:
-    if os.geteuid() != 0:
-        return "the bwrap backend needs root"
-    if shutil.which("bwrap") is None:
-        return "bubblewrap is not installed (apt-get install bubblewrap)"
-    return None
-
-
-REASON = _why_not_runnable()
+from ..support import REASON
 
 
 @pytest.fixture(scope="session")

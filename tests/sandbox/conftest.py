@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -12,17 +10,7 @@ import pytest
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider, BwrapSandbox
 
-
-def _why_not_runnable() -> str | None:
-    if os.geteuid() != 0:
-        return "the bwrap backend needs root"
-    if shutil.which("bwrap") is None:
-        return "bubblewrap is not installed (apt-get install bubblewrap)"
-    return None
-
-
-REASON = _why_not_runnable()
-needs_sandbox = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+from ..support import REASON
 
 
 @pytest.fixture(scope="session")

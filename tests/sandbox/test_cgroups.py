@@ -11,7 +11,7 @@ from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.sandbox.cgroups import CgroupManager
 
-from .conftest import needs_sandbox
+from ..support import needs_sandbox
 
 
 def _fake_v2(root: Path, controllers: str = "cpu memory pids") -> Path:

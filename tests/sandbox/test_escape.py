@@ -13,7 +13,7 @@ import pytest
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider, BwrapSandbox
 
-from .conftest import needs_sandbox
+from ..support import needs_sandbox
 
 pytestmark = needs_sandbox
 

@@ -13,7 +13,7 @@ from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.sandbox.images import ImageStore
 
-from .conftest import needs_sandbox
+from ..support import needs_sandbox
 
 
 def _tiny_rootfs(root: Path) -> Path:

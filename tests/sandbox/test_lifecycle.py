@@ -17,7 +17,7 @@ from sandrl.errors import SandboxClosedError
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider
 
-from .conftest import needs_sandbox
+from ..support import needs_sandbox
 
 pytestmark = needs_sandbox
 

@@ -12,7 +12,7 @@ from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.sandbox.pool import PooledProvider
 
-from .conftest import needs_sandbox
+from ..support import needs_sandbox
 
 pytestmark = needs_sandbox
 

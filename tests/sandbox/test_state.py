@@ -10,7 +10,7 @@ from sandrl.errors import SandboxError, SandboxFileError
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider, BwrapSandbox
 
-from .conftest import needs_sandbox
+from ..support import needs_sandbox
 
 pytestmark = needs_sandbox
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import secrets
-import shutil
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -17,17 +15,8 @@ from sandrl.sandbox.client import ClientConfig, RemoteProvider
 from sandrl.sandbox.server import BackgroundServer, create_app
 from sandrl.sandbox.service import SandboxService, ServiceConfig
 
+from ..support import REASON
 
-def _why_not_runnable() -> str | None:
-    if os.geteuid() != 0:
-        return "the bwrap backend needs root"
-    if shutil.which("bwrap") is None:
-        return "bubblewrap is not installed (apt-get install bubblewrap)"
-    return None
-
-
-REASON = _why_not_runnable()
-needs_sandbox = pytest.mark.skipif(REASON is not None, reason=REASON or "")
 TOKEN = secrets.token_hex(24)
 
 

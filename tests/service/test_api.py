@@ -25,7 +25,8 @@ from sandrl.errors import (
 from sandrl.sandbox.base import ExecResult, OutputChunk, Sandbox, SandboxProvider, SandboxSpec
 from sandrl.sandbox.client import RemoteProvider, RemoteSandbox
 
-from .conftest import Served, needs_sandbox
+from ..support import needs_sandbox
+from .conftest import Served
 
 pytestmark = needs_sandbox
 

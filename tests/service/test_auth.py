@@ -12,7 +12,8 @@ from sandrl.errors import ConfigError
 from sandrl.sandbox.client import RemoteProvider
 from sandrl.sandbox.service_auth import bind_host, load_token
 
-from .conftest import TOKEN, Served, needs_sandbox
+from ..support import needs_sandbox
+from .conftest import TOKEN, Served
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from rich.console import Console
 
 from sandrl.bench.service import run
 
-from .conftest import needs_sandbox
+from ..support import needs_sandbox
 
 pytestmark = needs_sandbox
 

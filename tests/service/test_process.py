@@ -23,7 +23,8 @@ from sandrl.sandbox.cgroups import CgroupManager
 from sandrl.sandbox.client import ClientConfig, RemoteProvider
 from sandrl.sandbox.state import StateDir
 
-from .conftest import TOKEN, needs_sandbox
+from ..support import needs_sandbox
+from .conftest import TOKEN
 
 pytestmark = needs_sandbox
 

@@ -15,7 +15,8 @@ from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.sandbox.server import create_app
 from sandrl.sandbox.service import SandboxService, ServiceConfig
 
-from .conftest import Served, needs_sandbox, serving
+from ..support import needs_sandbox
+from .conftest import Served, serving
 
 pytestmark = needs_sandbox
 

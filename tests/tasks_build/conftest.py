@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,18 +10,10 @@ import pytest
 
 from sandrl.sandbox.bwrap import BwrapProvider
 
+from ..support import REASON as SANDBOX_REASON
 
-def _why_not_runnable() -> str | None:
-    if os.geteuid() != 0:
-        return "the bwrap backend needs root"
-    if shutil.which("bwrap") is None:
-        return "bubblewrap is not installed (apt-get install bubblewrap)"
-    if shutil.which("nsenter") is None:
-        return "nsenter (util-linux) is not installed"
-    return None
-
-
-REASON = _why_not_runnable()
+# Exporting a build step's layer also needs nsenter.
+REASON = SANDBOX_REASON or (None if shutil.which("nsenter") else "nsenter (util-linux) is not installed")
 
 
 @pytest.fixture(scope="session")

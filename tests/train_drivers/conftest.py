@@ -8,8 +8,6 @@ sandbox, verifier, engine, trainer and drivers are all real.
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,13 +26,7 @@ from sandrl.tasks.task import Task
 from sandrl.tasks.verify import run_solution
 from sandrl.train.run_config import RunConfig, from_dict
 
-
-def _why_not_runnable() -> str | None:
-    if os.geteuid() != 0:
-        return "the bwrap backend needs root"
-    if shutil.which("bwrap") is None:
-        return "bubblewrap is not installed (apt-get install bubblewrap)"
-    return None
+from ..support import REASON
 
 
 @pytest.fixture(autouse=True)
@@ -47,9 +39,8 @@ def one_thread() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BwrapProvider]:
-    reason = _why_not_runnable()
-    if reason is not None:
-        pytest.skip(reason)
+    if REASON is not None:
+        pytest.skip(REASON)
     p = BwrapProvider(tmp_path_factory.mktemp("driver-state"))
     yield p
     p._close_all_sync()
