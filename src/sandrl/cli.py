@@ -29,12 +29,33 @@ app.add_typer(images_app, name="images")
 err_console = Console(stderr=True)
 
 
-@app.command()
-def demo() -> None:
-    """Run the main job end to end on the embedded defaults."""
-    from sandrl.demo import main as demo_main
+demo_app = typer.Typer(help="The main job end to end on the embedded defaults.")
+app.add_typer(demo_app, name="demo")
 
-    demo_main()
+
+@demo_app.callback(invoke_without_command=True)
+def demo(
+    ctx: typer.Context,
+    out: Path = typer.Option(Path("runs/demo"), help="Where the run is written (emptied first)."),
+    seed: int = typer.Option(0, help="Seeds the tasks, the model, the warm start and the RL run."),
+    rl_steps: int | None = typer.Option(None, help="GRPO steps (default: the demo's)."),
+) -> None:
+    """Warm-start a tiny model, train it with GRPO in async mode on real sandboxes, show it learned."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from sandrl.demo.learn import DemoConfig
+    from sandrl.demo.learn import main as learn_main
+
+    defaults = DemoConfig()
+    learn_main(DemoConfig(out=out, seed=seed, rl_steps=defaults.rl_steps if rl_steps is None else rl_steps))
+
+
+@demo_app.command("sandbox")
+def demo_sandbox() -> None:
+    """One sandbox: commands, files in and out, limits enforced, closed without a trace."""
+    from sandrl.demo.sandbox import main as sandbox_main
+
+    sandbox_main()
 
 
 @sandbox_app.command(

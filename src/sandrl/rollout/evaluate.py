@@ -27,7 +27,7 @@ from sandrl.inference.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 from sandrl.rollout.agent import Agent, Budget
 from sandrl.rollout.episode import EpisodeConfig
 from sandrl.rollout.jsonl import TrajectoryWriter
-from sandrl.rollout.llm_agent import LLMAgent, LLMAgentConfig
+from sandrl.rollout.llm_agent import SYSTEM_PROMPT, LLMAgent, LLMAgentConfig
 from sandrl.rollout.runner import RolloutRunner, RunnerConfig, RunResult
 from sandrl.rollout.scripted import DEFAULT_REPLAY, NullAgent, OracleAgent, ReplayAgent, ThinkTime
 from sandrl.rollout.summary import print_summary
@@ -64,6 +64,8 @@ class EvalConfig:
     """The replay agent's emulated model time per turn, low and high."""
     run_id: str | None = None
     max_attempts: int = 3
+    system_prompt: str = SYSTEM_PROMPT
+    """The LLM agent's system prompt (the one the policy was trained with)."""
 
     def __post_init__(self) -> None:
         if self.agent not in AGENTS:
@@ -134,7 +136,9 @@ def make_agent(config: EvalConfig, policy: InferenceClient | None) -> Agent:
         return ReplayAgent(list(config.replay), ThinkTime(round(low * 100), round(high * 100), 100.0))
     assert policy is not None
     sampling = SamplingParams(temperature=config.temperature, max_new_tokens=config.max_new_tokens)
-    return LLMAgent(_tokenizer(config.model, policy), LLMAgentConfig(sampling=sampling))
+    return LLMAgent(
+        _tokenizer(config.model, policy), LLMAgentConfig(sampling=sampling, system_prompt=config.system_prompt)
+    )
 
 
 async def evaluate(

@@ -35,7 +35,7 @@ from sandrl.inference.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 from sandrl.rollout.agent import Agent, Budget
 from sandrl.rollout.episode import EpisodeConfig
 from sandrl.rollout.jsonl import TrajectoryWriter, iter_jsonl
-from sandrl.rollout.llm_agent import LLMAgent, LLMAgentConfig
+from sandrl.rollout.llm_agent import SYSTEM_PROMPT, LLMAgent, LLMAgentConfig
 from sandrl.rollout.runner import Group, RolloutRunner, RunnerConfig
 from sandrl.sandbox.base import SandboxProvider
 from sandrl.tasks.task import Task
@@ -386,7 +386,8 @@ async def open_session(
         async with open_policy(config.model.inference, config.model.name) as policy:
             if agent is None:
                 sampling = SamplingParams(temperature=r.temperature, max_new_tokens=r.max_new_tokens)
-                agent = LLMAgent(_tokenizer(config.model.name, trainer), LLMAgentConfig(sampling=sampling))
+                agent_config = LLMAgentConfig(sampling=sampling, system_prompt=r.system_prompt or SYSTEM_PROMPT)
+                agent = LLMAgent(_tokenizer(config.model.name, trainer), agent_config)
             runner = RolloutRunner(provider, agent, policy=policy, config=runner_config, writer=writer)
             source = RolloutSource(runner, tasks, seed=config.run.seed)
             session = Session(config, source, trainer, policy=policy, **extra)

@@ -138,6 +138,9 @@ class RolloutSection:
     """Attempts per episode on a retryable infra error."""
     scale_rewards: ScaleRewards = "group"
     """How advantages are scaled (see :class:`~sandrl.train.losses.LossConfig`)."""
+    system_prompt: str = ""
+    """The LLM agent's system prompt; empty: :data:`~sandrl.rollout.llm_agent.SYSTEM_PROMPT`. A small
+    model with a short context trains faster on a short one; it must be the one it was warm-started on."""
 
     def __post_init__(self) -> None:
         if self.group_size < 2:

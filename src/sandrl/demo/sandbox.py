@@ -1,7 +1,7 @@
-"""``sandrl demo``: the main job end to end on the embedded defaults.
+"""``sandrl demo sandbox``: one sandbox, its commands, files and enforced limits.
 
-Until the trainer lands this is the sandbox demo: create a sandbox, run commands in it,
-move files in and out, show its limits being enforced, and close it without a trace.
+Create a sandbox, run commands in it, move files in and out, show its limits being enforced,
+and close it without a trace.
 """
 
 from __future__ import annotations

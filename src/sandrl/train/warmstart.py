@@ -1,0 +1,126 @@
+"""Supervised warm start: teach a policy the agent's format from the tasks' reference solutions.
+
+A randomly initialised policy never writes a fenced bash block, so every episode scores 0 and
+GRPO has no signal. The warm start fine-tunes it on *demonstrations*: for each task with a
+reference solution, the agent's exact prompt (system prompt, instruction, assistant prefix)
+followed by the solution's commands as one ```bash block and the end of the turn. The loss is
+the masked cross-entropy of :meth:`~sandrl.train.trainer.Trainer.sft_step` on the reply only.
+
+The demonstration is the one-turn transcript the :class:`~sandrl.rollout.scripted.OracleAgent`
+would produce if it typed its solution into the shell instead of uploading the script; its
+tokens are built by the same :class:`~sandrl.rollout.chat.ChatFormat` the LLM agent uses, so
+what the policy learns to continue is byte for byte what it is shown in an episode.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sandrl.errors import ConfigError, TaskError
+from sandrl.inference.model import TinyModelConfig, build_tiny_model, save_weights
+from sandrl.inference.tokenizer import Tokenizer
+from sandrl.rollout.chat import ChatFormat
+from sandrl.tasks.task import Task
+from sandrl.train.batch import TrainSample
+from sandrl.train.config import TrainConfig
+from sandrl.train.trainer import Metrics, Trainer
+
+_PREAMBLE = ("#!", "set -e", "set -u", "set -o", "set -euo")
+
+
+def solution_command(task: Task) -> str:
+    """The commands of ``task``'s reference solution, without its shebang and ``set -e...`` preamble."""
+    script = task.solution.script if task.solution is not None else None
+    if script is None or not script.is_file():
+        raise TaskError(f"task {task.id} has no reference solution script to demonstrate; give it a solution/solve.sh")
+    lines = script.read_text(encoding="utf-8").splitlines()
+    while lines and (not lines[0].strip() or lines[0].lstrip().startswith(_PREAMBLE)):
+        lines.pop(0)
+    body = "\n".join(lines).strip()
+    if not body:
+        raise TaskError(f"task {task.id}: its solution script has no commands after the preamble")
+    return body
+
+
+def demonstration(task: Task, chat: ChatFormat, system_prompt: str) -> TrainSample:
+    """The one-turn episode that solves ``task``: prompt (mask 0), then the solution as a bash block (mask 1)."""
+    prompt = chat.prompt_ids(system_prompt, task.instruction)
+    reply = chat.encode(f"```bash\n{solution_command(task)}\n```") + chat.close_ids()
+    return TrainSample(
+        token_ids=(*prompt, *reply),
+        loss_mask=(0,) * len(prompt) + (1,) * len(reply),
+        group_id=task.id,
+        episode_id=f"demo/{task.id}",
+    )
+
+
+@dataclass(frozen=True)
+class WarmStartConfig:
+    """How long and how hard the warm start trains, and the shape of the model it starts from."""
+
+    steps: int = 400
+    """Supervised updates."""
+    batch_size: int = 16
+    """Demonstrations per update, drawn without replacement within a pass over them."""
+    lr: float = 3e-3
+    warmup_steps: int = 10
+    seed: int = 0
+    """Seeds the order of the demonstrations (``tiny.seed`` seeds the model's initialisation)."""
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+    """The shape of the model built from a config."""
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.batch_size < 1:
+            raise ConfigError(f"warm start steps and batch_size must be >= 1, got {self.steps} and {self.batch_size}")
+
+
+def batches(samples: Sequence[TrainSample], batch_size: int, steps: int, seed: int) -> list[list[TrainSample]]:
+    """``steps`` batches of ``samples``: seeded shuffles, each sample once per pass."""
+    if not samples:
+        raise ConfigError("the warm start needs at least one demonstration")
+    rng = random.Random(f"sandrl.warmstart:{seed}")
+    order: list[int] = []
+    out = []
+    for _ in range(steps):
+        batch: list[TrainSample] = []
+        while len(batch) < min(batch_size, len(samples)):
+            if not order:
+                order = list(range(len(samples)))
+                rng.shuffle(order)
+            batch.append(samples[order.pop()])
+        out.append(batch)
+    return out
+
+
+def warm_start(
+    tasks: Sequence[Task],
+    out: str | Path,
+    *,
+    system_prompt: str,
+    config: WarmStartConfig | None = None,
+    on_step: Callable[[int, Metrics], None] | None = None,
+) -> tuple[Path, list[float]]:
+    """Build the tiny model, fine-tune it on ``tasks``' demonstrations, save it to ``out``.
+
+    Returns the checkpoint directory (loadable by the engine and the trainer as ``[model] name``)
+    and the loss of every step. ``on_step(step, metrics)`` is called after each update.
+    """
+    cfg = config or WarmStartConfig()
+    model, tokenizer = build_tiny_model(cfg.tiny)
+    trainer = Trainer(model, TrainConfig(lr=cfg.lr, warmup_steps=cfg.warmup_steps), tokenizer=tokenizer)
+    samples = demonstrations(tasks, tokenizer, system_prompt)
+    losses = []
+    for step, batch in enumerate(batches(samples, cfg.batch_size, cfg.steps, cfg.seed), start=1):
+        metrics = trainer.sft_step(batch)
+        losses.append(float(metrics["loss"]))
+        if on_step is not None:
+            on_step(step, metrics)
+    return save_weights(trainer.model.eval(), out, tokenizer), losses
+
+
+def demonstrations(tasks: Sequence[Task], tokenizer: Tokenizer, system_prompt: str) -> list[TrainSample]:
+    chat = ChatFormat(tokenizer)
+    return [demonstration(task, chat, system_prompt) for task in tasks]

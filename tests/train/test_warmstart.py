@@ -1,0 +1,81 @@
+"""The warm start: demonstrations built from reference solutions, seeded batches, a model that learns them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sandrl.errors import ConfigError, TaskError
+from sandrl.inference.model import TinyModelConfig, load_model
+from sandrl.inference.tokenizer import ByteTokenizer
+from sandrl.rollout.actions import parse_action
+from sandrl.rollout.chat import ChatFormat
+from sandrl.tasks.builtin.generated import generate_tasks
+from sandrl.tasks.loader import load_task
+from sandrl.tasks.task import Task
+from sandrl.train.warmstart import WarmStartConfig, batches, demonstration, solution_command, warm_start
+
+TINY = TinyModelConfig(
+    hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64, max_position_embeddings=256
+)
+
+
+def _tasks(tmp_path: Path, n: int = 4) -> list[Task]:
+    return [load_task(d) for d in generate_tasks(tmp_path / "tasks", "echo", n, seed=3)]
+
+
+def test_solution_command_drops_the_preamble_and_keeps_the_commands(tmp_path: Path) -> None:
+    task = _tasks(tmp_path, 1)[0]
+    assert task.solution is not None and task.solution.script is not None
+    task.solution.script.write_text("#!/bin/bash\n\nset -euo pipefail\ncd /workspace\nprintf x > answer.txt\n")
+    assert solution_command(task) == "cd /workspace\nprintf x > answer.txt"
+
+
+def test_a_task_without_a_solution_is_refused_with_what_to_add(tmp_path: Path) -> None:
+    task = _tasks(tmp_path, 1)[0]
+    assert task.solution is not None and task.solution.script is not None
+    task.solution.script.unlink()
+    with pytest.raises(TaskError, match=r"solve\.sh"):
+        solution_command(task)
+    task.solution.script.write_text("#!/bin/sh\nset -e\n")
+    with pytest.raises(TaskError, match="no commands"):
+        solution_command(task)
+
+
+def test_a_demonstration_is_the_agent_prompt_then_the_solution_as_one_bash_block(tmp_path: Path) -> None:
+    task = _tasks(tmp_path, 1)[0]
+    chat = ChatFormat(ByteTokenizer())
+    sample = demonstration(task, chat, "SYS")
+    prompt = chat.prompt_ids("SYS", task.instruction)
+    assert sample.token_ids[: len(prompt)] == tuple(prompt)
+    assert sample.loss_mask == (0,) * len(prompt) + (1,) * (len(sample.token_ids) - len(prompt))
+    reply = ByteTokenizer().decode(list(sample.token_ids[len(prompt) :]))
+    action = parse_action(reply)
+    assert action.command == solution_command(task)
+
+
+def test_batches_visit_every_demonstration_once_per_pass_in_a_seeded_order(tmp_path: Path) -> None:
+    items = list(range(10))
+    got = batches(items, 4, 5, seed=1)  # type: ignore[arg-type]
+    flat = [x for b in got for x in b]
+    assert len(flat) == 20 and sorted(flat[:10]) == items and sorted(flat[10:]) == items
+    assert got == batches(items, 4, 5, seed=1)  # type: ignore[arg-type]
+    assert got != batches(items, 4, 5, seed=2)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError):
+        batches([], 4, 1, seed=0)
+    with pytest.raises(ConfigError):
+        WarmStartConfig(steps=0)
+
+
+def test_warm_start_learns_the_demonstrations_and_saves_a_loadable_model(tmp_path: Path) -> None:
+    tasks = _tasks(tmp_path, 2)
+    seen: list[int] = []
+    cfg = WarmStartConfig(steps=40, batch_size=2, lr=3e-3, warmup_steps=2, tiny=TINY)
+    path, losses = warm_start(
+        tasks, tmp_path / "warm", system_prompt="S", config=cfg, on_step=lambda s, m: seen.append(s)
+    )
+    assert seen == list(range(1, 41)) and len(losses) == 40
+    assert losses[-1] < 0.5 * losses[0]
+    model, tokenizer, _ = load_model(str(path))
+    assert tokenizer is not None and model.config.hidden_size == TINY.hidden_size
