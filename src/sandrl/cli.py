@@ -281,6 +281,37 @@ def bench_rollout(
     print(json.dumps(result))
 
 
+@bench_app.command("train")
+def bench_train(
+    quick: bool = typer.Option(False, "--quick", help="A smoke run of seconds: the result's shape, not its ratio."),
+    steps: int | None = typer.Option(None, help="Training steps in each mode (default 10)."),
+    max_staleness: int | None = typer.Option(None, help="The async driver's staleness bound (default 2)."),
+    on_stale: str | None = typer.Option(None, help="drop or regenerate a too-stale group (default drop)."),
+    median_s: float | None = typer.Option(None, help="Median command time in seconds (default 0.8)."),
+    sigma: float | None = typer.Option(None, help="Lognormal sigma of command times: the tail (default 1.2)."),
+    seed: int = typer.Option(0, help="Seeds the tasks, their order and the command times."),
+    json_only: bool = typer.Option(False, "--json", help="Print only the JSON line."),
+) -> None:
+    """Async vs sync training on a long tail of command times: episodes per hour, same tasks, model and budget."""
+    import asyncio
+    import io
+    import json
+
+    from sandrl.bench.train import options, run
+
+    settings = options(
+        quick=quick,
+        steps=steps,
+        max_staleness=max_staleness,
+        on_stale=on_stale,
+        median_s=median_s,
+        sigma=sigma,
+        seed=seed,
+    )
+    console = Console(file=io.StringIO()) if json_only else Console(stderr=True)
+    print(json.dumps(asyncio.run(run(settings, console=console))))
+
+
 @bench_app.command("sandbox")
 def bench_sandbox(
     n: int = typer.Option(200, help="Repetitions of each latency measure."),

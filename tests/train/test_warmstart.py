@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 from sandrl.errors import ConfigError, TaskError
 from sandrl.inference.model import TinyModelConfig, load_model
@@ -14,7 +16,16 @@ from sandrl.rollout.chat import ChatFormat
 from sandrl.tasks.builtin.generated import generate_tasks
 from sandrl.tasks.loader import load_task
 from sandrl.tasks.task import Task
-from sandrl.train.warmstart import WarmStartConfig, batches, demonstration, solution_command, warm_start
+from sandrl.train.config import TrainConfig
+from sandrl.train.trainer import Trainer
+from sandrl.train.warmstart import (
+    WarmStartConfig,
+    batches,
+    demonstration,
+    demonstrations,
+    solution_command,
+    warm_start,
+)
 
 TINY = TinyModelConfig(
     hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64, max_position_embeddings=256
@@ -72,10 +83,55 @@ def test_warm_start_learns_the_demonstrations_and_saves_a_loadable_model(tmp_pat
     tasks = _tasks(tmp_path, 2)
     seen: list[int] = []
     cfg = WarmStartConfig(steps=40, batch_size=2, lr=3e-3, warmup_steps=2, tiny=TINY)
-    path, losses = warm_start(
-        tasks, tmp_path / "warm", system_prompt="S", config=cfg, on_step=lambda s, m: seen.append(s)
-    )
-    assert seen == list(range(1, 41)) and len(losses) == 40
-    assert losses[-1] < 0.5 * losses[0]
-    model, tokenizer, _ = load_model(str(path))
+    result = warm_start(tasks, tmp_path / "warm", system_prompt="S", config=cfg, on_step=lambda s, m: seen.append(s))
+    assert seen == list(range(1, 41)) and result.steps == 40 and result.greedy == []
+    assert result.losses[-1] < 0.5 * result.losses[0]
+    model, tokenizer, _ = load_model(str(result.path))
     assert tokenizer is not None and model.config.hidden_size == TINY.hidden_size
+
+
+def test_greedy_reproduces_is_what_greedy_decoding_writes(tmp_path: Path) -> None:
+    tasks = _tasks(tmp_path, 2)
+    result = warm_start(
+        tasks, tmp_path / "warm", system_prompt="S", config=WarmStartConfig(steps=150, batch_size=2, tiny=TINY)
+    )
+    model, tokenizer, _ = load_model(str(result.path))
+    assert tokenizer is not None
+    trainer = Trainer(model, TrainConfig(), tokenizer=tokenizer)
+    samples = demonstrations(tasks, tokenizer, "S")
+    verdicts = trainer.greedy_reproduces(samples)
+    for sample, verdict in zip(samples, verdicts, strict=True):
+        prompt = sample.loss_mask.index(1)
+        reply = list(sample.token_ids[prompt:])
+        with torch.no_grad():
+            out = model.generate(
+                torch.tensor([sample.token_ids[:prompt]]),
+                attention_mask=torch.ones((1, prompt), dtype=torch.long),
+                max_new_tokens=len(reply),
+                do_sample=False,
+                pad_token_id=0,
+            )
+        assert verdict == (out[0, prompt:].tolist() == reply)
+    assert any(verdicts)  # 150 updates on two demonstrations: at least one is learned by heart
+    broken = replace(samples[0], token_ids=(*samples[0].token_ids[:-2], 7, 7))
+    assert trainer.greedy_reproduces([broken]) == [False]
+
+
+def test_the_warm_start_stops_once_greedy_decoding_reproduces_the_checks(tmp_path: Path) -> None:
+    tasks = _tasks(tmp_path, 2)
+    greedy: list[float] = []
+    cfg = WarmStartConfig(steps=400, batch_size=2, tiny=TINY, stop_at_greedy=0.5, check_every=10)
+    result = warm_start(
+        tasks,
+        tmp_path / "warm",
+        system_prompt="S",
+        config=cfg,
+        check_tasks=tasks,
+        on_step=lambda s, m: greedy.extend([m["greedy"]] if "greedy" in m else []),
+    )
+    assert result.steps < 400 and result.steps % 10 == 0
+    assert [g for _, g in result.greedy] == greedy and greedy[-1] >= 0.5 > max(greedy[:-1], default=0)
+    with pytest.raises(ConfigError, match="check tasks"):
+        warm_start(tasks, tmp_path / "w2", system_prompt="S", config=cfg)
+    with pytest.raises(ConfigError, match="fraction"):
+        WarmStartConfig(stop_at_greedy=1.5)

@@ -1,10 +1,14 @@
 """``sandrl demo``: a tiny policy learns a task family with GRPO, against real sandboxes and the real verifier.
 
 1. **Tasks.** A generated family (``echo`` by default: "write the word W into
-   /workspace/answer.txt") in two disjoint seeded sets: training tasks and held-out tasks.
+   /workspace/answer.txt") in seeded sets: training tasks, held-out tasks, and check tasks (for the warm start).
 2. **Warm start.** The tiny model is built from a config and fine-tuned on demonstrations of the
    training tasks (:mod:`sandrl.train.warmstart`): a random model never writes a bash block,
-   so without this every reward is 0 and GRPO has nothing to work with.
+   so without this every reward is 0 and GRPO has nothing to work with. It stops as soon as
+   greedy decoding reproduces 90% of a third set of unseen demonstrations: the policy then
+   knows the format and its most likely reply is right, but sampled at temperature 1 it still
+   fails most episodes, and closing that gap (sharpening the policy on what the verifier
+   rewards) is RL's job.
 3. **Before.** The warm-started policy attempts every held-out task ``heldout_samples`` times,
    sampled at the training temperature, in fresh sandboxes, scored by the task's verifier.
 4. **RL.** ``sandrl train`` in async mode (:func:`sandrl.train.command.run_training`, the same
@@ -56,7 +60,7 @@ from sandrl.train.run_config import (
     RunSection,
     TasksSection,
 )
-from sandrl.train.warmstart import WarmStartConfig, warm_start
+from sandrl.train.warmstart import WarmStartConfig, WarmStartResult, warm_start
 
 SYSTEM_PROMPT = "Solve the task in a Linux shell. Reply with one command in a ```bash block."
 """A short system prompt: the tiny model's every step reads it, and a long one would cost most of its compute."""
@@ -72,11 +76,14 @@ class DemoConfig:
     family: str = "echo"
     train_tasks: int = 256
     heldout_tasks: int = 64
+    check_tasks: int = 32
+    """Tasks (of their own seed) whose demonstrations decide when the warm start has learned enough."""
     heldout_samples: int = 4
     """Episodes per held-out task: the pass rate is over ``heldout_tasks x heldout_samples`` episodes."""
     warm: WarmStartConfig = field(
         default_factory=lambda: WarmStartConfig(
-            steps=400,
+            steps=600,
+            stop_at_greedy=0.9,
             tiny=TinyModelConfig(hidden_size=128, num_layers=4, intermediate_size=256, max_position_embeddings=512),
         )
     )
@@ -97,6 +104,7 @@ class DemoConfig:
             "train_tasks": self.train_tasks,
             "heldout_tasks": self.heldout_tasks,
             "heldout_samples": self.heldout_samples,
+            "check_tasks": self.check_tasks,
             "rl_steps": self.rl_steps,
             "groups_per_step": self.groups_per_step,
             "group_size": self.group_size,
@@ -189,7 +197,7 @@ async def heldout_pass_rate(
     }
 
 
-def _warm_start(cfg: DemoConfig, tasks: Sequence[Task], console: Console) -> tuple[Path, list[float]]:
+def _warm_start(cfg: DemoConfig, tasks: Sequence[Task], checks: Sequence[Task], console: Console) -> WarmStartResult:
     with Progress(
         TextColumn("warm start"),
         BarColumn(),
@@ -201,14 +209,20 @@ def _warm_start(cfg: DemoConfig, tasks: Sequence[Task], console: Console) -> tup
     ) as bar:
         job = bar.add_task("", total=cfg.warm.steps)
 
+        greedy = ""
+
         def on_step(step: int, metrics: dict[str, float]) -> None:
-            bar.update(job, advance=1, description=f"loss {metrics['loss']:.3f}")
+            nonlocal greedy
+            if "greedy" in metrics:
+                greedy = f"  greedy reproduces {metrics['greedy']:.0%} of the check demonstrations"
+            bar.update(job, advance=1, description=f"loss {metrics['loss']:.3f}{greedy}")
 
         return warm_start(
             tasks,
             cfg.out / "warmstart",
             system_prompt=cfg.system_prompt,
             config=cfg.seeded_warm_start(),
+            check_tasks=checks,
             on_step=on_step,
         )
 
@@ -266,17 +280,21 @@ async def run(
     con.rule("[bold]sandrl demo: GRPO on real sandboxes")
     train_dirs = generate_tasks(cfg.out / "tasks" / "train", cfg.family, cfg.train_tasks, cfg.seed)
     heldout_dirs = generate_tasks(cfg.out / "tasks" / "heldout", cfg.family, cfg.heldout_tasks, cfg.seed + 1000)
+    check_dirs = generate_tasks(cfg.out / "tasks" / "check", cfg.family, cfg.check_tasks, cfg.seed + 2000)
     train = load_task_set(str(train_dirs[0].parent))
     heldout = load_task_set(str(heldout_dirs[0].parent))
+    checks = load_task_set(str(check_dirs[0].parent))
     con.print(f"tasks: {len(train)} training and {len(heldout)} held-out of the '{cfg.family}' family")
     con.print(f"  e.g. {heldout[0].instruction.strip()}")
 
     t = time.monotonic()
-    warm, losses = _warm_start(cfg, train, con)
+    ws = _warm_start(cfg, train, checks, con)
+    warm, losses = ws.path, ws.losses
     warm_s = time.monotonic() - t
+    greedy = f", greedy reproduces {ws.greedy[-1][1]:.0%} of {len(checks)} unseen demonstrations" if ws.greedy else ""
     con.print(
-        f"warm start: {cfg.warm.steps} supervised steps on demonstrations, "
-        f"loss {losses[0]:.2f} -> {losses[-1]:.3f} ({warm_s:.0f} s)"
+        f"warm start: {ws.steps} supervised steps on demonstrations, "
+        f"loss {losses[0]:.2f} -> {losses[-1]:.3f}{greedy} ({warm_s:.0f} s)"
     )
 
     before = await heldout_pass_rate(cfg, warm, heldout, provider, "before")
@@ -307,7 +325,13 @@ async def run(
         "heldout_before": before,
         "heldout_after": after,
         "improvement_points": round(delta * 100, 2),
-        "warmstart": {"steps": cfg.warm.steps, "loss_first": losses[0], "loss_last": losses[-1], "wall_s": warm_s},
+        "warmstart": {
+            "steps": ws.steps,
+            "loss_first": losses[0],
+            "loss_last": losses[-1],
+            "greedy": ws.greedy,
+            "wall_s": warm_s,
+        },
         "rl": {
             "steps": len(steps),
             "mode": "async",

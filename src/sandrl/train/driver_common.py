@@ -91,10 +91,18 @@ class FileSource:
     def read(cls, path: str | Path) -> FileSource:
         if not Path(path).is_file():
             raise ConfigError(f"--load-rollouts {path}: no such file (it is written by a run with save_rollouts)")
-        by_id: dict[str, list[Any]] = {}
+        # A resumed run rolls out again, under the same group ids, the positions that were in flight
+        # (or ready, in async mode) when the last one stopped: a sample index seen again in a group id
+        # starts another group instead of doubling that one.
+        latest: dict[str, list[Any]] = {}
+        found: list[list[Any]] = []
         for trajectory in iter_jsonl(path):
-            by_id.setdefault(trajectory.group_id, []).append(trajectory)
-        groups = [Group(gid, ts[0].task_id, sorted(ts, key=lambda t: t.sample_index)) for gid, ts in by_id.items()]
+            group = latest.get(trajectory.group_id)
+            if group is None or any(t.sample_index == trajectory.sample_index for t in group):
+                latest[trajectory.group_id] = group = []
+                found.append(group)
+            group.append(trajectory)
+        groups = [Group(ts[0].group_id, ts[0].task_id, sorted(ts, key=lambda t: t.sample_index)) for ts in found]
         if not groups:
             raise ConfigError(f"--load-rollouts {path}: the file holds no trajectories")
         return cls(groups, limit=len(groups))

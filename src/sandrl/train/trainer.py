@@ -188,6 +188,22 @@ class Trainer:
         table = self._no_grad_logprobs(self.model, samples)
         return [table[i, : s.num_tokens].tolist() for i, s in enumerate(samples)]
 
+    def greedy_reproduces(self, samples: Sequence[TrainSample]) -> list[bool]:
+        """Whether greedy decoding would write each sample's model tokens exactly.
+
+        With teacher forcing, the argmax at every model-token position equals that token iff
+        greedy decoding from the sample's prompt generates them: one forward pass, no sampling.
+        """
+        out = [False] * len(samples)
+        with torch.no_grad():
+            for plan in plan_micro_batches([s.num_tokens for s in samples], self.config.micro_batch_tokens):
+                mb = collate(samples, plan, pad_id=self.pad_id, device=self.device)
+                logits = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1]
+                wrong = (logits.argmax(-1) != mb.input_ids[:, 1:]) & (mb.loss_mask[:, 1:] > 0)
+                for row, i in enumerate(mb.index):
+                    out[i] = not bool(wrong[row].any())
+        return out
+
     def lr_at(self, update: int) -> float:
         """The learning rate of update number ``update`` (0-based): linear warmup, then constant."""
         warmup = self.config.warmup_steps

@@ -71,10 +71,21 @@ class WarmStartConfig:
     """Seeds the order of the demonstrations (``tiny.seed`` seeds the model's initialisation)."""
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     """The shape of the model built from a config."""
+    stop_at_greedy: float | None = None
+    """Stop before ``steps`` once greedy decoding reproduces at least this fraction of the check
+    demonstrations: the policy has learned the format and the skill's argmax, and sampling from
+    it still fails often enough that RL has groups to learn from. None: always ``steps``."""
+    check_every: int = 25
+    """Updates between two checks of ``stop_at_greedy``."""
 
     def __post_init__(self) -> None:
-        if self.steps < 1 or self.batch_size < 1:
-            raise ConfigError(f"warm start steps and batch_size must be >= 1, got {self.steps} and {self.batch_size}")
+        if self.steps < 1 or self.batch_size < 1 or self.check_every < 1:
+            raise ConfigError(
+                "warm start steps, batch_size and check_every must be >= 1, "
+                f"got {self.steps}, {self.batch_size} and {self.check_every}"
+            )
+        if self.stop_at_greedy is not None and not 0 < self.stop_at_greedy <= 1:
+            raise ConfigError(f"stop_at_greedy is a fraction in (0, 1], got {self.stop_at_greedy}")
 
 
 def batches(samples: Sequence[TrainSample], batch_size: int, steps: int, seed: int) -> list[list[TrainSample]]:
@@ -95,30 +106,57 @@ def batches(samples: Sequence[TrainSample], batch_size: int, steps: int, seed: i
     return out
 
 
+@dataclass(frozen=True)
+class WarmStartResult:
+    path: Path
+    """The checkpoint directory, loadable by the engine and the trainer as ``[model] name``."""
+    losses: list[float]
+    """The loss of every update."""
+    greedy: list[tuple[int, float]]
+    """``(step, fraction of the check demonstrations greedy decoding reproduces)`` at each check."""
+
+    @property
+    def steps(self) -> int:
+        return len(self.losses)
+
+
 def warm_start(
     tasks: Sequence[Task],
     out: str | Path,
     *,
     system_prompt: str,
     config: WarmStartConfig | None = None,
+    check_tasks: Sequence[Task] = (),
     on_step: Callable[[int, Metrics], None] | None = None,
-) -> tuple[Path, list[float]]:
+) -> WarmStartResult:
     """Build the tiny model, fine-tune it on ``tasks``' demonstrations, save it to ``out``.
 
-    Returns the checkpoint directory (loadable by the engine and the trainer as ``[model] name``)
-    and the loss of every step. ``on_step(step, metrics)`` is called after each update.
+    ``check_tasks`` (not trained on) are the demonstrations of ``config.stop_at_greedy``.
+    ``on_step(step, metrics)`` is called after each update; at a check, ``metrics`` has ``greedy``.
     """
     cfg = config or WarmStartConfig()
+    if cfg.stop_at_greedy is not None and not check_tasks:
+        raise ConfigError("stop_at_greedy needs check tasks: demonstrations the warm start does not train on")
     model, tokenizer = build_tiny_model(cfg.tiny)
     trainer = Trainer(model, TrainConfig(lr=cfg.lr, warmup_steps=cfg.warmup_steps), tokenizer=tokenizer)
     samples = demonstrations(tasks, tokenizer, system_prompt)
-    losses = []
+    checks = demonstrations(check_tasks, tokenizer, system_prompt)
+    losses: list[float] = []
+    greedy: list[tuple[int, float]] = []
     for step, batch in enumerate(batches(samples, cfg.batch_size, cfg.steps, cfg.seed), start=1):
         metrics = trainer.sft_step(batch)
         losses.append(float(metrics["loss"]))
+        done = False
+        if checks and step % cfg.check_every == 0:
+            fraction = sum(trainer.greedy_reproduces(checks)) / len(checks)
+            greedy.append((step, fraction))
+            metrics = {**metrics, "greedy": fraction}
+            done = cfg.stop_at_greedy is not None and fraction >= cfg.stop_at_greedy
         if on_step is not None:
             on_step(step, metrics)
-    return save_weights(trainer.model.eval(), out, tokenizer), losses
+        if done:
+            break
+    return WarmStartResult(save_weights(trainer.model.eval(), out, tokenizer), losses, greedy)
 
 
 def demonstrations(tasks: Sequence[Task], tokenizer: Tokenizer, system_prompt: str) -> list[TrainSample]:
