@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sandrl.errors import TrainError
+from sandrl.errors import ConfigError, TrainError
 from sandrl.inference.base import SamplingParams
 from sandrl.inference.engine import Engine, EngineConfig
 from sandrl.inference.model import build_tiny_model
@@ -151,6 +151,20 @@ def test_sft_steps_learn_the_demonstrations_and_only_their_model_tokens() -> Non
 def test_warmup_raises_the_learning_rate_linearly() -> None:
     trainer = make_trainer(TrainConfig(lr=1e-3, warmup_steps=4))
     assert [trainer.lr_at(i) for i in range(6)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
+
+
+def test_cosine_decay_anneals_from_the_peak_to_the_floor_after_warmup_and_stays() -> None:
+    trainer = make_trainer(TrainConfig(lr=1e-3, warmup_steps=2, decay_steps=4, min_lr_ratio=0.1))
+    got = [trainer.lr_at(i) for i in range(9)]
+    mid = 1e-4 + 0.9e-3 * 0.5  # half way through the cosine
+    assert got[:3] == pytest.approx([5e-4, 1e-3, 1e-3])
+    assert got[4] == pytest.approx(mid)
+    assert got[6:] == pytest.approx([1e-4] * 3)
+    assert got[2] > got[3] > got[4] > got[5] > got[6]
+    with pytest.raises(ConfigError, match="decay_steps"):
+        TrainConfig(decay_steps=-1)
+    with pytest.raises(ConfigError, match="min_lr_ratio"):
+        TrainConfig(min_lr_ratio=2.0)
 
 
 async def test_exported_weights_load_into_the_engine_and_bump_its_version(tmp_path: Path) -> None:

@@ -40,7 +40,14 @@ class TrainConfig:
     lr: float = 1e-5
     """AdamW's peak learning rate."""
     warmup_steps: int = 0
-    """Updates over which the learning rate rises linearly from ``lr / warmup_steps`` to ``lr``; constant after."""
+    """Updates over which the learning rate rises linearly from ``lr / warmup_steps`` to ``lr``."""
+    decay_steps: int = 0
+    """After warmup, the learning rate follows a cosine from ``lr`` down to ``lr * min_lr_ratio`` over
+    this many updates and stays there (Loshchilov & Hutter 2017, SGDR, arXiv:1608.03983); 0: constant.
+    Set it to the run's steps to anneal to the end; RL on a small policy drifts once its reward
+    saturates under a constant rate."""
+    min_lr_ratio: float = 0.0
+    """The floor of the cosine decay, as a fraction of ``lr``."""
     weight_decay: float = 0.0
     """AdamW's decoupled weight decay (Loshchilov & Hutter 2019, arXiv:1711.05101)."""
     adam_beta1: float = 0.9
@@ -66,6 +73,10 @@ class TrainConfig:
             raise ConfigError(f"lr must be a finite number > 0 (1e-6 to 1e-5 is usual for RL), got {self.lr!r}")
         if self.warmup_steps < 0:
             raise ConfigError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.decay_steps < 0:
+            raise ConfigError(f"decay_steps must be >= 0 (0: no decay), got {self.decay_steps}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
         if not math.isfinite(self.weight_decay) or self.weight_decay < 0:
             raise ConfigError(f"weight_decay must be a finite number >= 0, got {self.weight_decay!r}")
         for name in ("adam_beta1", "adam_beta2"):

@@ -205,9 +205,15 @@ class Trainer:
         return out
 
     def lr_at(self, update: int) -> float:
-        """The learning rate of update number ``update`` (0-based): linear warmup, then constant."""
-        warmup = self.config.warmup_steps
-        return self.config.lr * min(1.0, (update + 1) / warmup) if warmup else self.config.lr
+        """The learning rate of update number ``update`` (0-based): linear warmup, then constant or a cosine."""
+        cfg = self.config
+        if update < cfg.warmup_steps:
+            return cfg.lr * (update + 1) / cfg.warmup_steps
+        if not cfg.decay_steps:
+            return cfg.lr
+        progress = min(1.0, (update - cfg.warmup_steps) / cfg.decay_steps)
+        floor = cfg.lr * cfg.min_lr_ratio
+        return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
     # -- weights and checkpoints ----------------------------------------------------------------
 
