@@ -240,11 +240,14 @@ def train_cmd(
     mode: str | None = typer.Option(None, help="sync or async (default: [run] mode)."),
     load_rollouts: Path | None = typer.Option(None, help="Train on saved trajectories: no sandboxes, no inference."),
     rollout_only: bool = typer.Option(False, help="Collect rollouts without training."),
+    ray: str | None = typer.Option(
+        None, help="Run on a Ray cluster: 'auto' (the one started here) or its ADDRESS; needs a [cluster] section."
+    ),
 ) -> None:
     """Train a policy with GRPO in sandboxes; a progress line per step, then one JSON line."""
     from sandrl.train.command import train
 
-    train(config, mode, load_rollouts, rollout_only)
+    train(config, mode, load_rollouts, rollout_only, ray)
 
 
 @bench_app.command("rollout")
@@ -364,6 +367,26 @@ def bench_inference(
         raise SandrlError("--concurrency, --max-new-tokens and --repeats must be at least 1")
     result = bench_engine(model, concurrency=concurrency, max_new_tokens=max_new_tokens, repeats=repeats)
     err_console.print(render_card(result))
+    print(json.dumps(result))
+
+
+@bench_app.command("cluster")
+def bench_cluster(
+    episodes: int = typer.Option(32, help="Episodes on each side (groups of 2)."),
+    concurrency: int = typer.Option(16, help="Episodes at once on each side (on Ray: split over 2 workers)."),
+    think_s: float = typer.Option(2.0, help="Emulated model time per turn (3 turns an episode)."),
+    ray: str | None = typer.Option(None, help="A Ray cluster to use (auto or ADDRESS); default: start one here."),
+    json_only: bool = typer.Option(False, "--json", help="Print only the JSON line."),
+) -> None:
+    """The same episodes in process and on Ray with two sandbox hosts: orchestration overhead per episode."""
+    import asyncio
+    import io
+    import json
+
+    from sandrl.cluster.bench import run
+
+    console = Console(file=io.StringIO()) if json_only else Console(stderr=True)
+    result = asyncio.run(run(episodes=episodes, concurrency=concurrency, think_s=think_s, address=ray, console=console))
     print(json.dumps(result))
 
 

@@ -17,12 +17,14 @@ that says what went wrong *and what to do about it*.
      │    ├── SandboxNotFoundError      no sandbox with that id
      │    ├── CapacityExhaustedError    the host or pool is full
      │    ├── SandboxFileError          a file operation inside the sandbox failed
-     │    └── ImageNotFoundError        no image of that name in the store
+     │    ├── ImageNotFoundError        no image of that name in the store
+     │    └── SandboxHostLostError      a fleet's sandbox host went away (retry on another host)
      ├── TaskError                   a task that cannot be loaded or run
      │    ├── InvalidTaskError       a task directory or instance file that is malformed
      │    └── ImageBuildError        an environment image could not be built (Dockerfile, failed step)
      ├── InferenceError              the policy's server failed or answered wrongly
-     └── TrainError                  the trainer could not take a step
+     ├── TrainError                  the trainer could not take a step
+     └── ClusterError                the Ray cluster: not reachable, a worker lost too often
 
 A failed *command* inside a sandbox is not an error: it is an ``ExecResult`` with a
 non-zero exit code. Errors are for the infrastructure and for bad input.
@@ -127,6 +129,13 @@ class ImageNotFoundError(SandboxError):
     http_status = 404
 
 
+class SandboxHostLostError(SandboxError):
+    """A sandbox host of a fleet stopped answering: its sandboxes are gone; another host may take the work."""
+
+    error_code = "sandbox_host_lost"
+    http_status = 503
+
+
 class TaskError(SandrlError):
     """A task that cannot be loaded or run."""
 
@@ -166,3 +175,10 @@ class TrainError(SandrlError):
     """The trainer could not take a step."""
 
     error_code = "train_error"
+
+
+class ClusterError(SandrlError):
+    """The Ray cluster failed: it cannot be reached, or a rollout worker was lost more often than allowed."""
+
+    error_code = "cluster_error"
+    http_status = 503

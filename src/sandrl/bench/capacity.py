@@ -136,3 +136,19 @@ async def find_capacity(
         else:
             hi = mid
     return Capacity(lo, "exact" if hi - lo == 1 else "lower", (lo, hi), evaluated)
+
+
+def admission_slots(result: Mapping[str, Any]) -> int:
+    """Commands a host runs at once within the bar, from a ``sandrl bench contention`` result.
+
+    Capacity counts background tasks with the probe on top, so the busy sandboxes at capacity
+    are ``capacity + 1``: the host capacity to admit (``RunnerConfig.host_capacity``).
+    """
+    cap = result.get("capacity") or {}
+    load = cap.get("load")
+    if load is None:
+        raise ConfigError(
+            "that contention result has no capacity (even the idle host failed the bar): rerun it on a quieter "
+            "host or with a looser --bar, or give the capacity as a number"
+        )
+    return int(load) + 1

@@ -55,9 +55,9 @@ class SGLangClient:
             raise self._bad_answer("/generate", answer)
         return self._generation(answer, len(input_ids))
 
-    async def update_weights(self, path: str) -> int:
-        current = await self.weight_version()
-        new = current + 1
+    async def update_weights(self, path: str, *, version: int | None = None) -> int:
+        """Load the weights at ``path``; the new version is ``version`` (the trainer's), else the server's + 1."""
+        new = version if version is not None else await self.weight_version() + 1
         answer = await self._http.post(
             "/update_weights_from_disk", {"model_path": path, "weight_version": str(new), "abort_all_requests": False}
         )

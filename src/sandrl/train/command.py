@@ -1,4 +1,4 @@
-"""``sandrl train CONFIG [--mode sync|async] [--load-rollouts FILE] [--rollout-only]``.
+"""``sandrl train CONFIG [--mode sync|async] [--load-rollouts FILE] [--rollout-only] [--ray auto|ADDRESS]``.
 
 ::
 
@@ -6,6 +6,7 @@
     sandrl train configs/tiny.toml --mode async
     sandrl train configs/tiny.toml --rollout-only       # collect into rollouts.jsonl, no training
     sandrl train configs/tiny.toml --load-rollouts runs/tiny/rollouts.jsonl   # no sandboxes, no server
+    sandrl train cluster.toml --ray auto                # on a Ray cluster: see sandrl.cluster.training
 
 The run writes under ``[run] output_dir``: ``config.toml`` (the resolved config), ``metrics.jsonl``
 (one line per step), ``rollouts.jsonl`` and ``checkpoints/``; started again, it resumes from the
@@ -71,8 +72,16 @@ def train(
     mode: str | None = None,
     load_rollouts: Path | None = None,
     rollout_only: bool = False,
+    ray: str | None = None,
 ) -> None:
     """The body of ``sandrl train``: load and check the config, run, print the last step as one JSON line."""
+    if ray is not None:
+        if load_rollouts is not None:
+            raise ConfigError("--load-rollouts trains on saved trajectories in this process: drop --ray")
+        from sandrl.cluster.training import train_on_ray
+
+        print(json.dumps(train_on_ray(config_path, ray, mode=mode, rollout_only=rollout_only)))
+        return
     config = load_run_config(config_path)
     result = asyncio.run(run_training(config, mode=mode, load_rollouts=load_rollouts, rollout_only=rollout_only))
     print(json.dumps(result))

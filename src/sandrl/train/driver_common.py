@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import inspect
 import json
 import random
 import shutil
@@ -41,20 +42,39 @@ from sandrl.sandbox.base import SandboxProvider
 from sandrl.tasks.task import Task
 from sandrl.train import checkpoint
 from sandrl.train.adapter import batch_from_groups
+from sandrl.train.batch import Batch
 from sandrl.train.run_config import RunConfig, save_resolved
-from sandrl.train.trainer import Metrics, Trainer
+from sandrl.train.trainer import ExportedWeights, Metrics, Trainer
 
 Item = tuple[int, Group]
 """A group and its data position."""
 
 
 class GroupSource(Protocol):
-    """Where groups come from: rollouts, or a file of saved ones."""
+    """Where groups come from: rollouts, a file of saved ones, or rollout workers elsewhere (sandrl.cluster)."""
 
     limit: int | None
     """Positions available (None: unbounded)."""
+    regenerates: bool
+    """A too-stale group can be rolled out again (``async.on_stale = "regenerate"``)."""
+
+    def group_id(self, position: int, regenerated: int = 0) -> str: ...
 
     async def group(self, position: int, group_id: str) -> Group: ...
+
+
+class StepTrainer(Protocol):
+    """What a session needs of its trainer: a :class:`Trainer`, or a proxy to one in another process."""
+
+    steps: int
+    version: int
+    data_position: int
+
+    def step(self, batch: Batch) -> Metrics: ...
+
+    def export_weights(self, directory: str | Path) -> ExportedWeights: ...
+
+    def save_checkpoint(self, root: str | Path) -> Path: ...
 
 
 @dataclass
@@ -65,6 +85,7 @@ class RolloutSource:
     tasks: Sequence[Task]
     seed: int = 0
     limit: int | None = None
+    regenerates: bool = True
 
     def task_at(self, position: int) -> Task:
         epoch, index = divmod(position, len(self.tasks))
@@ -86,6 +107,7 @@ class FileSource:
 
     groups: list[Group]
     limit: int | None = None
+    regenerates: bool = False
 
     @classmethod
     def read(cls, path: str | Path) -> FileSource:
@@ -131,8 +153,8 @@ class Session:
     """One run's state between the drivers and the parts; see the module docstring."""
 
     config: RunConfig
-    source: RolloutSource | FileSource
-    trainer: Trainer | None
+    source: GroupSource
+    trainer: StepTrainer | None
     """None with ``--rollout-only``."""
     policy: InferenceClient | None = None
     """The inference side weights are pushed to; None when training from a file."""
@@ -195,7 +217,7 @@ class Session:
 
     def stale(self, position: int) -> None:
         """A group too stale to train: drop it, or run its task again (``async.on_stale``)."""
-        if self.config.async_.on_stale == "regenerate" and isinstance(self.source, RolloutSource):
+        if self.config.async_.on_stale == "regenerate" and self.source.regenerates:
             self.counters.stale_regenerated += 1
             self._regenerated[position] += 1
             self._requeued.append(position)
@@ -284,8 +306,9 @@ class Session:
         from sandrl.inference.engine import Engine
 
         exported = self.trainer.export_weights(self.config.output_dir / "weights")
-        if isinstance(self.policy, Engine):  # the engine takes the trainer's version as its own
-            await self.policy.update_weights(str(exported.path), version=exported.version)
+        if isinstance(self.policy, Engine) or "version" in inspect.signature(self.policy.update_weights).parameters:
+            # the server takes the trainer's version as its own
+            await self.policy.update_weights(str(exported.path), version=exported.version)  # type: ignore[call-arg]
         else:
             await self.policy.update_weights(str(exported.path))
         self.pushed_version = exported.version
