@@ -394,6 +394,8 @@ def _register_cpu_bench() -> None:
     from sandrl.bench import commands as cpu_bench
 
     bench_app.command("contention")(cpu_bench.contention)
+    bench_app.command("episodes")(cpu_bench.episodes)
+    bench_app.command("admission")(cpu_bench.admission)
     bench_app.command("report")(cpu_bench.report)
     bench_app.command("compare")(cpu_bench.compare)
 

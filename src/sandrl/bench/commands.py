@@ -2,6 +2,8 @@
 
     from sandrl.bench import commands as cpu_bench
     bench_app.command("contention")(cpu_bench.contention)
+    bench_app.command("episodes")(cpu_bench.episodes)
+    bench_app.command("admission")(cpu_bench.admission)
     bench_app.command("report")(cpu_bench.report)
     bench_app.command("compare")(cpu_bench.compare)
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import sys
 from pathlib import Path
 from typing import Literal, cast
 
@@ -69,8 +72,103 @@ def contention(
     print(line)
 
 
+def _names(text: str | None, what: str) -> tuple[str, ...] | None:
+    if text is None:
+        return None
+    names = tuple(n for n in text.replace(" ", "").split(",") if n)
+    if not names:
+        raise ConfigError(f"{what} takes names separated by commas")
+    return names
+
+
+def _emit(result: dict[str, object], out: Path | None) -> None:
+    line = json.dumps(result)
+    if out is not None:
+        out.write_text(line + "\n")
+    print(line)
+
+
+def _console(json_only: bool) -> Console:
+    """Where the card goes: nowhere with --json; stderr, wide enough for the tables when it is not a terminal."""
+    if json_only:
+        return Console(file=io.StringIO())
+    return Console(stderr=True, width=None if sys.stderr.isatty() else 140)
+
+
+def episodes(
+    quick: bool = typer.Option(False, "--quick", help="The small run: under 3 minutes on 2 cores."),
+    n: int | None = typer.Option(None, "--episodes", "-n", help="Episodes in all (default 8 quick, 24 full)."),
+    tasks: str | None = typer.Option(None, help="Built-in task ids, comma-separated, or 'all' (default: a mix)."),
+    background: int | None = typer.Option(None, help="Background tasks keeping the host busy (default: its cores)."),
+    model_s: float | None = typer.Option(None, help="Emulated model seconds per turn (default 1 quick, 2 full)."),
+    tokens_per_s: float = typer.Option(50.0, help="Emulated decode speed, for the KV-cache tokens."),
+    concurrency: int = typer.Option(2, help="Episodes at once."),
+    cpus_per_host: float | None = typer.Option(None, help="Emulate a host of this many cores (default: all)."),
+    host_limit: str = typer.Option("auto", help="How to emulate it: auto, affinity (pin) or quota (CFS)."),
+    out: Path | None = typer.Option(None, "-o", "--out", help="Also write the JSON result to this file."),
+    json_only: bool = typer.Option(False, "--json", help="Print only the JSON line."),
+) -> None:
+    """Episodes of built-in tasks (replay agent, fixed model time) on a busy host: where their time goes."""
+    from sandrl.bench.episodes import EpisodesConfig, run
+
+    if host_limit not in ("auto", "affinity", "quota"):
+        raise ConfigError(f"--host-limit is auto, affinity or quota, not {host_limit!r}")
+    config = EpisodesConfig(
+        quick=quick,
+        episodes=n,
+        tasks=_names(tasks, "--tasks"),
+        background=background,
+        model_s=model_s,
+        tokens_per_s=tokens_per_s,
+        concurrency=concurrency,
+        cores=cpus_per_host,
+        host_limit=cast(LimitChoice, host_limit),
+    )
+    _emit(asyncio.run(run(config, console=_console(json_only))), out)
+
+
+def admission(
+    quick: bool = typer.Option(False, "--quick", help="The small run (about 2 minutes on 2 cores)."),
+    capacity: str | None = typer.Option(
+        None, help="Host capacity: commands at once, or a `bench contention` result file (default: measure it)."
+    ),
+    factor: float = typer.Option(2.0, help="Offered load: episodes in flight = factor x capacity."),
+    n: int | None = typer.Option(None, "--episodes", "-n", help="Episodes per way per round."),
+    rounds: int | None = typer.Option(None, help="Rounds (each runs both ways, in alternating order)."),
+    model_s: float = typer.Option(0.2, help="Emulated model seconds per turn."),
+    workloads: str | None = typer.Option(None, help="Workloads each episode runs as its turns, comma-separated."),
+    bar: float = typer.Option(1.5, help="Slowdown bar: time / standalone at most this."),
+    quantile: float = typer.Option(0.95, help="Fraction of commands that must be within the bar."),
+    cpus_per_host: float | None = typer.Option(None, help="Emulate a host of this many cores (default: all)."),
+    host_limit: str = typer.Option("auto", help="How to emulate it: auto, affinity (pin) or quota (CFS)."),
+    out: Path | None = typer.Option(None, "-o", "--out", help="Also write the JSON result to this file."),
+    json_only: bool = typer.Option(False, "--json", help="Print only the JSON line."),
+) -> None:
+    """At 2x the host's capacity: admitting every command against capacity-aware admission, side by side."""
+    from sandrl.bench.admission import AdmissionConfig, parse_capacity, run
+
+    if host_limit not in ("auto", "affinity", "quota"):
+        raise ConfigError(f"--host-limit is auto, affinity or quota, not {host_limit!r}")
+    slots, source = parse_capacity(capacity)
+    config = AdmissionConfig(
+        quick=quick,
+        capacity=slots,
+        capacity_source=source,
+        factor=factor,
+        episodes=n,
+        rounds=rounds,
+        model_s=model_s,
+        workloads=_names(workloads, "--workloads"),
+        bar=bar,
+        quantile=quantile,
+        cores=cpus_per_host,
+        host_limit=cast(LimitChoice, host_limit),
+    )
+    _emit(asyncio.run(run(config, console=_console(json_only))), out)
+
+
 def report(
-    results: list[Path] = typer.Argument(..., help="Result files of `sandrl bench contention`."),
+    results: list[Path] = typer.Argument(..., help="Result files of `sandrl bench contention` or `episodes`."),
     output: Path = typer.Option(Path("report.html"), "-o", "--output", help="The HTML page to write."),
 ) -> None:
     """Render result files as one HTML page with the plots."""
@@ -91,5 +189,5 @@ def compare(
 
     table, result = compare_files(a, b)
     if not json_only:
-        Console(stderr=True).print(table)
+        _console(False).print(table)
     print(json.dumps(result))

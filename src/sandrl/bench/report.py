@@ -1,7 +1,8 @@
 """Benchmark results: load the JSON, render the HTML page, compare two hosts side by side.
 
-A result (``bench: contention``) holds ``host``, ``config``, ``standalone``, ``levels``,
-``capacity`` and ``full_load``; the episode-level run adds ``episodes``
+A contention result (``bench: contention``) holds ``host``, ``config``, ``standalone``,
+``levels``, ``capacity`` and ``full_load``; an episode result (``bench: episodes``,
+:mod:`sandrl.bench.episodes`) holds ``host``, ``config``, ``episodes``
 (:func:`sandrl.bench.breakdown.episodes_section`) and ``projection``
 (:func:`sandrl.bench.projection.projection_section`). Everything here reads those keys and
 skips what a result does not have.
@@ -25,7 +26,10 @@ from sandrl.bench.workloads import CLASSES
 from sandrl.errors import ConfigError
 
 Labelled = Sequence[tuple[str, dict[str, Any]]]
-REQUIRED = ("host", "config", "standalone", "levels", "capacity", "full_load")
+REQUIRED = {
+    "contention": ("host", "config", "standalone", "levels", "capacity", "full_load"),
+    "episodes": ("host", "config", "episodes", "projection"),
+}
 
 
 def load_result(path: Path | str) -> dict[str, Any]:
@@ -44,12 +48,18 @@ def load_result(path: Path | str) -> dict[str, Any]:
             data = json.loads(lines[-1])
         except (json.JSONDecodeError, IndexError) as exc:
             raise ConfigError(f"{path} is not a benchmark result (no JSON object in it)") from exc
-    if not isinstance(data, dict) or data.get("bench") != "contention":
-        raise ConfigError(f"{path} is not a `sandrl bench contention` result (its 'bench' is {data.get('bench')!r})")
-    missing = [k for k in REQUIRED if k not in data]
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} is not a benchmark result (its JSON is not an object)")
+    result: dict[str, Any] = data
+    kind = result.get("bench")
+    if kind not in REQUIRED:
+        raise ConfigError(
+            f"{path} is not a `sandrl bench contention` result, nor an `episodes` one (its 'bench' is {kind!r})"
+        )
+    missing = [k for k in REQUIRED[kind] if k not in result]
     if missing:
         raise ConfigError(f"{path} lacks {', '.join(missing)}: was it written by an older sandrl?")
-    return data
+    return result
 
 
 def label_for(path: Path | str, result: dict[str, Any]) -> str:
@@ -108,6 +118,8 @@ def render_html(results: Labelled) -> str:
     parts.append("<h2>Capacity and per-core slowdown</h2>")
     cap_rows = []
     for label, r in results:
+        if not r.get("capacity"):
+            continue
         cap, full = r["capacity"], r["full_load"]
         per_core = full.get("per_core_slowdown") or {}
         cap_rows.append(
@@ -135,6 +147,8 @@ def render_html(results: Labelled) -> str:
     parts.append(_img("capacity", plots.capacity_bars(results), "capacity per host"))
     parts.append("<h2>Levels</h2>")
     for label, r in results:
+        if not r.get("levels"):
+            continue
         rows = []
         for lv in r["levels"]:
             cells: list[object] = [lv["background"], lv["source"], _fmt(lv["load_per_core"])]
@@ -183,7 +197,7 @@ def _mean(r: dict[str, Any]) -> EpisodeBreakdown | None:
 
 
 def _standalone(r: dict[str, Any], cls: str) -> float | None:
-    times = [s["median_s"] for s in r["standalone"].values() if s["class"] == cls]
+    times = [s["median_s"] for s in (r.get("standalone") or {}).values() if s["class"] == cls]
     return math.prod(times) ** (1 / len(times)) if times else None
 
 
@@ -197,11 +211,13 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
     ea, eb = _mean(a), _mean(b)
     for name, attr in (("episode s", "total_s"), ("commands s", "commands_s"), ("verifier s", "verifier_s")):
         row(name, getattr(ea, attr, None), getattr(eb, attr, None), _pct, ".2f")
-    row("capacity (background tasks)", a["capacity"]["load"], b["capacity"]["load"], _ratio, "d")
-    row("capacity per core", a["capacity"]["per_core"], b["capacity"]["per_core"], _ratio, ".2f")
+    cap_a, cap_b = a.get("capacity") or {}, b.get("capacity") or {}
+    if cap_a or cap_b:  # episode results have none
+        row("capacity (background tasks)", cap_a.get("load"), cap_b.get("load"), _ratio, "d")
+        row("capacity per core", cap_a.get("per_core"), cap_b.get("per_core"), _ratio, ".2f")
     for cls in CLASSES:
-        pa = (a["full_load"].get("per_core_slowdown") or {}).get(cls)
-        pb = (b["full_load"].get("per_core_slowdown") or {}).get(cls)
+        pa = ((a.get("full_load") or {}).get("per_core_slowdown") or {}).get(cls)
+        pb = ((b.get("full_load") or {}).get("per_core_slowdown") or {}).get(cls)
         if pa is not None or pb is not None:
             row(f"per-core slowdown, {cls}", pa, pb, _pct, ".2f")
     for cls in CLASSES:

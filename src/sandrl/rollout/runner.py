@@ -13,6 +13,12 @@ submission order, so early groups finish first and flow on while later ones run.
 that ends in a retryable ``infra_error`` is run again (same ``episode_id``, ``attempt`` + 1)
 up to ``max_attempts``; the errors of earlier attempts stay on the final trajectory.
 Cancelling a stream or a run cancels its episodes, each of which closes its sandbox.
+
+``host_capacity`` admits commands, not episodes: at most that many commands (the agents', the
+setup's and the verifiers') run at once across the run's sandboxes, the rest queue
+(:class:`~sandrl.sandbox.pool.CommandAdmission`); episodes waiting on the model hold no slot.
+Set it to the host's measured capacity (``sandrl bench contention``: busy sandboxes within the
+latency bar, :func:`sandrl.bench.capacity.admission_slots`) to keep commands within the bar.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from sandrl.rollout.progress import EpisodeProgress
 from sandrl.rollout.summary import summarize
 from sandrl.rollout.trajectory import EpisodeError, Trajectory
 from sandrl.sandbox.base import SandboxProvider
+from sandrl.sandbox.pool import AdmittedProvider, CommandAdmission
 from sandrl.tasks.task import Task
 
 
@@ -53,6 +60,9 @@ class RunnerConfig:
     """Attempts per episode when it ends in a retryable infra error (1 = no retry)."""
     retry_backoff_s: float = 1.0
     """Wait before a retry; doubles with each further attempt."""
+    host_capacity: int | None = None
+    """Most commands running at once across the run's sandboxes; the rest wait for a slot (FIFO).
+    None: every command runs when issued."""
     run_id: str | None = None
     """Prefix of every group and episode id; a fixed one makes ids stable across runs. None: random."""
     episode: EpisodeConfig = field(default_factory=EpisodeConfig)
@@ -66,6 +76,8 @@ class RunnerConfig:
             raise ConfigError(f"max_attempts must be >= 1, got {self.max_attempts}")
         if self.retry_backoff_s < 0:
             raise ConfigError(f"retry_backoff_s must be >= 0, got {self.retry_backoff_s}")
+        if self.host_capacity is not None and self.host_capacity < 1:
+            raise ConfigError(f"host_capacity (commands at once) must be >= 1, got {self.host_capacity}")
 
 
 @dataclass(frozen=True)
@@ -120,6 +132,12 @@ class RolloutRunner:
         self.writer = writer
         self._listeners: list[Callable[[Trajectory], None]] = [on_episode] if on_episode is not None else []
         self._slots = asyncio.Semaphore(self.config.concurrency)
+        self.admission: CommandAdmission | None = None
+        """The command admission of ``host_capacity`` (its counters say how much queued), else None."""
+        self._episode_provider: SandboxProvider = provider
+        if self.config.host_capacity is not None:
+            self.admission = CommandAdmission(self.config.host_capacity)
+            self._episode_provider = AdmittedProvider(provider, self.admission)
 
     def group_ids(self, tasks: Sequence[Task]) -> list[str]:
         """The group id of each task: ``<run_id>/<task_id>#<k>``, k counting repeats of a task in the list."""
@@ -217,7 +235,7 @@ class RolloutRunner:
                 queue_s = time.monotonic() - submitted
                 trajectory = await run_episode(
                     task,
-                    self.provider,
+                    self._episode_provider,
                     self.agent,
                     policy=self.policy,
                     config=self.config.episode,

@@ -8,6 +8,13 @@ pools and handed-out ones together): at the bound ``create`` either fails with
 
 A pooled sandbox is as fresh as any other: it has run nothing before it is handed out, and
 its TTL starts at hand-out.
+
+:class:`CommandAdmission` bounds what a host's CPUs are asked to do at once: at most ``slots``
+commands run across the sandboxes of an :class:`AdmittedProvider` (which wraps any provider,
+this one included), the rest wait in FIFO order. A host's capacity within a latency bar is a
+number of *busy* sandboxes (``sandrl bench contention``), and an episode is busy only while a
+command runs, not while its agent waits on the model: so admission holds commands, not
+sandboxes. The rollout runner takes it as ``RunnerConfig.host_capacity``.
 """
 
 from __future__ import annotations
@@ -17,11 +24,12 @@ import contextlib
 import json
 import time
 from collections import deque
-from collections.abc import Mapping
-from typing import Literal
+from collections.abc import AsyncIterator, Mapping
+from types import TracebackType
+from typing import Any, Literal
 
-from sandrl.errors import CapacityExhaustedError, SandrlError
-from sandrl.sandbox.base import SandboxSpec
+from sandrl.errors import CapacityExhaustedError, ConfigError, SandrlError
+from sandrl.sandbox.base import ExecResult, Sandbox, SandboxProvider, SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider, BwrapSandbox
 
 
@@ -196,3 +204,122 @@ class PooledProvider:
         """Close the pools' idle sandboxes and every sandbox handed out."""
         await asyncio.gather(*(p.close() for p in self.pools.values()))
         await asyncio.gather(*(s.close() for s in list(self.live)), return_exceptions=True)
+
+
+class CommandAdmission:
+    """At most ``slots`` commands run at once; the rest wait for a slot, first come first served.
+
+    ``wait_timeout_s`` bounds a wait (then :class:`~sandrl.errors.CapacityExhaustedError`), so
+    nothing queues forever. The counters say what admission did: commands admitted, how many
+    had to wait and for how long, the most running and waiting at once.
+    """
+
+    def __init__(self, slots: int, *, wait_timeout_s: float = 900.0) -> None:
+        if slots < 1:
+            raise ConfigError(f"a host capacity (commands at once) must be at least 1, got {slots}")
+        if wait_timeout_s <= 0:
+            raise ConfigError(f"the admission wait timeout must be positive, got {wait_timeout_s}")
+        self.slots = slots
+        self.wait_timeout_s = wait_timeout_s
+        self._sem = asyncio.Semaphore(slots)  # FIFO: a newcomer does not pass a waiter (CPython >= 3.11.1)
+        self.running = 0
+        self.waiting = 0
+        self.peak_running = 0
+        self.peak_waiting = 0
+        self.admitted = 0
+        self.queued = 0
+        """Commands that found every slot taken and waited."""
+        self.wait_s = 0.0
+        self.max_wait_s = 0.0
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[float]:
+        """Hold one slot for the block; yields the seconds waited for it."""
+        start = time.monotonic()
+        had_to_wait = self._sem.locked()
+        self.waiting += 1
+        self.peak_waiting = max(self.peak_waiting, self.waiting)
+        try:
+            async with asyncio.timeout(self.wait_timeout_s):
+                await self._sem.acquire()
+        except TimeoutError:
+            raise CapacityExhaustedError(
+                f"a command waited {self.wait_timeout_s:g} s for one of the host's {self.slots} command slots; "
+                "admit fewer episodes at once or raise the host capacity"
+            ) from None
+        finally:
+            self.waiting -= 1
+        waited = time.monotonic() - start
+        self.admitted += 1
+        self.queued += int(had_to_wait)
+        self.wait_s += waited
+        self.max_wait_s = max(self.max_wait_s, waited)
+        self.running += 1
+        self.peak_running = max(self.peak_running, self.running)
+        try:
+            yield waited
+        finally:
+            self.running -= 1
+            self._sem.release()
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "slots": self.slots,
+            "admitted": self.admitted,
+            "queued": self.queued,
+            "queued_fraction": round(self.queued / self.admitted, 4) if self.admitted else 0.0,
+            "wait_s_total": round(self.wait_s, 4),
+            "wait_s_mean": round(self.wait_s / self.admitted, 4) if self.admitted else 0.0,
+            "wait_s_max": round(self.max_wait_s, 4),
+            "peak_running": self.peak_running,
+            "peak_waiting": self.peak_waiting,
+        }
+
+
+class AdmittedSandbox:
+    """A sandbox whose commands each wait for a slot of a :class:`CommandAdmission`; files pass straight through."""
+
+    def __init__(self, inner: Sandbox, admission: CommandAdmission) -> None:
+        self.inner = inner
+        self.admission = admission
+        self.id = inner.id
+
+    async def exec(
+        self,
+        command: str,
+        *,
+        timeout_s: float = 60,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | None = None,
+    ) -> ExecResult:
+        async with self.admission.slot():
+            return await self.inner.exec(command, timeout_s=timeout_s, cwd=cwd, env=env, stdin=stdin)
+
+    async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        await self.inner.write_file(path, data, mode)
+
+    async def read_file(self, path: str) -> bytes:
+        return await self.inner.read_file(path)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    async def __aenter__(self) -> AdmittedSandbox:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+
+class AdmittedProvider:
+    """Any provider, with every command of its sandboxes admitted through one :class:`CommandAdmission`."""
+
+    def __init__(self, provider: SandboxProvider, admission: CommandAdmission) -> None:
+        self.provider = provider
+        self.admission = admission
+
+    async def create(self, spec: SandboxSpec) -> AdmittedSandbox:
+        return AdmittedSandbox(await self.provider.create(spec), self.admission)
