@@ -27,6 +27,13 @@ from sandrl.errors import ConfigError
 LimitChoice = Literal["auto", "affinity", "quota"]
 
 
+def _host_limit(value: str) -> LimitChoice:
+    """``--host-limit``, checked once for every command that emulates a smaller host."""
+    if value not in ("auto", "affinity", "quota"):
+        raise ConfigError(f"--host-limit is auto, affinity or quota, not {value!r}")
+    return cast(LimitChoice, value)
+
+
 def parse_levels(text: str | None) -> tuple[int, ...] | None:
     """``"0,1,2,4"`` -> (0, 1, 2, 4); None or empty -> None (the defaults)."""
     if not text:
@@ -52,15 +59,13 @@ def contention(
     """Commands' slowdown as background sandboxes fill the host; capacity at the latency bar."""
     from sandrl.bench.contention import ContentionConfig, run
 
-    if host_limit not in ("auto", "affinity", "quota"):
-        raise ConfigError(f"--host-limit is auto, affinity or quota, not {host_limit!r}")
     config = ContentionConfig(
         quick=quick,
         levels=parse_levels(levels),
         bar=bar,
         quantile=quantile,
         cores=cpus_per_host,
-        host_limit=cast(LimitChoice, host_limit),
+        host_limit=_host_limit(host_limit),
         probes=probes,
         workloads=tuple(w for w in workloads.split(",") if w) if workloads else None,
     )
@@ -111,8 +116,6 @@ def episodes(
     """Episodes of built-in tasks (replay agent, fixed model time) on a busy host: where their time goes."""
     from sandrl.bench.episodes import EpisodesConfig, run
 
-    if host_limit not in ("auto", "affinity", "quota"):
-        raise ConfigError(f"--host-limit is auto, affinity or quota, not {host_limit!r}")
     config = EpisodesConfig(
         quick=quick,
         episodes=n,
@@ -122,7 +125,7 @@ def episodes(
         tokens_per_s=tokens_per_s,
         concurrency=concurrency,
         cores=cpus_per_host,
-        host_limit=cast(LimitChoice, host_limit),
+        host_limit=_host_limit(host_limit),
     )
     _emit(asyncio.run(run(config, console=_console(json_only))), out)
 
@@ -147,8 +150,6 @@ def admission(
     """At 2x the host's capacity: admitting every command against capacity-aware admission, side by side."""
     from sandrl.bench.admission import AdmissionConfig, parse_capacity, run
 
-    if host_limit not in ("auto", "affinity", "quota"):
-        raise ConfigError(f"--host-limit is auto, affinity or quota, not {host_limit!r}")
     slots, source = parse_capacity(capacity)
     config = AdmissionConfig(
         quick=quick,
@@ -162,7 +163,7 @@ def admission(
         bar=bar,
         quantile=quantile,
         cores=cpus_per_host,
-        host_limit=cast(LimitChoice, host_limit),
+        host_limit=_host_limit(host_limit),
     )
     _emit(asyncio.run(run(config, console=_console(json_only))), out)
 
