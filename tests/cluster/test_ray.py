@@ -90,13 +90,15 @@ async def test_async_training_over_the_cluster_learns_and_places_by_capacity(
     engine, inference_url = served
     before = expected_reward(engine)
     out = tmp_path / "learn"
-    config = run_config(out, run={"steps": 10, "mode": "async"}, **{"async": {"max_staleness": 1}})
+    # 10 steps reached +0.13 once in CI (0.99 in most runs): 20 keep the +0.2 bar clear of that tail.
+    steps = 20
+    config = run_config(out, run={"steps": steps, "mode": "async"}, **{"async": {"max_staleness": 1}})
     started = time.monotonic()
     result = await run_cluster_training(
         config, cluster_config(both_up, inference_url), address="auto", agent=ParityAgent(tokens=1, work_s=0.5)
     )
     print(f"async cluster run: {time.monotonic() - started:.1f} s")
-    rollouts = _check_exactly_once(out, result, 10, 2, 4)
+    rollouts = _check_exactly_once(out, result, steps, 2, 4)
     rewards = [m["reward_mean"] for m in _metrics(out)]
     after = expected_reward(engine)  # the weights the trainer pushed last
     print(f"expected reward {before:.3f} -> {after:.3f}; per step {rewards}")

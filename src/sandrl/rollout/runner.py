@@ -33,6 +33,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sandrl.aio import gather_all
 from sandrl.errors import ConfigError
 from sandrl.inference.base import InferenceClient
 from sandrl.rollout.agent import Agent
@@ -197,7 +198,7 @@ class RolloutRunner:
         else:
             submitted = time.monotonic()
             trajectories = list(
-                await asyncio.gather(
+                await gather_all(
                     *(self._episode(task, group_id, i, image, submitted) for i in range(self.config.group_size))
                 )
             )

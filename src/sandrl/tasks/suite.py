@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
+from sandrl.aio import gather_all
 from sandrl.errors import SandrlError
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.tasks.build import ensure_task_image
@@ -126,7 +127,7 @@ async def validate_task(task: Task, provider: BwrapProvider) -> TaskValidation:
     except SandrlError as exc:
         return TaskValidation(task.id, False, None, None, time.monotonic() - start, problem=str(exc))
     try:
-        (without, _), (with_, solution_exit) = await asyncio.gather(
+        (without, _), (with_, solution_exit) = await gather_all(
             _episode(task, provider, image, "null"), _episode(task, provider, image, "oracle")
         )
     except SandrlError as exc:
@@ -161,4 +162,4 @@ async def run_many(
             on_done(task, result)
         return result
 
-    return list(await asyncio.gather(*(one(task) for task in tasks)))
+    return await gather_all(*(one(task) for task in tasks))

@@ -30,6 +30,7 @@ from typing import IO, Any, Protocol
 
 from rich.console import Console
 
+from sandrl.aio import gather_all
 from sandrl.errors import ConfigError
 from sandrl.inference.base import InferenceClient, SamplingParams
 from sandrl.inference.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
@@ -207,7 +208,7 @@ class Session:
     async def collect(self, n: int) -> list[Item]:
         """``n`` groups rolled out at once (fewer at the end of a file)."""
         positions = [p for p in (self.next_position() for _ in range(n)) if p is not None]
-        return list(await asyncio.gather(*(self.rollout(p) for p in positions)))
+        return await gather_all(*(self.rollout(p) for p in positions))
 
     def consumed(self, position: int) -> None:
         self._consumed.add(position)
