@@ -24,6 +24,7 @@ from sandrl.errors import CapacityExhaustedError, ConfigError
 from sandrl.rollout import Budget, EpisodeConfig, ReplayAgent, RolloutRunner, RunnerConfig, ThinkTime
 from sandrl.sandbox.base import ExecResult, SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider
+from sandrl.sandbox.idle_cpu import IdleCpus
 from sandrl.sandbox.pool import AdmittedProvider, CommandAdmission
 from sandrl.tasks import Task, load_tasks
 from sandrl.tasks.builtin.generated import generate_tasks
@@ -151,6 +152,94 @@ async def test_a_wait_is_bounded_and_a_cancelled_waiter_frees_nothing() -> None:
         assert waited < 0.05
 
 
+class ScriptedIdle:
+    """An idle-CPU reading the test sets; counts the restarts admission asks for."""
+
+    window_s = 0.005
+
+    def __init__(self, cores: float) -> None:
+        self.cores = cores
+        self.restarts = 0
+
+    def idle(self) -> float:
+        return self.cores
+
+    def restart(self) -> None:
+        self.restarts += 1
+
+
+async def test_idle_cores_admit_extras_up_to_the_slots_and_give_them_back() -> None:
+    host = Host(command_s=0.03)
+    idle = ScriptedIdle(cores=1.5)
+    gate = CommandAdmission(2, fill_idle=idle)  # type: ignore[arg-type]
+    provider = AdmittedProvider(FakeProvider(host), gate)
+    sandboxes = [await provider.create(SandboxSpec()) for _ in range(8)]
+    await asyncio.gather(*(s.exec(f"cmd {i}") for i, s in enumerate(sandboxes)))
+    assert host.peak == 4 and gate.peak_running == 4  # 2 slots + at most 2 extras
+    assert gate.extras >= 2 and idle.restarts == gate.extras and gate.stats()["extras"] == gate.extras
+    assert host.commands == [f"cmd {i}" for i in range(8)]  # extras are taken from the head of the line
+    assert gate.running == 0 and gate.extra_running == 0 and gate._regular == 0
+
+
+async def test_extras_wait_for_idle_cores_and_a_poll_finds_them() -> None:
+    host = Host(command_s=0.2)
+    idle = ScriptedIdle(cores=0.5)  # under fill_idle_cores: no extra
+    gate = CommandAdmission(1, fill_idle=idle)  # type: ignore[arg-type]
+    provider = AdmittedProvider(FakeProvider(host), gate)
+    first, second = [await provider.create(SandboxSpec()) for _ in range(2)]
+    run_first = asyncio.create_task(first.exec("long"))
+    await asyncio.sleep(0.01)
+    run_second = asyncio.create_task(second.exec("waits"))
+    await asyncio.sleep(0.03)
+    assert host.running == 1 and gate.extras == 0 and gate.waiting == 1
+    idle.cores = 1.0  # the poll sees it within a window, long before the first command ends
+    await asyncio.sleep(0.03)
+    assert host.running == 2 and gate.extras == 1 and gate.waiting == 0
+    await asyncio.gather(run_first, run_second)
+    assert gate._poller is None and gate.running == 0
+
+
+async def test_without_idle_cores_admission_keeps_to_the_slots() -> None:
+    host = Host(command_s=0.01)
+    gate = CommandAdmission(1, fill_idle=ScriptedIdle(cores=0.0))  # type: ignore[arg-type]
+    provider = AdmittedProvider(FakeProvider(host), gate)
+    sandboxes = [await provider.create(SandboxSpec()) for _ in range(5)]
+    await asyncio.gather(*(s.exec("x") for s in sandboxes))
+    assert host.peak == 1 and gate.extras == 0 and gate.stats()["queued"] == 4
+
+
+def test_idle_cpus_reads_the_watched_cpus_ticks_per_window(tmp_path: Path) -> None:
+    stat = tmp_path / "stat"
+    now = [0.0]
+
+    def write(cpu0: tuple[int, int], cpu1: tuple[int, int], cpu2: tuple[int, int]) -> None:
+        # (busy user ticks, idle ticks) per CPU; iowait counts as idle, guest is inside user
+        lines = ["cpu  1 2 3 4 5 6 7 8 9 10"]
+        for n, (busy, free) in enumerate((cpu0, cpu1, cpu2)):
+            lines.append(f"cpu{n} {busy} 0 0 {free - 1} 1 0 0 0 {busy} 0")
+        lines.append("intr 12345")
+        stat.write_text("\n".join(lines) + "\n")
+
+    write((100, 100), (100, 100), (0, 0))
+    idle = IdleCpus(window_s=0.1, cpus=[0, 1], path=stat, clock=lambda: now[0])
+    write((110, 110), (120, 100), (999, 0))  # cpu0 half idle, cpu1 busy; cpu2 is not watched
+    now[0] = 0.05
+    assert idle.idle() == 0.0  # the window is not over yet
+    now[0] = 0.1
+    assert idle.idle() == pytest.approx(2 * 10 / 40)
+    write((110, 130), (120, 120), (999, 0))  # both idle for the next window
+    now[0] = 0.15
+    assert idle.idle() == pytest.approx(0.5)  # the last finished window
+    now[0] = 0.2
+    assert idle.idle() == pytest.approx(2.0)
+    idle.restart()
+    assert idle.idle() == 0.0
+    with pytest.raises(ConfigError, match="none of the CPUs"):
+        IdleCpus(cpus=[7], path=stat)
+    with pytest.raises(ConfigError, match="window must be positive"):
+        IdleCpus(window_s=0)
+
+
 def test_bad_capacities_are_config_errors() -> None:
     with pytest.raises(ConfigError, match="at least 1"):
         CommandAdmission(0)
@@ -246,7 +335,8 @@ async def test_admission_bench_end_to_end(provider: BwrapProvider) -> None:
         assert way["episodes"] == 4 and way["verified"] == 4 and way["passed"] == 4 and way["infra_errors"] == 0
         assert way["slowdown"]["all"]["n"] == 8.0 and {"python", "shell"} <= set(way["slowdown"])
         assert [r["round"] for r in way["per_round"]] == [0, 1]
-    assert b["peak_running"] == 1 and a["peak_running"] is None and a["queued_fraction"] == 0.0
+    assert a["peak_running"] is None and a["queued_fraction"] == 0.0 and a["extras"] is None
+    assert 1 <= b["peak_running"] <= 1 + min(1, b["extras"])  # the slot, and at most one extra on an idle core
     assert result["ratios"]["episodes_per_hour_b_over_a"] == pytest.approx(
         b["episodes_per_hour"] / a["episodes_per_hour"], rel=1e-3
     )

@@ -11,7 +11,8 @@ that alternate which goes first (so a drift of the shared host's load hits both)
 
 - **admit all**: every command runs when issued, as a runner without admission does;
 - **capacity-aware**: ``RunnerConfig.host_capacity`` = the capacity; commands beyond it wait
-  for a slot (:class:`~sandrl.sandbox.pool.CommandAdmission`).
+  for a slot (:class:`~sandrl.sandbox.pool.CommandAdmission`), and with ``fill_idle`` (the
+  default) a waiting command also runs while a core sits idle (``RunnerConfig.fill_idle_cpus``).
 
 Measured per way: each command's slowdown (its run time in the sandbox over its standalone
 time, measured at the start of this run on the idle host, each repetition in a fresh sandbox
@@ -123,6 +124,10 @@ class AdmissionConfig:
     host_limit: Literal["auto", "affinity", "quota"] = "auto"
     repeats: int | None = None
     """Standalone repetitions (median); default 3 quick, 5 full."""
+    fill_idle: bool = True
+    """Capacity-aware admission is work-conserving: it also runs a waiting command while one of
+    the benchmark process's CPUs sits idle. Under the ``quota`` host limit those are the
+    host's CPUs, not the quota's, so the extras there may exceed the emulated host."""
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -317,6 +322,7 @@ def summarize_way(
             else 0.0
         ),
         "peak_running": max((a["peak_running"] for a in queued), default=None),
+        "extras": sum(a["extras"] for a in queued) if queued else None,
         "per_round": per_round,
     }
 
@@ -418,6 +424,7 @@ async def _run(
                         concurrency=in_flight,
                         max_attempts=1,
                         host_capacity=slots if mode == "capacity_aware" else None,
+                        fill_idle_cpus=cfg.fill_idle,
                         episode=EpisodeConfig(Budget(max_turns=len(chosen) + 1)),
                     ),
                     image_for=image_for,
@@ -517,6 +524,7 @@ def print_card(result: dict[str, Any], console: Console) -> None:
     row("commands that queued", "queued_fraction", ".0%")
     row("queue wait per command s", "queue_wait_s_mean", ".3f")
     table.add_row("most commands at once", "-", _f(b["peak_running"], "d"), "")
+    table.add_row("extras onto idle cores", "-", _f(b["extras"], "d") if cfg["fill_idle"] else "off", "")
     console.print(table)
     claims = result["claims"]
     console.print(

@@ -45,6 +45,7 @@ from sandrl.rollout.progress import EpisodeProgress
 from sandrl.rollout.summary import summarize
 from sandrl.rollout.trajectory import EpisodeError, Trajectory
 from sandrl.sandbox.base import SandboxProvider
+from sandrl.sandbox.idle_cpu import IdleCpus
 from sandrl.sandbox.pool import AdmittedProvider, CommandAdmission
 from sandrl.tasks.task import Task
 
@@ -64,6 +65,10 @@ class RunnerConfig:
     host_capacity: int | None = None
     """Most commands running at once across the run's sandboxes; the rest wait for a slot (FIFO).
     None: every command runs when issued."""
+    fill_idle_cpus: bool = False
+    """With ``host_capacity``: also run a waiting command while a core of the host sits idle
+    (work-conserving admission, :class:`~sandrl.sandbox.idle_cpu.IdleCpus`), at most
+    ``host_capacity`` such extras at once."""
     run_id: str | None = None
     """Prefix of every group and episode id; a fixed one makes ids stable across runs. None: random."""
     episode: EpisodeConfig = field(default_factory=EpisodeConfig)
@@ -137,7 +142,8 @@ class RolloutRunner:
         """The command admission of ``host_capacity`` (its counters say how much queued), else None."""
         self._episode_provider: SandboxProvider = provider
         if self.config.host_capacity is not None:
-            self.admission = CommandAdmission(self.config.host_capacity)
+            idle = IdleCpus() if self.config.fill_idle_cpus else None
+            self.admission = CommandAdmission(self.config.host_capacity, fill_idle=idle)
             self._episode_provider = AdmittedProvider(provider, self.admission)
 
     def group_ids(self, tasks: Sequence[Task]) -> list[str]:
