@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from sandrl.aio import gather_all
+from sandrl.aio import gather_all, wait_out
 
 
 async def _slow_to_stop(finished: list[str], name: str, cleanup_s: float) -> str:
@@ -59,3 +59,24 @@ async def test_a_failure_cancels_and_awaits_the_rest_then_raises() -> None:
     with pytest.raises(ValueError, match="boom"):
         await gather_all(boom(), _slow_to_stop(finished, "other", 0.1))
     assert finished == ["other"]
+
+
+async def test_wait_out_times_out_and_outlasts_a_cancellation() -> None:
+    slow = asyncio.ensure_future(asyncio.sleep(10))
+    assert await wait_out([slow], timeout_s=0.02) is False
+    slow.cancel()
+
+    closing = asyncio.ensure_future(asyncio.sleep(0.05, "closed"))
+    waiter = asyncio.ensure_future(wait_out([closing]))
+    await asyncio.sleep(0.01)
+    waiter.cancel()  # the caller is cancelled: the wait goes on, then the cancellation is raised
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert closing.done() and closing.result() == "closed"
+
+    async def fails() -> None:
+        raise RuntimeError("boom")
+
+    failed = asyncio.ensure_future(fails())
+    assert await wait_out([failed]) is True  # its error is retrieved, left for the owner to read
+    assert isinstance(failed.exception(), RuntimeError)

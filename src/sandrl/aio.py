@@ -3,13 +3,15 @@
 ``asyncio.gather`` resolves as soon as one of its awaitables fails or is cancelled, while the
 others may still be running: cancel a run of episodes and ``gather`` returns while half of them
 are still closing their sandboxes. :func:`gather_all` returns or raises only once every awaitable
-has finished, so "the run was cancelled" also means "nothing of it is left running".
+has finished, so "the run was cancelled" also means "nothing of it is left running";
+:func:`wait_out` is the wait underneath, for cleanup that must finish even when cancelled.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Sequence
+import time
+from collections.abc import Awaitable, Collection
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -30,19 +32,30 @@ async def gather_all(*aws: Awaitable[T]) -> list[T]:
             already = isinstance(task, asyncio.Task) and task.cancelling() > 0
             if not task.done() and not already:
                 task.cancel()
-        await _wait_out(tasks)
+        await wait_out(tasks)
         raise
 
 
-async def _wait_out(tasks: Sequence[asyncio.Future[Any]]) -> None:
+async def wait_out(futures: Collection[asyncio.Future[Any]], *, timeout_s: float | None = None) -> bool:
+    """Wait until every one of ``futures`` is done, or ``timeout_s`` passed; True if all are done.
+
+    A cancellation of the caller does not cut the wait short (cleanup, such as closing a
+    sandbox, runs to its end): it is raised once the wait is over. The futures' exceptions
+    are retrieved, so asyncio logs no "exception was never retrieved"; their owner reads them.
+    """
     cancelled = False
-    while not all(t.done() for t in tasks):
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while not all(f.done() for f in futures):
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            break
         try:
-            await asyncio.wait(tasks)
+            await asyncio.wait(futures, timeout=remaining)
         except asyncio.CancelledError:
             cancelled = True
-    for task in tasks:
-        if not task.cancelled():
-            task.exception()  # retrieved, so asyncio logs no "exception was never retrieved"
+    for future in futures:
+        if future.done() and not future.cancelled():
+            future.exception()
     if cancelled:
         raise asyncio.CancelledError
+    return all(f.done() for f in futures)

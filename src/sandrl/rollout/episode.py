@@ -24,6 +24,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from sandrl.aio import wait_out
 from sandrl.inference.base import InferenceClient
 from sandrl.rollout.agent import Agent, AgentResult, Budget
 from sandrl.rollout.failures import classify
@@ -65,21 +66,13 @@ class _Clock:
 async def close_sandbox(sandbox: Sandbox, timeout_s: float) -> None:
     """Close ``sandbox`` and wait for it, even if the caller is cancelled meanwhile (then re-raise)."""
     closing = asyncio.ensure_future(sandbox.close())
-    cancelled = False
-    deadline = time.monotonic() + timeout_s
-    while not closing.done():
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
+    try:
+        await wait_out([closing], timeout_s=timeout_s)
+    finally:
+        if not closing.done():
             log.warning("sandbox %s did not close within %g s; its TTL will reap it", sandbox.id, timeout_s)
-            break
-        try:
-            await asyncio.wait({closing}, timeout=remaining)
-        except asyncio.CancelledError:
-            cancelled = True
-    if closing.done() and not closing.cancelled() and closing.exception() is not None:
-        log.warning("closing sandbox %s failed: %s", sandbox.id, closing.exception())
-    if cancelled:
-        raise asyncio.CancelledError
+        elif not closing.cancelled() and closing.exception() is not None:
+            log.warning("closing sandbox %s failed: %s", sandbox.id, closing.exception())
 
 
 def _verifier_record(result: VerifyResult) -> dict[str, Any]:

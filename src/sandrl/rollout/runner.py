@@ -33,7 +33,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandrl.aio import gather_all
+from sandrl.aio import gather_all, wait_out
 from sandrl.errors import ConfigError
 from sandrl.inference.base import InferenceClient
 from sandrl.rollout.agent import Agent
@@ -172,7 +172,7 @@ class RolloutRunner:
             if pending:
                 # Wait for the cancelled episodes to close their sandboxes.
                 with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.gather(*pending, return_exceptions=True)
+                    await wait_out(pending)
 
     async def run(self, tasks: Sequence[Task], *, progress: bool = False) -> RunResult:
         """All groups, in the tasks' order, with the summary of every episode."""
@@ -203,10 +203,8 @@ class RolloutRunner:
             trajectories = [self._failed(task, group_id, i, error) for i in range(self.config.group_size)]
         else:
             submitted = time.monotonic()
-            trajectories = list(
-                await gather_all(
-                    *(self._episode(task, group_id, i, image, submitted) for i in range(self.config.group_size))
-                )
+            trajectories = await gather_all(
+                *(self._episode(task, group_id, i, image, submitted) for i in range(self.config.group_size))
             )
         group = Group(group_id, task.id, trajectories)
         if self.writer is not None:
