@@ -245,6 +245,12 @@ def test_bad_capacities_are_config_errors() -> None:
         CommandAdmission(0)
     with pytest.raises(ConfigError, match="host_capacity"):
         RunnerConfig(host_capacity=0)
+    with pytest.raises(ConfigError, match="fill_idle_cores must be a positive number of cores"):
+        RunnerConfig(host_capacity=2, fill_idle_cores=0)
+    with pytest.raises(ConfigError, match="--fill-idle-cores must be a positive"):
+        AdmissionConfig(fill_idle_cores=-1)
+    with pytest.raises(ConfigError, match="idle cores for an extra"):
+        CommandAdmission(1, fill_idle_cores=0)
     with pytest.raises(ConfigError, match="--capacity must be at least 1"):
         AdmissionConfig(capacity=0)
     with pytest.raises(ConfigError, match="--factor"):

@@ -11,8 +11,8 @@ that alternate which goes first (so a drift of the shared host's load hits both)
 
 - **admit all**: every command runs when issued, as a runner without admission does;
 - **capacity-aware**: ``RunnerConfig.host_capacity`` = the capacity; commands beyond it wait
-  for a slot (:class:`~sandrl.sandbox.pool.CommandAdmission`), and with ``fill_idle`` (the
-  default) a waiting command also runs while a core sits idle (``RunnerConfig.fill_idle_cpus``).
+  for a slot (:class:`~sandrl.sandbox.pool.CommandAdmission`), and with ``fill_idle_cores`` (the
+  default, 1) a waiting command also runs while a core sits idle (``RunnerConfig.fill_idle_cores``).
 
 Measured per way: each command's slowdown (its run time in the sandbox over its standalone
 time, measured at the start of this run on the idle host, each repetition in a fresh sandbox
@@ -124,9 +124,9 @@ class AdmissionConfig:
     host_limit: Literal["auto", "affinity", "quota"] = "auto"
     repeats: int | None = None
     """Standalone repetitions (median); default 3 quick, 5 full."""
-    fill_idle: bool = True
-    """Capacity-aware admission is work-conserving: it also runs a waiting command while one of
-    the benchmark process's CPUs sits idle. Under the ``quota`` host limit those are the
+    fill_idle_cores: float | None = 1.0
+    """Capacity-aware admission is work-conserving: it also runs a waiting command while this
+    many of the benchmark process's CPUs sat idle (None: off). Under the ``quota`` host limit those are the
     host's CPUs, not the quota's, so the extras there may exceed the emulated host."""
     seed: int = 0
 
@@ -143,6 +143,8 @@ class AdmissionConfig:
             raise ConfigError(f"--model-s must be 0 or more seconds, got {self.model_s}")
         if self.repeats is not None and self.repeats < 1:
             raise ConfigError("--repeats must be at least 1")
+        if self.fill_idle_cores is not None and not self.fill_idle_cores > 0:
+            raise ConfigError(f"--fill-idle-cores must be a positive number of cores, got {self.fill_idle_cores}")
         contention.ContentionConfig(bar=self.bar, quantile=self.quantile)  # the same checks
         workloads.select(self.workloads or workloads.QUICK_NAMES)
 
@@ -424,7 +426,7 @@ async def _run(
                         concurrency=in_flight,
                         max_attempts=1,
                         host_capacity=slots if mode == "capacity_aware" else None,
-                        fill_idle_cpus=cfg.fill_idle,
+                        fill_idle_cores=cfg.fill_idle_cores,
                         episode=EpisodeConfig(Budget(max_turns=len(chosen) + 1)),
                     ),
                     image_for=image_for,
@@ -524,7 +526,7 @@ def print_card(result: dict[str, Any], console: Console) -> None:
     row("commands that queued", "queued_fraction", ".0%")
     row("queue wait per command s", "queue_wait_s_mean", ".3f")
     table.add_row("most commands at once", "-", _f(b["peak_running"], "d"), "")
-    table.add_row("extras onto idle cores", "-", _f(b["extras"], "d") if cfg["fill_idle"] else "off", "")
+    table.add_row("extras onto idle cores", "-", _f(b["extras"], "d") if cfg["fill_idle_cores"] else "off", "")
     console.print(table)
     claims = result["claims"]
     console.print(

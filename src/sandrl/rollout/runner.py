@@ -65,10 +65,11 @@ class RunnerConfig:
     host_capacity: int | None = None
     """Most commands running at once across the run's sandboxes; the rest wait for a slot (FIFO).
     None: every command runs when issued."""
-    fill_idle_cpus: bool = False
-    """With ``host_capacity``: also run a waiting command while a core of the host sits idle
-    (work-conserving admission, :class:`~sandrl.sandbox.idle_cpu.IdleCpus`), at most
-    ``host_capacity`` such extras at once."""
+    fill_idle_cores: float | None = None
+    """With ``host_capacity``: also run a waiting command while at least this many of the host's
+    cores sat idle over the last tenth of a second (work-conserving admission,
+    :class:`~sandrl.sandbox.idle_cpu.IdleCpus`), at most ``host_capacity`` such extras at once.
+    None: never beyond the capacity."""
     run_id: str | None = None
     """Prefix of every group and episode id; a fixed one makes ids stable across runs. None: random."""
     episode: EpisodeConfig = field(default_factory=EpisodeConfig)
@@ -84,6 +85,8 @@ class RunnerConfig:
             raise ConfigError(f"retry_backoff_s must be >= 0, got {self.retry_backoff_s}")
         if self.host_capacity is not None and self.host_capacity < 1:
             raise ConfigError(f"host_capacity (commands at once) must be >= 1, got {self.host_capacity}")
+        if self.fill_idle_cores is not None and not self.fill_idle_cores > 0:
+            raise ConfigError(f"fill_idle_cores must be a positive number of cores, got {self.fill_idle_cores}")
 
 
 @dataclass(frozen=True)
@@ -142,8 +145,12 @@ class RolloutRunner:
         """The command admission of ``host_capacity`` (its counters say how much queued), else None."""
         self._episode_provider: SandboxProvider = provider
         if self.config.host_capacity is not None:
-            idle = IdleCpus() if self.config.fill_idle_cpus else None
-            self.admission = CommandAdmission(self.config.host_capacity, fill_idle=idle)
+            fill = self.config.fill_idle_cores
+            self.admission = CommandAdmission(
+                self.config.host_capacity,
+                fill_idle=IdleCpus() if fill is not None else None,
+                fill_idle_cores=fill if fill is not None else 1.0,
+            )
             self._episode_provider = AdmittedProvider(provider, self.admission)
 
     def group_ids(self, tasks: Sequence[Task]) -> list[str]:
