@@ -18,6 +18,7 @@ from ..support import needs_sandbox
 
 TOY = DemoConfig(
     train_tasks=8,
+    warm_tasks=8,
     heldout_tasks=3,
     heldout_samples=2,
     warm=WarmStartConfig(

@@ -1,14 +1,17 @@
 """``sandrl demo``: a tiny policy learns a task family with GRPO, against real sandboxes and the real verifier.
 
 1. **Tasks.** A generated family (``echo`` by default: "write the word W into
-   /workspace/answer.txt") in seeded sets: training tasks, held-out tasks, and check tasks (for the warm start).
-2. **Warm start.** The tiny model is built from a config and fine-tuned on demonstrations of the
-   training tasks (:mod:`sandrl.train.warmstart`): a random model never writes a bash block,
+   /workspace/answer.txt") in seeded sets: training tasks, held-out tasks, and demonstration and
+   check tasks (for the warm start).
+2. **Warm start.** The tiny model is built from a config and fine-tuned on demonstrations of a
+   set of tasks of its own (:mod:`sandrl.train.warmstart`): a random model never writes a bash block,
    so without this every reward is 0 and GRPO has nothing to work with. It stops as soon as
    greedy decoding reproduces 90% of a third set of unseen demonstrations: the policy then
    knows the format and its most likely reply is right, but sampled at temperature 1 it still
    fails most episodes, and closing that gap (sharpening the policy on what the verifier
-   rewards) is RL's job.
+   rewards) is RL's job. The demonstrations are not the RL training tasks: a policy that has
+   memorised the replies of its training tasks gets high rewards on them for free, and RL then
+   sharpens that memory instead of what carries over to the held-out tasks.
 3. **Before.** The warm-started policy attempts every held-out task ``heldout_samples`` times,
    sampled at the training temperature, in fresh sandboxes, scored by the task's verifier.
 4. **RL.** ``sandrl train`` in async mode (:func:`sandrl.train.command.run_training`, the same
@@ -76,6 +79,8 @@ class DemoConfig:
     family: str = "echo"
     train_tasks: int = 256
     heldout_tasks: int = 64
+    warm_tasks: int = 256
+    """Tasks (of their own seed) whose demonstrations the warm start learns from."""
     check_tasks: int = 32
     """Tasks (of their own seed) whose demonstrations decide when the warm start has learned enough."""
     heldout_samples: int = 4
@@ -106,6 +111,7 @@ class DemoConfig:
         counts = {
             "train_tasks": self.train_tasks,
             "heldout_tasks": self.heldout_tasks,
+            "warm_tasks": self.warm_tasks,
             "heldout_samples": self.heldout_samples,
             "check_tasks": self.check_tasks,
             "rl_steps": self.rl_steps,
@@ -289,14 +295,16 @@ async def run(
     train_dirs = generate_tasks(cfg.out / "tasks" / "train", cfg.family, cfg.train_tasks, cfg.seed)
     heldout_dirs = generate_tasks(cfg.out / "tasks" / "heldout", cfg.family, cfg.heldout_tasks, cfg.seed + 1000)
     check_dirs = generate_tasks(cfg.out / "tasks" / "check", cfg.family, cfg.check_tasks, cfg.seed + 2000)
+    warm_dirs = generate_tasks(cfg.out / "tasks" / "warm", cfg.family, cfg.warm_tasks, cfg.seed + 3000)
     train = load_task_set(str(train_dirs[0].parent))
     heldout = load_task_set(str(heldout_dirs[0].parent))
     checks = load_task_set(str(check_dirs[0].parent))
+    demos = load_task_set(str(warm_dirs[0].parent))
     con.print(f"tasks: {len(train)} training and {len(heldout)} held-out of the '{cfg.family}' family")
     con.print(f"  e.g. {heldout[0].instruction.strip()}")
 
     t = time.monotonic()
-    ws = _warm_start(cfg, train, checks, con)
+    ws = _warm_start(cfg, demos, checks, con)
     warm, losses = ws.path, ws.losses
     warm_s = time.monotonic() - t
     greedy = f", greedy reproduces {ws.greedy[-1][1]:.0%} of {len(checks)} unseen demonstrations" if ws.greedy else ""
