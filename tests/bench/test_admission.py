@@ -327,6 +327,7 @@ async def test_admission_bench_end_to_end(provider: BwrapProvider) -> None:
         model_s=0.0,
         workloads=("cpu_script", "sort_uniq"),
         repeats=1,
+        fill_idle_cores=1.0,  # the work-conserving path, on the real /proc/stat
     )
     console = Console(file=io.StringIO(), width=200)
     result = await admission.run(config, provider=provider, console=console)

@@ -11,8 +11,8 @@ that alternate which goes first (so a drift of the shared host's load hits both)
 
 - **admit all**: every command runs when issued, as a runner without admission does;
 - **capacity-aware**: ``RunnerConfig.host_capacity`` = the capacity; commands beyond it wait
-  for a slot (:class:`~sandrl.sandbox.pool.CommandAdmission`), and with ``fill_idle_cores`` (the
-  default, 1) a waiting command also runs while a core sits idle (``RunnerConfig.fill_idle_cores``).
+  for a slot (:class:`~sandrl.sandbox.pool.CommandAdmission`), and with ``fill_idle_cores``
+  set, a waiting command also runs while that many cores sit idle (``RunnerConfig.fill_idle_cores``).
 
 Measured per way: each command's slowdown (its run time in the sandbox over its standalone
 time, measured at the start of this run on the idle host, each repetition in a fresh sandbox
@@ -124,10 +124,11 @@ class AdmissionConfig:
     host_limit: Literal["auto", "affinity", "quota"] = "auto"
     repeats: int | None = None
     """Standalone repetitions (median); default 3 quick, 5 full."""
-    fill_idle_cores: float | None = 1.0
-    """Capacity-aware admission is work-conserving: it also runs a waiting command while this
-    many of the benchmark process's CPUs sat idle (None: off). Under the ``quota`` host limit those are the
-    host's CPUs, not the quota's, so the extras there may exceed the emulated host."""
+    fill_idle_cores: float | None = None
+    """Make capacity-aware admission work-conserving: it also runs a waiting command while this
+    many of the benchmark process's CPUs sat idle. None (the default): never beyond the capacity.
+    Under the ``quota`` host limit those CPUs are the host's, not the quota's, so the extras
+    there may exceed the emulated host."""
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -144,10 +144,9 @@ def admission(
     quantile: float = typer.Option(0.95, help="Fraction of commands that must be within the bar."),
     cpus_per_host: float | None = typer.Option(None, help="Emulate a host of this many cores (default: all)."),
     host_limit: str = typer.Option("auto", help="How to emulate it: auto, affinity (pin) or quota (CFS)."),
-    fill_idle: bool = typer.Option(
-        True, "--fill-idle/--no-fill-idle", help="Capacity-aware also runs a waiting command on idle cores."
+    fill_idle_cores: float | None = typer.Option(
+        None, help="Capacity-aware also runs a waiting command while this many cores sat idle (default: never)."
     ),
-    fill_idle_cores: float = typer.Option(1.0, help="Idle cores that let a waiting command run beyond the capacity."),
     out: Path | None = typer.Option(None, "-o", "--out", help="Also write the JSON result to this file."),
     json_only: bool = typer.Option(False, "--json", help="Print only the JSON line."),
 ) -> None:
@@ -168,7 +167,7 @@ def admission(
         quantile=quantile,
         cores=cpus_per_host,
         host_limit=_host_limit(host_limit),
-        fill_idle_cores=fill_idle_cores if fill_idle else None,
+        fill_idle_cores=fill_idle_cores,
     )
     _emit(asyncio.run(run(config, console=_console(json_only))), out)
 
