@@ -92,7 +92,9 @@ class DemoConfig:
             tiny=TinyModelConfig(hidden_size=128, num_layers=4, intermediate_size=256, max_position_embeddings=512),
         )
     )
-    rl_steps: int = 70
+    rl_steps: int = 120
+    """The tiny model learns each word of the family by practising it: 70 steps gave seed 0
+    +15.6 points, 120 gave +20.7, and the demo still takes about 13 minutes on 2 cores."""
     groups_per_step: int = 8
     group_size: int = 8
     concurrency: int = 32
