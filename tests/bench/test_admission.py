@@ -20,6 +20,7 @@ from rich.console import Console
 
 from sandrl.bench import admission, capacity
 from sandrl.bench.admission import AdmissionConfig
+from sandrl.bench.workloads import Standalone
 from sandrl.errors import CapacityExhaustedError, ConfigError
 from sandrl.rollout import Budget, EpisodeConfig, ReplayAgent, RolloutRunner, RunnerConfig, ThinkTime
 from sandrl.sandbox.base import ExecResult, SandboxSpec
@@ -296,6 +297,20 @@ async def test_the_runner_admits_commands_up_to_the_host_capacity(echo_tasks: li
         assert max(turn.sandbox_wait_s - turn.command_s for turn in turns) > 0.02
 
 
+def test_the_offered_load_counts_busy_sandboxes_not_episodes() -> None:
+    def alone(name: str, seconds: float) -> Standalone:
+        return Standalone(name, "python", seconds, (seconds,))
+
+    times = {"a": alone("a", 0.5), "b": alone("b", 0.3), "verifier": alone("verifier", 0.4)}
+    # 1.2 s busy against 2 turns x 0.4 s of model time: busy 60% of the time.
+    assert admission.duty_cycle(times, 0.4) == pytest.approx(0.6)
+    assert admission.duty_cycle(times, 0.0) == 1.0
+    config = AdmissionConfig(factor=2.0)
+    assert config.in_flight(2, 0.6) == 7  # 4 busy sandboxes need 6.67 episodes that are busy 60% of the time
+    assert config.in_flight(2, 1.0) == 4 and config.in_flight(3, 0.5) == 12
+    assert config.resolve(2.0, 2, 7).episodes == 14
+
+
 def test_capacity_from_a_contention_result(tmp_path: Path) -> None:
     result = synthetic_result(2, capacity=1, slow=1.0)
     assert capacity.admission_slots(result) == 2  # one background task plus the probe
@@ -335,13 +350,14 @@ async def test_admission_bench_end_to_end(provider: BwrapProvider) -> None:
     assert "capacity-aware within the bar" in console.file.getvalue()  # type: ignore[attr-defined]
     assert result["bench"] == "admission" and result["host"]["sandbox_backend"] == "bwrap"
     assert result["capacity"] == {"slots": 1, "source": "given"}
-    assert result["offered"]["episodes_in_flight"] == 2
-    assert set(result["standalone"]) == {"cpu_script", "sort_uniq"}
+    assert result["offered"]["episodes_in_flight"] == 2 and result["offered"]["duty"] == 1.0  # no model time
+    assert set(result["standalone"]) == {"cpu_script", "sort_uniq", "verifier"}
     a, b = result["admit_all"], result["capacity_aware"]
     for way in (a, b):
         assert way["episodes"] == 4 and way["verified"] == 4 and way["passed"] == 4 and way["infra_errors"] == 0
         assert way["slowdown"]["all"]["n"] == 8.0 and {"python", "shell"} <= set(way["slowdown"])
         assert [r["round"] for r in way["per_round"]] == [0, 1]
+        assert 0 < way["cpu_busy_cores_mean"] <= result["host"]["cores"] and way["cpu_s_per_episode"] > 0
     assert a["peak_running"] is None and a["queued_fraction"] == 0.0 and a["extras"] is None
     assert 1 <= b["peak_running"] <= 1 + min(1, b["extras"])  # the slot, and at most one extra on an idle core
     assert result["ratios"]["episodes_per_hour_b_over_a"] == pytest.approx(

@@ -3,11 +3,15 @@
 The host's capacity is the number of busy sandboxes it holds within the latency bar: measured
 in the same run by a quick contention sweep (``capacity + 1``, the probe included:
 :func:`~sandrl.bench.capacity.admission_slots`), read from a contention result, or given.
-Then ``factor x capacity`` episodes stay in flight, each a :class:`~sandrl.rollout.scripted.ReplayAgent`
-whose turns are the benchmark's workloads (:mod:`sandrl.bench.workloads`, in a shuffled order
-per episode, a short fixed model time before each), in a task whose image holds the workloads'
-inputs, with a real verifier (the pytest suite). The same episodes run two ways, in rounds
-that alternate which goes first (so a drift of the shared host's load hits both):
+Each episode is a :class:`~sandrl.rollout.scripted.ReplayAgent` whose turns are the benchmark's
+workloads (:mod:`sandrl.bench.workloads`, in a shuffled order per episode, a short fixed model
+time before each), in a task whose image holds the workloads' inputs, with a real verifier (the
+pytest suite). The offered load is ``factor x capacity`` *busy sandboxes*, the unit the capacity
+is measured in: the sweep's background tasks run commands without a pause, while an episode's
+sandbox is busy only for its commands and verifier, not while the model thinks. So
+``ceil(factor x capacity / duty)`` episodes stay in flight, where ``duty`` is the busy share of
+an episode run alone (:func:`duty_cycle`, from the standalone times). The same episodes run two
+ways, in rounds that alternate which goes first (so a drift of the shared host's load hits both):
 
 - **admit all**: every command runs when issued, as a runner without admission does;
 - **capacity-aware**: ``RunnerConfig.host_capacity`` = the capacity; commands beyond it wait
@@ -49,6 +53,7 @@ from sandrl.rollout.runner import RolloutRunner, RunnerConfig
 from sandrl.rollout.scripted import ReplayAgent, ThinkTime
 from sandrl.rollout.trajectory import Trajectory
 from sandrl.sandbox.bwrap import BwrapProvider
+from sandrl.sandbox.idle_cpu import IdleCpus
 from sandrl.tasks.build import ensure_task_image
 from sandrl.tasks.loader import load_task
 from sandrl.tasks.task import Task
@@ -64,12 +69,16 @@ WORKDIR /workspace
 COPY workload_inputs.py /tmp/workload_inputs.py
 RUN {workloads.PY} /tmp/workload_inputs.py {workloads.ROOT} && rm /tmp/workload_inputs.py
 """
+VERIFIER = Workload(
+    "verifier", "python", f"cd proj && {workloads.PY} -m pytest -q -p no:cacheprovider tests > /dev/null"
+)
+"""What the task's verifier runs (the workloads' pytest suite), timed alone for the duty cycle."""
 TEST_SH = f"""#!/bin/bash
 # Verifier: the workloads' pytest suite must pass.
 mkdir -p /logs/verifier
 echo 0 > /logs/verifier/reward.txt
-cd {workloads.ROOT}/proj || exit 0
-if {workloads.PY} -m pytest -q -p no:cacheprovider tests > /dev/null; then
+cd {workloads.ROOT} || exit 0
+if {VERIFIER.command}; then
     echo 1 > /logs/verifier/reward.txt
 fi
 """
@@ -109,7 +118,8 @@ class AdmissionConfig:
     capacity_source: str = "measured"
     """Where ``capacity`` came from: ``measured``, ``given`` or a contention result's path."""
     factor: float = 2.0
-    """Offered load: ``ceil(factor x capacity)`` episodes in flight."""
+    """Offered load: ``factor x capacity`` busy sandboxes, that is ``ceil(factor x capacity / duty)``
+    episodes in flight (:func:`duty_cycle`)."""
     episodes: int | None = None
     """Episodes per way per round; default twice the episodes in flight."""
     rounds: int | None = None
@@ -149,15 +159,17 @@ class AdmissionConfig:
         contention.ContentionConfig(bar=self.bar, quantile=self.quantile)  # the same checks
         workloads.select(self.workloads or workloads.QUICK_NAMES)
 
-    def in_flight(self, slots: int) -> int:
-        return math.ceil(self.factor * slots)
+    def in_flight(self, slots: int, duty: float = 1.0) -> int:
+        """Episodes in flight whose sandboxes together are busy ``factor x slots`` on average."""
+        if not 0 < duty <= 1:
+            raise ValueError(f"a duty cycle is in (0, 1], got {duty}")
+        return math.ceil(round(self.factor * slots / duty, 6))
 
-    def resolve(self, cores: float, slots: int) -> AdmissionConfig:
-        k = self.in_flight(slots)
+    def resolve(self, cores: float, slots: int, in_flight: int) -> AdmissionConfig:
         return replace(
             self,
             capacity=slots,
-            episodes=self.episodes or 2 * k,
+            episodes=self.episodes or 2 * in_flight,
             rounds=self.rounds or (2 if self.quick else 4),
             workloads=self.workloads or workloads.QUICK_NAMES,
             repeats=self.repeats or (3 if self.quick else 5),
@@ -187,6 +199,18 @@ def parse_capacity(text: str | None) -> tuple[int | None, str]:
     if result["bench"] != "contention":
         raise ConfigError(f"{path} is a `sandrl bench {result['bench']}` result; the capacity is in a contention one")
     return capacity.admission_slots(result), str(path)
+
+
+def duty_cycle(standalone: dict[str, Standalone], model_s: float) -> float:
+    """The share of an episode run alone during which its sandbox is busy.
+
+    Busy: every workload once and the verifier (:data:`VERIFIER`), at their standalone times;
+    idle: the model time before each workload turn. Sandbox start and close (milliseconds)
+    are left out.
+    """
+    busy = sum(s.median_s for s in standalone.values())
+    turns = sum(1 for name in standalone if name != VERIFIER.name)
+    return busy / (busy + turns * model_s) if busy > 0 else 1.0
 
 
 def write_task(root: Path) -> Task:
@@ -271,6 +295,8 @@ class WayRun:
     trajectories: list[Trajectory]
     wall_s: float
     admission: dict[str, Any] | None
+    busy_cores: float
+    """The benchmark's CPUs busy on average over the way's run (all of the host's work, from /proc/stat)."""
 
 
 def summarize_way(
@@ -295,10 +321,12 @@ def summarize_way(
                 "wall_s": round(r.wall_s, 3),
                 "episodes_per_hour": round(done / r.wall_s * 3600, 2) if r.wall_s > 0 else None,
                 "p95_slowdown": capacity.summarize([s for _, s in r_run], cfg.bar)["p95"],
+                "cpu_busy_cores": round(r.busy_cores, 3),
                 "admission": r.admission,
             }
         )
     queued = [r.admission for r in runs if r.admission is not None]
+    cpu_s = sum(r.busy_cores * r.wall_s for r in runs)
     return {
         "episodes": len(trajectories),
         "verified": len(verified),
@@ -316,6 +344,8 @@ def summarize_way(
         "passes_bar": capacity.passes(values, cfg.bar, cfg.quantile),
         "wait_slowdown": capacity.summarize(wait, cfg.bar),
         "commands_running_mean": round(command_s / wall, 3) if wall > 0 else None,
+        "cpu_busy_cores_mean": round(cpu_s / wall, 3) if wall > 0 else None,
+        "cpu_s_per_episode": round(cpu_s / len(verified), 3) if verified else None,
         "queued_fraction": (
             round(sum(a["queued"] for a in queued) / max(1, sum(a["admitted"] for a in queued)), 4) if queued else 0.0
         ),
@@ -390,10 +420,9 @@ async def _run(
     config: AdmissionConfig, cores: float, provider: BwrapProvider, tmp: Path, console: Console
 ) -> dict[str, Any]:
     cap = await _capacity(config, cores, provider, console)
-    cfg = config.resolve(cores, cap["slots"])
-    assert cfg.episodes is not None and cfg.rounds is not None and cfg.repeats is not None
-    slots, in_flight = cap["slots"], cfg.in_flight(cap["slots"])
-    chosen = workloads.select(cfg.workloads)
+    slots = cap["slots"]
+    repeats = config.repeats or (3 if config.quick else 5)
+    chosen = workloads.select(config.workloads or workloads.QUICK_NAMES)
     by_command = {w.command: w for w in chosen}
     base = write_task(tmp / "tasks")
     runs: list[WayRun] = []
@@ -401,11 +430,15 @@ async def _run(
         build = progress.add_task("building the task image (the workloads' inputs)", total=None)
         image = await ensure_task_image(base, provider)
         progress.remove_task(build)
-        alone = progress.add_task("standalone times (idle host)", total=(1 + cfg.repeats) * len(chosen))
+        alone = progress.add_task("standalone times (idle host)", total=(1 + repeats) * (len(chosen) + 1))
         standalone = await fresh_standalone(
-            provider, base, image, chosen, repeats=cfg.repeats, tick=lambda: progress.advance(alone)
+            provider, base, image, [*chosen, VERIFIER], repeats=repeats, tick=lambda: progress.advance(alone)
         )
         progress.remove_task(alone)
+        duty = duty_cycle(standalone, config.model_s)
+        in_flight = config.in_flight(slots, duty)
+        cfg = config.resolve(cores, slots, in_flight)
+        assert cfg.episodes is not None and cfg.rounds is not None
 
         async def image_for(task: Task) -> str:
             return image
@@ -433,10 +466,12 @@ async def _run(
                     image_for=image_for,
                     on_episode=functools.partial(_advance, progress, bar),
                 )
+                cpus = IdleCpus()
                 outcome = await runner.run(tasks)
+                busy = len(cpus.cpus) - cpus.idle()
                 progress.remove_task(bar)
                 stats = runner.admission.stats() if runner.admission is not None else None
-                runs.append(WayRun(mode, r, outcome.trajectories, outcome.wall_s, stats))
+                runs.append(WayRun(mode, r, outcome.trajectories, outcome.wall_s, stats, busy))
                 await asyncio.sleep(0)
     ways = {mode: summarize_way([w for w in runs if w.mode == mode], cfg, standalone, by_command) for mode in MODES}
     a, b = ways["admit_all"], ways["capacity_aware"]
@@ -467,7 +502,11 @@ async def _run(
         "offered": {
             "episodes_in_flight": in_flight,
             "factor": cfg.factor,
-            "definition": "episodes in flight = ceil(factor x capacity); capacity = commands at once within the bar",
+            "duty": round(duty, 4),
+            "busy_sandboxes": round(in_flight * duty, 3),
+            "definition": "episodes in flight = ceil(factor x capacity / duty): their sandboxes are busy factor x "
+            "capacity on average; capacity = busy sandboxes (commands at once) within the bar; duty = an "
+            "episode's busy share alone (workloads and verifier at standalone times, over that plus model time)",
         },
         "standalone": {name: s.to_dict() for name, s in standalone.items()},
         "admit_all": a,
@@ -497,7 +536,8 @@ def print_card(result: dict[str, Any], console: Console) -> None:
     table = Table(
         title=f"sandrl bench admission: {host['cpu_model']}, {host['cores']:g} cores "
         f"(limit: {host['host_limit']['mode']}); capacity {cap['slots']} commands at once ({cap['source']}); "
-        f"{result['offered']['episodes_in_flight']} episodes in flight ({cfg['factor']:g}x)",
+        f"{result['offered']['episodes_in_flight']} episodes in flight ({cfg['factor']:g}x: "
+        f"{result['offered']['busy_sandboxes']:g} busy sandboxes at a duty of {result['offered']['duty']:.0%})",
         caption=f"slowdown: a command's run time / its standalone time; bar {cfg['bar']}x at {cfg['quantile']:.0%}; "
         "wait: the agent's wait per command (queueing included) / standalone",
     )
@@ -524,6 +564,8 @@ def print_card(result: dict[str, Any], console: Console) -> None:
     table.add_row("passes the bar", _yes(a["passes_bar"]), _yes(b["passes_bar"]), "")
     table.add_row("agent wait / standalone p95", _f(a["wait_slowdown"]["p95"]), _f(b["wait_slowdown"]["p95"]), "")
     row("commands running (mean)", "commands_running_mean")
+    row("CPUs busy (mean)", "cpu_busy_cores_mean")
+    row("CPU s per episode", "cpu_s_per_episode", ".2f", True)
     row("commands that queued", "queued_fraction", ".0%")
     row("queue wait per command s", "queue_wait_s_mean", ".3f")
     table.add_row("most commands at once", "-", _f(b["peak_running"], "d"), "")

@@ -135,7 +135,9 @@ def admission(
     capacity: str | None = typer.Option(
         None, help="Host capacity: commands at once, or a `bench contention` result file (default: measure it)."
     ),
-    factor: float = typer.Option(2.0, help="Offered load: episodes in flight = factor x capacity."),
+    factor: float = typer.Option(
+        2.0, help="Offered load: factor x capacity busy sandboxes (episodes in flight: that / their busy share)."
+    ),
     n: int | None = typer.Option(None, "--episodes", "-n", help="Episodes per way per round."),
     rounds: int | None = typer.Option(None, help="Rounds (each runs both ways, in alternating order)."),
     model_s: float = typer.Option(0.2, help="Emulated model seconds per turn."),
