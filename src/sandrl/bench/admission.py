@@ -27,14 +27,11 @@ the agent's wait per command (queueing included) over standalone; episodes per h
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
 import math
 import random
 import statistics
-import tempfile
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -44,7 +41,7 @@ from rich.console import Console
 from rich.progress import Progress, TaskID
 from rich.table import Table
 
-from sandrl.bench import capacity, contention, hostinfo, hostlimit, workloads
+from sandrl.bench import capacity, contention, hostlimit, workloads
 from sandrl.bench.workloads import Standalone, Workload
 from sandrl.errors import ConfigError
 from sandrl.rollout.agent import Budget
@@ -371,15 +368,9 @@ async def run(
     config = config or AdmissionConfig()
     console = console or Console(stderr=True)
     limit = hostlimit.plan(config.cores, config.host_limit)
-    with contextlib.ExitStack() as stack:
-        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sandrl-bench-admission-")))
-        if provider is None:
-            provider = BwrapProvider(state_dir or tmp / "state")
-        stack.enter_context(hostlimit.applied(limit, provider))
-        started = time.monotonic()
-        result = await _run(config, limit.cores, provider, tmp, console)
-        result["host"] = hostinfo.describe(cores=limit.cores, limit=limit.to_dict())
-        result["duration_s"] = round(time.monotonic() - started, 2)
+    result = await hostlimit.run_on_host(
+        limit, lambda p, scratch: _run(config, limit.cores, p, scratch, console), provider=provider, state_dir=state_dir
+    )
     print_card(result, console)
     return result
 

@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import math
 import random
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -33,7 +32,7 @@ from rich.console import Console
 from rich.progress import Progress, TaskID
 from rich.table import Table
 
-from sandrl.bench import capacity, hostinfo, hostlimit, workloads
+from sandrl.bench import capacity, hostlimit, workloads
 from sandrl.bench.workloads import Standalone, Workload
 from sandrl.errors import ConfigError, SandrlError
 from sandrl.sandbox.base import SandboxSpec
@@ -252,15 +251,9 @@ async def run(
     console = console or Console(stderr=True)
     limit = hostlimit.plan(config.cores, config.host_limit, sandbox_cpus=config.sandbox_cpus)
     cfg = config.resolve(limit.cores)
-    with contextlib.ExitStack() as stack:
-        if provider is None:
-            root = state_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sandrl-bench-")))
-            provider = BwrapProvider(root)
-        stack.enter_context(hostlimit.applied(limit, provider))
-        started = time.monotonic()
-        result = await _run(cfg, provider, console)
-        result["host"] = hostinfo.describe(cores=limit.cores, limit=limit.to_dict())
-        result["duration_s"] = round(time.monotonic() - started, 2)
+    result = await hostlimit.run_on_host(
+        limit, lambda p, _: _run(cfg, p, console), provider=provider, state_dir=state_dir
+    )
     print_card(result, console)
     return result
 

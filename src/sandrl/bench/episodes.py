@@ -18,10 +18,8 @@ Tokens are emulated for the KV cache (the replay agent has no model): the prompt
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import math
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -32,7 +30,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from sandrl.bench import hostinfo, hostlimit, workloads
+from sandrl.bench import hostlimit, workloads
 from sandrl.bench.breakdown import EpisodeBreakdown, episodes_section, kv_turns, kv_usage, mean
 from sandrl.bench.contention import BackgroundLoad
 from sandrl.bench.projection import projection_section
@@ -215,15 +213,9 @@ async def run(
     cfg = config.resolve(limit.cores)
     assert cfg.tasks is not None
     tasks = builtin_tasks(cfg.tasks)
-    with contextlib.ExitStack() as stack:
-        if provider is None:
-            root = state_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sandrl-bench-")))
-            provider = BwrapProvider(root)
-        stack.enter_context(hostlimit.applied(limit, provider))
-        started = time.monotonic()
-        result = await _run(cfg, tasks, provider, console)
-        result["host"] = hostinfo.describe(cores=limit.cores, limit=limit.to_dict())
-        result["duration_s"] = round(time.monotonic() - started, 2)
+    result = await hostlimit.run_on_host(
+        limit, lambda p, _: _run(cfg, tasks, p, console), provider=provider, state_dir=state_dir
+    )
     print_card(result, console)
     return result
 

@@ -20,11 +20,14 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from collections.abc import Iterator
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from sandrl.bench import hostinfo
 from sandrl.errors import ConfigError
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.sandbox.cgroups import CFS_PERIOD_US
@@ -109,3 +112,27 @@ def applied(limit: HostLimit, provider: BwrapProvider) -> Iterator[None]:
                     path.write_text(unlimited)
         return
     yield
+
+
+async def run_on_host(
+    limit: HostLimit,
+    body: Callable[[BwrapProvider, Path], Awaitable[dict[str, Any]]],
+    *,
+    provider: BwrapProvider | None = None,
+    state_dir: Path | None = None,
+) -> dict[str, Any]:
+    """Run a benchmark's ``body(provider, scratch_dir)`` on the emulated host; its result, stamped.
+
+    The provider is a new one (state under ``state_dir`` or the scratch dir) unless given; the
+    limit holds for the body only; the result gets the ``host`` description and ``duration_s``.
+    """
+    with contextlib.ExitStack() as stack:
+        scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sandrl-bench-")))
+        if provider is None:
+            provider = BwrapProvider(state_dir or scratch / "state")
+        stack.enter_context(applied(limit, provider))
+        started = time.monotonic()
+        result = await body(provider, scratch)
+        result["host"] = hostinfo.describe(cores=limit.cores, limit=limit.to_dict())
+        result["duration_s"] = round(time.monotonic() - started, 2)
+    return result
