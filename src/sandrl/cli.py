@@ -209,11 +209,15 @@ def eval_tasks(
     max_new_tokens: int = typer.Option(512, help="Tokens per model reply."),
     temperature: float = typer.Option(1.0, help="Sampling temperature."),
     run_id: str | None = typer.Option(None, help="Prefix of the episode ids; fixed = ids stable across runs."),
+    host_capacity: str | None = typer.Option(
+        None, help="Commands at once (the rest queue): a number, or a `sandrl bench contention` result file."
+    ),
 ) -> None:
     """Run an agent over tasks in sandboxes; print a summary, then one JSON line."""
     import asyncio
     import json
 
+    from sandrl.bench.capacity import parse_capacity
     from sandrl.rollout.evaluate import EvalConfig, evaluate, result_line
 
     config = EvalConfig(
@@ -229,6 +233,7 @@ def eval_tasks(
         max_new_tokens=max_new_tokens,
         temperature=temperature,
         run_id=run_id,
+        host_capacity=parse_capacity(host_capacity)[0],
     )
     result = asyncio.run(evaluate(config, console=err_console))
     print(json.dumps(result_line(config, result)))

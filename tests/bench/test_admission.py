@@ -319,16 +319,18 @@ def test_capacity_from_a_contention_result(tmp_path: Path) -> None:
         capacity.admission_slots(result)
     path = tmp_path / "hostA.json"
     path.write_text(json.dumps(synthetic_result(2, capacity=3, slow=1.0)))
-    assert admission.parse_capacity(str(path)) == (4, str(path))
-    assert admission.parse_capacity("3") == (3, "given")
-    assert admission.parse_capacity(None) == (None, "measured")
+    assert capacity.parse_capacity(str(path)) == (4, str(path))
+    assert capacity.parse_capacity("3") == (3, "given")
+    assert capacity.parse_capacity(None) == (None, "measured")
+    with pytest.raises(ConfigError, match="at least 1 command at once, got 0"):
+        capacity.parse_capacity("0")
     with pytest.raises(ConfigError, match="neither"):
-        admission.parse_capacity(str(tmp_path / "missing.json"))
+        capacity.parse_capacity(str(tmp_path / "missing.json"))
     episodes_only = {k: v for k, v in synthetic_result(2, capacity=1, slow=1.0).items()}
     episodes_only["bench"] = "episodes"
     path.write_text(json.dumps(episodes_only))
     with pytest.raises(ConfigError, match="the capacity is in a contention one"):
-        admission.parse_capacity(str(path))
+        capacity.parse_capacity(str(path))
 
 
 @needs_sandbox

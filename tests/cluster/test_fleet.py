@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from sandrl.bench.capacity import slots_from_file
 from sandrl.cluster.fleet import FleetConfig, FleetProvider, FleetSandbox
-from sandrl.cluster.hosts import HostConfig, capacity_from_result
+from sandrl.cluster.hosts import HostConfig
 from sandrl.errors import ConfigError, SandboxHostLostError
 from sandrl.rollout.failures import classify
 from sandrl.sandbox.base import SandboxSpec
@@ -101,7 +102,7 @@ async def test_every_host_down_is_a_retryable_error_naming_them(both_up: dict[st
 def test_capacity_comes_from_a_contention_result_or_a_number(tmp_path: Path) -> None:
     result = tmp_path / "host.json"
     result.write_text(json.dumps(synthetic_result(2, capacity=3, slow=1.0)))
-    assert capacity_from_result(result) == 4.0  # 3 background tasks + the probe
+    assert slots_from_file(result) == 4  # 3 background tasks + the probe
     host = HostConfig("http://h:8700", capacity_file=str(result)).resolved()
     assert (host.name, host.capacity) == ("h:8700", 4.0)
     assert HostConfig("http://h:8700", capacity=2).resolved().capacity == 2

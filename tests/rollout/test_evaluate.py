@@ -33,11 +33,23 @@ async def test_eval_llm_embedded(task_root: Path, provider: BwrapProvider) -> No
     assert t.status == "truncated" and t.reward == 0.0 and t.num_turns == 2 and any(t.loss_mask)
 
 
+async def test_eval_admits_commands_up_to_the_host_capacity(task_root: Path, provider: BwrapProvider) -> None:
+    config = EvalConfig(str(task_root), agent="oracle", samples=2, concurrency=6, host_capacity=1)
+    console = Console(file=io.StringIO(), width=200)
+    result = await evaluate(config, provider=provider, progress=False, console=console)
+    assert result_line(config, result)["pass_rate"] == 1.0
+    admission = result.summary["admission"]
+    assert admission["slots"] == 1 and admission["peak_running"] == 1 and admission["queued"] > 0
+    assert "admission: 1 commands at once" in console.file.getvalue()  # type: ignore[attr-defined]
+
+
 def test_eval_config_is_checked() -> None:
     with pytest.raises(ConfigError, match="needs --inference"):
         EvalConfig("builtin", agent="llm")
     with pytest.raises(ConfigError, match="--agent must be"):
         EvalConfig("builtin", agent="gpt")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="--host-capacity must be at least 1"):
+        EvalConfig("builtin", host_capacity=0)
 
 
 async def test_bench_rollout_small() -> None:

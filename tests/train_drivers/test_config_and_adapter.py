@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,8 @@ from sandrl.errors import ConfigError
 from sandrl.rollout.trajectory import Trajectory
 from sandrl.train.adapter import batch_from_groups
 from sandrl.train.run_config import load_run_config, save_resolved
+
+from ..bench.conftest import synthetic_result
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -35,6 +38,12 @@ def _write(tmp_path: Path, text: str) -> Path:
         ('[tasks]\nfamily = "echo"\n[train.loss]\nloss_type = "ppo"\n', "loss_type must be one of"),
         ('[tasks]\nfamily = "echo"\n[model]\ninference = "localhost:3000"\n', "http(s):// URL"),
         ("[tasks\n", "is not valid TOML"),
+        ('[tasks]\nfamily = "echo"\n[rollout]\nhost_capacity = 0\n', "host_capacity must be >= 1"),
+        (
+            '[tasks]\nfamily = "echo"\n[rollout]\nhost_capacity = 2\ncapacity_file = "h.json"\n',
+            "host_capacity or capacity_file, not both",
+        ),
+        ('[tasks]\nfamily = "echo"\n[rollout]\ncapacity_file = "nope.json"\n', "[rollout] capacity_file: cannot read"),
     ],
 )
 def test_config_errors_name_the_file_the_key_and_the_fix(tmp_path: Path, text: str, needle: str) -> None:
@@ -57,6 +66,17 @@ def test_the_resolved_config_reads_back_unchanged(tmp_path: Path) -> None:
     saved = save_resolved(config, tmp_path / "config.toml")
     assert load_run_config(saved) == config
     assert "max_staleness = 1" in saved.read_text() and "tis_cap" in saved.read_text()
+
+
+def test_the_host_capacity_comes_from_a_contention_result_beside_the_config(tmp_path: Path) -> None:
+    (tmp_path / "hostA.json").write_text(json.dumps(synthetic_result(2, capacity=2, slow=1.0)))
+    path = _write(tmp_path, '[tasks]\nfamily = "echo"\n[rollout]\ncapacity_file = "hostA.json"\n')
+    config = load_run_config(path)
+    assert config.rollout.capacity_file == str(tmp_path / "hostA.json") and config.rollout.slots() == 3
+    assert load_run_config(save_resolved(config, tmp_path / "saved.toml")) == config
+    given = load_run_config(_write(tmp_path, '[tasks]\nfamily = "echo"\n[rollout]\nhost_capacity = 4\n'))
+    assert given.rollout.slots() == 4
+    assert load_run_config(_write(tmp_path, '[tasks]\nfamily = "echo"\n')).rollout.slots() is None
 
 
 def _trajectory(group: str, index: int, reward: float | None, status: str = "completed") -> Trajectory:

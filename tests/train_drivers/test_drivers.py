@@ -10,8 +10,12 @@ from typing import Any
 import pytest
 
 from sandrl.errors import ConfigError
+from sandrl.inference.base import InferenceClient
+from sandrl.rollout.agent import AgentResult, Budget
 from sandrl.rollout.jsonl import read_jsonl
+from sandrl.sandbox.base import Sandbox
 from sandrl.sandbox.bwrap import BwrapProvider
+from sandrl.tasks.task import Task
 from sandrl.train.batch import Batch
 from sandrl.train.command import run_training
 from sandrl.train.trainer import Trainer
@@ -46,7 +50,10 @@ async def test_sync_run_pushes_weights_that_the_next_episodes_carry_then_resumes
     tmp_path: Path, provider: BwrapProvider, step_calls: list[tuple[str, object]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = tmp_path / "sync"
-    config = run_config(out)
+    # Groups of 8 at a gentle rate: the policy does not learn "always even" within the run, so
+    # (short of a 1-in-16000 draw) each step has a group whose rewards differ and updates.
+    tables: dict[str, dict[str, Any]] = {"rollout": {"group_size": 8}, "train": {"lr": 1e-3}}
+    config = run_config(out, **tables)
     last = await run_training(config, mode="sync", provider=provider, agent=ParityAgent())
     lines = _metrics(out)
     assert [m["step"] for m in lines] == [1, 2, 3] and last["steps"] == 3
@@ -55,21 +62,21 @@ async def test_sync_run_pushes_weights_that_the_next_episodes_carry_then_resumes
     # Weight sync: the groups of step k were sampled by the version the trainer had after step k-1.
     version_before = {1: 0, 2: lines[0]["weight_version"], 3: lines[1]["weight_version"]}
     trajectories = read_jsonl(out / "rollouts.jsonl")
-    assert len(trajectories) == 3 * 2 * 4
+    assert len(trajectories) == 3 * 2 * 8
     for t in trajectories:
         step = _position(t.group_id) // 2 + 1
         assert t.weight_version == version_before[step], (t.group_id, t.weight_version)
-    assert all(m["staleness_hist"] == {"0": 8} for m in lines)
+    assert all(m["staleness_hist"] == {"0": 16} for m in lines)
     assert (out / "config.toml").is_file() and sorted(p.name for p in (out / "checkpoints").iterdir())
 
     # Resume: one more step continues from the checkpoint's data position and weights.
-    more = run_config(out, run={"steps": 4})
+    more = run_config(out, run={"steps": 4}, **tables)
     await run_training(more, mode="sync", provider=provider, agent=ParityAgent())
     lines = _metrics(out)
     assert [m["step"] for m in lines] == [1, 2, 3, 4]
-    new = {_position(t.group_id) for t in read_jsonl(out / "rollouts.jsonl")[3 * 8 :]}
+    new = {_position(t.group_id) for t in read_jsonl(out / "rollouts.jsonl")[3 * 16 :]}
     assert new == {6, 7}
-    assert {t.weight_version for t in read_jsonl(out / "rollouts.jsonl")[3 * 8 :]} == {lines[2]["weight_version"]}
+    assert {t.weight_version for t in read_jsonl(out / "rollouts.jsonl")[3 * 16 :]} == {lines[2]["weight_version"]}
 
     # --load-rollouts: the same trajectories train a fresh run with no sandboxes and no inference.
     def refuse(*args: object, **kwargs: object) -> None:
@@ -77,11 +84,11 @@ async def test_sync_run_pushes_weights_that_the_next_episodes_carry_then_resumes
 
     monkeypatch.setattr(BwrapProvider, "create", refuse)
     monkeypatch.setattr("sandrl.inference.engine.Engine.load", refuse)
-    replay = run_config(tmp_path / "replay", run={"steps": 10, "save_rollouts": False})
+    replay = run_config(tmp_path / "replay", run={"steps": 10, "save_rollouts": False}, **tables)
     await run_training(replay, mode="async", load_rollouts=out / "rollouts.jsonl")
     replayed = _metrics(tmp_path / "replay")
     assert [m["step"] for m in replayed] == [1, 2, 3, 4]  # 8 groups in the file, 2 a step
-    assert replayed[-1]["weight_version"] >= 4 and replayed[-1]["total_episodes"] == 32
+    assert replayed[-1]["weight_version"] >= 4 and replayed[-1]["total_episodes"] == 64
     assert len(step_calls) == 4 + 4
 
 
@@ -109,6 +116,43 @@ async def test_rollout_only_collects_without_training(tmp_path: Path, provider: 
     assert len(read_jsonl(out / "rollouts.jsonl")) == 8
     assert not (out / "checkpoints").exists()
     assert _metrics(out)[0]["weight_version"] == 0
+
+
+class StampingAgent(ParityAgent):
+    """The parity agent, after one command that prints when it started and ended (the host's clock)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.intervals: list[tuple[float, float]] = []
+
+    async def run(self, task: Task, sandbox: Sandbox, policy: InferenceClient | None, budget: Budget) -> AgentResult:
+        result = await sandbox.exec("date +%s.%N; sleep 0.2; date +%s.%N", timeout_s=30)
+        start, end = map(float, result.stdout.split())
+        self.intervals.append((start, end))
+        return await super().run(task, sandbox, policy, budget)
+
+
+def most_at_once(intervals: list[tuple[float, float]]) -> int:
+    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals], key=lambda x: (x[0], x[1]))
+    now = peak = 0
+    for _, step in events:
+        now += step
+        peak = max(peak, now)
+    return peak
+
+
+@pytest.mark.parametrize(("capacity", "expect_one"), [(1, True), (None, False)])
+async def test_the_host_capacity_queues_commands_beyond_it(
+    tmp_path: Path, provider: BwrapProvider, capacity: int | None, expect_one: bool
+) -> None:
+    """8 episodes at once: with a host capacity of 1 their commands never overlap; without one they do."""
+    out = tmp_path / "admitted"
+    config = run_config(out, run={"steps": 1}, rollout={"host_capacity": capacity or False})
+    agent = StampingAgent()
+    await run_training(config, rollout_only=True, provider=provider, agent=agent)
+    assert len(agent.intervals) == 8 and len(read_jsonl(out / "rollouts.jsonl")) == 8
+    assert (most_at_once(agent.intervals) == 1) is expect_one
+    assert ("host_capacity = 1" in (out / "config.toml").read_text()) is expect_one
 
 
 async def test_bad_flags_are_config_errors(tmp_path: Path) -> None:

@@ -179,25 +179,6 @@ class AdmissionConfig:
         return out
 
 
-def parse_capacity(text: str | None) -> tuple[int | None, str]:
-    """``--capacity``: a whole number (commands at once), or a ``sandrl bench contention`` result file."""
-    if text is None:
-        return None, "measured"
-    try:
-        return int(text), "given"
-    except ValueError:
-        pass
-    from sandrl.bench.report import load_result
-
-    path = Path(text)
-    if not path.exists():
-        raise ConfigError(f"--capacity takes a whole number or a contention result file; {text!r} is neither")
-    result = load_result(path)
-    if result["bench"] != "contention":
-        raise ConfigError(f"{path} is a `sandrl bench {result['bench']}` result; the capacity is in a contention one")
-    return capacity.admission_slots(result), str(path)
-
-
 def duty_cycle(standalone: dict[str, Standalone], model_s: float) -> float:
     """The share of an episode run alone during which its sandbox is busy.
 

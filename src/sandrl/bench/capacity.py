@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from sandrl.bench.stats import quantile as _quantile
@@ -152,3 +153,34 @@ def admission_slots(result: Mapping[str, Any]) -> int:
             "host or with a looser --bar, or give the capacity as a number"
         )
     return int(load) + 1
+
+
+def slots_from_file(path: str | Path) -> int:
+    """:func:`admission_slots` of the ``sandrl bench contention`` result at ``path``, checked."""
+    from sandrl.bench.report import load_result  # the report draws plots: matplotlib only when a file is read
+
+    result = load_result(path)
+    if result["bench"] != "contention":
+        raise ConfigError(f"{path} is a `sandrl bench {result['bench']}` result; the capacity is in a contention one")
+    try:
+        return admission_slots(result)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc.message}") from exc
+
+
+def parse_capacity(text: str | None) -> tuple[int | None, str]:
+    """A host capacity as given on a command line: a whole number of commands at once, or a
+    ``sandrl bench contention`` result file. Returns (slots, where they came from); None: not given."""
+    if text is None:
+        return None, "measured"
+    try:
+        slots = int(text)
+    except ValueError:
+        if not Path(text).exists():
+            raise ConfigError(
+                f"a host capacity is a whole number or a contention result file; {text!r} is neither"
+            ) from None
+        return slots_from_file(text), text
+    if slots < 1:
+        raise ConfigError(f"a host capacity must be at least 1 command at once, got {slots}")
+    return slots, "given"

@@ -153,7 +153,8 @@ def admission(
     json_only: bool = typer.Option(False, "--json", help="Print only the JSON line."),
 ) -> None:
     """At 2x the host's capacity: admitting every command against capacity-aware admission, side by side."""
-    from sandrl.bench.admission import AdmissionConfig, parse_capacity, run
+    from sandrl.bench.admission import AdmissionConfig, run
+    from sandrl.bench.capacity import parse_capacity
 
     slots, source = parse_capacity(capacity)
     config = AdmissionConfig(

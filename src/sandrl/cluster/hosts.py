@@ -19,10 +19,10 @@ import collections
 import hashlib
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from sandrl.bench.capacity import slots_from_file
 from sandrl.bench.stats import quantile
 from sandrl.errors import ConfigError
 
@@ -30,17 +30,6 @@ SAMPLES_KEPT = 2048
 """Latency and slowdown samples kept per host (the newest)."""
 SLOWDOWN_FLOOR_S = 0.02
 """Commands faster than this (at their fastest) give no slowdown sample."""
-
-
-def capacity_from_result(path: str | Path) -> float:
-    """Busy sandboxes within the bar, from a ``sandrl bench contention`` result file (``load + 1``)."""
-    from sandrl.bench.capacity import admission_slots
-    from sandrl.bench.report import load_result
-
-    try:
-        return float(admission_slots(load_result(path)))
-    except ConfigError as exc:
-        raise ConfigError(f"capacity_file {path}: {exc.message}") from exc
 
 
 @dataclass(frozen=True)
@@ -72,7 +61,7 @@ class HostConfig:
     def resolved(self) -> HostConfig:
         """The same host with ``capacity_file`` read into ``capacity`` (no capacity at all: 1)."""
         if self.capacity_file:
-            cap = capacity_from_result(self.capacity_file)
+            cap = float(slots_from_file(self.capacity_file))
             return HostConfig(self.url, self.name, cap, "", self.token_file)
         if self.capacity is None:
             return HostConfig(self.url, self.name, 1.0, "", self.token_file)

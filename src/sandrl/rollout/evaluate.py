@@ -66,8 +66,12 @@ class EvalConfig:
     max_attempts: int = 3
     system_prompt: str = SYSTEM_PROMPT
     """The LLM agent's system prompt (the one the policy was trained with)."""
+    host_capacity: int | None = None
+    """Commands at once across the sandboxes, the rest queue (``RunnerConfig.host_capacity``)."""
 
     def __post_init__(self) -> None:
+        if self.host_capacity is not None and self.host_capacity < 1:
+            raise ConfigError(f"--host-capacity must be at least 1 command at once, got {self.host_capacity}")
         if self.agent not in AGENTS:
             raise ConfigError(f"--agent must be one of {', '.join(AGENTS)}, got {self.agent!r}")
         if self.agent == "llm" and not self.inference:
@@ -166,6 +170,7 @@ async def evaluate(
                 concurrency=config.concurrency,
                 group_size=config.samples,
                 max_attempts=config.max_attempts,
+                host_capacity=config.host_capacity,
                 run_id=config.run_id,
                 episode=EpisodeConfig(budget=budget),
             )

@@ -196,7 +196,10 @@ class RolloutRunner:
             self._listeners.remove(bar.done)
         groups.sort(key=lambda g: order[g.group_id])
         trajectories = [t for g in groups for t in g.trajectories]
-        return RunResult(groups, summarize(trajectories), time.monotonic() - start)
+        summary = summarize(trajectories)
+        if self.admission is not None:
+            summary["admission"] = self.admission.stats()
+        return RunResult(groups, summary, time.monotonic() - start)
 
     async def run_group(self, task: Task, group_id: str) -> Group:
         """One group of ``task`` under an id the caller chose (a training driver numbers groups across steps)."""

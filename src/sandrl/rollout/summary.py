@@ -73,6 +73,12 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
     )
     if summary["errors"]:
         out.print("errors: " + ", ".join(f"{k} x{v}" for k, v in summary["errors"].items()))
+    if "admission" in summary:
+        a = summary["admission"]
+        out.print(
+            f"admission: {a['slots']} commands at once; {a['queued']} of {a['admitted']} commands queued "
+            f"(mean wait {a['wait_s_mean']:.3f} s, longest {a['wait_s_max']:.3f} s)"
+        )
     table = Table(title="phase times (s)")
     table.add_column("phase")
     for column in ("p50", "p90", "p99", "max"):

@@ -113,7 +113,7 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """A plain dict (TOML/JSON-ready: None is written ``false``) that :meth:`from_mapping` reads back."""
-        return _none_as_false(dataclasses.asdict(self))
+        return none_as_false(dataclasses.asdict(self))
 
 
 def from_mapping(cls: type[T], table: object, *, where: str) -> T:
@@ -168,5 +168,6 @@ def _convert(hint: Any, raw: object, label: str, subtable: str) -> Any:
     raise ConfigError(f"{label}: values of type {hint} cannot be read from a config file")  # pragma: no cover
 
 
-def _none_as_false(data: dict[str, Any]) -> dict[str, Any]:
-    return {k: _none_as_false(v) if isinstance(v, dict) else (False if v is None else v) for k, v in data.items()}
+def none_as_false(data: dict[str, Any]) -> dict[str, Any]:
+    """TOML has no null: an optional setting that is off is written ``false``, which :func:`from_mapping` reads as None."""
+    return {k: none_as_false(v) if isinstance(v, dict) else (False if v is None else v) for k, v in data.items()}

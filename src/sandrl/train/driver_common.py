@@ -406,6 +406,7 @@ async def open_session(
         concurrency=r.concurrency,
         group_size=r.group_size,
         max_attempts=r.max_attempts,
+        host_capacity=r.slots(),
         run_id=f"{Path(config.run.output_dir).name}",
         episode=EpisodeConfig(budget=Budget(max_turns=r.max_turns, max_total_tokens=r.max_total_tokens)),
     )

@@ -42,7 +42,7 @@ from typing import Any, Literal
 from sandrl.errors import ConfigError
 from sandrl.tasks.builtin.generated import FAMILIES
 from sandrl.toml_config import read_toml
-from sandrl.train.config import TrainConfig, from_mapping
+from sandrl.train.config import TrainConfig, from_mapping, none_as_false
 from sandrl.train.losses import ScaleRewards
 
 Mode = Literal["sync", "async"]
@@ -141,8 +141,25 @@ class RolloutSection:
     system_prompt: str = ""
     """The LLM agent's system prompt; empty: :data:`~sandrl.rollout.llm_agent.SYSTEM_PROMPT`. A small
     model with a short context trains faster on a short one; it must be the one it was warm-started on."""
+    host_capacity: int | None = None
+    """Commands run at once across the run's sandboxes, the rest queue (capacity-aware admission,
+    ``RunnerConfig.host_capacity``); ``false``: every command runs when issued."""
+    capacity_file: str = ""
+    """Or the host capacity from a ``sandrl bench contention`` result (relative to the config file)."""
+
+    def slots(self) -> int | None:
+        """The host capacity to admit commands up to, reading ``capacity_file`` if that is how it is given."""
+        if self.capacity_file:
+            from sandrl.bench.capacity import slots_from_file
+
+            return slots_from_file(self.capacity_file)
+        return self.host_capacity
 
     def __post_init__(self) -> None:
+        if self.host_capacity is not None and self.capacity_file:
+            raise ConfigError("give host_capacity or capacity_file, not both")
+        if self.host_capacity is not None and self.host_capacity < 1:
+            raise ConfigError(f"host_capacity must be >= 1 command at once, got {self.host_capacity}")
         if self.group_size < 2:
             raise ConfigError(f"group_size must be >= 2 (GRPO compares the samples of a task), got {self.group_size}")
         for name in ("concurrency", "max_turns", "max_total_tokens", "max_new_tokens", "max_attempts"):
@@ -201,7 +218,7 @@ class RunConfig:
         out: dict[str, Any] = {}
         for name in _SECTIONS:
             value = getattr(self, _SECTIONS[name])
-            out[name] = value.to_dict() if isinstance(value, TrainConfig) else dataclasses.asdict(value)
+            out[name] = value.to_dict() if isinstance(value, TrainConfig) else none_as_false(dataclasses.asdict(value))
         return out
 
 
@@ -240,6 +257,10 @@ def from_dict(data: Mapping[str, object], *, where: str = "config", base: Path |
     config = RunConfig(**values)
     if base is not None:
         config = _resolve_paths(config, base)
+    try:
+        config.rollout.slots()  # a capacity file that is missing or not a contention result fails here
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: [rollout] capacity_file: {exc.message}") from exc
     return config
 
 
@@ -299,5 +320,6 @@ def _resolve_paths(config: RunConfig, base: Path) -> RunConfig:
         config,
         run=dataclasses.replace(config.run, output_dir=absolute(config.run.output_dir)),
         tasks=dataclasses.replace(config.tasks, path=absolute(config.tasks.path)),
+        rollout=dataclasses.replace(config.rollout, capacity_file=absolute(config.rollout.capacity_file)),
         model=model,
     )
