@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from types import TracebackType
 import pytest
 from rich.console import Console
 
-from sandrl.bench import admission, capacity
+from sandrl.bench import admission, capacity, report
 from sandrl.bench.admission import AdmissionConfig
 from sandrl.bench.workloads import Standalone
 from sandrl.errors import CapacityExhaustedError, ConfigError
@@ -334,7 +335,7 @@ def test_capacity_from_a_contention_result(tmp_path: Path) -> None:
 
 
 @needs_sandbox
-async def test_admission_bench_end_to_end(provider: BwrapProvider) -> None:
+async def test_admission_bench_end_to_end(provider: BwrapProvider, tmp_path: Path) -> None:
     """Both ways on real sandboxes, tiny: the result's shape and the limit held, never the timings."""
     config = AdmissionConfig(
         capacity=1,
@@ -371,3 +372,12 @@ async def test_admission_bench_end_to_end(provider: BwrapProvider) -> None:
         "episodes_per_hour_b_ge_a",
         "shown",
     }
+    # The result file is one `sandrl bench report` renders (and `compare` refuses, saying why).
+    path = tmp_path / "admission.json"
+    path.write_text(json.dumps(result))
+    page = report.render_html(report.load_labelled([path]))
+    assert re.search(r'<img id="plot-admission" class="plot" alt="[^"]*" src="data:image/png;base64,', page)
+    assert "capacity-aware (b)" in page and "CPU s per episode" in page
+    assert '<p class="missing" id="plot-slowdown">' in page  # no contention levels in it
+    with pytest.raises(ConfigError, match="compares its two ways itself"):
+        report.compare_files(path, path)

@@ -60,7 +60,7 @@ def slowdown_vs_load(results: Labelled) -> bytes | None:
 
 def capacity_bars(results: Labelled) -> bytes | None:
     """Capacity per host: background tasks at the bar, and the same per core."""
-    rows = [(label, r["capacity"], float(r["host"]["cores"])) for label, r in results if r.get("capacity")]
+    rows = [(label, r["capacity"], float(r["host"]["cores"])) for label, r in results if r.get("bench") == "contention"]
     if not rows:
         return None
     fig = Figure(figsize=(8, 3.2))
@@ -122,4 +122,33 @@ def projection_curve(results: Labelled) -> bytes | None:
     ax2.set_xscale("log", base=2)
     ax2.set_xlabel("inference speed-up k")
     ax2.grid(alpha=0.3)
+    return _png(fig)
+
+
+def admission_bars(results: Labelled) -> bytes | None:
+    """Per admission result: p50 and p95 command slowdown of both ways against the bar, and episodes per hour."""
+    rows = [(label, r) for label, r in results if r.get("bench") == "admission"]
+    if not rows:
+        return None
+    fig = Figure(figsize=(10, 2.2 + 1.1 * len(rows)))
+    ax1, ax2 = fig.subplots(1, 2, sharey=True)
+    ways = (("admit_all", "admit all", COLORS[1]), ("capacity_aware", "capacity-aware", COLORS[0]))
+    height = 0.38
+    labels = [label for label, _ in rows]
+    for j, (key, name, color) in enumerate(ways):
+        y = [i + (j - 0.5) * height for i in range(len(rows))]
+        p95 = [float(r[key]["slowdown"]["all"]["p95"]) for _, r in rows]
+        p50 = [float(r[key]["slowdown"]["all"]["p50"]) for _, r in rows]
+        ax1.barh(y, p95, height=height, color=color, alpha=0.45, label=f"{name} p95")
+        ax1.barh(y, p50, height=height, color=color, label=f"{name} p50")
+        ax2.barh(y, [float(r[key]["episodes_per_hour"] or 0) for _, r in rows], height=height, color=color, label=name)
+    for bar in sorted({float(r["config"]["bar"]) for _, r in rows}):
+        ax1.axvline(bar, color="black", linewidth=1.2, label=f"bar {bar:g}x")
+    ax1.set_yticks(range(len(rows)), labels, fontsize=8)
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3, axis="x")
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=3)
+    ax1.set_xlabel("command slowdown (run time / standalone)")
+    ax2.set_xlabel("episodes per hour")
+    fig.suptitle("Admission at a multiple of the capacity")
     return _png(fig)

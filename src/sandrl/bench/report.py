@@ -29,6 +29,7 @@ Labelled = Sequence[tuple[str, dict[str, Any]]]
 REQUIRED = {
     "contention": ("host", "config", "standalone", "levels", "capacity", "full_load"),
     "episodes": ("host", "config", "episodes", "projection"),
+    "admission": ("host", "config", "capacity", "offered", "admit_all", "capacity_aware", "ratios", "claims"),
 }
 
 
@@ -54,7 +55,8 @@ def load_result(path: Path | str) -> dict[str, Any]:
     kind = result.get("bench")
     if kind not in REQUIRED:
         raise ConfigError(
-            f"{path} is not a `sandrl bench contention` result, nor an `episodes` one (its 'bench' is {kind!r})"
+            f"{path} is not a `sandrl bench contention` result, nor an `episodes` or `admission` one "
+            f"(its 'bench' is {kind!r})"
         )
     missing = [k for k in REQUIRED[kind] if k not in result]
     if missing:
@@ -118,7 +120,7 @@ def render_html(results: Labelled) -> str:
     parts.append("<h2>Capacity and per-core slowdown</h2>")
     cap_rows = []
     for label, r in results:
-        if not r.get("capacity"):
+        if r["bench"] != "contention":
             continue
         cap, full = r["capacity"], r["full_load"]
         per_core = full.get("per_core_slowdown") or {}
@@ -166,8 +168,56 @@ def render_html(results: Labelled) -> str:
     parts.append(_img("projection", plots.projection_curve(results), "projection for faster inference"))
     parts.append("<h3>Projection model: assumptions</h3><ul>")
     parts += [f"<li>{html.escape(a)}</li>" for a in projection.ASSUMPTIONS]
-    parts.append("</ul></body></html>")
+    parts.append("</ul>")
+    admitted = [(label, r) for label, r in results if r["bench"] == "admission"]
+    if admitted:
+        parts.append("<h2>Admission at a multiple of the capacity</h2>")
+        parts.append(
+            "<p>The same episodes two ways: every command run when issued (a), or at most the host's capacity "
+            "of commands at once, the rest queued (b). Slowdown: a command's run time over its standalone time; "
+            "agent wait: the same with the queueing.</p>"
+        )
+        for label, r in admitted:
+            parts.append(f"<h3>{html.escape(label)}</h3>" + _admission_table(r))
+        parts.append(_img("admission", plots.admission_bars(admitted), "admission: slowdown and episodes per hour"))
+    parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def _admission_table(r: dict[str, Any]) -> str:
+    a, b, cap, offered = r["admit_all"], r["capacity_aware"], r["capacity"], r["offered"]
+    cfg = r["config"]
+    rows: list[list[object]] = [
+        ["capacity (commands at once)", f"{cap['slots']} ({cap['source']})", "", ""],
+        [
+            "offered",
+            f"{offered['episodes_in_flight']} episodes in flight",
+            f"{offered.get('busy_sandboxes', '-')} busy sandboxes",
+            f"{offered['factor']:g}x",
+        ],
+    ]
+
+    def row(name: str, key: str, spec: str, ratio: bool = True) -> None:
+        va, vb = a.get(key), b.get(key)
+        change = f"{vb / va:.2f}x" if ratio and isinstance(va, int | float) and va and vb is not None else ""
+        rows.append([name, _fmt(va, spec), _fmt(vb, spec), change])
+
+    row("episodes per hour", "episodes_per_hour", ".0f")
+    row("mean episode s", "episode_s_mean", ".2f")
+    for q in ("p50", "p95"):
+        va, vb = a["slowdown"]["all"][q], b["slowdown"]["all"][q]
+        rows.append([f"command slowdown {q}", _fmt(va), _fmt(vb), f"{vb / va:.2f}x"])
+    rows.append(["within the bar", _fmt(a["within_bar"], ".0%"), _fmt(b["within_bar"], ".0%"), ""])
+    rows.append([f"passes {cfg['bar']:g}x at {cfg['quantile']:.0%}", _yes(a["passes_bar"]), _yes(b["passes_bar"]), ""])
+    rows.append(["agent wait p95", _fmt(a["wait_slowdown"]["p95"]), _fmt(b["wait_slowdown"]["p95"]), ""])
+    row("CPUs busy (mean)", "cpu_busy_cores_mean", ".2f")
+    row("CPU s per episode", "cpu_s_per_episode", ".2f")
+    rows.append(["claims shown", "", _yes(r["claims"]["shown"]), ""])
+    return _table(["measure", "admit all (a)", "capacity-aware (b)", "b vs a"], rows)
+
+
+def _yes(flag: object) -> str:
+    return "yes" if flag else "no"
 
 
 def write_report(paths: Sequence[Path | str], out: Path | str) -> Path:
@@ -257,5 +307,11 @@ def compare_table(label_a: str, label_b: str, rows: Sequence[dict[str, Any]]) ->
 def compare_files(path_a: Path | str, path_b: Path | str) -> tuple[Table, dict[str, Any]]:
     """The table to print and the JSON result of ``sandrl bench compare A.json B.json``."""
     (la, a), (lb, b) = load_labelled([path_a, path_b])
+    for label, r in ((la, a), (lb, b)):
+        if r["bench"] == "admission":
+            raise ConfigError(
+                f"{label} is an admission result, which compares its two ways itself (`sandrl bench report` shows "
+                "it); compare takes contention and episodes results of two hosts"
+            )
     rows = compare(a, b)
     return compare_table(la, lb, rows), {"bench": "compare", "a": la, "b": lb, "rows": rows}

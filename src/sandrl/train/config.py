@@ -169,5 +169,5 @@ def _convert(hint: Any, raw: object, label: str, subtable: str) -> Any:
 
 
 def none_as_false(data: dict[str, Any]) -> dict[str, Any]:
-    """TOML has no null: an optional setting that is off is written ``false``, which :func:`from_mapping` reads as None."""
+    """TOML has no null: an optional setting that is off is written ``false`` (:func:`from_mapping`: None)."""
     return {k: none_as_false(v) if isinstance(v, dict) else (False if v is None else v) for k, v in data.items()}
