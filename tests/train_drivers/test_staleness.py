@@ -30,7 +30,7 @@ from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.tasks.task import Task
 from sandrl.train.buffer import GroupBuffer, group_version, staleness
 from sandrl.train.command import run_training
-from sandrl.train.driver_common import FileSource, Session
+from sandrl.train.driver_common import FileSource, Session, make_trainer
 from sandrl.train.trainer import Trainer
 
 from .conftest import run_config
@@ -233,3 +233,27 @@ async def test_take_keeps_the_bound_and_drops_past_it(tmp_path: Path) -> None:
     # A dropped group is consumed (the data position passes it); one taken is consumed when trained.
     assert sorted(session._consumed | set(range(session._low))) == [0, 2]
     assert stats["buffer_fill"] == 3 / len(groups)
+
+
+def test_a_resume_skips_the_groups_consumed_above_the_data_position(tmp_path: Path) -> None:
+    """Async training consumes groups out of order: a resume rolls out what was in flight, nothing twice."""
+    groups = [_group(p, 0, 0) for p in range(8)]
+    config = run_config(tmp_path, **{"async": {"max_staleness": 1}})
+    first = Session(
+        config, FileSource(groups, limit=8), make_trainer(config), mode="async", console=Console(quiet=True)
+    )
+    try:
+        assert [first.next_position() for _ in range(5)] == [0, 1, 2, 3, 4]
+        for position in (0, 2, 3):  # 1 and 4 still in flight
+            first.consumed(position)
+        saved = first.save_checkpoint()
+    finally:
+        first.close()
+    assert saved is not None and json.loads((saved / "state.json").read_text())["data_done"] == [2, 3]
+    resumed_trainer = make_trainer(config)  # [run] resume: loads the newest checkpoint
+    assert (resumed_trainer.data_position, resumed_trainer.data_done) == (1, (2, 3))
+    second = Session(config, FileSource(groups, limit=8), resumed_trainer, mode="async", console=Console(quiet=True))
+    try:
+        assert [second.next_position() for _ in range(6)] == [1, 4, 5, 6, 7, None]
+    finally:
+        second.close()

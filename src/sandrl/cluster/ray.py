@@ -108,9 +108,9 @@ class TrainerWorker:
         self.trainer = make_trainer(config)
         self.trained: list[str] = []
 
-    def state(self) -> tuple[int, int, int]:
+    def state(self) -> tuple[int, int, int, tuple[int, ...]]:
         t = self.trainer
-        return t.steps, t.version, t.data_position
+        return t.steps, t.version, t.data_position, t.data_done
 
     def step(self, batch: Batch) -> tuple[Metrics, int, int]:
         metrics = self.trainer.step(batch)
@@ -120,8 +120,8 @@ class TrainerWorker:
     def export_weights(self, directory: str) -> ExportedWeights:
         return self.trainer.export_weights(directory)
 
-    def save_checkpoint(self, root: str, data_position: int) -> str:
-        self.trainer.data_position = data_position
+    def save_checkpoint(self, root: str, data_position: int, data_done: tuple[int, ...]) -> str:
+        self.trainer.data_position, self.trainer.data_done = data_position, data_done
         return str(self.trainer.save_checkpoint(root))
 
     def trained_episode_ids(self) -> list[str]:
@@ -141,7 +141,7 @@ class RemoteTrainer:
             num_cpus=options.trainer_cpus, num_gpus=options.trainer_gpus, max_restarts=0
         ).remote(config, threads)
         try:
-            (self.steps, self.version, self.data_position), *_ = _started(
+            (self.steps, self.version, self.data_position, self.data_done), *_ = _started(
                 [self.handle.state.remote()], "trainer actor", options.worker_wait_s
             )
         except ClusterError:
@@ -158,7 +158,7 @@ class RemoteTrainer:
         return exported
 
     def save_checkpoint(self, root: str | Path) -> Path:
-        return Path(ray.get(self.handle.save_checkpoint.remote(str(root), self.data_position)))
+        return Path(ray.get(self.handle.save_checkpoint.remote(str(root), self.data_position, self.data_done)))
 
     def trained_episode_ids(self) -> list[str]:
         ids: list[str] = ray.get(self.handle.trained_episode_ids.remote())

@@ -45,6 +45,9 @@ class TrainerState:
     data_position: int
     """Where the driver's data stream stands; the trainer only saves and restores it."""
     config: dict[str, Any]
+    data_done: tuple[int, ...] = ()
+    """Positions above ``data_position`` already consumed (the async driver trains groups as they
+    finish, not in data order): a resumed run skips them instead of training them twice."""
 
 
 def save(
@@ -75,6 +78,7 @@ def save(
             "steps": state.steps,
             "version": state.version,
             "data_position": state.data_position,
+            "data_done": list(state.data_done),
             "config": state.config,
         }
         (staging / "state.json").write_text(json.dumps(record, indent=2) + "\n")
@@ -123,6 +127,7 @@ def load(
         version=int(record["version"]),
         data_position=int(record["data_position"]),
         config=dict(record.get("config", {})),
+        data_done=tuple(int(p) for p in record.get("data_done", ())),
     )
 
 

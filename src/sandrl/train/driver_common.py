@@ -4,8 +4,9 @@ A driver only decides *when* groups are collected and *when* weights are pushed
 (:mod:`sandrl.train.sync`, :mod:`sandrl.train.async_`); everything else is here:
 
 - the data stream: data position ``p`` is task ``order[p]`` (a seeded shuffle per pass over the
-  tasks), or the ``p``-th group of a ``--load-rollouts`` file; the position saved in a checkpoint is
-  the lowest one not yet consumed, so a resumed run redoes at most the groups that were in flight;
+  tasks), or the ``p``-th group of a ``--load-rollouts`` file; a checkpoint saves the lowest one not
+  yet consumed and those above it already consumed, so a resumed run redoes only the groups that
+  were in flight, and trains none twice;
 - :meth:`Session.train`: trajectories to a batch (:mod:`sandrl.train.adapter`), then the one
   :meth:`~sandrl.train.trainer.Trainer.step` both drivers use; metrics to ``metrics.jsonl`` and the
   progress line; checkpoints every ``checkpoint_every`` steps;
@@ -70,6 +71,7 @@ class StepTrainer(Protocol):
     steps: int
     version: int
     data_position: int
+    data_done: tuple[int, ...]
 
     def step(self, batch: Batch) -> Metrics: ...
 
@@ -181,6 +183,7 @@ class Session:
         if self.trainer is not None:
             self.batches = self.trainer.steps
             self._next = self._low = self.trainer.data_position
+            self._consumed = {p for p in self.trainer.data_done if p > self._low}
 
     # -- the data stream ---------------------------------------------------------------------------
 
@@ -196,6 +199,8 @@ class Session:
         """The next data position to roll out (a requeued one first); None when the source is used up."""
         if self._requeued:
             return self._requeued.popleft()
+        while self._next in self._consumed:  # consumed before a resume
+            self._next += 1
         if self.source.limit is not None and self._next >= self.source.limit:
             return None
         self._next += 1
@@ -321,6 +326,7 @@ class Session:
         if self.trainer is None:
             return None
         self.trainer.data_position = self._low
+        self.trainer.data_done = tuple(sorted(self._consumed))
         return self.trainer.save_checkpoint(self.config.output_dir / "checkpoints")
 
     def close(self) -> None:

@@ -98,6 +98,8 @@ class Trainer:
         """Optimizer updates so far: the version of the weights :meth:`export_weights` writes."""
         self.data_position = 0
         """Where the driver's data stream stands; set it before saving, read it after loading."""
+        self.data_done: tuple[int, ...] = ()
+        """Positions above ``data_position`` the driver already consumed; saved and restored with it."""
 
     # -- steps ---------------------------------------------------------------------------------
 
@@ -224,7 +226,9 @@ class Trainer:
 
     def save_checkpoint(self, root: str | Path) -> Path:
         """Save model, optimizer, counters, data position and RNGs under ``root``; keep the newest few."""
-        state = checkpoint.TrainerState(self.steps, self.version, self.data_position, self.config.to_dict())
+        state = checkpoint.TrainerState(
+            self.steps, self.version, self.data_position, self.config.to_dict(), self.data_done
+        )
         return checkpoint.save(
             root,
             state,
@@ -241,6 +245,7 @@ class Trainer:
             path, model=self.model, optimizer=self.optimizer, reference=self.reference, device=self.device
         )
         self.steps, self.version, self.data_position = state.steps, state.version, state.data_position
+        self.data_done = state.data_done
 
     # -- internals ------------------------------------------------------------------------------
 
