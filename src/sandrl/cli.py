@@ -233,7 +233,7 @@ def eval_tasks(
         max_new_tokens=max_new_tokens,
         temperature=temperature,
         run_id=run_id,
-        host_capacity=parse_capacity(host_capacity)[0],
+        host_capacity=parse_capacity(host_capacity, "--host-capacity")[0],
     )
     result = asyncio.run(evaluate(config, console=err_console))
     print(json.dumps(result_line(config, result)))

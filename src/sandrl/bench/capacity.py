@@ -168,7 +168,7 @@ def slots_from_file(path: str | Path) -> int:
         raise ConfigError(f"{path}: {exc.message}") from exc
 
 
-def parse_capacity(text: str | None) -> tuple[int | None, str]:
+def parse_capacity(text: str | None, option: str = "--capacity") -> tuple[int | None, str]:
     """A host capacity as given on a command line: a whole number of commands at once, or a
     ``sandrl bench contention`` result file. Returns (slots, where they came from); None: not given."""
     if text is None:
@@ -178,9 +178,9 @@ def parse_capacity(text: str | None) -> tuple[int | None, str]:
     except ValueError:
         if not Path(text).exists():
             raise ConfigError(
-                f"a host capacity is a whole number or a contention result file; {text!r} is neither"
+                f"{option} takes a whole number or a contention result file; {text!r} is neither"
             ) from None
         return slots_from_file(text), text
     if slots < 1:
-        raise ConfigError(f"a host capacity must be at least 1 command at once, got {slots}")
+        raise ConfigError(f"{option} must be at least 1 command at once, got {slots}")
     return slots, "given"
