@@ -309,7 +309,7 @@ def test_the_offered_load_counts_busy_sandboxes_not_episodes() -> None:
     config = AdmissionConfig(factor=2.0)
     assert config.in_flight(2, 0.6) == 7  # 4 busy sandboxes need 6.67 episodes that are busy 60% of the time
     assert config.in_flight(2, 1.0) == 4 and config.in_flight(3, 0.5) == 12
-    assert config.resolve(2.0, 2, 7).episodes == 14
+    assert config.resolve(2.0, 2).at_load(7).episodes == 14
 
 
 def test_capacity_from_a_contention_result(tmp_path: Path) -> None:

@@ -162,16 +162,20 @@ class AdmissionConfig:
             raise ValueError(f"a duty cycle is in (0, 1], got {duty}")
         return math.ceil(round(self.factor * slots / duty, 6))
 
-    def resolve(self, cores: float, slots: int, in_flight: int) -> AdmissionConfig:
+    def resolve(self, cores: float, slots: int) -> AdmissionConfig:
+        """Every default filled in but ``episodes``, which waits for the load (:meth:`at_load`)."""
         return replace(
             self,
             capacity=slots,
-            episodes=self.episodes or 2 * in_flight,
             rounds=self.rounds or (2 if self.quick else 4),
             workloads=self.workloads or workloads.QUICK_NAMES,
             repeats=self.repeats or (3 if self.quick else 5),
             cores=cores,
         )
+
+    def at_load(self, in_flight: int) -> AdmissionConfig:
+        """With ``in_flight`` episodes in flight: by default twice that many per way per round."""
+        return replace(self, episodes=self.episodes or 2 * in_flight)
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -393,8 +397,9 @@ async def _run(
 ) -> dict[str, Any]:
     cap = await _capacity(config, cores, provider, console)
     slots = cap["slots"]
-    repeats = config.repeats or (3 if config.quick else 5)
-    chosen = workloads.select(config.workloads or workloads.QUICK_NAMES)
+    cfg = config.resolve(cores, slots)
+    assert cfg.repeats is not None and cfg.workloads is not None
+    chosen = workloads.select(cfg.workloads)
     by_command = {w.command: w for w in chosen}
     base = write_task(tmp / "tasks")
     runs: list[WayRun] = []
@@ -402,14 +407,14 @@ async def _run(
         build = progress.add_task("building the task image (the workloads' inputs)", total=None)
         image = await ensure_task_image(base, provider)
         progress.remove_task(build)
-        alone = progress.add_task("standalone times (idle host)", total=(1 + repeats) * (len(chosen) + 1))
+        alone = progress.add_task("standalone times (idle host)", total=(1 + cfg.repeats) * (len(chosen) + 1))
         standalone = await fresh_standalone(
-            provider, base, image, [*chosen, VERIFIER], repeats=repeats, tick=lambda: progress.advance(alone)
+            provider, base, image, [*chosen, VERIFIER], repeats=cfg.repeats, tick=lambda: progress.advance(alone)
         )
         progress.remove_task(alone)
-        duty = duty_cycle(standalone, config.model_s)
-        in_flight = config.in_flight(slots, duty)
-        cfg = config.resolve(cores, slots, in_flight)
+        duty = duty_cycle(standalone, cfg.model_s)
+        in_flight = cfg.in_flight(slots, duty)
+        cfg = cfg.at_load(in_flight)
         assert cfg.episodes is not None and cfg.rounds is not None
 
         async def image_for(task: Task) -> str:
@@ -504,7 +509,6 @@ def _ratio(num: float | None, den: float | None) -> float | None:
 
 def print_card(result: dict[str, Any], console: Console) -> None:
     host, cap, cfg = result["host"], result["capacity"], result["config"]
-    a, b = result["admit_all"], result["capacity_aware"]
     table = Table(
         title=f"sandrl bench admission: {host['cpu_model']}, {host['cores']:g} cores "
         f"(limit: {host['host_limit']['mode']}); capacity {cap['slots']} commands at once ({cap['source']}); "
@@ -515,33 +519,8 @@ def print_card(result: dict[str, Any], console: Console) -> None:
     )
     for col in ("measure", "admit all (a)", "capacity-aware (b)", "b vs a"):
         table.add_column(col, justify="left" if col == "measure" else "right")
-
-    def row(name: str, key: str, spec: str = ".2f", ratio: bool = False) -> None:
-        va, vb = a.get(key), b.get(key)
-        change = f"{vb / va:.2f}x" if ratio and va and vb is not None else ""
-        table.add_row(name, _f(va, spec), _f(vb, spec), change)
-
-    row("episodes (verified)", "verified", "d")
-    row("passed", "passed", "d")
-    row("infra errors", "infra_errors", "d")
-    row("wall s", "wall_s", ".1f", True)
-    row("episodes per hour", "episodes_per_hour", ".0f", True)
-    row("mean episode s", "episode_s_mean", ".2f", True)
-    for q in ("p50", "p95", "max"):
-        table.add_row(
-            f"command slowdown {q}", _f(a["slowdown"]["all"][q]), _f(b["slowdown"]["all"][q]),
-            f"{b['slowdown']['all'][q] / a['slowdown']['all'][q]:.2f}x",
-        )  # fmt: skip
-    table.add_row("commands within the bar", f"{a['within_bar']:.0%}", f"{b['within_bar']:.0%}", "")
-    table.add_row("passes the bar", _yes(a["passes_bar"]), _yes(b["passes_bar"]), "")
-    table.add_row("agent wait / standalone p95", _f(a["wait_slowdown"]["p95"]), _f(b["wait_slowdown"]["p95"]), "")
-    row("commands running (mean)", "commands_running_mean")
-    row("CPUs busy (mean)", "cpu_busy_cores_mean")
-    row("CPU s per episode", "cpu_s_per_episode", ".2f", True)
-    row("commands that queued", "queued_fraction", ".0%")
-    row("queue wait per command s", "queue_wait_s_mean", ".3f")
-    table.add_row("most commands at once", "-", _f(b["peak_running"], "d"), "")
-    table.add_row("extras onto idle cores", "-", _f(b["extras"], "d") if cfg["fill_idle_cores"] else "off", "")
+    for row in measure_rows(result):
+        table.add_row(*row)
     console.print(table)
     claims = result["claims"]
     console.print(
@@ -550,6 +529,40 @@ def print_card(result: dict[str, Any], console: Console) -> None:
         f"(b/a {result['ratios']['episodes_per_hour_b_over_a']}, per round "
         f"{result['ratios']['episodes_per_hour_b_over_a_per_round']}); took {result['duration_s']:.0f} s"
     )
+
+
+def measure_rows(result: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(measure, admit all, capacity-aware, b vs a) as text: the card's table, and the HTML report's."""
+    a, b, cfg = result["admit_all"], result["capacity_aware"], result["config"]
+    rows: list[tuple[str, str, str, str]] = []
+
+    def row(name: str, key: str, spec: str = ".2f", ratio: bool = False) -> None:
+        va, vb = a.get(key), b.get(key)
+        change = f"{vb / va:.2f}x" if ratio and va and vb is not None else ""
+        rows.append((name, _f(va, spec), _f(vb, spec), change))
+
+    row("episodes (verified)", "verified", "d")
+    row("passed", "passed", "d")
+    row("infra errors", "infra_errors", "d")
+    row("wall s", "wall_s", ".1f", True)
+    row("episodes per hour", "episodes_per_hour", ".0f", True)
+    row("mean episode s", "episode_s_mean", ".2f", True)
+    for q in ("p50", "p95", "max"):
+        rows.append((
+            f"command slowdown {q}", _f(a["slowdown"]["all"][q]), _f(b["slowdown"]["all"][q]),
+            f"{b['slowdown']['all'][q] / a['slowdown']['all'][q]:.2f}x",
+        ))  # fmt: skip
+    rows.append(("commands within the bar", f"{a['within_bar']:.0%}", f"{b['within_bar']:.0%}", ""))
+    rows.append(("passes the bar", _yes(a["passes_bar"]), _yes(b["passes_bar"]), ""))
+    rows.append(("agent wait / standalone p95", _f(a["wait_slowdown"]["p95"]), _f(b["wait_slowdown"]["p95"]), ""))
+    row("commands running (mean)", "commands_running_mean")
+    row("CPUs busy (mean)", "cpu_busy_cores_mean")
+    row("CPU s per episode", "cpu_s_per_episode", ".2f", True)
+    row("commands that queued", "queued_fraction", ".0%")
+    row("queue wait per command s", "queue_wait_s_mean", ".3f")
+    rows.append(("most commands at once", "-", _f(b["peak_running"], "d"), ""))
+    rows.append(("extras onto idle cores", "-", _f(b["extras"], "d") if cfg["fill_idle_cores"] else "off", ""))
+    return rows
 
 
 def _f(x: object, spec: str = ".2f") -> str:

@@ -185,39 +185,21 @@ def render_html(results: Labelled) -> str:
 
 
 def _admission_table(r: dict[str, Any]) -> str:
-    a, b, cap, offered = r["admit_all"], r["capacity_aware"], r["capacity"], r["offered"]
-    cfg = r["config"]
-    rows: list[list[object]] = [
-        ["capacity (commands at once)", f"{cap['slots']} ({cap['source']})", "", ""],
-        [
+    from sandrl.bench.admission import measure_rows  # the card's rows; the benchmark's imports only here
+
+    cap, offered = r["capacity"], r["offered"]
+    rows: list[Sequence[object]] = [
+        ("capacity (commands at once)", f"{cap['slots']} ({cap['source']})", "", ""),
+        (
             "offered",
             f"{offered['episodes_in_flight']} episodes in flight",
             f"{offered.get('busy_sandboxes', '-')} busy sandboxes",
             f"{offered['factor']:g}x",
-        ],
+        ),
+        *measure_rows(r),
+        ("claims shown", "", "yes" if r["claims"]["shown"] else "no", ""),
     ]
-
-    def row(name: str, key: str, spec: str, ratio: bool = True) -> None:
-        va, vb = a.get(key), b.get(key)
-        change = f"{vb / va:.2f}x" if ratio and isinstance(va, int | float) and va and vb is not None else ""
-        rows.append([name, _fmt(va, spec), _fmt(vb, spec), change])
-
-    row("episodes per hour", "episodes_per_hour", ".0f")
-    row("mean episode s", "episode_s_mean", ".2f")
-    for q in ("p50", "p95"):
-        va, vb = a["slowdown"]["all"][q], b["slowdown"]["all"][q]
-        rows.append([f"command slowdown {q}", _fmt(va), _fmt(vb), f"{vb / va:.2f}x"])
-    rows.append(["within the bar", _fmt(a["within_bar"], ".0%"), _fmt(b["within_bar"], ".0%"), ""])
-    rows.append([f"passes {cfg['bar']:g}x at {cfg['quantile']:.0%}", _yes(a["passes_bar"]), _yes(b["passes_bar"]), ""])
-    rows.append(["agent wait p95", _fmt(a["wait_slowdown"]["p95"]), _fmt(b["wait_slowdown"]["p95"]), ""])
-    row("CPUs busy (mean)", "cpu_busy_cores_mean", ".2f")
-    row("CPU s per episode", "cpu_s_per_episode", ".2f")
-    rows.append(["claims shown", "", _yes(r["claims"]["shown"]), ""])
     return _table(["measure", "admit all (a)", "capacity-aware (b)", "b vs a"], rows)
-
-
-def _yes(flag: object) -> str:
-    return "yes" if flag else "no"
 
 
 def write_report(paths: Sequence[Path | str], out: Path | str) -> Path:
