@@ -135,3 +135,43 @@ def test_the_warm_start_stops_once_greedy_decoding_reproduces_the_checks(tmp_pat
         warm_start(tasks, tmp_path / "w2", system_prompt="S", config=cfg)
     with pytest.raises(ConfigError, match="fraction"):
         WarmStartConfig(stop_at_greedy=1.5)
+
+
+def test_reply_logprobs_are_the_summed_token_logprobs_of_each_reply_alone(tmp_path: Path) -> None:
+    tasks = _tasks(tmp_path, 3)
+    result = warm_start(tasks, tmp_path / "warm", system_prompt="S", config=WarmStartConfig(steps=30, tiny=TINY))
+    model, tokenizer, _ = load_model(str(result.path))
+    assert tokenizer is not None
+    trainer = Trainer(model, TrainConfig(), tokenizer=tokenizer)
+    samples = demonstrations(tasks, tokenizer, "S")
+    samples[1] = replace(samples[1], token_ids=(*samples[1].token_ids, 7, 7), loss_mask=(*samples[1].loss_mask, 1, 0))
+    got = trainer.reply_logprobs(samples)  # batched and padded together
+    for sample, logprob in zip(samples, got, strict=True):
+        ids = torch.tensor([sample.token_ids])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, :-1].float()
+        token_lp = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None])[:, 0]
+        expected = sum(float(lp) for lp, m in zip(token_lp, sample.loss_mask[1:], strict=True) if m)
+        assert logprob == pytest.approx(expected, abs=1e-4)
+    assert all(lp < 0 for lp in got)
+
+
+def test_each_check_reports_what_one_sample_and_a_group_of_samples_would_write(tmp_path: Path) -> None:
+    tasks = _tasks(tmp_path, 2)
+    seen: list[dict[str, float]] = []
+    cfg = WarmStartConfig(steps=60, batch_size=2, tiny=TINY, group_size=4, check_every=10)
+    result = warm_start(
+        tasks,
+        tmp_path / "warm",
+        system_prompt="S",
+        config=cfg,
+        check_tasks=tasks,
+        on_step=lambda s, m: seen.extend([m] if "coverage" in m else []),
+    )
+    assert [step for step, _ in result.coverage] == [10, 20, 30, 40, 50, 60]
+    assert [c for _, c in result.coverage] == [m["coverage"] for m in seen]
+    # a group of 4 writes a reply at least once more often than one sample does, and at most 4 times as often
+    assert all(m["sampled"] <= m["coverage"] <= min(1.0, 4 * m["sampled"]) * (1 + 1e-9) for m in seen)
+    assert seen[-1]["coverage"] > seen[0]["coverage"]
+    with pytest.raises(ConfigError, match="group_size"):
+        WarmStartConfig(group_size=0)

@@ -14,6 +14,7 @@ what the policy learns to continue is byte for byte what it is shown in an episo
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -75,14 +76,20 @@ class WarmStartConfig:
     """Stop before ``steps`` once greedy decoding reproduces at least this fraction of the check
     demonstrations: the policy has learned the format and the skill's argmax, and sampling from
     it still fails often enough that RL has groups to learn from. None: always ``steps``."""
+    group_size: int = 8
+    """The RL run's episodes per task, for the ``coverage`` reported at each check: the fraction of
+    the check demonstrations a group of this many samples at temperature 1 would write at least
+    once (``1 - (1 - p)^n`` from each reply's probability ``p``, exact, no sampling). GRPO learns
+    only from groups where some episode passes: a task below it stays unsolved however long RL
+    runs."""
     check_every: int = 25
-    """Updates between two checks of ``stop_at_greedy``."""
+    """Updates between two checks on the check demonstrations."""
 
     def __post_init__(self) -> None:
-        if self.steps < 1 or self.batch_size < 1 or self.check_every < 1:
+        if self.steps < 1 or self.batch_size < 1 or self.check_every < 1 or self.group_size < 1:
             raise ConfigError(
-                "warm start steps, batch_size and check_every must be >= 1, "
-                f"got {self.steps}, {self.batch_size} and {self.check_every}"
+                "warm start steps, batch_size, check_every and group_size must be >= 1, "
+                f"got {self.steps}, {self.batch_size}, {self.check_every} and {self.group_size}"
             )
         if self.stop_at_greedy is not None and not 0 < self.stop_at_greedy <= 1:
             raise ConfigError(f"stop_at_greedy is a fraction in (0, 1], got {self.stop_at_greedy}")
@@ -114,6 +121,8 @@ class WarmStartResult:
     """The loss of every update."""
     greedy: list[tuple[int, float]]
     """``(step, fraction of the check demonstrations greedy decoding reproduces)`` at each check."""
+    coverage: list[tuple[int, float]] = field(default_factory=list)
+    """``(step, fraction a group of samples would reproduce at least once)`` at each check."""
 
     @property
     def steps(self) -> int:
@@ -132,7 +141,8 @@ def warm_start(
     """Build the tiny model, fine-tune it on ``tasks``' demonstrations, save it to ``out``.
 
     ``check_tasks`` (not trained on) are the demonstrations of ``config.stop_at_greedy``.
-    ``on_step(step, metrics)`` is called after each update; at a check, ``metrics`` has ``greedy``.
+    ``on_step(step, metrics)`` is called after each update; at a check, ``metrics`` has ``greedy``
+    and ``coverage``.
     """
     cfg = config or WarmStartConfig()
     if cfg.stop_at_greedy is not None and not check_tasks:
@@ -143,20 +153,30 @@ def warm_start(
     checks = demonstrations(check_tasks, tokenizer, system_prompt)
     losses: list[float] = []
     greedy: list[tuple[int, float]] = []
+    coverage: list[tuple[int, float]] = []
     for step, batch in enumerate(batches(samples, cfg.batch_size, cfg.steps, cfg.seed), start=1):
         metrics = trainer.sft_step(batch)
         losses.append(float(metrics["loss"]))
         done = False
         if checks and step % cfg.check_every == 0:
-            fraction = sum(trainer.greedy_reproduces(checks)) / len(checks)
+            forced = trainer.teacher_forced(checks)
+            fraction = sum(g for g, _ in forced) / len(checks)
+            covered = sum(_at_least_once(math.exp(lp), cfg.group_size) for _, lp in forced) / len(checks)
             greedy.append((step, fraction))
-            metrics = {**metrics, "greedy": fraction}
+            coverage.append((step, covered))
+            sampled = sum(math.exp(lp) for _, lp in forced) / len(checks)
+            metrics = {**metrics, "greedy": fraction, "coverage": covered, "sampled": sampled}
             done = cfg.stop_at_greedy is not None and fraction >= cfg.stop_at_greedy
         if on_step is not None:
             on_step(step, metrics)
         if done:
             break
-    return WarmStartResult(save_weights(trainer.model.eval(), out, tokenizer), losses, greedy)
+    return WarmStartResult(save_weights(trainer.model.eval(), out, tokenizer), losses, greedy, coverage)
+
+
+def _at_least_once(p: float, n: int) -> float:
+    """``1 - (1 - p)^n``, accurate for tiny ``p`` too."""
+    return 1.0 if p >= 1 else -math.expm1(n * math.log1p(-p))
 
 
 def demonstrations(tasks: Sequence[Task], tokenizer: Tokenizer, system_prompt: str) -> list[TrainSample]:
