@@ -196,26 +196,14 @@ class Trainer:
         With teacher forcing, the argmax at every model-token position equals that token iff
         greedy decoding from the sample's prompt generates them: one forward pass, no sampling.
         """
-        return [greedy for greedy, _ in self.teacher_forced(samples)]
-
-    def reply_logprobs(self, samples: Sequence[TrainSample]) -> list[float]:
-        """The log-probability that sampling at temperature 1 writes each sample's model tokens exactly."""
-        return [logprob for _, logprob in self.teacher_forced(samples)]
-
-    def teacher_forced(self, samples: Sequence[TrainSample]) -> list[tuple[bool, float]]:
-        """Per sample: does greedy decoding write its model tokens, and their summed log-probability (one pass)."""
-        out = [(False, 0.0)] * len(samples)
+        out = [False] * len(samples)
         with torch.no_grad():
             for plan in plan_micro_batches([s.num_tokens for s in samples], self.config.micro_batch_tokens):
                 mb = collate(samples, plan, pad_id=self.pad_id, device=self.device)
-                logits = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1].float()
-                targets = mb.input_ids[:, 1:]
-                mask = mb.loss_mask[:, 1:] > 0
-                wrong = (logits.argmax(-1) != targets) & mask
-                token_lp = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-                reply_lp = (token_lp * mask).sum(-1)
+                logits = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1]
+                wrong = (logits.argmax(-1) != mb.input_ids[:, 1:]) & (mb.loss_mask[:, 1:] > 0)
                 for row, i in enumerate(mb.index):
-                    out[i] = (not bool(wrong[row].any()), float(reply_lp[row]))
+                    out[i] = not bool(wrong[row].any())
         return out
 
     def lr_at(self, update: int) -> float:

@@ -141,8 +141,9 @@ def warm_start(
     """Build the tiny model, fine-tune it on ``tasks``' demonstrations, save it to ``out``.
 
     ``check_tasks`` (not trained on) are the demonstrations of ``config.stop_at_greedy``.
-    ``on_step(step, metrics)`` is called after each update; at a check, ``metrics`` has ``greedy``
-    and ``coverage``.
+    ``on_step(step, metrics)`` is called after each update; at a check, ``metrics`` also has
+    ``greedy``, ``coverage`` and ``sampled`` (the mean probability that one sample writes a check
+    demonstration's reply).
     """
     cfg = config or WarmStartConfig()
     if cfg.stop_at_greedy is not None and not check_tasks:
@@ -159,19 +160,25 @@ def warm_start(
         losses.append(float(metrics["loss"]))
         done = False
         if checks and step % cfg.check_every == 0:
-            forced = trainer.teacher_forced(checks)
-            fraction = sum(g for g, _ in forced) / len(checks)
-            covered = sum(_at_least_once(math.exp(lp), cfg.group_size) for _, lp in forced) / len(checks)
+            fraction = sum(trainer.greedy_reproduces(checks)) / len(checks)
+            p_reply = [
+                math.exp(_reply_logprob(row, c)) for row, c in zip(trainer.logprobs(checks), checks, strict=True)
+            ]
+            covered = sum(_at_least_once(p, cfg.group_size) for p in p_reply) / len(checks)
             greedy.append((step, fraction))
             coverage.append((step, covered))
-            sampled = sum(math.exp(lp) for _, lp in forced) / len(checks)
-            metrics = {**metrics, "greedy": fraction, "coverage": covered, "sampled": sampled}
+            metrics = {**metrics, "greedy": fraction, "coverage": covered, "sampled": sum(p_reply) / len(checks)}
             done = cfg.stop_at_greedy is not None and fraction >= cfg.stop_at_greedy
         if on_step is not None:
             on_step(step, metrics)
         if done:
             break
     return WarmStartResult(save_weights(trainer.model.eval(), out, tokenizer), losses, greedy, coverage)
+
+
+def _reply_logprob(token_logprobs: Sequence[float], sample: TrainSample) -> float:
+    """The log-probability that sampling at temperature 1 writes ``sample``'s model tokens exactly."""
+    return sum(lp for lp, trained in zip(token_logprobs, sample.loss_mask, strict=True) if trained)
 
 
 def _at_least_once(p: float, n: int) -> float:
