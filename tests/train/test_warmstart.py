@@ -21,6 +21,7 @@ from sandrl.train.config import TrainConfig
 from sandrl.train.trainer import Trainer
 from sandrl.train.warmstart import (
     WarmStartConfig,
+    WarmStartResult,
     batches,
     demonstration,
     demonstrations,
@@ -118,18 +119,27 @@ def test_greedy_reproduces_is_what_greedy_decoding_writes(tmp_path: Path) -> Non
     assert trainer.greedy_reproduces([broken]) == [False]
 
 
-def test_the_warm_start_stops_once_greedy_decoding_reproduces_the_checks(tmp_path: Path) -> None:
-    tasks = _tasks(tmp_path, 2)
-    greedy: list[float] = []
-    cfg = WarmStartConfig(steps=400, batch_size=2, tiny=TINY, stop_at_greedy=0.5, check_every=10)
+def _warm_start_checked(
+    tasks: list[Task], tmp_path: Path, cfg: WarmStartConfig
+) -> tuple[WarmStartResult, list[dict[str, float]]]:
+    """A warm start checked on its own demonstrations, and the metrics of every check."""
+    checks: list[dict[str, float]] = []
     result = warm_start(
         tasks,
         tmp_path / "warm",
         system_prompt="S",
         config=cfg,
         check_tasks=tasks,
-        on_step=lambda s, m: greedy.extend([m["greedy"]] if "greedy" in m else []),
+        on_step=lambda s, m: checks.extend([m] if "greedy" in m else []),
     )
+    return result, checks
+
+
+def test_the_warm_start_stops_once_greedy_decoding_reproduces_the_checks(tmp_path: Path) -> None:
+    tasks = _tasks(tmp_path, 2)
+    cfg = WarmStartConfig(steps=400, batch_size=2, tiny=TINY, stop_at_greedy=0.5, check_every=10)
+    result, checks = _warm_start_checked(tasks, tmp_path, cfg)
+    greedy = [m["greedy"] for m in checks]
     assert result.steps < 400 and result.steps % 10 == 0
     assert [g for _, g in result.greedy] == greedy and greedy[-1] >= 0.5 > max(greedy[:-1], default=0)
     with pytest.raises(ConfigError, match="check tasks"):
@@ -140,16 +150,8 @@ def test_the_warm_start_stops_once_greedy_decoding_reproduces_the_checks(tmp_pat
 
 def test_each_check_reports_what_one_sample_and_a_group_of_samples_would_write(tmp_path: Path) -> None:
     tasks = _tasks(tmp_path, 2)
-    seen: list[dict[str, float]] = []
     cfg = WarmStartConfig(steps=60, batch_size=2, tiny=TINY, group_size=4, check_every=10)
-    result = warm_start(
-        tasks,
-        tmp_path / "warm",
-        system_prompt="S",
-        config=cfg,
-        check_tasks=tasks,
-        on_step=lambda s, m: seen.extend([m] if "coverage" in m else []),
-    )
+    result, seen = _warm_start_checked(tasks, tmp_path, cfg)
     assert [step for step, _ in result.coverage] == [10, 20, 30, 40, 50, 60]
     assert [c for _, c in result.coverage] == [m["coverage"] for m in seen]
     # a group of 4 writes a reply at least once more often than one sample does, and at most 4 times as often
