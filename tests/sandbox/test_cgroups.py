@@ -76,3 +76,29 @@ async def test_unenforceable_limit_fails_unless_opted_out(state_dir: Path) -> No
         sb = await provider.create(SandboxSpec(require_limits=False))
     async with sb:
         assert (await sb.exec("echo runs")).stdout == "runs\n"
+
+
+def test_prepare_removes_other_state_roots_empty_parents_and_create_remakes_its_own(tmp_path: Path) -> None:
+    root = tmp_path / "cg"
+    for ctrl in ("memory", "pids", "cpu", "cpuacct"):
+        (root / ctrl).mkdir(parents=True)
+        (root / ctrl / "cgroup.procs").write_text("")
+    own_groups = "4:memory:/\n8:pids:/\n1:cpu:/\n2:cpuacct:/\n"
+    mine = CgroupManager(root=root, proc_cgroup=own_groups, subdir="sandrl/sandrl-aaaaaaaaaaaa")
+    other = CgroupManager(root=root, proc_cgroup=own_groups, subdir="sandrl/sandrl-bbbbbbbbbbbb")
+    busy = CgroupManager(root=root, proc_cgroup=own_groups, subdir="sandrl/sandrl-cccccccccccc")
+    for mgr in (other, busy):
+        mgr.prepare()
+    # Here a parent holding a sandbox's group is a non-empty dir, which rmdir refuses as the kernel
+    # does; a name that is not a state directory's is never touched.
+    busy.create("sb-live", memory_mb=None, pids=None, cpus=None)
+    (root / "pids" / "sandrl" / "not-a-state-root").mkdir()
+    mine.prepare()
+    kept = ["sandrl-aaaaaaaaaaaa", "sandrl-cccccccccccc"]
+    for ctrl in ("memory", "pids", "cpu", "cpuacct"):
+        names = sorted(p.name for p in (root / ctrl / "sandrl").iterdir())
+        assert names == (["not-a-state-root"] if ctrl == "pids" else []) + kept
+    # The other provider's parent is gone; its next sandbox makes it again.
+    group = other.create("sb-next", memory_mb=64, pids=None, cpus=None)
+    assert (root / "memory" / "sandrl" / "sandrl-bbbbbbbbbbbb" / "sb-next" / "memory.limit_in_bytes").is_file()
+    assert len(group.dirs) == 4

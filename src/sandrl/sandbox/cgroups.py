@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import time
 from dataclasses import dataclass, field
@@ -25,6 +26,8 @@ from sandrl.errors import LimitUnsupportedError
 
 CFS_PERIOD_US = 100_000
 V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct")
+_STATE_PARENT = re.compile(r"sandrl-[0-9a-f]{12}")
+"""A state directory's parent group (:attr:`sandrl.sandbox.state.StateDir.cgroup_name`)."""
 
 
 def _own_groups(proc_cgroup: str) -> dict[str, str]:
@@ -211,12 +214,35 @@ class CgroupManager:
                 self.kill_base.mkdir(parents=True, exist_ok=True)
             if self.version == 2:
                 self._delegate_v2(self.bases["unified"])
+            self._remove_empty_siblings()
         except OSError as exc:
             raise LimitUnsupportedError(
                 f"cannot set up cgroups under {self.root} ({exc}); run as root on a host with cgroups "
                 "(on cgroup v2, from a group whose controllers are delegated, e.g. "
                 "`systemd-run --scope -p Delegate=yes ...`), or set require_limits=False"
             ) from exc
+
+    def _bases(self) -> list[Path]:
+        bases = list(self.bases.values())
+        if self.kill_base is not None and self.kill_base not in bases:
+            bases.append(self.kill_base)
+        return bases
+
+    def _remove_empty_siblings(self) -> None:
+        """Remove the parents other state directories left (one per temporary state root, say).
+
+        Only empty ones go: the kernel refuses to remove a group that still has a child group or
+        a process. A live provider whose parent was removed while it had no sandbox makes it
+        again on its next :meth:`create`.
+        """
+        for base in self._bases():
+            if not _STATE_PARENT.fullmatch(base.name):
+                continue
+            with contextlib.suppress(OSError):
+                for sibling in base.parent.iterdir():
+                    if sibling != base and _STATE_PARENT.fullmatch(sibling.name) and sibling.is_dir():
+                        with contextlib.suppress(OSError):
+                            sibling.rmdir()
 
     def _delegate_v2(self, base: Path) -> None:
         """Enable memory, pids and cpu for the sandboxes' groups.
@@ -246,6 +272,14 @@ class CgroupManager:
             _write(level / "cgroup.subtree_control", enable)
 
     def create(self, name: str, *, memory_mb: int | None, pids: int | None, cpus: float | None) -> SandboxCgroup:
+        try:
+            return self._create(name, memory_mb=memory_mb, pids=pids, cpus=cpus)
+        except FileNotFoundError:
+            # Another provider's prepare() removed our parent while it was empty.
+            self.prepare()
+            return self._create(name, memory_mb=memory_mb, pids=pids, cpus=cpus)
+
+    def _create(self, name: str, *, memory_mb: int | None, pids: int | None, cpus: float | None) -> SandboxCgroup:
         dirs: list[Path] = []
         paths: dict[str, Path] = {}
         try:
@@ -308,10 +342,7 @@ class CgroupManager:
     def stale_groups(self) -> dict[str, list[Path]]:
         """Sandbox groups present under the ``sandrl`` parents, by sandbox name."""
         found: dict[str, list[Path]] = {}
-        bases = list(self.bases.values())
-        if self.kill_base is not None and self.kill_base not in bases:
-            bases.append(self.kill_base)
-        for base in bases:
+        for base in self._bases():
             with contextlib.suppress(OSError):
                 for d in base.iterdir():
                     if d.is_dir():
