@@ -94,3 +94,28 @@ def test_generated_tasks_score_0_then_1(tmp_path: Path) -> None:
     failed = {r.name: r.problems for r in results if not r.ok}
     assert not failed
     shutil.rmtree(tmp_path)
+
+
+def _near_miss(answer: str) -> str:
+    """The answer with its last character changed: one edit away."""
+    return answer[:-1] + ("1" if answer[-1] == "0" else "0")
+
+
+@needs_bwrap
+@pytest.mark.parametrize("family", FAMILIES)
+def test_generated_partial_credit(family: str, tmp_path: Path) -> None:
+    """Word families pay 0.5 x edit-distance closeness for a wrong answer, number families nothing."""
+    task = generate_tasks(tmp_path / "tasks", family, 1, seed=5)[0]
+    expected = (task / "tests" / "expected.txt").read_text().strip()
+    rewards = {}
+    for name, answer in {"near": _near_miss(expected), "far": "#" * (2 * len(expected)), "right": expected}.items():
+        image = check_suite.build_image(task, tmp_path / name)
+        image.host_path("/workspace/answer.txt").write_text(f"  {answer}\n")
+        rewards[name], log = check_suite.run_verifier(task, image)
+        assert rewards[name] != "missing", log
+    assert rewards["right"] == "1"
+    if family in ("echo", "reverse"):
+        assert float(rewards["near"]) == pytest.approx(0.5 * (1 - 1 / len(expected)), abs=1e-4)
+        assert float(rewards["far"]) == 0.0
+    else:
+        assert rewards["near"] == rewards["far"] == "0"

@@ -14,7 +14,9 @@ shell tools rather than pasting it.
     >>> dirs = generate_tasks("/tmp/toy", "arith", n=64, seed=0)
 
 Families: ``echo`` (write a word), ``arith`` (the sum of two integers), ``reverse`` (a word
-spelled backwards) and ``count`` (how many lines of a given file are a given word).
+spelled backwards), ``count`` (how many lines of a given file are a given word) and ``lines``
+(the lines of a given file sorted, reversed, upper-cased, cut or counted: one of eleven
+coreutils commands, chosen by what the instruction asks for; the skill carries over to any file).
 """
 
 from __future__ import annotations
@@ -138,22 +140,38 @@ _WORDS = (
 )
 
 _TEST_SH = """#!/bin/bash
-# Verifier: /workspace/answer.txt must hold the expected answer (surrounding whitespace ignored).
+# Verifier: reward 1 when /workspace/answer.txt holds the expected answer (surrounding whitespace
+# ignored); with PARTIAL_CREDIT a wrong answer earns up to 0.5 for its closeness (edit distance).
 mkdir -p /logs/verifier
 echo 0 > /logs/verifier/reward.txt
-if python3 - <<'PY'
-import sys
+python3 - <<'PY'
 from pathlib import Path
 
+PARTIAL_CREDIT = {partial_credit}
+
+
+def similarity(a: str, b: str) -> float:
+    # 1 - Levenshtein distance / the longer length.
+    previous = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        current = [i]
+        for j, cb in enumerate(b, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb)))
+        previous = current
+    return 1 - previous[-1] / max(len(a), len(b), 1)
+
+
 answer = Path("/workspace/answer.txt")
-if not answer.is_file():
-    sys.exit(1)
-got = answer.read_bytes().decode("utf-8", "replace").strip()
-sys.exit(0 if got == Path("/tests/expected.txt").read_text().strip() else 1)
+expected = Path("/tests/expected.txt").read_text().strip()
+got = answer.read_bytes().decode("utf-8", "replace").strip() if answer.is_file() else None
+if got == expected:
+    reward = "1"
+elif got and PARTIAL_CREDIT:
+    reward = f"{{0.5 * similarity(got[:200], expected):.4f}}"
+else:
+    reward = "0"
+Path("/logs/verifier/reward.txt").write_text(reward + "\\n")
 PY
-then
-    echo 1 > /logs/verifier/reward.txt
-fi
 """
 
 _TASK_TOML = """version = "1.0"
@@ -193,6 +211,10 @@ class ToyTask:
     files: Mapping[str, str] = field(default_factory=dict)
     """Starting files of ``/workspace``: relative path to content."""
     tags: tuple[str, ...] = ()
+    partial_credit: bool = False
+    """A wrong answer earns up to 0.5 reward for its closeness to the right one (edit distance), so a
+    group of attempts that all fail still tells GRPO which came nearest. Only where closeness means
+    something (a word, not a number); ``passed`` stays exact (reward 1)."""
 
 
 def _echo(rng: random.Random, name: str) -> ToyTask:
@@ -203,6 +225,7 @@ def _echo(rng: random.Random, name: str) -> ToyTask:
         answer=word,
         solve=f"printf '%s\\n' {word} > /workspace/answer.txt\n",
         tags=("echo",),
+        partial_credit=True,
     )
 
 
@@ -227,6 +250,7 @@ def _reverse(rng: random.Random, name: str) -> ToyTask:
         answer=word[::-1],
         solve=f"printf '%s\\n' {word} | rev > /workspace/answer.txt\n",
         tags=("reverse",),
+        partial_credit=True,
     )
 
 
@@ -247,11 +271,48 @@ def _count(rng: random.Random, name: str) -> ToyTask:
     )
 
 
+_LINE_TOOLS: tuple[tuple[str, str, Callable[[list[str]], list[str]]], ...] = (
+    # What to write, the command that writes it, and the lines it gives (as GNU coreutils do in C.UTF-8).
+    ("its lines sorted in alphabetical order", "sort {f}", sorted),
+    ("its lines sorted in reverse alphabetical order", "sort -r {f}", lambda xs: sorted(xs, reverse=True)),
+    ("its lines sorted in alphabetical order with duplicates removed", "sort -u {f}", lambda xs: sorted(set(xs))),
+    ("its lines in reverse order (last line first)", "tac {f}", lambda xs: xs[::-1]),
+    ("its lines in upper case", "tr a-z A-Z < {f}", lambda xs: [x.upper() for x in xs]),
+    ("each of its lines spelled backwards", "rev {f}", lambda xs: [x[::-1] for x in xs]),
+    ("only its first line", "head -n 1 {f}", lambda xs: xs[:1]),
+    ("only its last line", "tail -n 1 {f}", lambda xs: xs[-1:]),
+    ("only its first three lines", "head -n 3 {f}", lambda xs: xs[:3]),
+    ("only its last three lines", "tail -n 3 {f}", lambda xs: xs[-3:]),
+    ("the number of its lines", "wc -l < {f}", lambda xs: [str(len(xs))]),
+)
+
+
+def _lines(rng: random.Random, name: str) -> ToyTask:
+    what, command, transform = rng.choice(_LINE_TOOLS)
+    # A list that no tool leaves as it was: unsorted, with a repeated word.
+    while True:
+        lines = [rng.choice(_WORDS) for _ in range(rng.randint(5, 9))]
+        if len(set(lines)) < len(lines) and transform(lines) != lines:
+            break
+    return ToyTask(
+        name=name,
+        instruction=(
+            "The file `/workspace/input.txt` holds a list of words, one per line. "
+            f"Write {what} into the file `/workspace/answer.txt`.\n"
+        ),
+        answer="\n".join(transform(lines)),
+        solve=command.format(f="/workspace/input.txt") + " > /workspace/answer.txt\n",
+        files={"input.txt": "\n".join(lines) + "\n"},
+        tags=("lines",),
+    )
+
+
 _FAMILIES: dict[str, Callable[[random.Random, str], ToyTask]] = {
     "echo": _echo,
     "arith": _arith,
     "reverse": _reverse,
     "count": _count,
+    "lines": _lines,
 }
 FAMILIES: tuple[str, ...] = tuple(_FAMILIES)
 
@@ -280,7 +341,7 @@ def _write_task(task: ToyTask, task_dir: Path) -> None:
         _write(task_dir / "environment" / rel, content)
         dockerfile += f"COPY {rel} /workspace/{rel}\n"
     _write(task_dir / "environment" / "Dockerfile", dockerfile)
-    _write(task_dir / "tests" / "test.sh", _TEST_SH, 0o755)
+    _write(task_dir / "tests" / "test.sh", _TEST_SH.format(partial_credit=task.partial_credit), 0o755)
     _write(task_dir / "tests" / "expected.txt", task.answer + "\n")
     _write(task_dir / "solution" / "solve.sh", "#!/bin/bash\nset -euo pipefail\n" + task.solve, 0o755)
     for directory in (task_dir, *(p for p in task_dir.rglob("*") if p.is_dir())):
