@@ -148,6 +148,17 @@ def test_the_warm_start_stops_once_greedy_decoding_reproduces_the_checks(tmp_pat
         WarmStartConfig(stop_at_greedy=1.5)
 
 
+def test_the_warm_start_stops_once_one_sample_writes_the_checks_often_enough(tmp_path: Path) -> None:
+    tasks = _tasks(tmp_path, 2)
+    cfg = WarmStartConfig(steps=400, batch_size=2, tiny=TINY, stop_at_sampled=0.3, check_every=10)
+    result, checks = _warm_start_checked(tasks, tmp_path, cfg)
+    sampled = [m["sampled"] for m in checks]
+    assert result.steps < 400 and result.steps % 10 == 0
+    assert [v for _, v in result.sampled] == sampled and sampled[-1] >= 0.3 > max(sampled[:-1], default=0)
+    with pytest.raises(ConfigError, match="stop_at_sampled is a fraction"):
+        WarmStartConfig(stop_at_sampled=0)
+
+
 def test_each_check_reports_what_one_sample_and_a_group_of_samples_would_write(tmp_path: Path) -> None:
     tasks = _tasks(tmp_path, 2)
     cfg = WarmStartConfig(steps=60, batch_size=2, tiny=TINY, group_size=4, check_every=10)

@@ -76,6 +76,12 @@ class WarmStartConfig:
     """Stop before ``steps`` once greedy decoding reproduces at least this fraction of the check
     demonstrations: the policy has learned the format and the skill's argmax, and sampling from
     it still fails often enough that RL has groups to learn from. None: always ``steps``."""
+    stop_at_sampled: float | None = None
+    """Stop before ``steps`` once one sample at temperature 1 writes a check demonstration's reply
+    with at least this mean probability (``sampled``): the pass rate RL starts from, about, so
+    every seed starts RL from a comparable policy. Greedy decoding can jump from a few percent to
+    all of the checks between two checks while the sampled rate climbs steadily. None: no such stop;
+    with both set, the first reached stops."""
     group_size: int = 8
     """The RL run's episodes per task, for the ``coverage`` reported at each check: the fraction of
     the check demonstrations a group of this many samples at temperature 1 would write at least
@@ -91,8 +97,10 @@ class WarmStartConfig:
                 "warm start steps, batch_size, check_every and group_size must be >= 1, "
                 f"got {self.steps}, {self.batch_size}, {self.check_every} and {self.group_size}"
             )
-        if self.stop_at_greedy is not None and not 0 < self.stop_at_greedy <= 1:
-            raise ConfigError(f"stop_at_greedy is a fraction in (0, 1], got {self.stop_at_greedy}")
+        for name in ("stop_at_greedy", "stop_at_sampled"):
+            value = getattr(self, name)
+            if value is not None and not 0 < value <= 1:
+                raise ConfigError(f"{name} is a fraction in (0, 1], got {value}")
 
 
 def batches(samples: Sequence[TrainSample], batch_size: int, steps: int, seed: int) -> list[list[TrainSample]]:
@@ -123,6 +131,8 @@ class WarmStartResult:
     """``(step, fraction of the check demonstrations greedy decoding reproduces)`` at each check."""
     coverage: list[tuple[int, float]] = field(default_factory=list)
     """``(step, fraction a group of samples would reproduce at least once)`` at each check."""
+    sampled: list[tuple[int, float]] = field(default_factory=list)
+    """``(step, mean probability that one sample reproduces a check demonstration)`` at each check."""
 
     @property
     def steps(self) -> int:
@@ -140,14 +150,16 @@ def warm_start(
 ) -> WarmStartResult:
     """Build the tiny model, fine-tune it on ``tasks``' demonstrations, save it to ``out``.
 
-    ``check_tasks`` (not trained on) are the demonstrations of ``config.stop_at_greedy``.
+    ``check_tasks`` (not trained on) are the demonstrations of the checks and their stops.
     ``on_step(step, metrics)`` is called after each update; at a check, ``metrics`` also has
     ``greedy``, ``coverage`` and ``sampled`` (the mean probability that one sample writes a check
     demonstration's reply).
     """
     cfg = config or WarmStartConfig()
-    if cfg.stop_at_greedy is not None and not check_tasks:
-        raise ConfigError("stop_at_greedy needs check tasks: demonstrations the warm start does not train on")
+    if (cfg.stop_at_greedy is not None or cfg.stop_at_sampled is not None) and not check_tasks:
+        raise ConfigError(
+            "stop_at_greedy and stop_at_sampled need check tasks: demonstrations the warm start does not train on"
+        )
     model, tokenizer = build_tiny_model(cfg.tiny)
     trainer = Trainer(model, TrainConfig(lr=cfg.lr, warmup_steps=cfg.warmup_steps), tokenizer=tokenizer)
     samples = demonstrations(tasks, tokenizer, system_prompt)
@@ -155,6 +167,7 @@ def warm_start(
     losses: list[float] = []
     greedy: list[tuple[int, float]] = []
     coverage: list[tuple[int, float]] = []
+    sampled_at: list[tuple[int, float]] = []
     for step, batch in enumerate(batches(samples, cfg.batch_size, cfg.steps, cfg.seed), start=1):
         metrics = trainer.sft_step(batch)
         losses.append(float(metrics["loss"]))
@@ -167,13 +180,17 @@ def warm_start(
             covered = sum(_at_least_once(p, cfg.group_size) for p in p_reply) / len(checks)
             greedy.append((step, fraction))
             coverage.append((step, covered))
-            metrics = {**metrics, "greedy": fraction, "coverage": covered, "sampled": sum(p_reply) / len(checks)}
-            done = cfg.stop_at_greedy is not None and fraction >= cfg.stop_at_greedy
+            sampled = sum(p_reply) / len(checks)
+            sampled_at.append((step, sampled))
+            metrics = {**metrics, "greedy": fraction, "coverage": covered, "sampled": sampled}
+            done = (cfg.stop_at_greedy is not None and fraction >= cfg.stop_at_greedy) or (
+                cfg.stop_at_sampled is not None and sampled >= cfg.stop_at_sampled
+            )
         if on_step is not None:
             on_step(step, metrics)
         if done:
             break
-    return WarmStartResult(save_weights(trainer.model.eval(), out, tokenizer), losses, greedy, coverage)
+    return WarmStartResult(save_weights(trainer.model.eval(), out, tokenizer), losses, greedy, coverage, sampled_at)
 
 
 def _reply_logprob(token_logprobs: Sequence[float], sample: TrainSample) -> float:
