@@ -39,6 +39,7 @@ def demo(
     out: Path = typer.Option(Path("runs/demo"), help="Where the run is written (emptied first)."),
     seed: int = typer.Option(0, help="Seeds the tasks, the model, the warm start and the RL run."),
     rl_steps: int | None = typer.Option(None, help="GRPO steps (default: the demo's)."),
+    family: str | None = typer.Option(None, help="The generated task family (default: the demo's, 'lines')."),
 ) -> None:
     """Warm-start a tiny model, train it with GRPO in async mode on real sandboxes, show it learned."""
     if ctx.invoked_subcommand is not None:
@@ -47,7 +48,14 @@ def demo(
     from sandrl.demo.learn import main as learn_main
 
     defaults = DemoConfig()
-    learn_main(DemoConfig(out=out, seed=seed, rl_steps=defaults.rl_steps if rl_steps is None else rl_steps))
+    learn_main(
+        DemoConfig(
+            out=out,
+            seed=seed,
+            rl_steps=defaults.rl_steps if rl_steps is None else rl_steps,
+            family=defaults.family if family is None else family,
+        )
+    )
 
 
 @demo_app.command("sandbox")

@@ -25,7 +25,7 @@ TOY = DemoConfig(
         steps=6,
         batch_size=4,
         tiny=TinyModelConfig(
-            hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64, max_position_embeddings=256
+            hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64, max_position_embeddings=384
         ),
     ),
     rl_steps=2,
@@ -71,6 +71,8 @@ def test_bad_demo_settings_say_which_and_why() -> None:
         DemoConfig(rl_steps=0)
     with pytest.raises(ConfigError, match="group_size"):
         DemoConfig(group_size=1)
+    with pytest.raises(ConfigError, match="no task family 'poems'; choose one of echo, "):
+        DemoConfig(family="poems")
     result = CliRunner().invoke(app, ["demo", "--rl-steps", "0"])
     assert result.exit_code != 0
     assert isinstance(result.exception, ConfigError)
