@@ -289,7 +289,7 @@ _LINE_TOOLS: tuple[tuple[str, str, Callable[[list[str]], list[str]]], ...] = (
 
 def _lines(rng: random.Random, name: str) -> ToyTask:
     what, command, transform = rng.choice(_LINE_TOOLS)
-    # A list that no tool leaves as it was: unsorted, with a repeated word.
+    # A list the command changes (no copy passes), with a repeated word (sort and sort -u differ).
     while True:
         lines = [rng.choice(_WORDS) for _ in range(rng.randint(5, 9))]
         if len(set(lines)) < len(lines) and transform(lines) != lines:
