@@ -135,28 +135,24 @@ def _warm_start_checked(
     return result, checks
 
 
-def test_the_warm_start_stops_once_greedy_decoding_reproduces_the_checks(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("metric", "bar", "bad"),
+    [("greedy", 0.5, 1.5), ("sampled", 0.3, 0)],
+    ids=["greedy decoding reproduces the checks", "one sample writes the checks often enough"],
+)
+def test_the_warm_start_stops_once_a_check_metric_reaches_its_bar(
+    metric: str, bar: float, bad: float, tmp_path: Path
+) -> None:
     tasks = _tasks(tmp_path, 2)
-    cfg = WarmStartConfig(steps=400, batch_size=2, tiny=TINY, stop_at_greedy=0.5, check_every=10)
+    cfg = WarmStartConfig(steps=400, batch_size=2, tiny=TINY, check_every=10, **{f"stop_at_{metric}": bar})
     result, checks = _warm_start_checked(tasks, tmp_path, cfg)
-    greedy = [m["greedy"] for m in checks]
+    values = [m[metric] for m in checks]
     assert result.steps < 400 and result.steps % 10 == 0
-    assert [g for _, g in result.greedy] == greedy and greedy[-1] >= 0.5 > max(greedy[:-1], default=0)
+    assert [v for _, v in getattr(result, metric)] == values and values[-1] >= bar > max(values[:-1], default=0)
     with pytest.raises(ConfigError, match="check tasks"):
         warm_start(tasks, tmp_path / "w2", system_prompt="S", config=cfg)
-    with pytest.raises(ConfigError, match="fraction"):
-        WarmStartConfig(stop_at_greedy=1.5)
-
-
-def test_the_warm_start_stops_once_one_sample_writes_the_checks_often_enough(tmp_path: Path) -> None:
-    tasks = _tasks(tmp_path, 2)
-    cfg = WarmStartConfig(steps=400, batch_size=2, tiny=TINY, stop_at_sampled=0.3, check_every=10)
-    result, checks = _warm_start_checked(tasks, tmp_path, cfg)
-    sampled = [m["sampled"] for m in checks]
-    assert result.steps < 400 and result.steps % 10 == 0
-    assert [v for _, v in result.sampled] == sampled and sampled[-1] >= 0.3 > max(sampled[:-1], default=0)
-    with pytest.raises(ConfigError, match="stop_at_sampled is a fraction"):
-        WarmStartConfig(stop_at_sampled=0)
+    with pytest.raises(ConfigError, match=f"stop_at_{metric} is a fraction"):
+        WarmStartConfig(**{f"stop_at_{metric}": bad})
 
 
 def test_each_check_reports_what_one_sample_and_a_group_of_samples_would_write(tmp_path: Path) -> None:
