@@ -58,7 +58,7 @@ from sandrl.sandbox.cgroups import CgroupManager, SandboxCgroup
 from sandrl.sandbox.helper import helper_path
 from sandrl.sandbox.images import ImageStore, MountPlan
 from sandrl.sandbox.protocol import AgentConnection
-from sandrl.sandbox.state import Slot, StateDir
+from sandrl.sandbox.state import STORE_UID_BASE, Slot, StateDir
 
 __all__ = ["DEFAULT_STATE_DIR", "BwrapProcess", "BwrapProvider", "BwrapSandbox", "SandboxStats"]
 
@@ -81,6 +81,21 @@ DEFAULT_CAPS = (
     "CAP_AUDIT_WRITE",
 )
 START_TIMEOUT_S = 15.0
+_MASKED_PROC = (
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/key-users",
+    "/proc/timer_list",
+    "/proc/sched_debug",
+    "/proc/latency_stats",
+    "/proc/cmdline",
+    "/proc/partitions",
+    "/proc/diskstats",
+    "/proc/sys/kernel/random/boot_id",
+)
+"""Host facts under /proc that a sandbox has no use for, read as empty (after Docker's masked paths)."""
+_HELPER_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+"""The whole environment of the host-side helper and bubblewrap: never the server's (its token)."""
 
 
 class BwrapProvider:
@@ -205,6 +220,7 @@ class BwrapProvider:
                     stderr=log,
                     pass_fds=(child_sock.fileno(), slot.fd),
                     close_fds=True,
+                    env=_HELPER_ENV,
                 )
             child_sock.close()
             child_sock = None
@@ -242,7 +258,7 @@ class BwrapProvider:
         # The sandbox's own processes now hold the slot's lock; ours would outlive a crash of theirs.
         slot.release()
         sandbox = BwrapSandbox(self, sid, spec, image_env, slot.index, group, proc, conn)
-        sandbox.uid = slot.uid
+        sandbox.uid = slot.uid + 1  # the slot's uid is pid 1's; the sandbox's root is the next one
         sandbox.mount_plan = plan
         self.live.add(sandbox)
         return sandbox
@@ -253,8 +269,11 @@ class BwrapProvider:
         argv = [str(self.helper), "launch", "--uid", str(slot.uid), "--tmpfs-bytes", str(spec.disk_mb << 20)]
         for procs in group.procs_files:
             argv += ["--cgroup-procs", str(procs)]
-        for layer in plan.layers:
-            argv += ["--layer", str(layer)]
+        store_layers = getattr(plan, "store_layers", frozenset())
+        if store_layers:
+            argv += ["--store-uid", str(STORE_UID_BASE)]
+        for i, layer in enumerate(plan.layers):
+            argv += ["--store-layer" if i in store_layers else "--layer", str(layer)]
         for target, indices in plan.overlays:
             argv += ["--overlay", target, ",".join(str(i) for i in indices)]
         argv += ["--bwrap", self.bwrap, "--"]
@@ -262,12 +281,20 @@ class BwrapProvider:
         if not spec.network:
             argv.append("--unshare-net")
         argv += ["--hostname", sid, "--bind", "/tmp/sandrl/root", "/", "--proc", "/proc", "--dev", "/dev"]
+        # bubblewrap makes /dev as pid 1's uid, which the sandbox's root is not: /dev/shm (POSIX
+        # semaphores, shared memory) must be open to it, as /tmp is.
+        argv += ["--perms", "1777", "--tmpfs", "/dev/shm"]
+        for path in _MASKED_PROC:
+            if os.path.exists(path):  # the sandbox's /proc shows the same kernel's entries as ours
+                argv += ["--ro-bind", "/tmp/sandrl/empty", path]
         argv += ["--as-pid-1", "--new-session", "--clearenv"]
         for cap in DEFAULT_CAPS:
             argv += ["--cap-add", cap]
         ttl_ms = max(1, min(int(spec.ttl_s * 1000), 0xFFFFFFFF))
         argv += ["--", "@AGENT@", "agent", "--fd", str(sock_fd), "--lock-fd", str(slot.fd)]
         argv += ["--workdir", spec.workdir, "--ttl-ms", str(ttl_ms)]
+        if not spec.network:
+            argv.append("--own-net")
         return argv
 
     async def close_all(self) -> None:

@@ -9,8 +9,8 @@ provider that starts can remove what a crashed one left::
 Slots are machine-wide (``SANDRL_SLOTS_DIR``, default ``/run/sandrl/slots``) whatever the
 state directory, so providers with different state directories never hand out the same uid.
 
-A slot is a host uid range: sandbox root is host uid ``uid_base + k*65536``, so no two live
-sandboxes share a host uid. The lock file's open file description is inherited by the
+A slot is a host uid range: pid 1 of sandbox k is host uid ``uid_base + k*SLOT_STRIDE`` and its
+root the next uid, so no two live sandboxes share a host uid. The lock file's open file description is inherited by the
 sandbox's supervisor, so the lock is held exactly as long as the sandbox lives, whatever
 happens to the provider; a record whose slot lock is free belongs to a dead sandbox.
 """
@@ -30,8 +30,14 @@ from pathlib import Path
 from sandrl.errors import CapacityExhaustedError
 
 UID_RANGE = 65536
+"""How many uids the sandbox's own processes use (0..65535 inside)."""
+SLOT_STRIDE = 2 * UID_RANGE
+"""Host uids one slot owns: pid 1's uid ``base``, then the sandbox's ``base + 1 + n`` for uid n."""
 DEFAULT_UID_BASE = 0x70000000
 """Far above the uid ranges distributions hand out (subuid ranges, systemd's dynamic users)."""
+STORE_UID_BASE = 0x6FFF0000
+"""On-disk owner of the image store's files: uid n of an image is host uid ``STORE_UID_BASE + n``,
+never host root, and no slot's range (those start at DEFAULT_UID_BASE)."""
 DEFAULT_SLOTS = 4096
 DEFAULT_SLOTS_DIR = Path(os.environ.get("SANDRL_SLOTS_DIR", "/run/sandrl/slots"))
 
@@ -64,7 +70,9 @@ class StateDir:
         self.sandboxes_dir = root / "sandboxes"
         for d in (root, self.slots_dir, self.sandboxes_dir):
             d.mkdir(parents=True, exist_ok=True)
-        os.chmod(root, 0o755)  # images and the helper live below; sandbox records are 0700
+        # Nothing below is for other host users: layers hold what sandboxes wrote (world-writable
+        # directories, files of any mode), and the records name live sandboxes.
+        os.chmod(root, 0o700)
         os.chmod(self.sandboxes_dir, 0o700)
         # One provider's reaper must never touch another state directory's sandboxes: their
         # cgroups live under a parent named after the state directory.
@@ -85,7 +93,7 @@ class StateDir:
             index = (start + i) % self.n_slots
             fd = self._try_lock(index)
             if fd is not None:
-                return Slot(index=index, uid=self.uid_base + index * UID_RANGE, fd=fd)
+                return Slot(index=index, uid=self.uid_base + index * SLOT_STRIDE, fd=fd)
         raise CapacityExhaustedError(
             f"all {self.n_slots} sandbox uid slots under {self.slots_dir} are in use; close sandboxes first"
         )
@@ -140,8 +148,13 @@ class StateDir:
                 dead.append(sid)
         return dead
 
+    def slot_base(self, uid: int) -> int:
+        """The first host uid of the slot that host uid ``uid`` belongs to."""
+        return uid - (uid - self.uid_base) % SLOT_STRIDE
+
     def sandbox_processes(self, uids: set[int] | None = None) -> list[int]:
-        """Host pids of processes running as a sandbox's uid (the given sandbox root uids, or any)."""
+        """Host pids of processes running as a sandbox's uids (of the slots of the given uids, or any)."""
+        bases = None if uids is None else {self.slot_base(u) for u in uids}
         found = []
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
@@ -151,8 +164,7 @@ class StateDir:
                     for line in f:
                         if line.startswith("Uid:"):
                             uid = int(line.split()[2])
-                            base = uid - (uid - self.uid_base) % UID_RANGE
-                            if uid >= self.uid_base and (uids is None or base in uids):
+                            if uid >= self.uid_base and (bases is None or self.slot_base(uid) in bases):
                                 found.append(int(entry))
                             break
             except OSError:
@@ -160,8 +172,8 @@ class StateDir:
         return found
 
     def leaked_processes(self, uids: set[int]) -> list[int]:
-        """Processes of these sandbox root uids whose slot no live sandbox holds: leftovers of a
-        closed sandbox (a freed slot may already belong to a new sandbox, whose processes are not)."""
+        """Processes of these sandboxes' slots that no live sandbox holds: leftovers of a closed
+        sandbox (a freed slot may already belong to a new sandbox, whose processes are not)."""
         leaked = []
         for pid in self.sandbox_processes(uids):
             try:
@@ -169,6 +181,6 @@ class StateDir:
                     uid = next(int(line.split()[1]) for line in f if line.startswith("Uid:"))
             except (OSError, StopIteration):
                 continue
-            if self.slot_owner((uid - self.uid_base) // UID_RANGE) is None:
+            if self.slot_owner((uid - self.uid_base) // SLOT_STRIDE) is None:
                 leaked.append(pid)
         return leaked
