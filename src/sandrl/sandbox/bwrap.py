@@ -2,30 +2,65 @@
 
 How one sandbox is made (``native/sandrl-helper.c`` does the privileged part, as root):
 
-1. A uid *slot* is locked (:mod:`sandrl.sandbox.state`): sandbox root is an unprivileged host
-   uid range of its own, so root inside is nobody outside and no two sandboxes share a uid.
+1. A uid *slot* is locked (:mod:`sandrl.sandbox.state`): two host uid ranges of its own, pid 1's
+   uid U and the sandbox's U+1..U+65536, so root inside is nobody outside, pid 1 is nobody to
+   the sandbox's root, and no two sandboxes share a uid.
 2. Its cgroups are made with the spec's memory, pids and CPU limits (:mod:`.cgroups`).
-3. The helper joins them, makes a user namespace mapping 0-65535 to the slot's range, and in a
-   private mount namespace mounts the image's layers idmapped and read-only, with overlayfs
-   over a tmpfs of ``disk_mb`` on top: the sandbox may write anywhere, the image never changes,
-   and the writable layer vanishes with the namespace.
-4. bubblewrap, run as the slot's uid inside that user namespace, adds pid, ipc, uts, cgroup and
-   (unless ``network=True``) network namespaces, ``/proc`` and a minimal ``/dev``, keeps a
-   Docker-like default set of capabilities (no ``CAP_SYS_ADMIN``, ``CAP_SYS_PTRACE``,
-   ``CAP_NET_ADMIN``...), and starts the agent as pid 1.
-5. The agent serves execs and file transfers over a socket until the provider closes it or
-   dies, or the TTL passes; then pid 1 exits and the kernel kills everything left.
+3. The helper joins them, makes the outer user namespace (0..65536 -> U..U+65536), and in a
+   private mount namespace mounts the image's layers idmapped (host directories: host root ->
+   sandbox root; store layers: the store's own range -> sandbox ids), read-only, nosuid, nodev,
+   with overlayfs over a tmpfs of ``disk_mb`` on top: the sandbox may write anywhere, the image
+   never changes, and the writable layer vanishes with the namespace. It joins a fresh session
+   keyring and drops to uid U with a clean environment.
+4. bubblewrap, run as U inside that namespace, adds pid, ipc, uts, cgroup and (unless
+   ``network=True``) network namespaces, ``/proc`` (a few host facts masked) and a minimal
+   ``/dev``, and starts the agent as pid 1 with Docker's default capabilities.
+5. The agent makes a nested user namespace (0..65535 -> U+1..U+65536; with its own loopback-only
+   network namespace unless ``network=True``) and runs every command there as root, with at most
+   Docker's default capabilities, under a seccomp filter. It serves execs and file transfers over
+   a socket until the provider closes it or dies, or the TTL passes; then pid 1 exits and the
+   kernel kills everything left.
 
-Threat model. Protects the host and other sandboxes from code run inside: no host files but
-the read-only image (no secrets from ``/etc``), no host processes, no host network (by
-default), no host uid, no privileges over the host's mounts, bounded memory, pids, CPU,
-disk, output and time. It does **not** protect against kernel vulnerabilities: the sandbox
-shares the host kernel and may create nested user namespaces, which widens the kernel's
-attack surface (use a microVM backend for untrusted code where kernel bugs matter); no
-seccomp filter is applied. ``network=True`` shares the host's network namespace, loopback
-services included. CPU is a quota, not a pin: caches and memory bandwidth are shared, and
-timing side channels between sandboxes are not addressed. The writable layer lives in memory
-and counts against ``memory_mb``.
+Threat model. Sandboxed code (a policy under training, a third-party task's Dockerfile) is
+hostile; this backend protects the host, the provider and other sandboxes from it:
+
+- **Files.** No host files but the image: store layers, or for the ``host`` image the host's
+  ``/usr`` (``/bin``, ``/lib*``) and ``/etc``, minus every entry host users could not read
+  (:mod:`.images`: files and directories that are not world-readable are hidden from sandboxes
+  created after they appeared; a sandbox already running when such a file is created under a
+  host directory can see it until it ends). Layers on disk are owned by the store's own uid
+  range (never host root), carry no setuid/setgid bits, and sit under 0700 directories, so an
+  image build gives no host user anything. Everything pid 1 serves (read, write, upload, tar) is
+  a regular file, opened non-blocking, never on ``/proc`` or ``/sys``, and bounded in size by the
+  caller and by ``disk_mb`` before bytes reach the host.
+- **Processes and pid 1.** No host processes are visible. Pid 1's uid is not mapped in the
+  sandbox's namespace: its root cannot signal, ptrace, prlimit, renice, pin or re-score pid 1
+  (belt and braces: the seccomp filter refuses ptrace, process_vm_*, prlimit64, sched_*,
+  setpriority, ioprio_set, pidfd_open... naming pid 1). A sandbox that still kills its own
+  supervisor (e.g. by exhausting its memory) fails its episode; it is not an infrastructure error.
+- **Kernel surface.** Capabilities: Docker's default set, in namespaces the sandbox owns (no
+  ``CAP_SYS_ADMIN``, ``CAP_SYS_PTRACE``, ``CAP_NET_ADMIN``...); ``NO_NEW_PRIVS``. Seccomp refuses
+  keyrings (``keyctl``, ``add_key``, ``request_key``; each sandbox also has its own session
+  keyring), ``kexec_*``, ``bpf``, ``perf_event_open``, ``userfaultfd``, ``io_uring_*``, module
+  loading, swap, ``acct``, quotas, ``reboot``, ``syslog``, ``iopl``/``ioperm``,
+  ``open_by_handle_at`` and ``fanotify_init``, and every syscall of another ABI (i386, x32). It
+  allows what containers need and tasks use, including ``unshare``/``clone`` of new namespaces:
+  a sandbox may create nested user namespaces (and mount there), which widens the kernel's
+  attack surface. The sandbox shares the host kernel: kernel vulnerabilities are out of scope
+  (use a microVM backend where they matter).
+- **Resources.** Memory, pids and CPU are cgroup limits; the writable layer, ``/tmp``,
+  ``/dev/shm`` and tmpfs mounts made in nested namespaces live in memory and count against
+  ``memory_mb`` only; ``disk_mb`` bounds the writable layer. Output per command is capped, every
+  command and the sandbox have a time limit, and every wait on pid 1 is bounded.
+- **What a sandbox can still see of the host** (not secret, but not hidden): the kernel version,
+  CPU model and count, total and free RAM (``/proc/meminfo``), load and uptime, mounts' shapes in
+  ``/proc/self/mountinfo``. Masked (read as empty): ``/proc/cmdline``, ``keys``, ``key-users``,
+  ``timer_list``, ``partitions``, ``diskstats``, the boot id (and ``kcore``, ``sched_debug``,
+  ``latency_stats`` where the kernel has them); ``/sys`` is not mounted.
+- **Network.** Loopback only by default. ``network=True`` shares the host's network namespace,
+  loopback services included.
+- **Side channels.** CPU is a quota, not a pin: caches and memory bandwidth are shared, and
+  timing side channels between sandboxes are not addressed.
 """
 
 from __future__ import annotations

@@ -11,7 +11,9 @@
  *       /dev, and runs the agent as pid 1. Every mount lives only in namespaces the sandbox
  *       owns, so nothing is left on the host whatever happens to the processes.
  *
- *   sandrl-helper agent ...    runs inside the sandbox as its pid 1. It serves requests
+ *   sandrl-helper agent ...    runs inside the sandbox as its pid 1, root of the outer user
+ *       namespace; it makes the nested one the sandbox's commands run in (as its root, with
+ *       Docker's capabilities and a seccomp filter), where pid 1's own uid is not mapped. It serves requests
  *       from the provider over one socket (run a command, stream its output, stdin,
  *       signals, read/write files, TTL), reaps orphans, enforces per-command timeouts by
  *       killing the whole process tree, and caps output. When the provider's end of the

@@ -1,0 +1,115 @@
+"""What of the kernel and the host a sandbox reaches: keyrings, the seccomp filter, /proc, the environment."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import uuid
+from pathlib import Path
+
+import pytest
+
+from sandrl.sandbox.base import SandboxSpec
+from sandrl.sandbox.bwrap import BwrapProvider, BwrapSandbox
+
+from ..support import needs_sandbox
+
+pytestmark = needs_sandbox
+
+# (add_key, keyctl, bpf, perf_event_open, userfaultfd, io_uring_setup) by architecture
+_SYSCALLS = {
+    "x86_64": {
+        "add_key": 248,
+        "keyctl": 250,
+        "bpf": 321,
+        "perf_event_open": 298,
+        "userfaultfd": 323,
+        "io_uring_setup": 425,
+    },
+    "aarch64": {
+        "add_key": 217,
+        "keyctl": 219,
+        "bpf": 280,
+        "perf_event_open": 241,
+        "userfaultfd": 282,
+        "io_uring_setup": 425,
+    },
+}
+NR = _SYSCALLS.get(platform.machine())
+needs_known_arch = pytest.mark.skipif(NR is None, reason=f"no syscall numbers for {platform.machine()} in this test")
+KEY_SPEC_SESSION_KEYRING = -3
+KEYCTL_READ = 11
+
+
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    return libc
+
+
+@needs_known_arch
+async def test_host_session_keyring_is_not_shared(provider: BwrapProvider) -> None:
+    """A key in the provider's session keyring is out of every sandbox's reach."""
+    assert NR is not None
+    secret = f"sandrl-key-{uuid.uuid4().hex}".encode()
+    libc = _libc()
+    key = libc.syscall(NR["add_key"], b"user", b"sandrl-test", secret, len(secret), KEY_SPEC_SESSION_KEYRING)
+    if key < 0:
+        pytest.skip(f"this process cannot add a key to its session keyring (errno {ctypes.get_errno()})")
+    script = (
+        "import ctypes\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "libc.syscall.restype = ctypes.c_long\n"
+        "buf = ctypes.create_string_buffer(4096)\n"
+        f"n = libc.syscall({NR['keyctl']}, {KEYCTL_READ}, {KEY_SPEC_SESSION_KEYRING}, buf, 4096)\n"
+        "print('session', n, ctypes.get_errno())\n"
+        f"n = libc.syscall({NR['keyctl']}, {KEYCTL_READ}, {key}, buf, 4096)\n"
+        "print('key', n, ctypes.get_errno(), buf.raw[:max(n, 0)])\n"
+    )
+    async with await provider.create(SandboxSpec(ttl_s=60)) as sb:
+        r = await sb.exec("python3 -; cat /proc/keys 2>&1", stdin=script.encode())
+    assert secret.decode() not in r.stdout
+    assert "session -1 1" in r.stdout, r.stdout  # EPERM: the filter refuses keyctl
+    assert "key -1 1" in r.stdout, r.stdout
+    assert "sandrl-test" not in r.stdout
+
+
+@needs_known_arch
+async def test_seccomp_refuses_dangerous_syscalls(sandbox: BwrapSandbox) -> None:
+    assert NR is not None
+    calls = {name: nr for name, nr in NR.items() if name not in ("add_key", "keyctl")}
+    script = (
+        "import ctypes\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        f"for name, nr in {calls!r}.items():\n"
+        "    print(name, libc.syscall(nr, 0, 0, 0, 0, 0), ctypes.get_errno())\n"
+    )
+    r = await sandbox.exec("grep ^Seccomp: /proc/self/status; python3 -", stdin=script.encode())
+    assert r.exit_code == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].split() == ["Seccomp:", "2"]
+    assert sorted(lines[1:]) == sorted(f"{name} -1 1" for name in calls)  # every one EPERM
+
+
+async def test_host_facts_in_proc_read_as_empty(sandbox: BwrapSandbox) -> None:
+    host_cmdline = Path("/proc/cmdline").read_text().strip()
+    assert host_cmdline
+    r = await sandbox.exec("cat /proc/cmdline /proc/sys/kernel/random/boot_id /proc/partitions; echo end")
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout == "end\n"
+
+
+async def test_host_side_processes_get_a_clean_environment(provider: BwrapProvider) -> None:
+    """The server's token (or any secret in its environment) never reaches the helper or bubblewrap."""
+    marker = f"sandrl-secret-{uuid.uuid4().hex}"
+    os.environ["SANDRL_TOKEN_TEST"] = marker
+    try:
+        async with await provider.create(SandboxSpec(ttl_s=60)) as sb:
+            environ = Path(f"/proc/{sb.host_pid}/environ").read_bytes()
+            r = await sb.exec("cat /proc/1/environ | tr '\\0' '\\n'; env")
+    finally:
+        del os.environ["SANDRL_TOKEN_TEST"]
+    assert environ, "bubblewrap's environment should be readable by root"
+    assert marker.encode() not in environ
+    assert marker not in r.stdout
