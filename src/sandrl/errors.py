@@ -14,9 +14,12 @@ that says what went wrong *and what to do about it*.
      │    ├── LimitUnsupportedError     a requested limit cannot be enforced on this host
      │    ├── SandboxCreateError        creating one sandbox failed
      │    ├── SandboxClosedError        the sandbox is closed (by the caller, TTL, or a crash)
+     │    │    └── SandboxCrashedError  it died or hung on its own; says whether its own processes caused it
      │    ├── SandboxNotFoundError      no sandbox with that id
      │    ├── CapacityExhaustedError    the host or pool is full
      │    ├── SandboxFileError          a file operation inside the sandbox failed
+     │    │    └── SandboxFileTooLargeError  the file is larger than the read's bound (max_bytes)
+     │    ├── SandboxRequestTooLargeError  a request (command, env, path) exceeds the agent's frame limit
      │    ├── ImageNotFoundError        no image of that name in the store
      │    └── SandboxHostLostError      a fleet's sandbox host went away (retry on another host)
      ├── TaskError                   a task that cannot be loaded or run
@@ -97,6 +100,26 @@ class SandboxClosedError(SandboxError):
     http_status = 410
 
 
+class SandboxCrashedError(SandboxClosedError):
+    """The sandbox ended, or stopped answering, without being closed by its caller or its TTL.
+
+    ``caused_by_sandbox`` is True when the evidence (the memory cgroup's OOM kills, the agent's exit
+    status) shows that the sandbox's own processes brought it down: for an RL episode that is the
+    policy's failure, not the host's, and must not be retried away. The message holds the evidence.
+
+    Over the wire only a crash the sandbox caused keeps this class (``sandbox_crashed``); one it did
+    not cause travels as ``sandbox_closed``, which a client treats as the host's failure, as it is.
+    """
+
+    error_code = "sandbox_crashed"
+
+    def __init__(self, message: str, *, caused_by_sandbox: bool = True, error_code: str | None = None) -> None:
+        if error_code is None and not caused_by_sandbox:
+            error_code = SandboxClosedError.error_code
+        super().__init__(message, error_code=error_code)
+        self.caused_by_sandbox = caused_by_sandbox
+
+
 class SandboxNotFoundError(SandboxError):
     """No sandbox with that id."""
 
@@ -120,6 +143,24 @@ class SandboxFileError(SandboxError):
     def __init__(self, message: str, *, errno: int = 0, error_code: str | None = None) -> None:
         super().__init__(message, error_code=error_code)
         self.errno = errno
+
+
+class SandboxFileTooLargeError(SandboxFileError):
+    """A file is larger than the bound its read was given (``max_bytes``); the read stopped one byte past it."""
+
+    error_code = "file_too_large"
+    http_status = 413
+
+
+class SandboxRequestTooLargeError(SandboxError):
+    """A request to a sandbox (a command with its env and cwd, a path) is larger than the agent's frame limit.
+
+    Nothing was sent; the sandbox is unharmed. Large inputs go through ``stdin`` or ``write_file``,
+    which are sent in chunks.
+    """
+
+    error_code = "request_too_large"
+    http_status = 413
 
 
 class ImageNotFoundError(SandboxError):

@@ -24,7 +24,7 @@ from sandrl.bench.admission import AdmissionConfig
 from sandrl.bench.workloads import Standalone
 from sandrl.errors import CapacityExhaustedError, ConfigError
 from sandrl.rollout import Budget, EpisodeConfig, ReplayAgent, RolloutRunner, RunnerConfig, ThinkTime
-from sandrl.sandbox.base import ExecResult, SandboxSpec
+from sandrl.sandbox.base import MAX_READ_BYTES, ExecResult, SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.sandbox.idle_cpu import IdleCpus
 from sandrl.sandbox.pool import AdmittedProvider, CommandAdmission
@@ -74,7 +74,7 @@ class FakeSandbox:
     async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
         self.host.files[path] = data
 
-    async def read_file(self, path: str) -> bytes:
+    async def read_file(self, path: str, *, max_bytes: int = MAX_READ_BYTES) -> bytes:
         if path.endswith("reward.txt"):
             return b"1\n"
         return self.host.files[path]

@@ -25,7 +25,7 @@ from types import TracebackType
 import pytest
 
 from sandrl.errors import SandboxFileError
-from sandrl.sandbox.base import ExecResult
+from sandrl.sandbox.base import MAX_READ_BYTES, ExecResult, file_too_large
 
 # The fixtures are task directories whose tests run inside sandboxes, not here.
 collect_ignore_glob = ["fixtures/*"]
@@ -127,11 +127,15 @@ class BwrapSandbox:
         target.write_bytes(data)
         target.chmod(mode)
 
-    async def read_file(self, path: str) -> bytes:
+    async def read_file(self, path: str, *, max_bytes: int = MAX_READ_BYTES) -> bytes:
         target = self.host_path(path)
         if not target.is_file():
             raise SandboxFileError(f"{path}: no such file")
-        return target.read_bytes()
+        with target.open("rb") as f:
+            data = f.read(max_bytes + 1)
+        if len(data) > max_bytes:
+            raise file_too_large(path, "fake", max_bytes)
+        return data
 
     async def close(self) -> None:
         self.closed = True

@@ -51,7 +51,7 @@ from sandrl.errors import (
     SandboxHostLostError,
     SandboxUnavailableError,
 )
-from sandrl.sandbox.base import ExecResult, SandboxSpec
+from sandrl.sandbox.base import MAX_READ_BYTES, ExecResult, SandboxSpec
 from sandrl.sandbox.client import ClientConfig, RemoteProvider, RemoteSandbox
 
 log = logging.getLogger(__name__)
@@ -342,9 +342,9 @@ class FleetSandbox:
         except Exception as exc:
             raise self._lost(exc, f"write_file {path}") from exc
 
-    async def read_file(self, path: str) -> bytes:
+    async def read_file(self, path: str, *, max_bytes: int = MAX_READ_BYTES) -> bytes:
         try:
-            return await self.inner.read_file(path)
+            return await self.inner.read_file(path, max_bytes=max_bytes)
         except Exception as exc:
             raise self._lost(exc, f"read_file {path}") from exc
 

@@ -15,10 +15,15 @@ from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
 from typing import Literal, Protocol, runtime_checkable
 
-from sandrl.errors import InvalidSpecError
+from sandrl.errors import ConfigError, InvalidSpecError, SandboxFileTooLargeError
 
 DEFAULT_OUTPUT_CAP = 1 << 20
 """Bytes kept per output stream of one exec; beyond it output is dropped and ``truncated`` set."""
+MAX_READ_BYTES = 64 << 20
+"""Default bound of ``read_file`` and ``read_file_stream``. A file in a sandbox may be anything its
+processes made it: a link to ``/dev/zero``, a sparse file of 100 GB, one that grows while it is read.
+A read stops one byte past its bound and raises :class:`~sandrl.errors.SandboxFileTooLargeError`
+when the file has more; callers pass a bound that fits what they read."""
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _IMAGE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
@@ -104,6 +109,22 @@ class SandboxSpec:
         }
 
 
+def check_max_bytes(max_bytes: object) -> int:
+    """``max_bytes`` of a read, checked: a whole number of bytes, zero or more."""
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
+        raise ConfigError(f"max_bytes must be a whole number of bytes, 0 or more, got {max_bytes!r}")
+    return max_bytes
+
+
+def file_too_large(path: str, sandbox_id: str, max_bytes: int) -> SandboxFileTooLargeError:
+    """The error of a read that found more than ``max_bytes`` bytes at ``path``."""
+    return SandboxFileTooLargeError(
+        f"{path} in sandbox {sandbox_id} is larger than {max_bytes} bytes, the bound of this read (reading "
+        f"stopped there); pass a larger max_bytes if the caller can hold it, use read_file_stream to process "
+        f"it in chunks, or look at a part of it with exec (e.g. head -c, tail -c, wc -c)"
+    )
+
+
 def _check_int(name: str, value: object, low: int, high: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise InvalidSpecError(f"{name} must be a whole number between {low} and {high}, got {value!r}")
@@ -174,7 +195,10 @@ class Sandbox(Protocol):
 
     async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None: ...
 
-    async def read_file(self, path: str) -> bytes: ...
+    async def read_file(self, path: str, *, max_bytes: int = MAX_READ_BYTES) -> bytes:
+        """The file's bytes. A file larger than ``max_bytes`` raises
+        :class:`~sandrl.errors.SandboxFileTooLargeError` after at most ``max_bytes + 1`` bytes were read."""
+        ...
 
     async def close(self) -> None:
         """Kill everything inside and free every resource; idempotent."""

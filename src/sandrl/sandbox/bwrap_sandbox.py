@@ -14,14 +14,22 @@ import signal
 import subprocess
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, TypeVar
 
-from sandrl.errors import SandboxClosedError, SandboxError, SandboxFileError
+from sandrl.errors import SandboxClosedError, SandboxCrashedError, SandboxError, SandboxFileError
 from sandrl.sandbox import protocol
-from sandrl.sandbox.base import ExecResult, OutputChunk, SandboxSpec, validate_env
+from sandrl.sandbox.base import (
+    MAX_READ_BYTES,
+    ExecResult,
+    OutputChunk,
+    SandboxSpec,
+    check_max_bytes,
+    file_too_large,
+    validate_env,
+)
 from sandrl.sandbox.cgroups import SandboxCgroup
 from sandrl.sandbox.images import MountPlan
 from sandrl.sandbox.protocol import AgentConnection, Frame, Op
@@ -31,7 +39,54 @@ if TYPE_CHECKING:
 
 EXEC_GRACE_S = 10.0
 """How long past a command's timeout the provider waits for the agent before giving up on it."""
+REPLY_TIMEOUT_S = 30.0
+"""Longest wait for the agent to take a request or answer it (a command's start, a file's next
+frame, a TTL change). The agent is one thread serving the whole sandbox: one that does not answer
+for this long is stuck (e.g. blocked by something the sandbox made), and the sandbox is closed
+rather than left to hang every caller."""
 READ_WINDOW = 4 << 20
+OOM_EXIT = 71
+"""The agent's exit status when it cannot allocate memory."""
+KILLED_EXITS = (128 + signal.SIGKILL, -signal.SIGKILL)
+"""bubblewrap's status when the agent was SIGKILLed (128 + signal), or bubblewrap's own when it was."""
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class CrashEvidence:
+    """What a sandbox that ended on its own left behind, read before its cgroup goes."""
+
+    exit_status: int | None
+    """bubblewrap's exit status: the agent's own, 128 + N when a signal N killed the agent, -N when one
+    killed bubblewrap itself; None while it still runs (the agent stopped answering)."""
+    oom_kills: int
+    """Processes the sandbox's memory cgroup OOM-killed during its life."""
+    memory_peak_bytes: int
+    memory_limit_bytes: int
+
+
+def crash_cause(evidence: CrashEvidence) -> tuple[bool, str]:
+    """Whether the sandbox's own processes brought it down, and the evidence in words.
+
+    Only memory counts as theirs: the agent could not allocate (its exit status 71: the cgroup was
+    full, or a limit was put on pid 1 from inside), or it was SIGKILLed while the memory cgroup's OOM
+    killer was at work. The pids limit cannot end the agent (a fork that fails is an error reply),
+    and anything else (the agent's socket closed, a kill from the host, a hung agent) is not
+    something the sandbox's processes can be shown to have done.
+    """
+    status = evidence.exit_status
+    memory = (
+        f"its memory cgroup OOM-killed {evidence.oom_kills} process(es) and peaked at "
+        f"{evidence.memory_peak_bytes >> 20} MiB of its {evidence.memory_limit_bytes >> 20} MiB limit"
+    )
+    if status == OOM_EXIT:
+        return True, f"its agent (pid 1) could not allocate memory (exit status {OOM_EXIT}); {memory}"
+    if status in KILLED_EXITS and evidence.oom_kills > 0:
+        return True, f"its agent (pid 1) was killed by SIGKILL (status {status}) while {memory}"
+    if status is None:
+        return False, f"its agent (pid 1) stopped answering; {memory}"
+    return False, f"its agent (pid 1) ended with status {status}; {memory}"
 
 
 @dataclass(frozen=True)
@@ -81,6 +136,9 @@ class BwrapSandbox:
         self._closing: asyncio.Task[None] | None = None
         self._close_callbacks: list[Callable[[BwrapSandbox], None]] = []
         self.close_reason = ""
+        self.crash: SandboxCrashedError | None = None
+        """Why the sandbox ended on its own (died or stopped answering), once it did."""
+        self.reply_timeout_s = REPLY_TIMEOUT_S
         loop = asyncio.get_running_loop()
         self._ttl_timer = loop.call_later(spec.ttl_s, self._expire)
         self._watch = asyncio.create_task(self._watch_death(), name=f"sandrl-watch-{sid}")
@@ -106,7 +164,66 @@ class BwrapSandbox:
         await self._conn.closed.wait()
         if self._closing is None:
             self.close_reason = self._conn.close_reason
+            if time.time() < self.expires_at - 1:  # the agent ends itself at the TTL too: not a crash
+                await self._diagnose(self._conn.close_reason, wait_exit_s=2.0)
             self._start_close()
+
+    async def _diagnose(self, what: str, *, wait_exit_s: float) -> SandboxCrashedError:
+        """Record why the sandbox ended on its own (see :func:`crash_cause`), before its cgroup is removed."""
+        deadline = time.monotonic() + wait_exit_s
+        while self._proc.poll() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        evidence = CrashEvidence(
+            exit_status=self._proc.poll(),
+            oom_kills=_safe(self._group.oom_kills),
+            memory_peak_bytes=_safe(self._group.memory_peak_bytes),
+            memory_limit_bytes=self.spec.memory_mb << 20,
+        )
+        caused, why = crash_cause(evidence)
+        if caused:
+            advice = (
+                "the sandbox's own processes caused it (an episode failure of what ran inside, not of the host); "
+                "if the work really needs more, give the sandbox more memory_mb"
+            )
+        else:
+            advice = "nothing shows that the sandbox's processes caused it; the work may be retried in a new sandbox"
+        self.crash = SandboxCrashedError(
+            f"sandbox {self.id} crashed ({what}): {why}; {advice}", caused_by_sandbox=caused
+        )
+        self.close_reason = f"it crashed ({what})"
+        return self.crash
+
+    async def _death_error(self) -> SandboxClosedError:
+        """The error for a request the agent's end cut off: the crash, once diagnosed, if it died on its own."""
+        if not self._conn.closed.is_set():
+            # A send that failed on a broken socket: the reader sees the end a moment later.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1.0):
+                    await self._conn.closed.wait()
+        if self._conn.closed.is_set() and not self._watch.done():
+            await asyncio.wait([self._watch])
+        return self.crash or self._closed_error()
+
+    async def _stuck(self, what: str) -> SandboxClosedError:
+        """The agent did not answer in time (``what`` says how): diagnose, close the sandbox, return the error."""
+        if self.crash is None and self._closing is None:
+            await self._diagnose(what, wait_exit_s=0)
+        await self.close()
+        return self.crash or self._closed_error()
+
+    async def _answer(self, waiter: Awaitable[T], what: str) -> T:
+        """``waiter``, bounded by ``reply_timeout_s``; a lost connection raises the death error."""
+        try:
+            async with asyncio.timeout(self.reply_timeout_s):
+                return await waiter
+        except TimeoutError:
+            raise await self._stuck(f"its agent did not answer {what} within {self.reply_timeout_s:g} s") from None
+        except ConnectionError as exc:
+            raise await self._death_error() from exc
+
+    async def _send(self, data: bytes, what: str) -> None:
+        """Send one frame, bounded like :meth:`_answer`: an agent that stops reading fills the socket."""
+        await self._answer(self._conn.send(data), what)
 
     def _expire(self) -> None:
         if self._closing is None:
@@ -177,7 +294,9 @@ class BwrapSandbox:
 
     def _check_open(self) -> None:
         if self._closing is not None or self._conn.closed.is_set():
-            raise SandboxClosedError(f"sandbox {self.id} is closed: {self.close_reason or self._conn.close_reason}")
+            raise self.crash or SandboxClosedError(
+                f"sandbox {self.id} is closed: {self.close_reason or self._conn.close_reason}"
+            )
 
     async def set_ttl(self, ttl_s: float) -> None:
         """Give the sandbox ``ttl_s`` more seconds to live, counted from now."""
@@ -185,16 +304,17 @@ class BwrapSandbox:
         if ttl_s <= 0:
             raise SandboxError("a TTL must be a positive number of seconds")
         rid = self._conn.new_id()
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done: asyncio.Future[Frame | None] = asyncio.get_running_loop().create_future()
 
         def on_frame(frame: Frame | None) -> None:
             if not done.done():
-                done.set_result(None)
+                done.set_result(frame)
 
         self._conn.route(rid, on_frame)
         try:
-            await self._conn.send(protocol.encode_u32(Op.TTL, rid, max(1, int(ttl_s * 1000))))
-            await asyncio.wait_for(done, 10)
+            await self._send(protocol.encode_u32(Op.TTL, rid, max(1, int(ttl_s * 1000))), "a TTL change")
+            if await self._answer(done, "a TTL change") is None:
+                raise await self._death_error()
         finally:
             self._conn.unroute(rid)
         self._ttl_timer.cancel()
@@ -244,24 +364,21 @@ class BwrapSandbox:
             raise SandboxError(f"timeout_s must be positive, got {timeout_s}")
         workdir = self._abs(cwd) if cwd else self.spec.workdir
         cap = self.provider.output_cap if output_cap is None else output_cap
-        proc = BwrapProcess(self, self._conn.new_id(), cap, timeout_s)
+        rid = self._conn.new_id()
+        request = protocol.encode_exec(
+            rid,
+            command=command,
+            cwd=workdir,
+            env=self._env(env, workdir),
+            timeout_s=timeout_s,
+            output_cap=cap,
+            stdin=stdin,
+        )
+        proc = BwrapProcess(self, rid, cap, timeout_s)
         self._conn.route(proc.rid, proc._on_frame)
         try:
-            await self._conn.send(
-                protocol.encode_exec(
-                    proc.rid,
-                    command=command,
-                    cwd=workdir,
-                    env=self._env(env, workdir),
-                    timeout_s=timeout_s,
-                    output_cap=cap,
-                    stdin=stdin,
-                )
-            )
-            await proc._started
-        except ConnectionError as exc:
-            self._conn.unroute(proc.rid)
-            raise self._closed_error() from exc
+            await self._send(request, "a command's start")
+            await self._answer(asyncio.shield(proc._started), "a command's start")
         except BaseException:
             self._conn.unroute(proc.rid)
             raise
@@ -316,49 +433,58 @@ class BwrapSandbox:
 
         self._conn.route(rid, on_frame)
         size = 0
+        what = f"a write of {target}"
         try:
-            await self._conn.send(protocol.encode_wopen(rid, target, mode))
+            await self._send(protocol.encode_wopen(rid, target, mode), what)
             async for chunk in chunks:
                 for i in range(0, len(chunk), protocol.CHUNK):
                     piece = chunk[i : i + protocol.CHUNK]
-                    await self._conn.send(protocol.encode(Op.WDATA, rid, piece))
+                    await self._send(protocol.encode(Op.WDATA, rid, piece), what)
                     size += len(piece)
                 if open_failed:
                     break  # no point sending the rest
-            await self._conn.send(protocol.encode(Op.WCLOSE, rid))
+            await self._send(protocol.encode(Op.WCLOSE, rid), what)
             for _ in range(2):
-                frame = await replies.get()
+                frame = await self._answer(replies.get(), what)
                 if frame is None:
-                    raise self._closed_error()
+                    raise await self._death_error()
                 if frame.op is Op.FAIL:
                     errno_, msg = protocol.decode_fail(frame.payload)
                     raise SandboxFileError(f"cannot write {target} in sandbox {self.id}: {msg}", errno=errno_)
-        except ConnectionError as exc:
-            raise self._closed_error() from exc
         finally:
             self._conn.unroute(rid)
         return size
 
-    async def read_file(self, path: str) -> bytes:
-        return b"".join([chunk async for chunk in self.read_file_stream(path)])
+    async def read_file(self, path: str, *, max_bytes: int = MAX_READ_BYTES) -> bytes:
+        return b"".join([chunk async for chunk in self.read_file_stream(path, max_bytes=max_bytes)])
 
-    async def read_file_stream(self, path: str) -> AsyncIterator[bytes]:
-        """The bytes of a file, window by window (memory stays bounded for any file size)."""
+    async def read_file_stream(self, path: str, *, max_bytes: int = MAX_READ_BYTES) -> AsyncIterator[bytes]:
+        """The bytes of a file, window by window (memory stays bounded for any file size).
+
+        At most ``max_bytes`` are yielded; a file with more raises
+        :class:`~sandrl.errors.SandboxFileTooLargeError` once the byte after them has been seen.
+        """
+        check_max_bytes(max_bytes)
         self._check_open()
         target = self._abs(path)
+        what = f"a read of {target}"
         offset = 0
         while True:
+            # One byte past the bound tells a file of exactly max_bytes from a larger one.
+            want = min(READ_WINDOW, max_bytes + 1 - offset)
             rid = self._conn.new_id()
             replies: asyncio.Queue[Frame | None] = asyncio.Queue()
             self._conn.route(rid, replies.put_nowait)
             got = 0
             try:
-                await self._conn.send(protocol.encode_read(rid, target, offset, READ_WINDOW))
+                await self._send(protocol.encode_read(rid, target, offset, want), what)
                 while True:
-                    frame = await replies.get()
+                    frame = await self._answer(replies.get(), what)
                     if frame is None:
-                        raise self._closed_error()
+                        raise await self._death_error()
                     if frame.op is Op.DATA:
+                        if offset + got + len(frame.payload) > max_bytes:
+                            raise file_too_large(target, self.id, max_bytes)
                         got += len(frame.payload)
                         yield frame.payload
                     elif frame.op is Op.END:
@@ -366,11 +492,9 @@ class BwrapSandbox:
                     elif frame.op is Op.FAIL:
                         errno_, msg = protocol.decode_fail(frame.payload)
                         raise SandboxFileError(f"cannot read {target} in sandbox {self.id}: {msg}", errno=errno_)
-            except ConnectionError as exc:
-                raise self._closed_error() from exc
             finally:
                 self._conn.unroute(rid)
-            if got < READ_WINDOW:
+            if got < want:
                 return
             offset += got
 
@@ -394,10 +518,11 @@ class BwrapProcess:
 
     def _on_frame(self, frame: Frame | None) -> None:
         if frame is None:
-            err = self.sandbox._closed_error()
+            # A ConnectionError, which the waiters turn into the sandbox's diagnosed death error.
+            lost = ConnectionError(self.sandbox._conn.close_reason or "the sandbox's supervisor exited")
             for fut in (self._started, self._exit):
                 if not fut.done():
-                    fut.set_exception(err)
+                    fut.set_exception(lost)
                     fut.exception()
             self._wake.set()
             return
@@ -440,19 +565,16 @@ class BwrapProcess:
             await self._wake.wait()
 
     async def write_stdin(self, data: bytes) -> None:
-        try:
-            for i in range(0, len(data), protocol.CHUNK):
-                await self.sandbox._conn.send(protocol.encode(Op.STDIN, self.rid, data[i : i + protocol.CHUNK]))
-        except ConnectionError as exc:
-            raise self.sandbox._closed_error() from exc
+        for i in range(0, len(data), protocol.CHUNK):
+            await self.sandbox._send(protocol.encode(Op.STDIN, self.rid, data[i : i + protocol.CHUNK]), "stdin")
 
     async def close_stdin(self) -> None:
-        with contextlib.suppress(ConnectionError):
-            await self.sandbox._conn.send(protocol.encode(Op.STDIN, self.rid))
+        with contextlib.suppress(SandboxClosedError):
+            await self.sandbox._send(protocol.encode(Op.STDIN, self.rid), "stdin")
 
     async def signal(self, signum: int) -> None:
-        with contextlib.suppress(ConnectionError):
-            await self.sandbox._conn.send(protocol.encode_u32(Op.SIGNAL, self.rid, signum))
+        with contextlib.suppress(SandboxClosedError):
+            await self.sandbox._send(protocol.encode_u32(Op.SIGNAL, self.rid, signum), "a signal")
 
     async def kill(self) -> None:
         await self.signal(signal.SIGKILL)
@@ -469,11 +591,11 @@ class BwrapProcess:
         try:
             info = await asyncio.wait_for(asyncio.shield(self._exit), limit)
         except TimeoutError:
-            await self.sandbox.close()
-            raise SandboxError(
-                f"sandbox {self.sandbox.id} did not finish a command {EXEC_GRACE_S:g} s after its timeout; "
-                "the sandbox was closed"
+            raise await self.sandbox._stuck(
+                f"its agent did not report a command's exit {EXEC_GRACE_S:g} s after its {self._timeout_s:g} s timeout"
             ) from None
+        except ConnectionError as exc:
+            raise await self.sandbox._death_error() from exc
         out = bytearray()
         err = bytearray()
         while self._pending:

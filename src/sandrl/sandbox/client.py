@@ -30,7 +30,7 @@ import base64
 import json
 import os
 import sys
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal
@@ -44,13 +44,16 @@ from sandrl.errors import (
     InvalidSpecError,
     LimitUnsupportedError,
     SandboxClosedError,
+    SandboxCrashedError,
     SandboxError,
     SandboxFileError,
+    SandboxFileTooLargeError,
     SandboxNotFoundError,
+    SandboxRequestTooLargeError,
     SandboxUnavailableError,
     SandrlError,
 )
-from sandrl.sandbox.base import ExecResult, OutputChunk, SandboxSpec
+from sandrl.sandbox.base import MAX_READ_BYTES, ExecResult, OutputChunk, SandboxSpec, check_max_bytes, file_too_large
 from sandrl.sandbox.service_api import (
     API_PREFIX,
     ExecRequest,
@@ -67,6 +70,9 @@ _RETRY_STATUS = frozenset({502, 503, 504})
 _ERRORS: dict[str, type[SandrlError]] = {
     "sandbox_not_found": SandboxNotFoundError,
     "sandbox_closed": SandboxClosedError,
+    "sandbox_crashed": SandboxCrashedError,
+    "file_too_large": SandboxFileTooLargeError,
+    "request_too_large": SandboxRequestTooLargeError,
     "capacity_exhausted": CapacityExhaustedError,
     "invalid_spec": InvalidSpecError,
     "limit_unsupported": LimitUnsupportedError,
@@ -379,13 +385,27 @@ class RemoteSandbox:
         )
         return FileWritten.model_validate_json(r.content).size
 
-    async def read_file(self, path: str) -> bytes:
-        return b"".join([c async for c in self.read_file_stream(path)])
+    async def read_file(self, path: str, *, max_bytes: int = MAX_READ_BYTES) -> bytes:
+        return b"".join([c async for c in self.read_file_stream(path, max_bytes=max_bytes)])
 
-    async def read_file_stream(self, path: str) -> AsyncIterator[bytes]:
-        """The file's bytes, chunk by chunk as they arrive."""
-        async for chunk in self._get_stream("/files", path):
-            yield chunk
+    async def read_file_stream(self, path: str, *, max_bytes: int = MAX_READ_BYTES) -> AsyncIterator[bytes]:
+        """The file's bytes, chunk by chunk as they arrive; at most ``max_bytes`` of them.
+
+        A file with more raises :class:`~sandrl.errors.SandboxFileTooLargeError` and the transfer is
+        dropped there, whatever the server would go on sending.
+        """
+        check_max_bytes(max_bytes)
+        stream = self._get_stream("/files", path)
+        taken = 0
+        try:
+            async for chunk in stream:
+                if taken + len(chunk) > max_bytes:
+                    raise file_too_large(path, self.id, max_bytes)
+                taken += len(chunk)
+                yield chunk
+        finally:
+            if isinstance(stream, AsyncGenerator):
+                await stream.aclose()  # closes the response at once, not when the generator is collected
 
     async def upload_tar(self, path: str, archive: bytes | AsyncIterator[bytes]) -> int:
         """Unpack a tar archive into the directory ``path`` (made if missing); returns the archive's size."""

@@ -30,7 +30,7 @@ from types import TracebackType
 from typing import Any, Literal
 
 from sandrl.errors import CapacityExhaustedError, ConfigError, SandrlError
-from sandrl.sandbox.base import ExecResult, Sandbox, SandboxProvider, SandboxSpec
+from sandrl.sandbox.base import MAX_READ_BYTES, ExecResult, Sandbox, SandboxProvider, SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider, BwrapSandbox
 from sandrl.sandbox.idle_cpu import IdleCpus
 
@@ -385,8 +385,8 @@ class AdmittedSandbox:
     async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
         await self.inner.write_file(path, data, mode)
 
-    async def read_file(self, path: str) -> bytes:
-        return await self.inner.read_file(path)
+    async def read_file(self, path: str, *, max_bytes: int = MAX_READ_BYTES) -> bytes:
+        return await self.inner.read_file(path, max_bytes=max_bytes)
 
     async def close(self) -> None:
         await self.inner.close()

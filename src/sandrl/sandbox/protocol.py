@@ -16,9 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
 
+from sandrl.errors import SandboxRequestTooLargeError
+
 PROTOCOL_VERSION = 1
 HEADER = struct.Struct("<IBI")
 MAX_FRAME = 16 << 20
+"""Largest payload of one frame, either way (the agent's ``MAX_FRAME``). The agent treats a larger
+one as a broken provider and exits, which ends the sandbox: so :func:`encode` refuses to make one."""
 CHUNK = 256 << 10
 """Bytes per data frame the provider sends (file writes, stdin)."""
 
@@ -64,7 +68,14 @@ class ExitInfo:
     duration_s: float
 
 
-def encode(op: Op, rid: int, payload: bytes = b"") -> bytes:
+def encode(op: Op, rid: int, payload: bytes = b"", *, what: str = "", hint: str = "") -> bytes:
+    """One frame; for the error of an oversized one, ``what`` names the request and ``hint`` how to shrink it."""
+    if len(payload) > MAX_FRAME:
+        raise SandboxRequestTooLargeError(
+            f"{what or f'a {op.name} request'} makes a request of {len(payload)} bytes, over the sandbox "
+            f"agent's limit of {MAX_FRAME} bytes ({MAX_FRAME >> 20} MiB) per request; nothing was sent and the "
+            f"sandbox is unharmed{hint}"
+        )
     return HEADER.pack(len(payload), int(op), rid) + payload
 
 
@@ -78,7 +89,12 @@ def encode_exec(
     timeout_ms = 0 if timeout_s is None else max(1, min(int(timeout_s * 1000), 0xFFFFFFFF))
     strings = [cwd.encode(), command.encode()] + [f"{k}={v}".encode() for k, v in env.items()]
     payload = struct.pack("<IIB", timeout_ms, min(output_cap, 0xFFFFFFFF), 1 if stdin else 0) + _strings(strings)
-    return encode(Op.EXEC, rid, payload)
+    what = (
+        f"the command ({len(strings[1])} bytes) with its environment ({sum(map(len, strings[2:]))} bytes) "
+        f"and working directory ({len(strings[0])} bytes)"
+    )
+    hint = "; pass large inputs through stdin or write them to a file with write_file (both are sent in chunks)"
+    return encode(Op.EXEC, rid, payload, what=what, hint=hint)
 
 
 def decode_exit(payload: bytes) -> ExitInfo:
@@ -175,11 +191,11 @@ class AgentConnection:
 
 
 def encode_read(rid: int, path: str, offset: int, length: int) -> bytes:
-    return encode(Op.READ, rid, struct.pack("<QQ", offset, length) + path.encode())
+    return encode(Op.READ, rid, struct.pack("<QQ", offset, length) + path.encode(), what="the path to read")
 
 
 def encode_wopen(rid: int, path: str, mode: int) -> bytes:
-    return encode(Op.WOPEN, rid, struct.pack("<I", mode & 0o7777) + path.encode())
+    return encode(Op.WOPEN, rid, struct.pack("<I", mode & 0o7777) + path.encode(), what="the path to write")
 
 
 def encode_u32(op: Op, rid: int, value: int) -> bytes:
