@@ -10,6 +10,7 @@ under one temporary root. Only the edges are fake; verify() and the loaders run 
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 import shutil
@@ -129,8 +130,10 @@ class BwrapSandbox:
 
     async def read_file(self, path: str, *, max_bytes: int = MAX_READ_BYTES) -> bytes:
         target = self.host_path(path)
+        if not target.exists():
+            raise SandboxFileError(f"{path}: no such file", errno=errno.ENOENT)
         if not target.is_file():
-            raise SandboxFileError(f"{path}: no such file")
+            raise SandboxFileError(f"{path}: not a regular file", errno=errno.EINVAL)
         with target.open("rb") as f:
             data = f.read(max_bytes + 1)
         if len(data) > max_bytes:

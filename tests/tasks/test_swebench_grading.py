@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from sandrl.tasks import Task, load_task, prepare_environment, run_solution, verify
+from sandrl.tasks.swebench_eval import PATCH_MAX_BYTES
 
 from .conftest import (
     CALC_BASE,
@@ -176,3 +177,13 @@ async def test_a_missing_test_runner_is_an_infra_error(calc_repo: CalcRepo, make
     result = await verify(broken, sandbox, patch=calc_repo.patch)
     assert (result.reward, result.infra_error, result.exit_code) == (0.0, True, 127)
     assert result.error is not None and "no JUnit report" in result.error
+
+
+async def test_a_patch_over_the_bound_is_graded_a_failure(calc_repo: CalcRepo, make_sandbox: SandboxFactory) -> None:
+    # Issue #18: the patch is read back from the sandbox, so its size is the agent's to choose.
+    task, sandbox = await _prepared(calc_repo, make_sandbox)
+    lines = PATCH_MAX_BYTES // 64 + 1
+    await sandbox.exec(f"yes {'x' * 62} | head -n {lines} > /testbed/big.txt", timeout_s=60)
+    result = await verify(task, sandbox)
+    assert (result.reward, result.passed, result.infra_error) == (0.0, False, False)
+    assert result.error is not None and f"larger than {PATCH_MAX_BYTES} bytes" in result.error

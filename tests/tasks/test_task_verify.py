@@ -227,3 +227,25 @@ async def test_terminal_bench_without_pytest_summary(make_sandbox: SandboxFactor
     result = await verify(task, sandbox)  # all tests pass, but without -rA there is no summary to judge by
     assert (result.reward, result.passed) == (0.0, False)
     assert result.error is not None and "-rA" in result.error
+
+
+@pytest.mark.parametrize(
+    ("script", "error"),
+    [
+        # Issue #18: what a process the agent left running can make of the reward file after the
+        # verifier cleared its directory. A test script writes neither, so it is the agent's failure
+        # (reward 0), not a broken verifier (an infra error, retried and never trained on).
+        ("head -c 1000000 /dev/zero > /logs/verifier/reward.txt", "larger than 65536 bytes"),
+        ("mkdir /logs/verifier/reward.txt", "reward file cannot be read"),
+    ],
+)
+async def test_a_reward_file_no_test_script_writes_fails_the_agent(
+    make_sandbox: SandboxFactory, tmp_path: Path, script: str, error: str
+) -> None:
+    task_dir = tmp_path / "planted"
+    shutil.copytree(HELLO, task_dir)
+    (task_dir / "tests" / "test.sh").write_text(f"#!/bin/sh\n{script}\n")
+    task = load_task(task_dir)
+    result = await verify(task, await _sandbox_for(task, make_sandbox))
+    assert (result.reward, result.passed, result.infra_error) == (0.0, False, False)
+    assert result.error is not None and error in result.error

@@ -8,6 +8,7 @@ stored as root-owned so that the host's uids do not leak in.
 
 from __future__ import annotations
 
+import errno
 import io
 import posixpath
 import shlex
@@ -112,9 +113,21 @@ async def run_logged(
     return result, shown.stdout if shown.exit_code == 0 else ""
 
 
-async def read_optional(sandbox: Sandbox, path: str) -> bytes | None:
-    """The file's bytes, or None when it does not exist (or cannot be read)."""
+def is_missing(exc: SandboxFileError) -> bool:
+    """The file does not exist (as opposed to one that is there but cannot be read)."""
+    return exc.errno == errno.ENOENT or exc.error_code == "file_not_found"
+
+
+async def read_optional(sandbox: Sandbox, path: str, *, max_bytes: int) -> bytes | None:
+    """The file's bytes, at most ``max_bytes`` of them, or None when it does not exist.
+
+    Any other failure is raised (:class:`~sandrl.errors.SandboxFileError`): a file that is there but
+    cannot be read within the bound (larger, a FIFO or a device, a directory) was made so by something
+    in the sandbox, and the caller decides what that means.
+    """
     try:
-        return await sandbox.read_file(path)
-    except SandboxFileError:
-        return None
+        return await sandbox.read_file(path, max_bytes=max_bytes)
+    except SandboxFileError as exc:
+        if is_missing(exc):
+            return None
+        raise

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from types import MappingProxyType
 
-from sandrl.errors import TaskError
+from sandrl.errors import SandboxFileError, TaskError
 from sandrl.sandbox.base import Sandbox
 from sandrl.tasks.envvars import resolve_env
 from sandrl.tasks.pytest_results import JunitError, TestStatus, parse_junit_xml, status_of
@@ -37,6 +37,10 @@ GIT_APPLY_COMMANDS = ("git apply --verbose", "git apply --verbose --reject", "pa
 WORK_DIR = "/tmp/sandrl-swebench"
 """Patches, the test log and the JUnit report live here, outside the repository."""
 JUNIT_PLACEHOLDER = "{junit_xml}"
+PATCH_MAX_BYTES = 8 << 20
+"""Largest model patch graded (it is kept in the trajectory's verifier details); SWE-bench fixes are KBs."""
+JUNIT_MAX_BYTES = 64 << 20
+"""Most bytes of the JUnit report read; large test suites write a few MB."""
 
 
 def _instance(task: Task) -> SweBenchInstance:
@@ -202,7 +206,10 @@ async def grade(task: Task, sandbox: Sandbox, *, patch: str | None = None) -> Ve
         why = await model_patch(task, sandbox, patch_file)
         if why is not None:
             return result(error=f"the agent's changes could not be read from {repo}: {why}")
-        patch = (await sandbox.read_file(patch_file)).decode(errors="replace")
+        try:
+            patch = (await sandbox.read_file(patch_file, max_bytes=PATCH_MAX_BYTES)).decode(errors="replace")
+        except SandboxFileError as exc:
+            return result(error=f"the agent's changes to {repo} could not be read as a patch: {exc}")
     else:
         if patch.strip() and not patch.endswith("\n"):
             patch += "\n"  # git apply rejects a final hunk line without its newline ("corrupt patch")
@@ -254,7 +261,11 @@ async def grade(task: Task, sandbox: Sandbox, *, patch: str | None = None) -> Ve
             output=log_tail,
             exit_code=tests.exit_code,
         )
-    report_bytes = await read_optional(sandbox, junit)
+    try:
+        report_bytes = await read_optional(sandbox, junit, max_bytes=JUNIT_MAX_BYTES)
+    except SandboxFileError as exc:
+        # pytest writes a regular file of a size in proportion to the tests: this one was tampered with.
+        return result(error=f"the JUnit report cannot be read: {exc}", output=log_tail, exit_code=tests.exit_code)
     if report_bytes is None:
         return result(
             error=f"the test command wrote no JUnit report (exit {tests.exit_code}); pytest did not run to the end",

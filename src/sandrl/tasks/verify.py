@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from sandrl.errors import TaskError
+from sandrl.errors import SandboxFileError, TaskError
 from sandrl.sandbox.base import ExecResult, Sandbox
 from sandrl.tasks import swebench_eval
 from sandrl.tasks.envvars import resolve_env
@@ -25,6 +25,8 @@ from sandrl.tasks.task import TESTS_DIR, VERIFIER_LOGS_DIR, Task
 
 TEST_LOG = f"{VERIFIER_LOGS_DIR}/test-output.txt"
 """The test command's interleaved output (Harbor keeps it at test-stdout.txt; the name is ours)."""
+REWARD_MAX_BYTES = 64 << 10
+"""Most bytes of ``reward.txt`` or ``reward.json`` read: one number, or a few named ones, are far less."""
 
 
 async def prepare_environment(task: Task, sandbox: Sandbox) -> None:
@@ -99,7 +101,12 @@ async def verify(task: Task, sandbox: Sandbox, *, patch: str | None = None) -> V
     if result.timed_out:
         return done(0.0, {}, error=f"the tests did not finish within {task.verifier.timeout_s:g} s")
     if task.verifier.reward == "reward-file":
-        reward, details, error = await _read_reward_file(sandbox)
+        try:
+            reward, details, error = await _read_reward_file(sandbox)
+        except SandboxFileError as exc:
+            # A reward file that is there but is no file a test script writes (huge, a link to a device,
+            # a FIFO, a directory): something the agent left running in the sandbox made it. Its failure.
+            return done(0.0, {}, error=f"the reward file cannot be read: {exc}")
         # No reward at all means the test script is broken, not that the agent failed.
         return done(reward, details, error=error, infra=error is not None)
     reward, details, error = _read_pytest_summary(output, result.exit_code)
@@ -109,7 +116,7 @@ async def verify(task: Task, sandbox: Sandbox, *, patch: str | None = None) -> V
 async def _read_reward_file(sandbox: Sandbox) -> tuple[float, dict[str, object], str | None]:
     """Harbor's reward: ``reward.txt`` (one number) first, else ``reward.json`` (named numbers)."""
     text_path, json_path = f"{VERIFIER_LOGS_DIR}/reward.txt", f"{VERIFIER_LOGS_DIR}/reward.json"
-    raw = await read_optional(sandbox, text_path)
+    raw = await read_optional(sandbox, text_path, max_bytes=REWARD_MAX_BYTES)
     if raw is not None:
         try:
             value = float(raw.decode().strip())
@@ -118,7 +125,7 @@ async def _read_reward_file(sandbox: Sandbox) -> tuple[float, dict[str, object],
         if not math.isfinite(value):
             return 0.0, {}, f"{text_path} holds {value}, not a finite number"
         return value, {"rewards": {"reward": value}}, None
-    raw = await read_optional(sandbox, json_path)
+    raw = await read_optional(sandbox, json_path, max_bytes=REWARD_MAX_BYTES)
     if raw is None:
         return 0.0, {}, f"the test script wrote neither {text_path} nor {json_path}"
     try:
