@@ -44,11 +44,16 @@ def bwrap(service_state_dir: Path) -> Iterator[BwrapProvider]:
 
 @contextmanager
 def serving(
-    provider: BwrapProvider, config: ServiceConfig | None = None, token: str | None = TOKEN
+    provider: BwrapProvider,
+    config: ServiceConfig | None = None,
+    token: str | None = TOKEN,
+    *,
+    header_timeout_s: float | None = None,
 ) -> Iterator[Served]:
     """A service over ``provider`` on a free port; every sandbox it made is closed when it stops."""
     service = SandboxService(provider, config or ServiceConfig(max_live=300))
-    with BackgroundServer(create_app(service, token=token)) as server:
+    options = {} if header_timeout_s is None else {"header_timeout_s": header_timeout_s}
+    with BackgroundServer(create_app(service, token=token), **options) as server:
         yield Served(server.url, service, provider, token)
 
 

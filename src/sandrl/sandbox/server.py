@@ -10,6 +10,13 @@ app with ``app.include_router`` and share its service, auth and metrics. Open ro
 crashed predecessor left when it starts; SIGTERM (or Ctrl-C) drains: new creates are refused,
 requests in flight get ``drain_grace_s`` to finish, then every sandbox is closed.
 :class:`BackgroundServer` runs an app in a thread on a free port (tests, one-process setups).
+
+Both run uvicorn with :func:`http_protocol`: a connection must finish its request headers within
+``header_timeout_s`` (uvicorn itself only times idle keep-alive connections, so a client that
+sends half a request line would hold a connection and its memory forever), and once the app has
+answered a request whose body it did not read (refused up front, cut at a limit, a write that
+failed), the rest of that body is dropped as it arrives, :data:`DISCARD_AFTER_ANSWER` bytes
+and :data:`LINGER_S` at most, then the connection is closed.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -29,18 +37,105 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sandrl import __version__
-from sandrl.background_server import BackgroundServer as BackgroundServer
+from sandrl.background_server import BackgroundServer as _BackgroundServer
 from sandrl.errors import SandboxFileError, SandrlError
 from sandrl.sandbox.base import SandboxProvider
 from sandrl.sandbox.e2b import mount as mount_e2b
 from sandrl.sandbox.service import SandboxService, ServiceConfig
 from sandrl.sandbox.service_api import API_PREFIX, Health
-from sandrl.sandbox.service_auth import BearerAuth, BodyLimit, bind_host, load_token
+from sandrl.sandbox.service_auth import BearerAuth, BodyLimit, LoopbackOnly, bind_host, load_token
 from sandrl.sandbox.service_metrics import CONTENT_TYPE
 from sandrl.sandbox.service_routes import ERRORS, router, service_of
 
 log = logging.getLogger("sandrl.service")
 DEFAULT_PORT = 8700
+HEADER_TIMEOUT_S = 10.0
+"""How long a connection may take to send a request's headers."""
+DISCARD_AFTER_ANSWER = 64 << 20
+LINGER_S = 10.0
+"""After answering a request whose body it has not read, the server still reads (and drops) up
+to this many bytes of it for up to this long, then closes the connection: most clients send
+their whole body before they read, and closing at once would reset the connection under the
+answer (as nginx's lingering close). Dropped bytes touch neither memory nor disk."""
+
+
+def http_protocol(header_timeout_s: float = HEADER_TIMEOUT_S) -> type[asyncio.Protocol]:
+    """uvicorn's httptools protocol with a header timeout and a bounded lingering read after an early answer."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class ServiceHttpProtocol(HttpToolsProtocol):
+        _header_timer: asyncio.TimerHandle | None = None
+        _linger_timer: asyncio.TimerHandle | None = None
+        _dropped = 0
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._header_timer = self.loop.call_later(header_timeout_s, self._close)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._cancel_timers()
+            super().connection_lost(exc)
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            if self._header_timer is None:
+                self._header_timer = self.loop.call_later(header_timeout_s, self._close)
+
+        def on_headers_complete(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+            super().on_headers_complete()
+
+        def on_body(self, body: bytes) -> None:
+            if self.cycle is not None and self.cycle.response_complete:
+                self._dropped += len(body)
+                if self._dropped > DISCARD_AFTER_ANSWER:
+                    self._close()
+                return
+            super().on_body(body)
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            self._dropped = 0
+            if self._linger_timer is not None:
+                self._linger_timer.cancel()
+                self._linger_timer = None
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            cycle = self.cycle
+            if cycle is not None and cycle.more_body and self._linger_timer is None:
+                self._linger_timer = self.loop.call_later(LINGER_S, self._close)
+
+        def _cancel_timers(self) -> None:
+            for timer in (self._header_timer, self._linger_timer):
+                if timer is not None:
+                    timer.cancel()
+            self._header_timer = self._linger_timer = None
+
+        def _close(self) -> None:
+            self._cancel_timers()
+            if not self.transport.is_closing():
+                self.transport.close()
+
+    return ServiceHttpProtocol
+
+
+class BackgroundServer(_BackgroundServer):
+    """:class:`sandrl.background_server.BackgroundServer` with the service's HTTP protocol (:func:`http_protocol`)."""
+
+    def __init__(
+        self,
+        app: Any,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        name: str = "sandbox server",
+        header_timeout_s: float = HEADER_TIMEOUT_S,
+    ) -> None:
+        super().__init__(app, host, port, name=name)
+        self._server.config.http = http_protocol(header_timeout_s)
 
 
 def create_app(service: SandboxService, *, token: str | None) -> FastAPI:
@@ -93,6 +188,10 @@ def create_app(service: SandboxService, *, token: str | None) -> FastAPI:
     async def sandrl_error(request: Request, exc: SandrlError) -> JSONResponse:
         if isinstance(exc, SandboxFileError) and exc.errno == errno.ENOENT:
             return answer(404, "file_not_found", exc.message + ": check the path (relative paths start at the workdir)")
+        if isinstance(exc, SandboxFileError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return answer(
+                507, "disk_full", exc.message + ": free space in the sandbox or create it with a larger disk_mb"
+            )
         return answer(exc.http_status, exc.error_code, exc.message)
 
     @app.exception_handler(RequestValidationError)
@@ -129,7 +228,9 @@ def create_app(service: SandboxService, *, token: str | None) -> FastAPI:
 
     app.add_middleware(BodyLimit, limit_for=limit_for)
     app.add_middleware(BearerAuth, token=token, on_refused=lambda code: failures.labels(code).inc())
-    mount_e2b(app, service, token=token)  # last: its gateway goes in front of the bearer auth
+    mount_e2b(app, service, token=token)  # its gateway goes in front of the bearer auth
+    if token is None:
+        app.add_middleware(LoopbackOnly, on_refused=lambda code: failures.labels(code).inc())  # outermost
     return app
 
 
@@ -185,5 +286,6 @@ def serve(
         timeout_graceful_shutdown=max(1, round(cfg.drain_grace_s)),
         timeout_keep_alive=30,
         backlog=4096,
+        http=http_protocol(),
     )
     _DrainingServer(uv, service).run()

@@ -5,7 +5,9 @@ variable, never from the command line (where ``ps`` shows it to every user). Req
 ``Authorization: Bearer <token>``; the comparison is constant-time. A credential in the
 query string is refused whatever its value, since URLs end up in logs. ``/healthz`` is the
 only open route. Without a token the server has no auth, so :func:`bind_host` keeps it on
-loopback.
+loopback, and :class:`LoopbackOnly` refuses what loopback alone does not keep out: a page in a
+local browser, whose requests reach 127.0.0.1 through DNS rebinding (with the page's own name
+in ``Host``) or carry an ``Origin``.
 """
 
 from __future__ import annotations
@@ -67,6 +69,20 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def loopback_host(header: str) -> bool:
+    """Whether a ``Host`` header names loopback: ``localhost``, 127.0.0.0/8 or ``[::1]``, with or without a port."""
+    host = header.strip().lower()
+    if host.startswith("["):
+        address, bracket, rest = host[1:].partition("]")
+        if not bracket or (rest and not (rest.startswith(":") and rest[1:].isdigit())):
+            return False
+        return address == "::1"
+    name, colon, port = host.partition(":")
+    if colon and not port.isdigit():
+        return False
+    return is_loopback(name)
 
 
 def bind_host(host: str, token: str | None) -> tuple[str, str | None]:
@@ -138,6 +154,50 @@ class BearerAuth:
                 "with ($SANDRL_TOKEN or --token-file)"
             )
         return None
+
+
+class LoopbackOnly:
+    """For a server without a token: refuses requests not addressed to a loopback name, and any from a browser.
+
+    Without a token, being reachable on loopback is the only credential, which a web page in a
+    local browser also has: through DNS rebinding its requests reach 127.0.0.1 carrying the
+    page's own host name, and a browser sends ``Origin`` on every cross-site request (and on
+    same-origin ones that are not GET/HEAD). No sandrl client sends ``Origin``.
+    """
+
+    def __init__(self, app: ASGIApp, *, on_refused: Callable[[str], None] | None = None) -> None:
+        self.app = app
+        self._on_refused = on_refused
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        host = origin = None
+        for name, value in scope.get("headers", []):
+            if name == b"host":
+                host = value.decode("latin-1")
+            elif name == b"origin":
+                origin = value.decode("latin-1")
+        if origin is not None:
+            problem = (
+                "forbidden_origin",
+                f"requests from a web page (Origin: {origin[:100]}) are refused by a server without a token; "
+                "use sandrl's client or the e2b SDK, or start the server with a token ($SANDRL_TOKEN)",
+            )
+        elif host is None or not loopback_host(host):
+            problem = (
+                "forbidden_host",
+                f"this server has no token and answers only requests addressed to loopback "
+                f"(Host: localhost, 127.0.0.1 or [::1]), not {(host or '(none)')[:100]!r}: connect to "
+                "http://127.0.0.1:PORT, or start the server with a token ($SANDRL_TOKEN) to serve other names",
+            )
+        else:
+            await self.app(scope, receive, send)
+            return
+        if self._on_refused is not None:
+            self._on_refused(problem[0])
+        await send_error(send, 403, *problem)
 
 
 class BodyLimit:
