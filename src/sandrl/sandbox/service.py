@@ -24,14 +24,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from sandrl.errors import CapacityExhaustedError, InvalidSpecError, SandboxNotFoundError
-from sandrl.sandbox.base import ExecResult, Sandbox, SandboxProcess, SandboxProvider, SandboxSpec
+from sandrl.errors import CapacityExhaustedError, InvalidSpecError, SandboxError, SandboxNotFoundError
+from sandrl.sandbox.base import ExecResult, OutputChunk, Sandbox, SandboxProcess, SandboxProvider, SandboxSpec
 from sandrl.sandbox.service_api import ServiceError
 from sandrl.sandbox.service_metrics import ServiceMetrics, mem_available_bytes, pressure_avg10
 
@@ -59,7 +60,7 @@ class ServiceConfig:
     max_json_bytes: int = 16 << 20
     """Largest JSON request body (exec stdin included); files and tars go through streamed routes."""
     max_file_bytes: int = 64 << 30
-    """Largest file or tar upload (the sandbox's disk_mb bounds it too)."""
+    """Largest file or tar upload (the sandbox's disk_mb bounds it too: see :meth:`SandboxService.upload_limit`)."""
     keepalive_s: float = 15.0
     """A streaming exec sends a keep-alive comment after this long without output."""
 
@@ -329,6 +330,26 @@ class SandboxService:
         sandbox = entry.sandbox
         return sandbox if isinstance(sandbox, StreamingSandbox) else None
 
+    def upload_limit(self, entry: Entry) -> int:
+        """The most bytes one upload into ``entry`` may carry: its writable disk, or the server's cap if lower.
+
+        An upload that could not fit is refused before its bytes reach the host (from its
+        declared length) or cut as soon as it passes this (streamed, or inflated from gzip).
+        """
+        return min(self.config.max_file_bytes, entry.spec.disk_mb << 20)
+
+    def too_big(self, entry: Entry, what: str = "the upload") -> ServiceError:
+        limit = self.upload_limit(entry)
+        if limit < self.config.max_file_bytes:
+            where = f"the writable disk of sandbox {entry.id} (disk_mb={entry.spec.disk_mb})"
+            hint = "create the sandbox with a larger disk_mb, or send less"
+        else:
+            where = "this server's upload limit"
+            hint = "send it in parts, or raise the server's max_file_bytes"
+        return ServiceError(
+            f"{what} is over {limit} bytes, {where}: {hint}", error_code="payload_too_large", http_status=413
+        )
+
     # -- shutdown
 
     async def shutdown(self, grace_s: float | None = None) -> None:
@@ -341,3 +362,94 @@ class SandboxService:
                 await asyncio.wait_for(self._idle.wait(), grace)
         entries = list(self.entries.values())
         await asyncio.gather(*(self._start_close(e, "shutdown") for e in entries), return_exceptions=True)
+
+
+class BoundedBody:
+    """An upload's chunks, ended (not failed) once they pass ``limit`` bytes: ``over`` then says so.
+
+    Ending the stream rather than raising in the middle of it lets the writer close its file in
+    the sandbox as after any upload; the route then answers that the upload was too big.
+    """
+
+    def __init__(self, chunks: AsyncIterator[bytes], limit: int) -> None:
+        self._chunks = chunks
+        self.limit = limit
+        self.seen = 0
+        self.over = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._chunks:
+            self.seen += len(chunk)
+            if self.seen > self.limit:
+                self.over = True
+                return
+            if chunk:
+                yield chunk
+
+
+STREAM_HIGH_WATER = 4 << 20
+"""Output buffered for a slow reader before the command producing it is stopped (SIGSTOP)."""
+STREAM_HARD_LIMIT = STREAM_HIGH_WATER + (28 << 20)
+"""Output buffered past which the command is killed: what was in flight when it was stopped is
+far less (a pipe, the agent's buffer, a socket's), so only a command that escaped the stop gets here."""
+
+
+async def paced_output(
+    proc: SandboxProcess, *, high: int = STREAM_HIGH_WATER, hard: int = STREAM_HARD_LIMIT
+) -> AsyncIterator[OutputChunk]:
+    """``proc``'s output, with back-pressure from the reader to the command.
+
+    The provider hands over output as fast as the command makes it, whoever reads it. Here it
+    is held in a buffer: over ``high`` bytes the command's process group is stopped, and
+    continued once the reader has taken the buffer below half of that, so a reader that stalls
+    stalls the command and the server's memory stays bounded. Past ``hard`` bytes (a command
+    that does not stop) it is killed and the stream fails.
+    """
+    buffered: deque[OutputChunk] = deque()
+    size = 0
+    stopped = False
+    ended = False
+    ready = asyncio.Event()
+    overflow: SandboxError | None = None
+
+    async def pump() -> None:
+        nonlocal size, stopped, ended, overflow
+        try:
+            async for chunk in proc.output():
+                buffered.append(chunk)
+                size += len(chunk.data)
+                ready.set()
+                if size > hard:
+                    overflow = SandboxError(
+                        f"a command's output passed {hard} bytes unread after it was stopped: it was killed"
+                    )
+                    await proc.signal(signal.SIGKILL)
+                    return
+                if size > high and not stopped:
+                    stopped = True
+                    await proc.signal(signal.SIGSTOP)
+        finally:
+            ended = True
+            ready.set()
+
+    pumping = asyncio.create_task(pump(), name="sandrl-svc-paced-output")
+    try:
+        while True:
+            while buffered:
+                chunk = buffered.popleft()
+                size -= len(chunk.data)
+                if stopped and size < high // 2:
+                    stopped = False
+                    await proc.signal(signal.SIGCONT)
+                yield chunk
+            if overflow is not None:
+                raise overflow
+            if ended:
+                await pumping  # its failure, if any
+                return
+            ready.clear()
+            await ready.wait()
+    finally:
+        pumping.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await pumping

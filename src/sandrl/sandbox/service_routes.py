@@ -3,7 +3,9 @@
 File paths are passed as given to the agent inside the sandbox, which resolves them in the
 sandbox's own mount namespace: ``..`` and symlinks cannot reach the host, and nothing is
 resolved on the host side. File and tar bodies are streamed both ways in chunks, never
-buffered whole.
+buffered whole. Uploads are bounded by the sandbox's disk (:meth:`SandboxService.upload_limit`):
+one declared longer is refused before its body is read, a streamed one is cut once it passes the
+bound; a tar download is paced by its reader (:func:`~sandrl.sandbox.service.paced_output`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import base64
 import binascii
 import codecs
 import contextlib
+import errno
 import json
 import shlex
 import signal
@@ -26,7 +29,7 @@ from fastapi.security import HTTPBearer
 
 from sandrl.errors import SandboxError, SandboxFileError, SandrlError
 from sandrl.sandbox.base import OutputChunk, SandboxProcess
-from sandrl.sandbox.service import Entry, SandboxService, StreamingSandbox
+from sandrl.sandbox.service import BoundedBody, Entry, SandboxService, StreamingSandbox, paced_output
 from sandrl.sandbox.service_api import (
     API_PREFIX,
     OCTET_MEDIA_TYPE,
@@ -43,17 +46,17 @@ from sandrl.sandbox.service_api import (
     SpecBody,
     TimeoutRequest,
 )
-from sandrl.sandbox.service_auth import PayloadTooLarge, too_large
 
 _DESCRIPTIONS = {
     400: "Invalid request or spec",
     401: "Missing or wrong bearer token",
     404: "No such sandbox or file",
     410: "The sandbox closed",
-    413: "Body over the limit",
+    413: "Body over the limit (for uploads: over the sandbox's disk)",
     429: "Capacity exhausted",
     503: "Shutting down or unavailable",
     504: "The command overran its timeout",
+    507: "The sandbox's disk is full",
 }
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody, "description": text} for code, text in _DESCRIPTIONS.items()
@@ -279,14 +282,26 @@ def _mode(mode: str) -> int:
 ModeQuery = Annotated[str, Query(pattern=r"^[0-7]{3,4}$", description="Octal permission bits, e.g. 644 or 0755.")]
 
 
-async def _body_chunks(request: Request, limit: int) -> AsyncIterator[bytes]:
-    seen = 0
-    async for chunk in request.stream():
-        seen += len(chunk)
-        if seen > limit:
-            raise PayloadTooLarge(too_large(limit))
-        if chunk:
-            yield chunk
+def declared_length(headers: Any) -> int | None:
+    """The request's Content-Length, None when it has none (chunked); a malformed one is a 400."""
+    value = headers.get("content-length")
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ServiceError(
+            "the Content-Length header is not a number", error_code="invalid_request", http_status=400
+        ) from None
+
+
+def _upload_body(svc: SandboxService, entry: Entry, request: Request, what: str) -> BoundedBody:
+    """The request body, refused now (before it is read) if it says it will not fit, cut once it does not."""
+    limit = svc.upload_limit(entry)
+    declared = declared_length(request.headers)
+    if declared is not None and declared > limit:
+        raise svc.too_big(entry, what)
+    return BoundedBody(request.stream(), limit)
 
 
 _BINARY_BODY = {"required": True, "content": {OCTET_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}}}
@@ -296,7 +311,7 @@ _TAR_BODY = {"required": True, "content": {TAR_MEDIA_TYPE: {"schema": {"type": "
 @router.put(
     "/sandboxes/{sandbox_id}/files",
     response_model=FileWritten,
-    responses=_errors(404, 410, 413),
+    responses=_errors(404, 410, 413, 507),
     openapi_extra={"requestBody": _BINARY_BODY},
 )
 async def put_file(sandbox_id: SandboxId, path: FilePath, request: Request, mode: ModeQuery = "644") -> FileWritten:
@@ -304,15 +319,23 @@ async def put_file(sandbox_id: SandboxId, path: FilePath, request: Request, mode
     svc = service_of(request)
     entry = svc.get(sandbox_id)
     _no_nul(path, "path")
-    chunks = _body_chunks(request, svc.config.max_file_bytes)
+    body = _upload_body(svc, entry, request, "the file")
     with svc.busy(entry):
         sandbox = svc.streaming(entry)
-        if sandbox is not None:
-            size = await sandbox.write_file_stream(path, chunks, _mode(mode))
-        else:
-            data = b"".join([c async for c in chunks])
-            await entry.sandbox.write_file(path, data, _mode(mode))
-            size = len(data)
+        try:
+            if sandbox is not None:
+                size = await sandbox.write_file_stream(path, aiter(body), _mode(mode))
+            else:
+                data = b"".join([c async for c in body])
+                if not body.over:
+                    await entry.sandbox.write_file(path, data, _mode(mode))
+                size = len(data)
+        except SandboxFileError as exc:
+            if body.over:  # the disk filled because the upload was too big: say that
+                raise svc.too_big(entry, "the file") from exc
+            raise
+    if body.over:
+        raise svc.too_big(entry, "the file")
     return FileWritten(path=path, size=size)
 
 
@@ -363,7 +386,7 @@ TAR_TIMEOUT_S = 3600.0
 @router.put(
     "/sandboxes/{sandbox_id}/tar",
     response_model=FileWritten,
-    responses=_errors(404, 410, 413),
+    responses=_errors(404, 410, 413, 507),
     openapi_extra={"requestBody": _TAR_BODY},
 )
 async def put_tar(sandbox_id: SandboxId, path: FilePath, request: Request) -> FileWritten:
@@ -372,14 +395,17 @@ async def put_tar(sandbox_id: SandboxId, path: FilePath, request: Request) -> Fi
     entry = svc.get(sandbox_id)
     _no_nul(path, "path")
     sandbox = _tar_sandbox(svc, entry)
+    body = _upload_body(svc, entry, request, "the archive")
     q = shlex.quote(path)
     with svc.busy(entry):
         proc = await sandbox.spawn(f"mkdir -p -- {q} && exec tar -x -f - -C {q}", timeout_s=TAR_TIMEOUT_S, stdin=True)
         size = 0
         try:
-            async for chunk in _body_chunks(request, svc.config.max_file_bytes):
+            async for chunk in body:
                 size += len(chunk)
                 await proc.write_stdin(chunk)
+            if body.over:
+                raise svc.too_big(entry, "the archive")
         except BaseException:
             await proc.signal(signal.SIGKILL)
             raise
@@ -387,7 +413,9 @@ async def put_tar(sandbox_id: SandboxId, path: FilePath, request: Request) -> Fi
             await proc.close_stdin()
         result = await proc.wait()
     if result.exit_code != 0:
-        raise SandboxFileError(f"cannot unpack the archive into {path}: {result.stderr.strip()[-500:] or 'tar failed'}")
+        detail = result.stderr.strip()[-500:] or "tar failed"
+        full = "No space left on device" in detail or "Disk quota exceeded" in detail
+        raise SandboxFileError(f"cannot unpack the archive into {path}: {detail}", errno=errno.ENOSPC if full else 0)
     return FileWritten(path=path, size=size)
 
 
@@ -415,7 +443,7 @@ async def get_tar(sandbox_id: SandboxId, path: FilePath, request: Request) -> St
         done = False
         with svc.busy(entry):
             try:
-                async for chunk in proc.output():
+                async for chunk in paced_output(proc):
                     if chunk.stream == "stdout":
                         yield chunk.data
                 result = await proc.wait()
