@@ -5,12 +5,19 @@ create (or connect) answer as ``envdAccessToken`` and sends it back on every in-
 ``X-Access-Token``, so only a client that could create or connect to the sandbox with the API
 key can reach its processes and files. A sandbox made through the native ``/v1`` API gets its
 record (and token) the first time an E2B client connects to it.
+
+Without the right token an envd call learns nothing: a live sandbox, one never connected
+through E2B and an id that never existed get the same refusal (:data:`REFUSAL`), so sandbox ids
+cannot be probed. Only a caller holding the token of a sandbox that is gone is told it is gone
+(the SDK raises that as "not running"); the tokens of the last :data:`RECENT_GONE` are kept
+for that.
 """
 
 from __future__ import annotations
 
 import hmac
 import secrets
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -29,6 +36,13 @@ ENVD_PORT = 49983
 CLIENT_ID = "sandrl"
 DEFAULT_TEMPLATE = "base"
 """E2B's default template; it maps to sandrl's default image, ``host``."""
+RECENT_GONE = 4096
+REFUSAL = (
+    "missing or wrong X-Access-Token for this sandbox, or no such sandbox: send the envdAccessToken "
+    "of the sandbox's create or connect answer (a sandbox made through /v1 needs Sandbox.connect(id) first)"
+)
+"""The one answer to an envd call without the right token, whether or not its sandbox exists."""
+_DUMMY_TOKEN = secrets.token_urlsafe(32)
 
 
 @dataclass
@@ -48,6 +62,8 @@ class E2BRegistry:
     def __init__(self, service: SandboxService) -> None:
         self.service = service
         self._records: dict[str, E2BSandbox] = {}
+        self._gone: OrderedDict[str, str] = OrderedDict()
+        """The access tokens of sandboxes gone lately, by id."""
 
     def add(self, entry: Entry, template: str) -> E2BSandbox:
         self.prune()
@@ -86,8 +102,18 @@ class E2BRegistry:
 
     def _drop(self, sandbox_id: str) -> None:
         record = self._records.pop(sandbox_id, None)
-        if record is not None and record.processes is not None:
+        if record is None:
+            return
+        self._gone[sandbox_id] = record.access_token
+        while len(self._gone) > RECENT_GONE:
+            self._gone.popitem(last=False)
+        if record.processes is not None:
             record.processes.forget()
+
+    def gone_token_ok(self, sandbox_id: str, given: str | None) -> bool:
+        """Whether ``given`` is the access token a sandbox had before it went."""
+        token = self._gone.get(sandbox_id)
+        return given is not None and token is not None and hmac.compare_digest(given.encode(), token.encode())
 
 
 class Refused(Exception):
@@ -115,18 +141,12 @@ def resolve(registry: E2BRegistry, headers: Mapping[str, str]) -> tuple[Entry, E
         )
     found = registry.find(sandbox_id)
     if found is None:
-        if sandbox_id in registry.service.entries:
-            raise Refused(
-                "unauthenticated",
-                f"sandbox {sandbox_id} has no envd access token yet: call Sandbox.connect('{sandbox_id}') first",
-            )
-        why = registry.service.recent.get(sandbox_id)
-        raise Refused("not_found", f"The sandbox {sandbox_id} was not found" + (f" ({why})" if why else ""))
+        if registry.gone_token_ok(sandbox_id, token):
+            why = registry.service.recent.get(sandbox_id)
+            raise Refused("not_found", f"The sandbox {sandbox_id} was not found" + (f" ({why})" if why else ""))
+        hmac.compare_digest((token or "").encode(), _DUMMY_TOKEN.encode())  # as long as a real check
+        raise Refused("unauthenticated", REFUSAL)
     entry, record = found
     if not record.token_ok(token):
-        raise Refused(
-            "unauthenticated",
-            f"missing or wrong X-Access-Token for sandbox {sandbox_id}: use the envdAccessToken its create "
-            "or connect answer gave",
-        )
+        raise Refused("unauthenticated", REFUSAL)
     return entry, record
