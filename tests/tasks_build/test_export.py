@@ -9,6 +9,7 @@ from pathlib import Path
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.sandbox.export import export_changes, is_empty_layer
+from sandrl.sandbox.layer_owners import store_id
 
 CHANGES = """
 set -e
@@ -50,10 +51,10 @@ async def test_export_writes_overlay_format(provider: BwrapProvider, tmp_path: P
     st = added.lstat()
     assert added.read_text() == "new\n"
     assert stat.S_IMODE(st.st_mode) == 0o750
-    assert (st.st_uid, st.st_gid) == (1000, 1001), "owners are shifted back to the sandbox's own ids"
+    assert (st.st_uid, st.st_gid) == (store_id(1000), store_id(1001)), "owners are shifted into the store's ids"
     assert os.readlink(dest / "workspace" / "link") == "added.txt"
     assert (dest / "opt" / "tree" / "sub" / "a").read_text() == "a\n"
-    assert all(p.lstat().st_uid == 0 for p in (dest / "opt").rglob("*")), "root inside is uid 0 in the layer"
+    assert all(p.lstat().st_uid == store_id(0) for p in (dest / "opt").rglob("*")), "root inside: the store's 0"
     # Changes under the host image's other overlays land at their mount points.
     assert (dest / "etc" / "passwd").read_text().endswith("changed\n")
     assert (dest / "usr" / "local" / "share" / "sandrl-test" / "x").read_text() == "x\n"

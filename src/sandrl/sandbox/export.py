@@ -9,8 +9,13 @@ format, ready to be stacked as a read-only lower layer over the layers the sandb
 - files, directories, symlinks and hard links keep their modes and times;
 - deleted entries stay overlayfs *whiteouts* (character devices 0:0) and replaced directories
   stay *opaque* (the xattr ``trusted.overlay.opaque=y``), so they hide what is below them;
-- owners are shifted back: the sandbox's uid ``n`` is host uid ``sandbox.uid + n`` in the upper
-  directory, and ``n`` in the layer, which sandboxes mount idmapped (host root → sandbox root);
+- owners are shifted into the image store's own mapping: the sandbox's uid ``n`` is host uid
+  ``sandbox.uid + n`` in the upper directory and ``STORE_UID_BASE + n`` in the layer, which
+  sandboxes mount idmapped back to ``n`` (:mod:`sandrl.sandbox.layer_owners`), so nothing a
+  sandbox made is host root's on the host;
+- setuid and setgid bits are dropped from files (sandboxes run with ``NO_NEW_PRIVS``: they never
+  worked inside; on the host they would be a way to root), and device nodes other than whiteouts
+  are left out;
 - overlayfs' bookkeeping xattrs (``origin``, ``impure``...) are dropped: they describe the
   sandbox's own mount, not the layer.
 
@@ -25,6 +30,7 @@ import asyncio
 import os
 import posixpath
 import shutil
+import stat
 import subprocess
 import tarfile
 from pathlib import Path
@@ -32,13 +38,11 @@ from typing import IO
 
 from sandrl.errors import SandboxError
 from sandrl.sandbox.bwrap import BwrapSandbox
+from sandrl.sandbox.layer_owners import KEPT_XATTRS, layer_mode, store_id
+from sandrl.sandbox.state import UID_RANGE
 
 UPPER_DIR = "/tmp/sandrl/upper"
 """Where the helper keeps the overlays' writable directories (see ``native/sandrl-helper.c``)."""
-UID_RANGE = 65536
-"""How many uids a sandbox's user namespace maps (0..65535 inside)."""
-KEPT_XATTRS = ("trusted.overlay.opaque", "user.*")
-"""Extended attributes copied into the layer; every other ``trusted.overlay.*`` is the mount's own."""
 EXPORT_TIMEOUT_S = 600.0
 _EXCLUDED_TOP = {".bubblewrap"}
 """Top-level names in the root upper dir that are bubblewrap's scratch, never the sandbox's work."""
@@ -51,10 +55,13 @@ def _tar_flags() -> list[str]:
 
 
 def _shift(value: int, base: int) -> int:
-    """A host uid (or gid) of the upper dir → the sandbox's own id; host root (whiteouts) stays root."""
+    """A host uid (or gid) of the upper dir → its owner in the store's mapping.
+
+    Host root owns what overlayfs made itself (whiteouts): sandbox root's in the layer.
+    """
     if base <= value < base + UID_RANGE:
-        return value - base
-    return 0 if value == 0 else _NOBODY
+        return store_id(value - base)
+    return store_id(0 if value == 0 else _NOBODY)
 
 
 def _excluded(name: str, is_root_overlay: bool) -> bool:
@@ -75,8 +82,12 @@ def _reown(source: IO[bytes], sink: IO[bytes], base: int, is_root_overlay: bool)
         for member in reader:
             if _excluded(member.name, is_root_overlay):
                 continue
+            if member.isblk() or (member.ischr() and (member.devmajor, member.devminor) != (0, 0)):
+                continue  # a sandbox cannot make real devices; layers are nodev anyway
             member.uid = _shift(member.uid, base)
             member.gid = _shift(member.gid, base)
+            if not member.isdir():
+                member.mode = stat.S_IMODE(layer_mode(stat.S_IFREG | member.mode))
             member.uname = member.gname = ""
             # Large host uids travel in pax headers, which would win over the fields above.
             member.pax_headers = {k: v for k, v in member.pax_headers.items() if k not in _OWNER_KEYS}
@@ -152,10 +163,22 @@ def _export_sync(host_pid: int, base: int, overlays: list[str], dest: Path) -> N
                 continue
             if target_dir.is_dir():
                 shutil.rmtree(target_dir)
-            target_dir.parent.mkdir(parents=True, exist_ok=True)
+            _store_owned_dirs(dest, target_dir.parent)
             os.rename(staging, target_dir)
         else:
             _export_overlay(host_pid, base, k, target_dir, True)
+
+
+def _store_owned_dirs(dest: Path, path: Path) -> None:
+    """Make ``path`` and its missing parents below ``dest`` as a layer's directories: sandbox root's, 0755."""
+    missing = []
+    while path != dest and not path.exists():
+        missing.append(path)
+        path = path.parent
+    for d in reversed(missing):
+        d.mkdir(mode=0o755)
+        os.chown(d, store_id(0), store_id(0))
+        os.chmod(d, 0o755)
 
 
 async def export_changes(sandbox: BwrapSandbox, dest: Path) -> None:

@@ -9,33 +9,45 @@ Layout under the store's root::
     images/<name>.json     name, layers (ids, topmost first), env, workdir, created; optionally
                            base (an image the layers are stacked on) and config (build metadata)
     layers/<id>/           one layer: a directory tree (for a full image, a whole rootfs)
-    host/                  what the built-in ``host`` image needs (skeleton, /etc mask)
+    host/                  what the built-in ``host`` image needs (skeleton, masks)
+
+Every file of a layer (``layers/`` and ``host/``) is owned in the store's own uid mapping,
+never by host root, and no file has a setuid or setgid bit (:mod:`.layer_owners`); the store's
+directories are 0700, so no host user reaches a layer at all. A store written by an older
+sandrl (layers owned by host root) is shifted once, when a store is first opened on it as root.
 
 The built-in image ``host`` is the host's own ``/usr`` (with ``/bin``, ``/sbin``, ``/lib*``
-as on the host) and ``/etc`` minus every file the host's unprivileged users could not read
-(``/etc/shadow``, ssh host keys...), which are hidden by overlayfs whiteouts. Nothing else
-of the host appears: ``/root``, ``/home``, ``/var``, ``/tmp`` and ``/run`` start empty.
+as on the host) and ``/etc``, minus every entry the host's unprivileged users could not read
+(``/etc/shadow``, ssh host keys, a 0600 file under ``/usr/local``...), which are hidden by
+overlayfs whiteouts kept current with the host (:mod:`.host_views`). Nothing else of the host
+appears: ``/root``, ``/home``, ``/var``, ``/tmp`` and ``/run`` start empty.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import re
 import shutil
-import stat
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandrl.errors import ConfigError, ImageNotFoundError
+from sandrl.errors import ConfigError, ImageNotFoundError, SandboxError, SandboxUnavailableError
+from sandrl.sandbox.host_views import host_views, mask_layer
+from sandrl.sandbox.layer_owners import STORE_UID_BASE, copy_shifted, shift_in_place, store_id
+
+__all__ = ["HOST_IMAGE", "STORE_UID_BASE", "Image", "ImageStore", "MountPlan", "stack_layers"]
 
 HOST_IMAGE = "host"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
 _HOST_SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
+_MIGRATED = ".owners-shifted"
+"""Marker in the store's root: its layers are in the store's uid mapping (see :meth:`ImageStore._open`)."""
 _SKELETON_DIRS = {
     "etc": 0o755,
     "usr": 0o755,
@@ -66,6 +78,10 @@ class MountPlan:
     layers: tuple[Path, ...]
     overlays: tuple[tuple[str, tuple[int, ...]], ...]
     """(mount point inside the sandbox, indices into ``layers`` topmost first); "/" first."""
+    store_layers: frozenset[int] = frozenset()
+    """Indices into ``layers`` whose files are in the store's uid mapping (on-disk owner
+    ``STORE_UID_BASE + n`` is sandbox uid ``n``); the others are host directories (host root is
+    sandbox root)."""
 
 
 def stack_layers(plan: MountPlan, layers: tuple[Path, ...]) -> MountPlan:
@@ -76,6 +92,7 @@ def stack_layers(plan: MountPlan, layers: tuple[Path, ...]) -> MountPlan:
     layer that has nothing under a mount point is left out of that overlay.
     """
     all_layers = list(plan.layers)
+    store_layers = set(plan.store_layers)
     overlays: list[tuple[str, tuple[int, ...]]] = []
     for target, indices in plan.overlays:
         rel = target.strip("/")
@@ -85,8 +102,9 @@ def stack_layers(plan: MountPlan, layers: tuple[Path, ...]) -> MountPlan:
             if path.is_dir() and not path.is_symlink():
                 all_layers.append(path)
                 added.append(len(all_layers) - 1)
+        store_layers.update(added)
         overlays.append((target, (*added, *indices)))
-    return MountPlan(layers=tuple(all_layers), overlays=tuple(overlays))
+    return MountPlan(layers=tuple(all_layers), overlays=tuple(overlays), store_layers=frozenset(store_layers))
 
 
 @dataclass(frozen=True)
@@ -105,7 +123,35 @@ class ImageStore:
         self.root = root
         self.host_etc = host_etc
         self.host_root = host_root
-        self._host: Image | None = None
+        self._host: tuple[object, Image] | None = None
+        if os.geteuid() == 0:  # only root writes a store; anyone else just reads what root allows
+            self._open()
+
+    def _open(self) -> None:
+        """Close the store's directories to host users, and shift a store of an older sandrl once."""
+        for d in (self.root, self.root / "images", self.root / "layers", self.root / "host"):
+            d.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chown(d, 0, 0)
+            os.chmod(d, 0o700)
+        if (self.root / _MIGRATED).exists():
+            return
+        with open(self.root / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # two providers opening one old store: one shifts it
+            if (self.root / _MIGRATED).exists():
+                return
+            # Layers written before were owned as the sandbox saw them (host root = sandbox root).
+            try:
+                for top in (self.root / "layers", self.root / "host"):
+                    for layer in top.iterdir():
+                        if layer.is_dir() and not layer.is_symlink():
+                            shift_in_place(layer)
+            except OSError as exc:
+                raise SandboxUnavailableError(
+                    f"the image store {self.root} holds layers of an older sandrl, owned by host root, and "
+                    f"shifting them into the store's own uids failed ({exc}); fix that and open it again, or "
+                    f"remove {self.root / 'layers'} and {self.root / 'host'} and rebuild the images"
+                ) from exc
+            (self.root / _MIGRATED).write_text(f"store uid base {STORE_UID_BASE:#x}\n")
 
     # -- reading
 
@@ -126,7 +172,8 @@ class ImageStore:
                 raise ImageNotFoundError(f"image {name!r} is damaged: its layer {layer} is missing; rebuild it")
         base_name = data.get("base")
         if base_name is None:
-            plan = MountPlan(layers=layers, overlays=(("/", tuple(range(len(layers)))),))
+            indices = tuple(range(len(layers)))
+            plan = MountPlan(layers=layers, overlays=(("/", indices),), store_layers=frozenset(indices))
             env = dict(data.get("env", {}))
             workdir = data.get("workdir")
         else:
@@ -166,19 +213,32 @@ class ImageStore:
     # -- writing
 
     def add_layer(self, source: Path, *, move: bool = False) -> str:
-        """Copy (or move) a directory tree into the store as a new read-only layer; return its id."""
-        if not source.is_dir():
+        """Copy (or move) a directory tree into the store as a new read-only layer; return its id.
+
+        The tree's owners are the sandbox's (host root = sandbox root, as a debootstrap rootfs or
+        an exported layer has them); in the store they are shifted into the store's mapping and
+        setuid/setgid bits are dropped (:mod:`.layer_owners`). A moved tree is fixed inside the
+        store's private directory before it becomes a layer.
+        """
+        if not source.is_dir() or source.is_symlink():
             raise ConfigError(f"{source} is not a directory; a layer is a directory tree")
         layers = self.root / "layers"
-        layers.mkdir(parents=True, exist_ok=True)
         layer_id = uuid.uuid4().hex
         target = layers / layer_id
         tmp = layers / f".{layer_id}.tmp"
-        if move:
-            os.rename(source, tmp)
-        else:
-            shutil.copytree(source, tmp, symlinks=True)
-        os.rename(tmp, target)
+        try:
+            if move:
+                os.rename(source, tmp)
+                shift_in_place(tmp)
+            else:
+                copy_shifted(source, tmp)
+            os.rename(tmp, target)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise SandboxError(
+                f"cannot bring {source} into the image store at {layers} ({exc}); the store must be written "
+                "as root, and a tree moved in must be on the store's filesystem (or add it with move=False)"
+            ) from exc
         return layer_id
 
     def add_image(
@@ -271,116 +331,74 @@ class ImageStore:
     # -- the built-in host image
 
     def host_image(self) -> Image:
-        if self._host is None:
-            self._host = self._prepare_host()
-        return self._host
-
-    def _prepare_host(self) -> Image:
+        """The host image as the host is now: a new mask layer whenever a root-only entry came or went."""
+        views = host_views()
+        shown = [(name, self.host_root / name) for name in _HOST_SYSTEM_DIRS]
+        shown = [(name, path) for name, path in shown if path.is_dir() and not path.is_symlink()]
+        shown.append(("etc", self.host_etc))
+        states = [(name, path, *views.hidden(path)) for name, path in shown]
+        links = self._host_links()
+        key = (links, [(str(path), generation) for _, path, generation, _ in states])
+        if self._host is not None and self._host[0] == key:
+            return self._host[1]
         base = self.root / "host"
-        base.mkdir(parents=True, exist_ok=True)
-        skeleton = self._skeleton(base)
-        mask = self._etc_mask(base)
-        layers: list[Path] = [skeleton]
+        layers: list[Path] = [self._skeleton(base, links, [name for name, _ in shown if name != "etc"])]
+        store_layers = {0}
         overlays: list[tuple[str, tuple[int, ...]]] = [("/", (0,))]
-        for name in _HOST_SYSTEM_DIRS:
-            path = self.host_root / name
-            if path.is_dir() and not path.is_symlink():
-                layers.append(path)
-                overlays.append((f"/{name}", (len(layers) - 1,)))
-        layers += [mask, self.host_etc]
-        overlays.append(("/etc", (len(layers) - 2, len(layers) - 1)))
-        return Image(
+        for name, path, _, hidden in states:
+            indices: list[int] = []
+            mask = mask_layer(base, name, path, hidden)
+            if mask is not None:
+                layers.append(mask)
+                store_layers.add(len(layers) - 1)
+                indices.append(len(layers) - 1)
+            layers.append(path)
+            indices.append(len(layers) - 1)
+            overlays.append((f"/{name}", tuple(indices)))
+        image = Image(
             name=HOST_IMAGE,
-            plan=MountPlan(layers=tuple(layers), overlays=tuple(overlays)),
+            plan=MountPlan(layers=tuple(layers), overlays=tuple(overlays), store_layers=frozenset(store_layers)),
             env={"PATH": DEFAULT_PATH},
             workdir="/workspace",
         )
+        self._host = (key, image)
+        return image
 
-    def _skeleton(self, base: Path) -> Path:
-        """The top level of the host image: empty directories, and the host's /bin-style symlinks."""
+    def _host_links(self) -> dict[str, str]:
         links = {}
         for name in _HOST_SYSTEM_DIRS:
             path = self.host_root / name
             if path.is_symlink():
                 links[name] = os.readlink(path)
-        key = hashlib.sha256(json.dumps([sorted(_SKELETON_DIRS.items()), sorted(links.items())]).encode()).hexdigest()
+        return links
+
+    def _skeleton(self, base: Path, links: dict[str, str], mount_points: list[str]) -> Path:
+        """The top level of the host image: empty directories, and the host's /bin-style symlinks.
+
+        A store layer like any other (owned in the store's mapping), so its ``tmp`` and ``var/tmp``,
+        1777 inside, are nobody's on the host, under the store's 0700 directories.
+        """
+        spec = ["skeleton-2", sorted(_SKELETON_DIRS.items()), sorted(links.items()), sorted(mount_points)]
+        key = hashlib.sha256(json.dumps(spec).encode()).hexdigest()
         target = base / f"skeleton-{key[:16]}"
         if target.exists():
             return target
         tmp = base / f".skeleton-{uuid.uuid4().hex}"
-        tmp.mkdir(mode=0o755)
-        for rel, mode in _SKELETON_DIRS.items():
+        tmp.mkdir(mode=0o700)
+        root = store_id(0)
+        dirs = [*_SKELETON_DIRS.items(), *((name, 0o755) for name in mount_points)]
+        for rel, mode in dirs:
             d = tmp / rel
-            d.mkdir(parents=True, exist_ok=True)
+            d.mkdir(mode=0o700, exist_ok=True)
+            os.chown(d, root, root)
             os.chmod(d, mode)
         for name, dest in links.items():
             os.symlink(dest, tmp / name)
-        for name in _HOST_SYSTEM_DIRS:
-            if (self.host_root / name).is_dir() and not (self.host_root / name).is_symlink():
-                (tmp / name).mkdir(exist_ok=True)
+            os.chown(tmp / name, root, root, follow_symlinks=False)
+        os.chown(tmp, root, root)
         os.chmod(tmp, 0o755)
         try:
             os.rename(tmp, target)
         except OSError:
             shutil.rmtree(tmp, ignore_errors=True)  # another provider made it first
-        return target
-
-    def _etc_mask(self, base: Path) -> Path:
-        """A layer of whiteouts over every entry of /etc that is not world-readable.
-
-        Keyed by content: a live sandbox keeps using the mask it started with even if
-        /etc changes and a new provider makes a new one.
-        """
-        hidden: list[str] = []
-        dirs: dict[str, os.stat_result] = {"": os.stat(self.host_etc)}
-        for dirpath, dirnames, filenames in os.walk(self.host_etc):
-            rel_dir = os.path.relpath(dirpath, self.host_etc)
-            rel_dir = "" if rel_dir == "." else rel_dir
-            keep = []
-            for name in dirnames:
-                rel = os.path.join(rel_dir, name)
-                st = os.lstat(os.path.join(dirpath, name))
-                if stat.S_ISLNK(st.st_mode):
-                    continue
-                if st.st_mode & 0o005 != 0o005:
-                    hidden.append(rel)
-                else:
-                    dirs[rel] = st
-                    keep.append(name)
-            dirnames[:] = keep
-            for name in filenames:
-                st = os.lstat(os.path.join(dirpath, name))
-                if not stat.S_ISLNK(st.st_mode) and not st.st_mode & 0o004:
-                    hidden.append(os.path.join(rel_dir, name))
-        hidden.sort()
-        needed_dirs = sorted({os.path.dirname(h) for h in hidden} - {""})
-        spec = json.dumps(
-            [hidden, [(d, dirs[d].st_mode, dirs[d].st_uid, dirs[d].st_gid) for d in needed_dirs if d in dirs]]
-        )
-        target = base / f"etc-mask-{hashlib.sha256(spec.encode()).hexdigest()[:16]}"
-        if target.exists():
-            return target
-        tmp = base / f".etc-mask-{uuid.uuid4().hex}"
-        tmp.mkdir()
-        root_st = dirs[""]
-        os.chmod(tmp, stat.S_IMODE(root_st.st_mode))
-        os.chown(tmp, root_st.st_uid, root_st.st_gid)
-        for d in needed_dirs:
-            # Parents of a hidden entry must carry the host's own attributes: overlayfs takes a
-            # directory's attributes from the topmost layer that has it.
-            parts = Path(d).parts
-            for i in range(1, len(parts) + 1):
-                rel = os.path.join(*parts[:i])
-                path = tmp / rel
-                if not path.exists():
-                    path.mkdir()
-                    st = dirs.get(rel, root_st)
-                    os.chmod(path, stat.S_IMODE(st.st_mode))
-                    os.chown(path, st.st_uid, st.st_gid)
-        for h in hidden:
-            os.mknod(tmp / h, stat.S_IFCHR | 0o000, os.makedev(0, 0))  # an overlayfs whiteout
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            shutil.rmtree(tmp, ignore_errors=True)
         return target

@@ -1,0 +1,164 @@
+"""Owners and modes of the files in image layers: the store's own uid mapping, never host root.
+
+Every file of a store layer is owned on disk by ``STORE_UID_BASE + n`` for sandbox uid ``n``
+(0..65535); sandboxes mount store layers idmapped so that ``STORE_UID_BASE + n`` appears as
+``n`` (the helper's ``--store-layer``). So a file that is root's inside a sandbox is an
+unprivileged, unused uid on the host, and whatever a build leaves in a layer gives no host
+user anything, even if the store's directories were reachable.
+
+Setuid and setgid bits are stripped from every non-directory: sandboxes run with
+``NO_NEW_PRIVS``, so those bits were never honoured inside one anyway, and on the host they
+are the way from a hostile build to host root. Only the extended attributes a layer needs
+(``KEPT_XATTRS``) are kept: ``security.capability`` would be file capabilities (honoured
+outside, ignored inside under ``NO_NEW_PRIVS`` too) and POSIX ACLs name host uids unshifted.
+
+Sandbox slots use uids from ``0x70000000`` up (:mod:`sandrl.sandbox.state`), so the store's
+range ``[STORE_UID_BASE, STORE_UID_BASE + 65536)`` never meets a sandbox's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import os
+import stat
+from pathlib import Path
+
+from sandrl.sandbox.state import STORE_UID_BASE, UID_RANGE
+
+__all__ = ["KEPT_XATTRS", "STORE_UID_BASE", "copy_shifted", "from_host", "layer_mode", "shift_in_place", "store_id"]
+NOBODY = 65534
+KEPT_XATTRS = ("trusted.overlay.opaque", "user.*")
+"""Extended attributes a layer keeps; every other one is dropped on the way into the store."""
+_SETID = stat.S_ISUID | stat.S_ISGID
+
+
+def store_id(sandbox_id: int) -> int:
+    """The on-disk owner in a store layer of the sandbox's uid (or gid) ``sandbox_id``."""
+    return STORE_UID_BASE + (sandbox_id if 0 <= sandbox_id < UID_RANGE else NOBODY)
+
+
+def from_host(host_id: int) -> int:
+    """The store owner for a file owned by ``host_id`` in a tree brought into the store.
+
+    A tree made for a sandbox (a rootfs, an old layer) uses the sandbox's own ids, as the
+    host's mapping of its layers showed them (host ``n`` = sandbox ``n``); ids already in the
+    store's range stay, so shifting twice changes nothing.
+    """
+    if STORE_UID_BASE <= host_id < STORE_UID_BASE + UID_RANGE:
+        return host_id
+    return store_id(host_id)
+
+
+def layer_mode(mode: int) -> int:
+    """``mode`` (an ``st_mode``) as a layer may hold it: no setuid/setgid on anything but a directory."""
+    return mode if stat.S_ISDIR(mode) else mode & ~_SETID
+
+
+def kept_xattr(name: str) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in KEPT_XATTRS)
+
+
+def _drop_xattrs(path: str) -> None:
+    with contextlib.suppress(OSError):
+        for name in os.listxattr(path, follow_symlinks=False):
+            if not kept_xattr(name):
+                os.removexattr(path, name, follow_symlinks=False)
+
+
+def _copy_xattrs(src: str, dst: str) -> None:
+    with contextlib.suppress(OSError):
+        for name in os.listxattr(src, follow_symlinks=False):
+            if kept_xattr(name):
+                with contextlib.suppress(OSError):
+                    os.setxattr(dst, name, os.getxattr(src, name, follow_symlinks=False), follow_symlinks=False)
+
+
+def _fix(path: str, st: os.stat_result) -> None:
+    _drop_xattrs(path)
+    if not stat.S_ISLNK(st.st_mode):
+        # The mode first: a root-owned setuid file must not be handed to another owner as is.
+        os.chmod(path, stat.S_IMODE(layer_mode(st.st_mode)))
+    os.chown(path, from_host(st.st_uid), from_host(st.st_gid), follow_symlinks=False)
+
+
+def shift_in_place(root: Path) -> None:
+    """Make a tree already inside the store's private directories a store layer (see the module)."""
+    top = str(root)
+    _fix(top, os.lstat(top))
+    for dirpath, dirnames, filenames in os.walk(top):  # never follows symlinks
+        for name in [*dirnames, *filenames]:
+            path = os.path.join(dirpath, name)
+            with contextlib.suppress(FileNotFoundError):
+                _fix(path, os.lstat(path))
+
+
+def copy_shifted(source: Path, target: Path) -> None:
+    """Copy the tree ``source`` to the new directory ``target`` as a store layer (see the module).
+
+    Each file is created private and root's, and gets its store owner and stripped mode before
+    anything else happens to it, so no moment leaves a setuid file of host root in ``target``.
+    Hard links stay links; device nodes other than overlayfs whiteouts and sockets are left out
+    (layers are mounted ``nodev``; they would do nothing).
+    """
+    links: dict[tuple[int, int], str] = {}
+    dirs: list[tuple[str, os.stat_result]] = []
+    src_top, dst_top = str(source), str(target)
+    os.mkdir(dst_top, 0o700)
+    _place_meta(src_top, dst_top, os.lstat(src_top), dirs)
+    for dirpath, dirnames, filenames in os.walk(src_top):
+        rel = os.path.relpath(dirpath, src_top)
+        dst_dir = dst_top if rel == "." else os.path.join(dst_top, rel)
+        for name in [*dirnames, *filenames]:
+            src, dst = os.path.join(dirpath, name), os.path.join(dst_dir, name)
+            st = os.lstat(src)
+            if _place(src, dst, st, links):
+                _place_meta(src, dst, st, dirs)
+    for path, st in reversed(dirs):  # children first: adding entries moved each parent's times
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def _place(src: str, dst: str, st: os.stat_result, links: dict[tuple[int, int], str]) -> bool:
+    """Create ``dst`` like ``src`` (content, not metadata); False when it is left out or a hard link."""
+    mode = st.st_mode
+    if stat.S_ISDIR(mode):
+        os.mkdir(dst, 0o700)
+    elif stat.S_ISREG(mode):
+        key = (st.st_dev, st.st_ino)
+        if key in links:
+            os.link(links[key], dst)
+            return False
+        if st.st_nlink > 1:
+            links[key] = dst
+        fin = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            fout = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                while os.sendfile(fout, fin, None, 1 << 30) > 0:
+                    pass
+                os.fchown(fout, from_host(st.st_uid), from_host(st.st_gid))
+                os.fchmod(fout, stat.S_IMODE(layer_mode(mode)))
+            finally:
+                os.close(fout)
+        finally:
+            os.close(fin)
+    elif stat.S_ISLNK(mode):
+        os.symlink(os.readlink(src), dst)
+    elif stat.S_ISCHR(mode) and st.st_rdev == 0:
+        os.mknod(dst, stat.S_IFCHR | 0o000, 0)  # an overlayfs whiteout
+    elif stat.S_ISFIFO(mode):
+        os.mkfifo(dst, 0o600)
+    else:
+        return False
+    return True
+
+
+def _place_meta(src: str, dst: str, st: os.stat_result, dirs: list[tuple[str, os.stat_result]]) -> None:
+    _copy_xattrs(src, dst)
+    os.chown(dst, from_host(st.st_uid), from_host(st.st_gid), follow_symlinks=False)
+    if not stat.S_ISLNK(st.st_mode):
+        os.chmod(dst, stat.S_IMODE(layer_mode(st.st_mode)))
+    if stat.S_ISDIR(st.st_mode):
+        dirs.append((dst, st))
+    else:
+        os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=False)
