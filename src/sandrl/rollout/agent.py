@@ -74,6 +74,9 @@ class AgentResult:
     prompt_len: int = 0
     error: str | None = None
     """Set with ``stop_reason="error"``: why the agent could not go on (the policy's or agent's fault)."""
+    error_code: str | None = None
+    """With ``error``: its :class:`~sandrl.errors.SandrlError` code, e.g. ``sandbox_crashed`` when the
+    commands the policy ran brought the sandbox down (the episode is then scored 0); None: ``agent_failed``."""
 
     @property
     def truncated(self) -> bool:

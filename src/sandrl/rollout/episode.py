@@ -27,7 +27,7 @@ from typing import Any
 from sandrl.aio import wait_out
 from sandrl.inference.base import InferenceClient
 from sandrl.rollout.agent import Agent, AgentResult, Budget
-from sandrl.rollout.failures import classify
+from sandrl.rollout.failures import classify, penalized
 from sandrl.rollout.trajectory import EpisodeError, EpisodeStatus, Timings, Trajectory
 from sandrl.sandbox.base import Sandbox, SandboxProvider
 from sandrl.tasks.result import VerifyResult
@@ -182,11 +182,13 @@ async def run_episode(
             error = EpisodeError(
                 "infra", "verifier", "verifier_broken", verified.error or "the verifier gave no reward", retryable=False
             )
+    if error is None and agent_result is not None and agent_result.stop_reason == "error":
+        code = agent_result.error_code or "agent_failed"
+        error = EpisodeError("agent", "agent", code, agent_result.error or "the agent failed", False)
     if error is not None:
         status = "infra_error" if error.kind == "infra" else "agent_error"
-    elif agent_result is not None and agent_result.stop_reason == "error":
-        status = "agent_error"
-        error = EpisodeError("agent", "agent", "agent_failed", agent_result.error or "the agent failed", False)
+        if penalized(error):
+            reward, passed = 0.0, False
     else:
         assert agent_result is not None and verified is not None
         status = _status(agent_result)

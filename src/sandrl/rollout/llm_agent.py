@@ -23,7 +23,7 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 
-from sandrl.errors import ConfigError, InferenceError
+from sandrl.errors import ConfigError, InferenceError, SandboxCrashedError
 from sandrl.inference.base import Generation, InferenceClient, SamplingParams
 from sandrl.inference.tokenizer import Tokenizer
 from sandrl.rollout.actions import SUBMIT, parse_action
@@ -175,7 +175,15 @@ class LLMAgent:
                     turns.append(dataclasses.replace(turn, command=action.command))
                     return result("wall_time")
                 waited = time.monotonic()
-                executed = await sandbox.exec(action.command, timeout_s=timeout, cwd=task.environment.workdir)
+                try:
+                    executed = await sandbox.exec(action.command, timeout_s=timeout, cwd=task.environment.workdir)
+                except SandboxCrashedError as exc:
+                    if not exc.caused_by_sandbox:
+                        raise
+                    # The policy's command brought the sandbox down: keep its tokens, to be trained as a failure.
+                    turns.append(dataclasses.replace(turn, command=action.command))
+                    ids, mask, logprobs = conv.ids, conv.mask, conv.logprobs
+                    return AgentResult("error", turns, ids, mask, logprobs, prompt_len, exc.message, exc.error_code)
                 shown = render(self.chat, executed, self.config.observation_tokens)
                 observation = shown.text
                 turn = dataclasses.replace(

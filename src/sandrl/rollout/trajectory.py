@@ -38,7 +38,9 @@ EpisodeStatus = Literal["completed", "truncated", "agent_error", "infra_error"]
 
 - ``completed``: the agent finished on its own (the model submitted, the oracle's script ran).
 - ``truncated``: a budget ended it (``stop_reason`` says which: max_turns, max_tokens, wall_time).
-- ``agent_error``: the agent failed in a way that is the policy's or the agent's fault.
+- ``agent_error``: the agent failed in a way that is the policy's or the agent's fault. ``reward``
+  is 0 when the policy's commands brought the sandbox down (``error.error_code`` ``sandbox_crashed``):
+  trained as a failure; otherwise None.
 - ``infra_error``: the sandbox, its host or the inference server failed; ``reward`` is None.
 """
 
