@@ -71,6 +71,7 @@ def _hostile_rootfs(root: Path) -> Path:
     far = root / "etc" / "far-owner"
     far.write_text("far\n")
     os.chown(far, 300000, 300000)
+    os.mknod(root / "etc" / "null", stat.S_IFCHR | 0o666, os.makedev(1, 3))
     os.symlink("sh", root / "bin" / "link")
     os.chown(root / "bin" / "link", 0, 0, follow_symlinks=False)
     return root
@@ -92,6 +93,7 @@ def test_imported_rootfs_is_shifted_and_stripped(open_dir: Path, tmp_path: Path,
     assert (layer / "bin" / "suid-sh").lstat().st_uid == base
     assert stat.S_IMODE((layer / "bin" / "suid-sh").lstat().st_mode) == 0o755
     assert (layer / "etc" / "far-owner").lstat().st_uid == base + 65534, "unmappable owners become nobody"
+    assert not (layer / "etc" / "null").exists(), "a device node has no use in a layer"
     _store_dirs_closed(store.root)
     assert image.plan.store_layers == frozenset({0})
 

@@ -75,6 +75,9 @@ def _copy_xattrs(src: str, dst: str) -> None:
 
 
 def _fix(path: str, st: os.stat_result) -> None:
+    if stat.S_ISBLK(st.st_mode) or (stat.S_ISCHR(st.st_mode) and st.st_rdev != 0):
+        os.unlink(path)  # as copy_shifted leaves them out: a real device in a layer is of no use
+        return
     _drop_xattrs(path)
     if not stat.S_ISLNK(st.st_mode):
         # The mode first: a root-owned setuid file must not be handed to another owner as is.
