@@ -60,7 +60,9 @@ class ServiceConfig:
     max_json_bytes: int = 16 << 20
     """Largest JSON request body (exec stdin included); files and tars go through streamed routes."""
     max_file_bytes: int = 64 << 30
-    """Largest file or tar upload (the sandbox's disk_mb bounds it too: see :meth:`SandboxService.upload_limit`)."""
+    """Largest file or tar upload (the sandbox's disk_mb bounds it too: see :meth:`SandboxService.upload_limit`),
+    and largest file download (streamed window by window as the client reads, so it costs no memory;
+    the bound stops an endless file such as a link to /dev/zero)."""
     keepalive_s: float = 15.0
     """A streaming exec sends a keep-alive comment after this long without output."""
 
@@ -89,7 +91,7 @@ class StreamingSandbox(Protocol):
 
     async def write_file_stream(self, path: str, chunks: AsyncIterator[bytes], mode: int = 0o644) -> int: ...
 
-    def read_file_stream(self, path: str) -> AsyncIterator[bytes]: ...
+    def read_file_stream(self, path: str, *, max_bytes: int = ...) -> AsyncIterator[bytes]: ...
 
 
 @dataclass

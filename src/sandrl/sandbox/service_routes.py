@@ -356,7 +356,7 @@ async def get_file(sandbox_id: SandboxId, path: FilePath, request: Request) -> S
     if sandbox is None:
         data = await entry.sandbox.read_file(path)
         return StreamingResponse(iter([data]), media_type=OCTET_MEDIA_TYPE)
-    stream = sandbox.read_file_stream(path)
+    stream = sandbox.read_file_stream(path, max_bytes=svc.config.max_file_bytes)
     first = await anext(stream, b"")  # a missing file fails here, before the response starts
 
     async def body() -> AsyncIterator[bytes]:

@@ -157,12 +157,12 @@ class EnvdApp:
             except SandrlError as exc:
                 raise _file_error(exc, path) from exc
             return Response(data, media_type="application/octet-stream")
-        stream = sandbox.read_file_stream(path)
+        svc = self.registry.service
+        stream = sandbox.read_file_stream(path, max_bytes=svc.config.max_file_bytes)
         try:
             first = await anext(stream, b"")  # a missing file fails here, before the response starts
         except SandrlError as exc:
             raise _file_error(exc, path) from exc
-        svc = self.registry.service
 
         async def body() -> AsyncIterator[bytes]:
             with svc.busy(entry):
