@@ -304,7 +304,7 @@ class BwrapProvider:
         argv = [str(self.helper), "launch", "--uid", str(slot.uid), "--tmpfs-bytes", str(spec.disk_mb << 20)]
         for procs in group.procs_files:
             argv += ["--cgroup-procs", str(procs)]
-        store_layers = getattr(plan, "store_layers", frozenset())
+        store_layers = plan.store_layers
         if store_layers:
             argv += ["--store-uid", str(STORE_UID_BASE)]
         for i, layer in enumerate(plan.layers):
