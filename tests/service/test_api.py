@@ -193,7 +193,7 @@ async def test_one_gib_file_streams_both_ways(remote: RemoteProvider, served: Se
         assert await sb.write_file_stream("big.bin", chunks()) == size
         assert (await sb.exec("sha256sum big.bin", timeout_s=120)).stdout.split()[0] == expected.hexdigest()
         got, n = hashlib.sha256(), 0
-        async for c in sb.read_file_stream("big.bin"):
+        async for c in sb.read_file_stream("big.bin", max_bytes=size):
             got.update(c)
             n += len(c)
         assert n == size and got.hexdigest() == expected.hexdigest()
