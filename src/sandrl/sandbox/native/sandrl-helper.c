@@ -402,6 +402,7 @@ struct proc {
 struct wfile {
     uint32_t id;
     int fd, err, used;
+    char *path; /* removed if the write fails: a cut upload leaves no partial file filling the disk */
 };
 
 struct rfile {
@@ -1113,11 +1114,11 @@ static void do_wopen(uint32_t id, const unsigned char *pl, uint32_t len) {
         return;
     }
     fchmod(fd, mode);
-    free(path);
     w->used = 1;
     w->id = id;
     w->fd = fd;
     w->err = 0;
+    w->path = path;
     send_frame(RSP_OK, id, NULL, 0);
 }
 
@@ -1132,7 +1133,10 @@ static void do_wdata(uint32_t id, const unsigned char *pl, uint32_t len) {
         else if (n < 0 && errno == EINTR)
             continue;
         else {
+            /* Say so at once (a full disk must stop the upload now, not after the rest of it has
+             * crossed the host); the close that follows gets no second answer. */
             w->err = n < 0 ? errno : EIO;
+            send_fail(id, w->err, "writing the file");
             break;
         }
     }
@@ -1144,9 +1148,12 @@ static void do_wclose(uint32_t id) {
         send_fail(id, EBADF, "no file open for this write");
         return;
     }
-    int err = w->err;
+    int err = w->err, reported = err != 0;
     if (close(w->fd) != 0 && !err) err = errno;
+    if (err) unlink(w->path);
+    free(w->path);
     memset(w, 0, sizeof *w);
+    if (reported) return;
     if (err)
         send_fail(id, err, "writing the file");
     else
