@@ -52,6 +52,7 @@ class WarmPool:
         self.last_error: BaseException | None = None
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._closing = False
 
     def start(self) -> None:
         if self._task is None:
@@ -62,7 +63,7 @@ class WarmPool:
 
     async def _refill(self) -> None:
         while True:
-            while len(self.idle) + self.creating < self.size and self.owner._has_room():
+            while not self._closing and len(self.idle) + self.creating < self.size and self.owner._has_room():
                 self.creating += 1
                 self.owner._reserved += 1
                 try:
@@ -79,6 +80,8 @@ class WarmPool:
                 self.owner._track(sandbox)
                 self.idle.append(sandbox)
                 self.owner._notify()
+            if self._closing:
+                return
             self._changed.clear()
             await self._changed.wait()
 
@@ -100,8 +103,11 @@ class WarmPool:
         return None
 
     async def close(self) -> None:
+        self._closing = True
         if self._task is not None:
             self._task.cancel()
+            # A cancellation can be lost in a create that finished at that moment (Python 3.11's
+            # asyncio.wait_for returns the result instead): the flag ends the loop then.
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
