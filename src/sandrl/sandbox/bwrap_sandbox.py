@@ -589,7 +589,9 @@ class BwrapProcess:
     async def wait(self) -> ExecResult:
         limit = None if self._timeout_s is None else self._timeout_s + EXEC_GRACE_S
         try:
-            info = await asyncio.wait_for(asyncio.shield(self._exit), limit)
+            # asyncio.timeout, not wait_for: 3.11's wait_for drops a cancellation that meets the exit.
+            async with asyncio.timeout(limit):
+                info = await asyncio.shield(self._exit)
         except TimeoutError:
             raise await self.sandbox._stuck(
                 f"its agent did not report a command's exit {EXEC_GRACE_S:g} s after its {self._timeout_s:g} s timeout"
