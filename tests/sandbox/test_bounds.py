@@ -11,7 +11,7 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
@@ -195,3 +195,42 @@ async def test_a_sandbox_closed_by_its_caller_is_not_a_crash(provider: BwrapProv
         await running
     assert not isinstance(info.value, SandboxCrashedError)
     assert sandbox.crash is None
+
+
+async def test_writes_to_a_fifo_or_device_are_refused(sandbox: BwrapSandbox) -> None:
+    """Pid 1 opens what it writes without blocking and writes regular files only."""
+    await sandbox.exec("mkfifo /workspace/pipe; ln -s /dev/null /workspace/null")
+    for path in ("/workspace/pipe", "/workspace/null", "/proc/1/oom_score_adj"):
+        with pytest.raises(SandboxFileError):
+            await asyncio.wait_for(sandbox.write_file(path, b"1000\n"), 10)
+    assert (await sandbox.exec("cat /proc/1/oom_score_adj")).stdout == "0\n"
+
+
+async def test_a_write_cut_by_a_full_disk_stops_at_once_and_leaves_no_file(provider: BwrapProvider) -> None:
+    sent = 0
+
+    async def chunks() -> AsyncIterator[bytes]:
+        nonlocal sent
+        for _ in range(256):
+            sent += 1 << 20
+            yield b"x" * (1 << 20)
+
+    async with await provider.create(SandboxSpec(ttl_s=60, disk_mb=16)) as sb:
+        with pytest.raises(SandboxFileError, match="No space left"):
+            await sb.write_file_stream("/workspace/big", chunks())
+        assert sent <= 24 << 20  # the first failing write is answered while the rest is unsent
+        assert (await sb.exec("test -e /workspace/big || echo gone")).stdout == "gone\n"
+
+
+async def test_uploads_whose_stream_fails_free_their_slot(sandbox: BwrapSandbox) -> None:
+    """A client gone mid-upload must not keep one of the agent's 256 open-file slots for good."""
+
+    async def broken() -> AsyncIterator[bytes]:
+        yield b"partial"
+        raise ConnectionResetError("the client went away")
+
+    for i in range(300):
+        with pytest.raises(ConnectionResetError):
+            await sandbox.write_file_stream(f"/workspace/cut-{i}", broken())
+    await sandbox.write_file("/workspace/after", b"ok")
+    assert await sandbox.read_file("/workspace/after") == b"ok"

@@ -265,7 +265,10 @@ class BwrapProvider:
             conn = AgentConnection(reader, writer)
             conn.start()
             try:
-                version = await asyncio.wait_for(asyncio.shield(conn.hello), START_TIMEOUT_S)
+                # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation that
+                # meets the reply, and a warm pool's refill would then never end.
+                async with asyncio.timeout(START_TIMEOUT_S):
+                    version = await asyncio.shield(conn.hello)
             except (ConnectionError, TimeoutError) as exc:
                 detail = (record / "log").read_text(errors="replace").strip() or str(exc) or "no output"
                 raise SandboxCreateError(f"sandbox {sid} did not start: {detail}") from exc

@@ -433,6 +433,7 @@ class BwrapSandbox:
 
         self._conn.route(rid, on_frame)
         size = 0
+        closed = False
         what = f"a write of {target}"
         try:
             await self._send(protocol.encode_wopen(rid, target, mode), what)
@@ -443,6 +444,7 @@ class BwrapSandbox:
                     size += len(piece)
                 if open_failed:
                     break  # no point sending the rest
+            closed = True
             await self._send(protocol.encode(Op.WCLOSE, rid), what)
             for _ in range(2):
                 frame = await self._answer(replies.get(), what)
@@ -452,6 +454,11 @@ class BwrapSandbox:
                     errno_, msg = protocol.decode_fail(frame.payload)
                     raise SandboxFileError(f"cannot write {target} in sandbox {self.id}: {msg}", errno=errno_)
         finally:
+            if not closed and not self._conn.closed.is_set():
+                # The caller's stream failed (a client gone mid-upload): free the agent's slot for
+                # this file, or a few hundred such uploads would use them all up.
+                with contextlib.suppress(Exception):
+                    self._conn._writer.write(protocol.encode(Op.WCLOSE, rid))
             self._conn.unroute(rid)
         return size
 

@@ -79,6 +79,7 @@ _ERRORS: dict[str, type[SandrlError]] = {
     "image_not_found": ImageNotFoundError,
     "file_error": SandboxFileError,
     "file_not_found": SandboxFileError,
+    "disk_full": SandboxFileError,
     "service_draining": SandboxUnavailableError,
     "sandbox_unavailable": SandboxUnavailableError,
 }
