@@ -67,6 +67,7 @@ async def verify(task: Task, sandbox: Sandbox, *, patch: str | None = None) -> V
     if patch is not None:
         raise TaskError(f"task {task.id} is a {task.format} task; only SWE-bench tasks are graded from a patch")
     start = time.monotonic()
+    leftovers = await _leftover_processes(sandbox)
     await run(
         sandbox,
         empty_dir_command(VERIFIER_LOGS_DIR),
@@ -107,10 +108,31 @@ async def verify(task: Task, sandbox: Sandbox, *, patch: str | None = None) -> V
             # A reward file that is there but is no file a test script writes (huge, a link to a device,
             # a FIFO, a directory): something the agent left running in the sandbox made it. Its failure.
             return done(0.0, {}, error=f"the reward file cannot be read: {exc}")
-        # No reward at all means the test script is broken, not that the agent failed.
+        if error is not None and leftovers:
+            # Processes the agent left running could have removed or rewritten the reward file after
+            # the test script wrote it: the agent's failure, or a policy could dodge every failing
+            # reward by leaving a loop that deletes it.
+            error += f" ({leftovers} processes the agent left running were alive when the verifier started)"
+            return done(0.0, details, error=error)
+        # No reward at all, from a sandbox with nothing else running: the test script is broken.
         return done(reward, details, error=error, infra=error is not None)
     reward, details, error = _read_pytest_summary(output, result.exit_code)
     return done(reward, details, error=error)
+
+
+_LEFTOVERS = (
+    'n=0; for p in /proc/[0-9]*; do p=${p#/proc/}; [ "$p" = 1 ] || [ "$p" = $$ ] || n=$((n + 1)); done; echo $n'
+)
+"""Counts the sandbox's processes other than its init and this shell itself (a builtin loop: no child)."""
+
+
+async def _leftover_processes(sandbox: Sandbox) -> int:
+    """How many processes the agent left running in the sandbox (0 where it cannot be told)."""
+    result = await sandbox.exec(_LEFTOVERS, timeout_s=30)
+    try:
+        return int(result.stdout.strip()) if result.exit_code == 0 else 0
+    except ValueError:
+        return 0
 
 
 async def _read_reward_file(sandbox: Sandbox) -> tuple[float, dict[str, object], str | None]:
