@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import os
 import shutil
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from sandrl.sandbox.bwrap import BwrapSandbox
 
 
 def _why_not_runnable() -> str | None:
@@ -19,3 +23,16 @@ def _why_not_runnable() -> str | None:
 REASON = _why_not_runnable()
 """Why real sandboxes cannot run here, or None when they can."""
 needs_sandbox = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+
+
+def agent_host_pid(sandbox: BwrapSandbox) -> int:
+    """The host pid of a sandbox's pid 1 (its agent): the process of its cgroup whose innermost pid is 1."""
+    for pid in sandbox._group.processes():
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                nspids = next(line.split()[1:] for line in f if line.startswith("NSpid:"))
+        except (OSError, StopIteration):
+            continue
+        if len(nspids) > 1 and nspids[-1] == "1":
+            return pid
+    raise AssertionError(f"no pid 1 among the processes of sandbox {sandbox.id}")

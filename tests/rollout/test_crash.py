@@ -26,6 +26,7 @@ from sandrl.sandbox.bwrap import BwrapProvider, BwrapSandbox
 from sandrl.tasks import Task
 from sandrl.train.adapter import batch_from_groups
 
+from ..support import agent_host_pid
 from .conftest import ScriptedPolicy, bash
 
 # -- classify
@@ -63,18 +64,6 @@ def test_oversized_requests_and_reads_are_not_retried_as_host_failures() -> None
 
 
 # -- episodes in real sandboxes
-
-
-def agent_host_pid(sandbox: BwrapSandbox) -> int:
-    for pid in sandbox._group.processes():
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                nspids = next(line.split()[1:] for line in f if line.startswith("NSpid:"))
-        except (OSError, StopIteration):
-            continue
-        if len(nspids) > 1 and nspids[-1] == "1":
-            return pid
-    raise AssertionError(f"no pid 1 in sandbox {sandbox.id}")
 
 
 KillWhen = Callable[[BwrapSandbox, str], bool]

@@ -24,24 +24,12 @@ from sandrl.errors import (
 )
 from sandrl.sandbox.base import MAX_READ_BYTES, SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider, BwrapSandbox
+from sandrl.sandbox.bwrap_sandbox import STREAM_HIGH_WATER
 from sandrl.sandbox.protocol import MAX_FRAME
 
-from ..support import needs_sandbox
+from ..support import agent_host_pid, needs_sandbox
 
 pytestmark = needs_sandbox
-
-
-def agent_host_pid(sandbox: BwrapSandbox) -> int:
-    """The host pid of the sandbox's pid 1 (its agent): the process of its cgroup whose innermost pid is 1."""
-    for pid in sandbox._group.processes():
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                nspids = next(line.split()[1:] for line in f if line.startswith("NSpid:"))
-        except (OSError, StopIteration):
-            continue
-        if len(nspids) > 1 and nspids[-1] == "1":
-            return pid
-    raise AssertionError(f"no pid 1 among the processes of sandbox {sandbox.id}")
 
 
 # -- 7: unbounded read_file
@@ -234,3 +222,17 @@ async def test_uploads_whose_stream_fails_free_their_slot(sandbox: BwrapSandbox)
             await sandbox.write_file_stream(f"/workspace/cut-{i}", broken())
     await sandbox.write_file("/workspace/after", b"ok")
     assert await sandbox.read_file("/workspace/after") == b"ok"
+
+
+async def test_a_streaming_reader_that_stops_holds_the_command_back(sandbox: BwrapSandbox) -> None:
+    """Issue #18 (6): output waiting for a reader stays bounded; the command waits, and loses nothing."""
+    size = 200_000_000
+    proc = await sandbox.spawn(f"head -c {size} /dev/zero", timeout_s=120, output_cap=1 << 30)
+    chunks = proc.output()
+    got = len((await anext(chunks)).data)
+    await asyncio.sleep(2)  # ~GBs/s of /dev/zero would all be held by now without back-pressure
+    assert proc._held <= STREAM_HIGH_WATER + (8 << 20)
+    async for chunk in chunks:
+        got += len(chunk.data)
+    result = await proc.wait()
+    assert (result.exit_code, got, result.truncated) == (0, size, False)

@@ -45,6 +45,9 @@ frame, a TTL change). The agent is one thread serving the whole sandbox: one tha
 for this long is stuck (e.g. blocked by something the sandbox made), and the sandbox is closed
 rather than left to hang every caller."""
 READ_WINDOW = 4 << 20
+STREAM_HIGH_WATER = 4 << 20
+"""Output bytes a streaming reader (:meth:`BwrapProcess.output`) may leave untaken before the command
+is paused; what is in flight then (the agent's buffer, the socket's) adds at most a few MiB more."""
 OOM_EXIT = 71
 """The agent's exit status when it cannot allocate memory."""
 KILLED_EXITS = (128 + signal.SIGKILL, -signal.SIGKILL)
@@ -454,11 +457,10 @@ class BwrapSandbox:
                     errno_, msg = protocol.decode_fail(frame.payload)
                     raise SandboxFileError(f"cannot write {target} in sandbox {self.id}: {msg}", errno=errno_)
         finally:
-            if not closed and not self._conn.closed.is_set():
+            if not closed:
                 # The caller's stream failed (a client gone mid-upload): free the agent's slot for
                 # this file, or a few hundred such uploads would use them all up.
-                with contextlib.suppress(Exception):
-                    self._conn._writer.write(protocol.encode(Op.WCLOSE, rid))
+                self._conn.send_nowait(protocol.encode(Op.WCLOSE, rid))
             self._conn.unroute(rid)
         return size
 
@@ -519,9 +521,19 @@ class BwrapProcess:
         self._started: asyncio.Future[int] = loop.create_future()
         self._exit: asyncio.Future[protocol.ExitInfo] = loop.create_future()
         self._pending: deque[OutputChunk] = deque()
+        self._held = 0
+        self._streaming = False
+        self._paused = False
         self._taken = {"stdout": 0, "stderr": 0}
         self._truncated = False
         self._wake = asyncio.Event()
+
+    def _pause(self, paused: bool) -> None:
+        """Ask pid 1 to stop (or go back to) reading this command's pipes: the command then blocks on
+        its full pipe, so a reader that does not keep up stalls the command, not the provider's memory."""
+        if paused != self._paused and not self._exit.done():
+            self._paused = paused
+            self.sandbox._conn.send_nowait(protocol.encode_u32(Op.PAUSE, self.rid, int(paused)))
 
     def _on_frame(self, frame: Frame | None) -> None:
         if frame is None:
@@ -545,8 +557,11 @@ class BwrapProcess:
                 self._truncated = True  # the agent caps too; this guards the provider's memory
             if data:
                 self._taken[stream] += len(data)
+                self._held += len(data)
                 self._pending.append(OutputChunk(stream, data))
                 self._wake.set()
+                if self._streaming and self._held > STREAM_HIGH_WATER:
+                    self._pause(True)
         elif frame.op is Op.EXIT:
             if not self._exit.done():
                 self._exit.set_result(protocol.decode_exit(frame.payload))
@@ -563,9 +578,16 @@ class BwrapProcess:
             self._wake.set()
 
     async def output(self) -> AsyncIterator[OutputChunk]:
+        """Output as it arrives, with back-pressure: past :data:`STREAM_HIGH_WATER` bytes not yet taken
+        from here, the command's pipes are left unread until the reader has taken half of them."""
+        self._streaming = True
         while True:
             while self._pending:
-                yield self._pending.popleft()
+                chunk = self._pending.popleft()
+                self._held -= len(chunk.data)
+                if self._paused and self._held < STREAM_HIGH_WATER // 2:
+                    self._pause(False)
+                yield chunk
             if self._exit.done():
                 return
             self._wake.clear()
@@ -588,9 +610,8 @@ class BwrapProcess:
 
     def _abandon(self) -> None:
         """The caller gave up (cancelled): kill the command rather than let it run on unseen."""
-        if not self._exit.done() and not self.sandbox._conn.closed.is_set():
-            with contextlib.suppress(Exception):
-                self.sandbox._conn._writer.write(protocol.encode_u32(Op.SIGNAL, self.rid, signal.SIGKILL))
+        if not self._exit.done():
+            self.sandbox._conn.send_nowait(protocol.encode_u32(Op.SIGNAL, self.rid, signal.SIGKILL))
         self.sandbox._conn.unroute(self.rid)
 
     async def wait(self) -> ExecResult:

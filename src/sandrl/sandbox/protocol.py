@@ -18,7 +18,7 @@ from enum import IntEnum
 
 from sandrl.errors import SandboxRequestTooLargeError
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 HEADER = struct.Struct("<IBI")
 MAX_FRAME = 16 << 20
 """Largest payload of one frame, either way (the agent's ``MAX_FRAME``). The agent treats a larger
@@ -37,6 +37,7 @@ class Op(IntEnum):
     READ = 7
     TTL = 8
     PING = 9
+    PAUSE = 10
     HELLO = 101
     STARTED = 102
     STDOUT = 103
@@ -133,6 +134,13 @@ class AgentConnection:
 
     def unroute(self, rid: int) -> None:
         self._routes.pop(rid, None)
+
+    def send_nowait(self, data: bytes) -> None:
+        """Queue one small control frame without waiting (from a callback); dropped once the connection
+        is gone. A frame is written whole, so it never lands inside another being sent."""
+        if not self.closed.is_set():
+            with contextlib.suppress(Exception):
+                self._writer.write(data)
 
     async def send(self, data: bytes) -> None:
         if self.closed.is_set():

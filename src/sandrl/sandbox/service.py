@@ -24,15 +24,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from sandrl.errors import CapacityExhaustedError, InvalidSpecError, SandboxError, SandboxNotFoundError
-from sandrl.sandbox.base import ExecResult, OutputChunk, Sandbox, SandboxProcess, SandboxProvider, SandboxSpec
+from sandrl.errors import CapacityExhaustedError, InvalidSpecError, SandboxNotFoundError
+from sandrl.sandbox.base import ExecResult, Sandbox, SandboxProcess, SandboxProvider, SandboxSpec
 from sandrl.sandbox.service_api import ServiceError
 from sandrl.sandbox.service_metrics import ServiceMetrics, mem_available_bytes, pressure_avg10
 
@@ -387,71 +386,3 @@ class BoundedBody:
                 return
             if chunk:
                 yield chunk
-
-
-STREAM_HIGH_WATER = 4 << 20
-"""Output buffered for a slow reader before the command producing it is stopped (SIGSTOP)."""
-STREAM_HARD_LIMIT = STREAM_HIGH_WATER + (28 << 20)
-"""Output buffered past which the command is killed: what was in flight when it was stopped is
-far less (a pipe, the agent's buffer, a socket's), so only a command that escaped the stop gets here."""
-
-
-async def paced_output(
-    proc: SandboxProcess, *, high: int = STREAM_HIGH_WATER, hard: int = STREAM_HARD_LIMIT
-) -> AsyncIterator[OutputChunk]:
-    """``proc``'s output, with back-pressure from the reader to the command.
-
-    The provider hands over output as fast as the command makes it, whoever reads it. Here it
-    is held in a buffer: over ``high`` bytes the command's process group is stopped, and
-    continued once the reader has taken the buffer below half of that, so a reader that stalls
-    stalls the command and the server's memory stays bounded. Past ``hard`` bytes (a command
-    that does not stop) it is killed and the stream fails.
-    """
-    buffered: deque[OutputChunk] = deque()
-    size = 0
-    stopped = False
-    ended = False
-    ready = asyncio.Event()
-    overflow: SandboxError | None = None
-
-    async def pump() -> None:
-        nonlocal size, stopped, ended, overflow
-        try:
-            async for chunk in proc.output():
-                buffered.append(chunk)
-                size += len(chunk.data)
-                ready.set()
-                if size > hard:
-                    overflow = SandboxError(
-                        f"a command's output passed {hard} bytes unread after it was stopped: it was killed"
-                    )
-                    await proc.signal(signal.SIGKILL)
-                    return
-                if size > high and not stopped:
-                    stopped = True
-                    await proc.signal(signal.SIGSTOP)
-        finally:
-            ended = True
-            ready.set()
-
-    pumping = asyncio.create_task(pump(), name="sandrl-svc-paced-output")
-    try:
-        while True:
-            while buffered:
-                chunk = buffered.popleft()
-                size -= len(chunk.data)
-                if stopped and size < high // 2:
-                    stopped = False
-                    await proc.signal(signal.SIGCONT)
-                yield chunk
-            if overflow is not None:
-                raise overflow
-            if ended:
-                await pumping  # its failure, if any
-                return
-            ready.clear()
-            await ready.wait()
-    finally:
-        pumping.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await pumping

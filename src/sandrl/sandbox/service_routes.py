@@ -5,7 +5,9 @@ sandbox's own mount namespace: ``..`` and symlinks cannot reach the host, and no
 resolved on the host side. File and tar bodies are streamed both ways in chunks, never
 buffered whole. Uploads are bounded by the sandbox's disk (:meth:`SandboxService.upload_limit`):
 one declared longer is refused before its body is read, a streamed one is cut once it passes the
-bound; a tar download is paced by its reader (:func:`~sandrl.sandbox.service.paced_output`).
+bound. Command output and tar downloads are paced by their reader: the provider's process handle
+stops reading a command's pipes while its reader is behind (:meth:`BwrapProcess.output`), and
+nothing here takes a chunk before the previous one was sent.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from fastapi.security import HTTPBearer
 
 from sandrl.errors import SandboxError, SandboxFileError, SandrlError
 from sandrl.sandbox.base import OutputChunk, SandboxProcess
-from sandrl.sandbox.service import BoundedBody, Entry, SandboxService, StreamingSandbox, paced_output
+from sandrl.sandbox.service import BoundedBody, Entry, SandboxService, StreamingSandbox
 from sandrl.sandbox.service_api import (
     API_PREFIX,
     OCTET_MEDIA_TYPE,
@@ -228,30 +230,26 @@ async def exec_stream(sandbox_id: SandboxId, body: ExecRequest, request: Request
 async def _stream_events(
     svc: SandboxService, entry: Entry, proc: SandboxProcess, stdin: bytes | None, timeout_s: float, started: float
 ) -> AsyncIterator[bytes]:
-    queue: asyncio.Queue[OutputChunk | None] = asyncio.Queue()
-
-    async def pump() -> None:
-        try:
-            async for chunk in proc.output():
-                queue.put_nowait(chunk)
-        finally:
-            queue.put_nowait(None)
-
     decoders = {s: codecs.getincrementaldecoder("utf-8")(errors="replace") for s in ("stdout", "stderr")}
     finished = False
+    chunks = proc.output()
+    # One chunk is fetched at a time, the next only once this one is sent: a client that does not
+    # read holds the command back (see BwrapProcess.output) instead of filling a queue here.
+    pending: asyncio.Future[OutputChunk | None] | None = None
     with svc.busy(entry):
-        pumping = asyncio.create_task(pump())
         try:
             yield _event("started", {"pid": proc.pid})
             if stdin is not None:
                 await proc.write_stdin(stdin)
                 await proc.close_stdin()
             while True:
-                try:
-                    item = await asyncio.wait_for(queue.get(), svc.config.keepalive_s)
-                except TimeoutError:
+                if pending is None:
+                    pending = asyncio.ensure_future(anext(chunks, None))
+                done, _ = await asyncio.wait({pending}, timeout=svc.config.keepalive_s)
+                if not done:
                     yield b": keepalive\n\n"
                     continue
+                item, pending = pending.result(), None
                 if item is None:
                     break
                 text = decoders[item.stream].decode(item.data)
@@ -269,7 +267,8 @@ async def _stream_events(
             svc.metrics.failures.labels(exc.error_code).inc()
             yield _event("error", {"code": exc.http_status, "error_code": exc.error_code, "message": exc.message})
         finally:
-            pumping.cancel()
+            if pending is not None:
+                pending.cancel()
             if not finished:  # the client went away: the command must not run on unseen
                 with contextlib.suppress(Exception):
                     await proc.signal(signal.SIGKILL)
@@ -443,7 +442,7 @@ async def get_tar(sandbox_id: SandboxId, path: FilePath, request: Request) -> St
         done = False
         with svc.busy(entry):
             try:
-                async for chunk in paced_output(proc):
+                async for chunk in proc.output():
                     if chunk.stream == "stdout":
                         yield chunk.data
                 result = await proc.wait()

@@ -59,7 +59,7 @@
 #include <sys/ioctl.h>
 #include <sys/statfs.h>
 
-#define PROTOCOL_VERSION 1
+#define PROTOCOL_VERSION 2
 
 /* ---------------------------------------------------------------- utilities */
 
@@ -139,10 +139,24 @@ struct sandrl_mount_attr {
 #define MAX_OVERLAYS 16
 #define STAGE "/tmp/sandrl"
 
-/* Make a user namespace owned by host uid `owner`, with `map` as its uid and gid maps. The
- * sandbox's own namespace is owned by its supervisor's uid (so bubblewrap, running as that
- * uid, may enter it); the namespaces that only idmap layers are owned by root. */
-static int make_userns(uid_t owner, const char *map, int flags) {
+static void bring_loopback_up(void) {
+    int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (s < 0) return;
+    struct ifreq ifr;
+    memset(&ifr, 0, sizeof ifr);
+    strcpy(ifr.ifr_name, "lo");
+    if (ioctl(s, SIOCGIFFLAGS, &ifr) == 0) {
+        ifr.ifr_flags |= IFF_UP | IFF_RUNNING;
+        (void)!ioctl(s, SIOCSIFFLAGS, &ifr);
+    }
+    close(s);
+}
+
+/* New namespaces: a child (as host uid `owner` when not 0) unshares `flags` (a user namespace,
+ * and with CLONE_NEWNET a loopback-only network namespace it owns) and waits while this process
+ * writes `map` as both id maps and opens them; the fds outlive the child. `*netns` is set only
+ * with CLONE_NEWNET. */
+static void make_namespaces(int flags, uid_t owner, const char *map, int open_flags, int *userns, int *netns) {
     int sync_pipe[2], hold_pipe[2];
     if (pipe2(sync_pipe, O_CLOEXEC) || pipe2(hold_pipe, O_CLOEXEC)) die("pipe");
     pid_t pid = fork();
@@ -153,9 +167,11 @@ static int make_userns(uid_t owner, const char *map, int flags) {
         close(sync_pipe[0]);
         if (owner && (setgroups(0, NULL) || setresgid(owner, owner, owner) || setresuid(owner, owner, owner)))
             _exit(1);
-        if (unshare(CLONE_NEWUSER)) _exit(2);
+        prctl(PR_SET_DUMPABLE, 1); /* a non-dumpable parent (pid 1) could not open its namespaces */
+        if (unshare(flags)) _exit(2);
+        if (flags & CLONE_NEWNET) bring_loopback_up();
         if (write(sync_pipe[1], "u", 1) != 1) _exit(3);
-        (void)!read(hold_pipe[0], &c, 1); /* until the parent has opened the namespace */
+        (void)!read(hold_pipe[0], &c, 1); /* until the parent has opened the namespaces */
         _exit(0);
     }
     close(sync_pipe[1]);
@@ -163,7 +179,7 @@ static int make_userns(uid_t owner, const char *map, int flags) {
     char c;
     if (read(sync_pipe[0], &c, 1) != 1) {
         errno = 0;
-        die("could not create a user namespace for uid %u (is user.max_user_namespaces 0?)", owner);
+        die("could not create a user namespace (as uid %u; is user.max_user_namespaces 0?)", owner);
     }
     char path[64];
     snprintf(path, sizeof path, "/proc/%d/uid_map", pid);
@@ -171,11 +187,21 @@ static int make_userns(uid_t owner, const char *map, int flags) {
     snprintf(path, sizeof path, "/proc/%d/gid_map", pid);
     write_file_or_die(path, map);
     snprintf(path, sizeof path, "/proc/%d/ns/user", pid);
-    int fd = open(path, O_RDONLY | flags);
-    if (fd < 0) die("open %s", path);
+    *userns = open(path, O_RDONLY | open_flags);
+    if (*userns < 0) die("open %s", path);
+    if (flags & CLONE_NEWNET) {
+        snprintf(path, sizeof path, "/proc/%d/ns/net", pid);
+        *netns = open(path, O_RDONLY | open_flags);
+        if (*netns < 0) die("open %s", path);
+    }
     close(hold_pipe[1]);
     close(sync_pipe[0]);
     waitpid(pid, NULL, 0);
+}
+
+static int make_userns(uid_t owner, const char *map, int open_flags) {
+    int fd;
+    make_namespaces(CLONE_NEWUSER, owner, map, open_flags, &fd, NULL);
     return fd;
 }
 
@@ -362,6 +388,7 @@ enum {
     REQ_READ = 7,
     REQ_TTL = 8,
     REQ_PING = 9,
+    REQ_PAUSE = 10,
     RSP_HELLO = 101,
     RSP_STARTED = 102,
     RSP_STDOUT = 103,
@@ -397,6 +424,7 @@ struct proc {
     int64_t deadline_ms; /* 0 = none */
     int64_t start_us;
     int exited, status, timed_out, used;
+    int paused; /* the provider's reader is behind: leave the pipes unread, so the command blocks */
 };
 
 struct wfile {
@@ -681,58 +709,11 @@ static const int kept_caps[] = {
     CAP_SETUID, CAP_SETFCAP, CAP_SETPCAP, CAP_NET_BIND_SERVICE, CAP_SYS_CHROOT, CAP_KILL, CAP_AUDIT_WRITE,
 };
 
-static void bring_loopback_up(void) {
-    int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    if (s < 0) return;
-    struct ifreq ifr;
-    memset(&ifr, 0, sizeof ifr);
-    strcpy(ifr.ifr_name, "lo");
-    if (ioctl(s, SIOCGIFFLAGS, &ifr) == 0) {
-        ifr.ifr_flags |= IFF_UP | IFF_RUNNING;
-        (void)!ioctl(s, SIOCSIFFLAGS, &ifr);
-    }
-    close(s);
-}
-
 /* The nested user namespace (uid n -> outer uid 1+n), and with `own_net` a network namespace
  * owned by it (loopback only; its root keeps NET_BIND_SERVICE and NET_RAW there). */
 static void make_inner_namespaces(int own_net) {
-    int sync_pipe[2], hold_pipe[2];
-    if (pipe2(sync_pipe, O_CLOEXEC) || pipe2(hold_pipe, O_CLOEXEC)) die("pipe");
-    pid_t pid = fork();
-    if (pid < 0) die("fork");
-    if (pid == 0) {
-        char c = 0;
-        close(hold_pipe[1]);
-        close(sync_pipe[0]);
-        prctl(PR_SET_DUMPABLE, 1); /* so pid 1 may open its namespaces; nothing else runs yet */
-        if (unshare(CLONE_NEWUSER | (own_net ? CLONE_NEWNET : 0))) _exit(2);
-        if (own_net) bring_loopback_up();
-        if (write(sync_pipe[1], "u", 1) != 1) _exit(3);
-        (void)!read(hold_pipe[0], &c, 1);
-        _exit(0);
-    }
-    close(sync_pipe[1]);
-    close(hold_pipe[0]);
-    char c, path[64];
-    if (read(sync_pipe[0], &c, 1) != 1) {
-        errno = 0;
-        die("agent: could not create the sandbox's nested user namespace");
-    }
-    snprintf(path, sizeof path, "/proc/%d/uid_map", pid);
-    write_file_or_die(path, "0 1 65536\n");
-    snprintf(path, sizeof path, "/proc/%d/gid_map", pid);
-    write_file_or_die(path, "0 1 65536\n");
-    snprintf(path, sizeof path, "/proc/%d/ns/user", pid);
-    inner_userns = open(path, O_RDONLY | O_CLOEXEC);
-    if (own_net) {
-        snprintf(path, sizeof path, "/proc/%d/ns/net", pid);
-        inner_netns = open(path, O_RDONLY | O_CLOEXEC);
-    }
-    close(hold_pipe[1]);
-    close(sync_pipe[0]);
-    waitpid(pid, NULL, 0);
-    if (inner_userns < 0 || (own_net && inner_netns < 0)) die("agent: opening the nested namespaces");
+    make_namespaces(CLONE_NEWUSER | (own_net ? CLONE_NEWNET : 0), 0, "0 1 65536\n", O_CLOEXEC, &inner_userns,
+                    &inner_netns);
 }
 
 /* Pid 1 reads and writes files for the provider as the sandbox's root (so what it creates is
@@ -1266,6 +1247,11 @@ static void handle_frame(uint8_t type, uint32_t id, const unsigned char *pl, uin
     case REQ_PING:
         send_frame(RSP_PONG, id, NULL, 0);
         break;
+    case REQ_PAUSE: {
+        struct proc *p = find_proc(id);
+        if (p && len >= 4) p->paused = get_u32(pl) != 0;
+        break;
+    }
     default:
         send_fail(id, ENOSYS, "unknown request type");
     }
@@ -1418,7 +1404,8 @@ static int agent_main(int argc, char **argv) {
                 owner[n] = p;
                 which[n++] = 2;
             }
-            if (out_pending() > OUT_HIGH) continue; /* back-pressure: let the children block */
+            /* back-pressure: let the children block (all of them while the socket is full) */
+            if (out_pending() > OUT_HIGH || (p->paused && !p->exited)) continue;
             for (int w = 0; w < 2; w++) {
                 if (p->fds[w] < 0) continue;
                 pfds[n] = (struct pollfd){.fd = p->fds[w], .events = POLLIN};
