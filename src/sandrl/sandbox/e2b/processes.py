@@ -77,6 +77,10 @@ def end_event(result: ExecResult) -> pb.ProcessEvent.EndEvent:
     return pb.ProcessEvent.EndEvent(exit_code=result.exit_code, exited=True, status=status, error=status)
 
 
+WATCH_QUEUE_ITEMS = 64
+"""Output events (each at most 64 KiB) a watching stream may be behind before the command waits for it."""
+
+
 class Tracked:
     """One command the table tracks, with the streams watching it."""
 
@@ -95,28 +99,32 @@ class Tracked:
         self._pump = asyncio.get_running_loop().create_task(self._run(), name=f"sandrl-e2b-proc-{self.pid}")
 
     def watch(self) -> asyncio.Queue[Item]:
-        queue: asyncio.Queue[Item] = asyncio.Queue()
+        queue: asyncio.Queue[Item] = asyncio.Queue(maxsize=WATCH_QUEUE_ITEMS)
         self._watchers.add(queue)
         return queue
 
     def unwatch(self, queue: asyncio.Queue[Item]) -> None:
         self._watchers.discard(queue)
+        while not queue.empty():  # frees the pump if it waits for room in this queue
+            queue.get_nowait()
 
-    def _publish(self, item: Item) -> None:
-        for queue in self._watchers:
-            queue.put_nowait(item)
+    async def _publish(self, item: Item) -> None:
+        # Waits for room: a watcher that does not read holds the command back (the provider stops
+        # reading its pipes) instead of growing this server's memory.
+        for queue in list(self._watchers):
+            await queue.put(item)
 
     async def _run(self) -> None:
         try:
             async for chunk in self.proc.output():
-                self._publish(_data_event(chunk.stream, chunk.data))
+                await self._publish(_data_event(chunk.stream, chunk.data))
             end = end_event(await self.proc.wait())
         except SandrlError as exc:
             end = pb.ProcessEvent.EndEvent(exit_code=-1, exited=False, status="error", error=exc.message)
         self.ended = _end_event(end)
         self.table.done(self)
-        self._publish(self.ended)
-        self._publish(None)
+        await self._publish(self.ended)
+        await self._publish(None)
 
     def cancel(self) -> None:
         self._pump.cancel()
