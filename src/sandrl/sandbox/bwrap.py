@@ -61,6 +61,10 @@ hostile; this backend protects the host, the provider and other sandboxes from i
   loopback services included.
 - **Side channels.** CPU is a quota, not a pin: caches and memory bandwidth are shared, and
   timing side channels between sandboxes are not addressed.
+- **The provider.** It reads from a sandbox only within bounds (file reads: ``max_bytes``; output:
+  the output cap, and a streaming reader's back-pressure pauses the command's pipes; requests are
+  checked against the agent's frame limit before they are sent), and no wait on pid 1 is
+  unbounded. The HTTP service's own threat model is in :mod:`sandrl.sandbox.server`.
 """
 
 from __future__ import annotations

@@ -17,6 +17,19 @@ sends half a request line would hold a connection and its memory forever), and o
 answered a request whose body it did not read (refused up front, cut at a limit, a write that
 failed), the rest of that body is dropped as it arrives, :data:`DISCARD_AFTER_ANSWER` bytes
 and :data:`LINGER_S` at most, then the connection is closed.
+
+Threat model of the service (the sandboxes' own is in :mod:`sandrl.sandbox.bwrap`). Clients
+holding the token are trusted to use sandboxes, not to harm the host: every body is bounded
+(requests by size before any read; uploads by the sandbox's ``disk_mb`` before bytes reach the
+host, never spooled to the host's disk or memory, gzip inflation included; downloads by
+``max_file_bytes``), output and tar downloads are paced by their reader (a client that stops
+reading stalls its command, not the server's memory), and header reads time out. Without a token
+(loopback only) the server answers only loopback ``Host`` names and no request with an ``Origin``
+(a browser page, e.g. after DNS rebinding); any local process is trusted as before. envd
+(E2B) requests are refused before their body is read unless their token matches, and an unknown
+sandbox id is answered exactly as a wrong token, so ids cannot be probed. Not covered: a client
+that trickles a body slowly is not timed (only its headers are), and timing of refusals is
+close to but not proven constant.
 """
 
 from __future__ import annotations
