@@ -113,3 +113,13 @@ async def test_host_side_processes_get_a_clean_environment(provider: BwrapProvid
     assert environ, "bubblewrap's environment should be readable by root"
     assert marker.encode() not in environ
     assert marker not in r.stdout
+
+
+async def test_nested_namespaces_work_but_not_a_fresh_proc(sandbox: BwrapSandbox) -> None:
+    """What the /proc masks cost, stated in the threat model: nested namespaces work, a new /proc does not."""
+    r = await sandbox.exec(
+        "unshare -r -m sh -c 'mount -t tmpfs none /mnt && echo nested-mount'; "
+        "unshare -r -p -f sh -c 'echo nested-pid'; "
+        "unshare -r -p -f --mount-proc true 2>/dev/null || echo no-fresh-proc"
+    )
+    assert r.stdout.split() == ["nested-mount", "nested-pid", "no-fresh-proc"], r.stderr

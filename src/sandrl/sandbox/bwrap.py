@@ -56,7 +56,9 @@ hostile; this backend protects the host, the provider and other sandboxes from i
   CPU model and count, total and free RAM (``/proc/meminfo``), load and uptime, mounts' shapes in
   ``/proc/self/mountinfo``. Masked (read as empty): ``/proc/cmdline``, ``keys``, ``key-users``,
   ``timer_list``, ``partitions``, ``diskstats``, the boot id (and ``kcore``, ``sched_debug``,
-  ``latency_stats`` where the kernel has them); ``/sys`` is not mounted.
+  ``latency_stats`` where the kernel has them); ``/sys`` is not mounted. As in Docker, the masks
+  make the kernel refuse a fresh ``/proc`` in a nested pid namespace (``unshare --mount-proc``);
+  nested user, mount and pid namespaces themselves still work.
 - **Network.** Loopback only by default. ``network=True`` shares the host's network namespace,
   loopback services included.
 - **Side channels.** CPU is a quota, not a pin: caches and memory bandwidth are shared, and
