@@ -54,9 +54,10 @@ hostile; this backend protects the host, the provider and other sandboxes from i
   command and the sandbox have a time limit, and every wait on pid 1 is bounded.
 - **What a sandbox can still see of the host** (not secret, but not hidden): the kernel version,
   CPU model and count, total and free RAM (``/proc/meminfo``), load and uptime, mounts' shapes in
-  ``/proc/self/mountinfo``. Masked (read as empty): ``/proc/cmdline``, ``keys``, ``key-users``,
-  ``timer_list``, ``partitions``, ``diskstats``, the boot id (and ``kcore``, ``sched_debug``,
-  ``latency_stats`` where the kernel has them); ``/sys`` is not mounted. As in Docker, the masks
+  ``/proc/self/mountinfo``. Masked (read as empty): ``/proc/cmdline``, ``partitions``,
+  ``diskstats``, the boot id (and ``sched_debug``, ``latency_stats`` where the kernel has them);
+  ``kcore`` and ``timer_list`` are host root's (unreadable), ``keys`` and ``key-users`` show only
+  the sandbox's own; ``/sys`` is not mounted. As in Docker, the masks
   make the kernel refuse a fresh ``/proc`` in a nested pid namespace (``unshare --mount-proc``);
   nested user, mount and pid namespaces themselves still work.
 - **Network.** Loopback only by default. ``network=True`` shares the host's network namespace,
@@ -123,18 +124,16 @@ DEFAULT_CAPS = (
 )
 START_TIMEOUT_S = 15.0
 _MASKED_PROC = (
-    "/proc/kcore",
-    "/proc/keys",
-    "/proc/key-users",
-    "/proc/timer_list",
-    "/proc/sched_debug",
-    "/proc/latency_stats",
     "/proc/cmdline",
     "/proc/partitions",
     "/proc/diskstats",
     "/proc/sys/kernel/random/boot_id",
+    "/proc/sched_debug",
+    "/proc/latency_stats",
 )
-"""Host facts under /proc that a sandbox has no use for, read as empty (after Docker's masked paths)."""
+"""Host facts under /proc that a sandbox has no use for, read as empty (after Docker's masked paths;
+its others are unreadable here anyway: ``kcore`` and ``timer_list`` are host root's, ``keys`` and
+``key-users`` list only the sandbox's own keyring and users)."""
 _HELPER_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 """The whole environment of the host-side helper and bubblewrap: never the server's (its token)."""
 
