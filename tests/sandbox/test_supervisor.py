@@ -66,3 +66,12 @@ async def test_root_keeps_its_own_powers(sandbox: BwrapSandbox) -> None:
     )
     assert r.exit_code == 0, r.stderr
     assert r.stdout.split("\n")[:5] == ["0", "1000 1000", "port 80", "killed-own", "own-limit"]
+
+
+async def test_commands_get_dockers_capabilities_at_most(sandbox: BwrapSandbox) -> None:
+    """Entering the nested namespace resets the bounding set to all; the agent cuts it back to its own."""
+    docker_default = 0xA80425FB  # CHOWN DAC_OVERRIDE FOWNER FSETID KILL SETGID SETUID SETPCAP
+    # NET_BIND_SERVICE NET_RAW SYS_CHROOT MKNOD AUDIT_WRITE SETFCAP
+    r = await sandbox.exec("grep -E '^Cap(Bnd|Eff):' /proc/self/status")
+    caps = {line.split(":")[0]: int(line.split()[1], 16) for line in r.stdout.splitlines()}
+    assert caps == {"CapBnd": docker_default, "CapEff": docker_default}, r.stdout

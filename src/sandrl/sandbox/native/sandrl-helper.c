@@ -489,15 +489,6 @@ static void send_frame(uint8_t type, uint32_t id, const void *payload, size_t le
     out_len += HDR + len;
 }
 
-static void send_fail(uint32_t id, int err, const char *what) {
-    char msg[1024];
-    int n = snprintf(msg + 4, sizeof msg - 4, "%s: %s", what, strerror(err));
-    if (n < 0) n = 0;
-    if (n > (int)sizeof msg - 5) n = (int)sizeof msg - 5;
-    put_u32((unsigned char *)msg, (uint32_t)err);
-    send_frame(RSP_FAIL, id, msg, (size_t)n + 4);
-}
-
 /* A file pid 1 may read or write for the provider: a regular file, not on /proc or /sys (pid 1
  * would otherwise read its own memory or write its own settings for whoever planted the path).
  * Returns 0, or an errno with `why` set. */
@@ -523,14 +514,17 @@ static int servable_file(int fd, const char **why) {
     return 0;
 }
 
-static void send_fail_why(uint32_t id, int err, const char *path, const char *why) {
+/* FAIL: u32 errno, then "<what>: <why>". */
+static void send_fail_why(uint32_t id, int err, const char *what, const char *why) {
     char msg[1024];
-    int n = snprintf(msg + 4, sizeof msg - 4, "%s: %s", path, why);
+    int n = snprintf(msg + 4, sizeof msg - 4, "%s: %s", what, why);
     if (n < 0) n = 0;
     if (n > (int)sizeof msg - 5) n = (int)sizeof msg - 5;
     put_u32((unsigned char *)msg, (uint32_t)err);
     send_frame(RSP_FAIL, id, msg, (size_t)n + 4);
 }
+
+static void send_fail(uint32_t id, int err, const char *what) { send_fail_why(id, err, what, strerror(err)); }
 
 static void flush_out(int blocking) {
     while (out_off < out_len) {
@@ -703,11 +697,17 @@ static const char *take_str(const unsigned char **p, const unsigned char *end, u
 
 static int inner_userns = -1, inner_netns = -1;
 
-/* Capabilities the sandbox's root keeps (Docker's default set; bwrap.py DEFAULT_CAPS). */
-static const int kept_caps[] = {
-    CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_FSETID, CAP_FOWNER, CAP_MKNOD, CAP_NET_RAW, CAP_SETGID,
-    CAP_SETUID, CAP_SETFCAP, CAP_SETPCAP, CAP_NET_BIND_SERVICE, CAP_SYS_CHROOT, CAP_KILL, CAP_AUDIT_WRITE,
-};
+/* Capabilities to drop from a command's bounding set, which entering a user namespace resets to
+ * all: those outside pid 1's own (bubblewrap left it exactly bwrap.py's DEFAULT_CAPS). Read once. */
+static int dropped_caps[64], n_dropped_caps;
+
+static void read_dropped_caps(void) {
+    for (int c = 0; c < 64; c++) {
+        int has = prctl(PR_CAPBSET_READ, c, 0, 0, 0);
+        if (has < 0) break; /* past the kernel's last capability */
+        if (!has) dropped_caps[n_dropped_caps++] = c;
+    }
+}
 
 /* The nested user namespace (uid n -> outer uid 1+n), and with `own_net` a network namespace
  * owned by it (loopback only; its root keeps NET_BIND_SERVICE and NET_RAW there). */
@@ -841,9 +841,13 @@ static const struct {
 #endif
 };
 
-static int install_seccomp(void) {
-    struct sock_filter f[8 + 2 * (sizeof denied_syscalls / sizeof denied_syscalls[0]) +
-                        7 * (sizeof pid1_rules / sizeof pid1_rules[0])];
+/* The filter every command runs under, built once by pid 1. */
+static struct sock_filter seccomp_filter[8 + 2 * (sizeof denied_syscalls / sizeof denied_syscalls[0]) +
+                                         7 * (sizeof pid1_rules / sizeof pid1_rules[0])];
+static struct sock_fprog seccomp_prog;
+
+static void build_seccomp(void) {
+    struct sock_filter *f = seccomp_filter;
     unsigned n = 0;
     const uint32_t eperm = SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA);
     const uint32_t enosys = SECCOMP_RET_ERRNO | (ENOSYS & SECCOMP_RET_DATA);
@@ -875,9 +879,7 @@ static int install_seccomp(void) {
     S(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
 #undef S
 #undef J
-    struct sock_fprog prog = {.len = (unsigned short)n, .filter = f};
-    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)) return -1;
-    return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog);
+    seccomp_prog = (struct sock_fprog){.len = (unsigned short)n, .filter = seccomp_filter};
 }
 
 /* In a command's child, before exec: become the sandbox's root in the nested namespaces, with
@@ -885,13 +887,11 @@ static int install_seccomp(void) {
 static int enter_sandbox(void) {
     if (setns(inner_userns, CLONE_NEWUSER)) return -1;
     if (inner_netns >= 0 && setns(inner_netns, CLONE_NEWNET)) return -1;
-    for (int c = 0; prctl(PR_CAPBSET_READ, c, 0, 0, 0) >= 0; c++) {
-        int keep = 0;
-        for (size_t k = 0; k < sizeof kept_caps / sizeof kept_caps[0]; k++) keep |= kept_caps[k] == c;
-        if (!keep && prctl(PR_CAPBSET_DROP, c, 0, 0, 0)) return -1;
-    }
+    for (int i = 0; i < n_dropped_caps; i++)
+        if (prctl(PR_CAPBSET_DROP, dropped_caps[i], 0, 0, 0)) return -1;
     if (setgroups(0, NULL) || setresgid(0, 0, 0) || setresuid(0, 0, 0)) return -1;
-    return install_seccomp();
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)) return -1;
+    return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &seccomp_prog);
 }
 
 static void do_exec(uint32_t id, const unsigned char *pl, uint32_t len) {
@@ -1349,6 +1349,8 @@ static int agent_main(int argc, char **argv) {
     if (lock_fd >= 0) fcntl(lock_fd, F_SETFD, FD_CLOEXEC);
     fcntl(ctl, F_SETFD, FD_CLOEXEC);
     make_inner_namespaces(own_net); /* while stderr is still the sandbox's log */
+    read_dropped_caps();
+    build_seccomp();
     act_as_sandbox_root_for_files();
     int devnull = open("/dev/null", O_RDWR);
     if (devnull >= 0) {
