@@ -11,8 +11,10 @@ import pytest
 from sandrl.inference.tokenizer import ByteTokenizer
 from sandrl.rollout import LLMAgent, run_episode
 from sandrl.rollout.images import TaskImages
+from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.tasks import Task
+from sandrl.tasks.verify import LEFTOVERS
 
 from .conftest import ScriptedPolicy, bash
 
@@ -43,3 +45,10 @@ async def test_what_a_leftover_process_does_to_the_reward_scores_0(
     assert (t.reward, t.passed) == (0.0, False)
     assert t.verifier["infra_error"] is False
     assert error in t.verifier["error"]
+
+
+async def test_the_leftover_count_sees_only_what_the_agent_left(provider: BwrapProvider) -> None:
+    async with await provider.create(SandboxSpec(ttl_s=60)) as sb:
+        assert (await sb.exec(LEFTOVERS)).stdout == "0\n"
+        await sb.exec("setsid sleep 60 >/dev/null 2>&1 < /dev/null &")
+        assert (await sb.exec(LEFTOVERS)).stdout == "1\n"

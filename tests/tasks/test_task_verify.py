@@ -249,3 +249,17 @@ async def test_a_reward_file_no_test_script_writes_fails_the_agent(
     result = await verify(task, await _sandbox_for(task, make_sandbox))
     assert (result.reward, result.passed, result.infra_error) == (0.0, False, False)
     assert result.error is not None and error in result.error
+
+
+async def test_a_missing_reward_with_nothing_left_running_is_a_broken_test(
+    make_sandbox: SandboxFactory, tmp_path: Path
+) -> None:
+    """The counterpart of tests/rollout/test_planted_reward.py: with no process of the agent alive, a
+    test script that writes no reward is the task's fault (infra), not the agent's."""
+    task_dir = tmp_path / "broken"
+    shutil.copytree(HELLO, task_dir)
+    (task_dir / "tests" / "test.sh").write_text("#!/bin/sh\ntrue\n")
+    task = load_task(task_dir)
+    result = await verify(task, await _sandbox_for(task, make_sandbox))
+    assert (result.reward, result.passed, result.infra_error) == (0.0, False, True)
+    assert result.error is not None and "left running" not in result.error

@@ -67,12 +67,14 @@ async def verify(task: Task, sandbox: Sandbox, *, patch: str | None = None) -> V
     if patch is not None:
         raise TaskError(f"task {task.id} is a {task.format} task; only SWE-bench tasks are graded from a patch")
     start = time.monotonic()
-    leftovers = await _leftover_processes(sandbox)
-    await run(
+    # One exec: count what the agent left running (before anything of the verifier's starts), then
+    # clear the reward's directory.
+    cleared = await run(
         sandbox,
-        empty_dir_command(VERIFIER_LOGS_DIR),
+        f"{LEFTOVERS} && {empty_dir_command(VERIFIER_LOGS_DIR)}",
         what="clearing the verifier's log directory",
     )
+    leftovers = _count(cleared.stdout)
     await upload_all(sandbox, task.verifier.uploads)
     env = {"TEST_DIR": TESTS_DIR, **resolve_env(task.verifier.env, where=f"task {task.id}: verifier env")}
     result, output = await run_logged(
@@ -120,19 +122,16 @@ async def verify(task: Task, sandbox: Sandbox, *, patch: str | None = None) -> V
     return done(reward, details, error=error)
 
 
-_LEFTOVERS = (
+LEFTOVERS = (
     'n=0; for p in /proc/[0-9]*; do p=${p#/proc/}; [ "$p" = 1 ] || [ "$p" = $$ ] || n=$((n + 1)); done; echo $n'
 )
-"""Counts the sandbox's processes other than its init and this shell itself (a builtin loop: no child)."""
+"""Prints how many processes the sandbox has besides its init and this shell (a builtin loop: no child)."""
 
 
-async def _leftover_processes(sandbox: Sandbox) -> int:
-    """How many processes the agent left running in the sandbox (0 where it cannot be told)."""
-    result = await sandbox.exec(_LEFTOVERS, timeout_s=30)
-    try:
-        return int(result.stdout.strip()) if result.exit_code == 0 else 0
-    except ValueError:
-        return 0
+def _count(stdout: str) -> int:
+    """The number :data:`LEFTOVERS` printed (0 where it printed none)."""
+    first = stdout.split("\n", 1)[0].strip()
+    return int(first) if first.isdigit() else 0
 
 
 async def _read_reward_file(sandbox: Sandbox) -> tuple[float, dict[str, object], str | None]:
