@@ -122,9 +122,7 @@ async def verify(task: Task, sandbox: Sandbox, *, patch: str | None = None) -> V
     return done(reward, details, error=error)
 
 
-LEFTOVERS = (
-    'n=0; for p in /proc/[0-9]*; do p=${p#/proc/}; [ "$p" = 1 ] || [ "$p" = $$ ] || n=$((n + 1)); done; echo $n'
-)
+LEFTOVERS = 'n=0; for p in /proc/[0-9]*; do p=${p#/proc/}; [ "$p" = 1 ] || [ "$p" = $$ ] || n=$((n + 1)); done; echo $n'
 """Prints how many processes the sandbox has besides its init and this shell (a builtin loop: no child)."""
 
 
