@@ -38,7 +38,7 @@ from typing import IO
 
 from sandrl.errors import SandboxError
 from sandrl.sandbox.bwrap import BwrapSandbox
-from sandrl.sandbox.layer_owners import KEPT_XATTRS, layer_mode, store_id
+from sandrl.sandbox.layer_owners import KEPT_XATTRS, NOBODY, layer_mode, store_id
 from sandrl.sandbox.state import UID_RANGE
 
 UPPER_DIR = "/tmp/sandrl/upper"
@@ -46,7 +46,6 @@ UPPER_DIR = "/tmp/sandrl/upper"
 EXPORT_TIMEOUT_S = 600.0
 _EXCLUDED_TOP = {".bubblewrap"}
 """Top-level names in the root upper dir that are bubblewrap's scratch, never the sandbox's work."""
-_NOBODY = 65534
 _OWNER_KEYS = {"uid", "gid", "uname", "gname"}
 
 
@@ -61,7 +60,7 @@ def _shift(value: int, base: int) -> int:
     """
     if base <= value < base + UID_RANGE:
         return store_id(value - base)
-    return store_id(0 if value == 0 else _NOBODY)
+    return store_id(0 if value == 0 else NOBODY)
 
 
 def _excluded(name: str, is_root_overlay: bool) -> bool:

@@ -99,8 +99,8 @@ def shift_in_place(root: Path) -> None:
 def copy_shifted(source: Path, target: Path) -> None:
     """Copy the tree ``source`` to the new directory ``target`` as a store layer (see the module).
 
-    Each file is created private and root's, and gets its store owner and stripped mode before
-    anything else happens to it, so no moment leaves a setuid file of host root in ``target``.
+    Each file is created private (0600) and root's, then gets its store owner and stripped mode
+    (:func:`_place_meta`), so no moment leaves a setuid file of host root in ``target``.
     Hard links stay links; device nodes other than overlayfs whiteouts and sockets are left out
     (layers are mounted ``nodev``; they would do nothing).
     """
@@ -139,8 +139,6 @@ def _place(src: str, dst: str, st: os.stat_result, links: dict[tuple[int, int], 
             try:
                 while os.sendfile(fout, fin, None, 1 << 30) > 0:
                     pass
-                os.fchown(fout, from_host(st.st_uid), from_host(st.st_gid))
-                os.fchmod(fout, stat.S_IMODE(layer_mode(mode)))
             finally:
                 os.close(fout)
         finally:
