@@ -219,11 +219,11 @@ class BodyLimit:
         for name, value in scope.get("headers", []):
             if name == b"content-length":
                 try:
-                    declared = int(value)
-                except ValueError:
-                    await send_error(send, 400, "invalid_request", "the Content-Length header is not a number")
+                    declared = content_length(value.decode("latin-1"))
+                except ValueError as exc:
+                    await send_error(send, 400, "invalid_request", str(exc))
                     return
-                if declared > limit:
+                if declared is not None and declared > limit:
                     await send_error(send, 413, "payload_too_large", too_large(limit))
                     return
         seen = 0
@@ -238,6 +238,18 @@ class BodyLimit:
             return message
 
         await self.app(scope, counted, send)
+
+
+def content_length(value: str | None) -> int | None:
+    """A Content-Length header's value as a number; None when there is none (a chunked body).
+
+    Raises ValueError (its message fit for a 400 answer) when the value is not a number of bytes.
+    """
+    if value is None:
+        return None
+    if not value.strip().isdigit():
+        raise ValueError("the Content-Length header is not a number")
+    return int(value)
 
 
 def too_large(limit: int) -> str:

@@ -48,6 +48,7 @@ from sandrl.sandbox.service_api import (
     SpecBody,
     TimeoutRequest,
 )
+from sandrl.sandbox.service_auth import content_length
 
 _DESCRIPTIONS = {
     400: "Invalid request or spec",
@@ -281,23 +282,13 @@ def _mode(mode: str) -> int:
 ModeQuery = Annotated[str, Query(pattern=r"^[0-7]{3,4}$", description="Octal permission bits, e.g. 644 or 0755.")]
 
 
-def declared_length(headers: Any) -> int | None:
-    """The request's Content-Length, None when it has none (chunked); a malformed one is a 400."""
-    value = headers.get("content-length")
-    if value is None:
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise ServiceError(
-            "the Content-Length header is not a number", error_code="invalid_request", http_status=400
-        ) from None
-
-
 def _upload_body(svc: SandboxService, entry: Entry, request: Request, what: str) -> BoundedBody:
     """The request body, refused now (before it is read) if it says it will not fit, cut once it does not."""
     limit = svc.upload_limit(entry)
-    declared = declared_length(request.headers)
+    try:
+        declared = content_length(request.headers.get("content-length"))
+    except ValueError as exc:
+        raise ServiceError(str(exc), error_code="invalid_request", http_status=400) from None
     if declared is not None and declared > limit:
         raise svc.too_big(entry, what)
     return BoundedBody(request.stream(), limit)

@@ -49,7 +49,7 @@ from sandrl.sandbox.e2b.proto.filesystem_connect import FilesystemASGIApplicatio
 from sandrl.sandbox.e2b.proto.process_connect import ProcessASGIApplication
 from sandrl.sandbox.e2b.state import E2BRegistry, Refused, resolve
 from sandrl.sandbox.service import BoundedBody, Entry
-from sandrl.sandbox.service_auth import Receive, Scope, Send
+from sandrl.sandbox.service_auth import Receive, Scope, Send, content_length
 
 UPLOAD_CHUNK = 1 << 20
 MULTIPART_OVERHEAD = 64 << 10
@@ -189,10 +189,11 @@ class EnvdApp:
         if not multipart and not query_path:
             raise EnvdError(400, "an octet-stream upload needs ?path=<file in the sandbox>")
         room = limit + (MULTIPART_OVERHEAD if multipart else 0)
-        declared = request.headers.get("content-length")
-        if declared is not None and not declared.isdigit():
-            raise EnvdError(400, "the Content-Length header is not a number")
-        if declared is not None and int(declared) > room:
+        try:
+            declared = content_length(request.headers.get("content-length"))
+        except ValueError as exc:
+            raise EnvdError(400, str(exc)) from None
+        if declared is not None and declared > room:
             raise self._too_big(entry, "the upload")
         raw = BoundedBody(request.stream(), room)
         gzipped = request.headers.get("content-encoding", "").lower() == "gzip"
