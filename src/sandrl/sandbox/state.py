@@ -10,9 +10,10 @@ Slots are machine-wide (``SANDRL_SLOTS_DIR``, default ``/run/sandrl/slots``) wha
 state directory, so providers with different state directories never hand out the same uid.
 
 A slot is a host uid range: pid 1 of sandbox k is host uid ``uid_base + k*SLOT_STRIDE`` and its
-root the next uid, so no two live sandboxes share a host uid. The lock file's open file description is inherited by the
-sandbox's supervisor, so the lock is held exactly as long as the sandbox lives, whatever
-happens to the provider; a record whose slot lock is free belongs to a dead sandbox.
+root the next uid, so no two live sandboxes share a host uid. The lock file's open file
+description is inherited by the sandbox's supervisor, so the lock is held exactly as long as the
+sandbox lives, whatever happens to the provider; a record whose slot lock is free belongs to a
+dead sandbox.
 """
 
 from __future__ import annotations
