@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import os
 import platform
@@ -92,6 +93,17 @@ async def test_seccomp_refuses_dangerous_syscalls(sandbox: BwrapSandbox) -> None
     assert sorted(lines[1:]) == sorted(f"{name} -1 1" for name in calls)  # every one EPERM
 
 
+async def test_seccomp_refuses_pid1_arguments_in_both_positions(sandbox: BwrapSandbox) -> None:
+    """In a nested pid namespace pid 1 is the caller's own child, so only the filter can refuse:
+    prlimit64 names the pid in argument 0, setpriority in argument 1; another pid is allowed."""
+    r = await sandbox.exec(
+        "unshare -r -p -f --kill-child sh -c '"
+        "prlimit --pid 1 --nofile >/dev/null 2>&1; echo $?; renice -n 1 -p 1 >/dev/null 2>&1; echo $?; "
+        "sleep 5 & prlimit --pid $! --nofile >/dev/null; echo $?; renice -n 1 -p $! >/dev/null; echo $?; kill $!'"
+    )
+    assert r.stdout.split() == ["1", "1", "0", "0"], (r.stdout, r.stderr)
+
+
 async def test_host_facts_in_proc_read_as_empty(sandbox: BwrapSandbox) -> None:
     host_cmdline = Path("/proc/cmdline").read_text().strip()
     assert host_cmdline
@@ -123,3 +135,39 @@ async def test_nested_namespaces_work_but_not_a_fresh_proc(sandbox: BwrapSandbox
         "unshare -r -p -f --mount-proc true 2>/dev/null || echo no-fresh-proc"
     )
     assert r.stdout.split() == ["nested-mount", "nested-pid", "no-fresh-proc"], r.stderr
+
+
+async def test_dev_shm_is_open_to_every_user(sandbox: BwrapSandbox) -> None:
+    """POSIX shared memory and semaphores work for the sandbox's root and its other users."""
+    r = await sandbox.exec(
+        "stat -c %a /dev/shm; echo a > /dev/shm/root-file && echo root-ok; "
+        "su nobody -s /bin/sh -c 'echo b > /dev/shm/user-file && echo user-ok'; "
+        "python3 -c 'import multiprocessing as m; m.Lock(); print(\"semaphore-ok\")'"
+    )
+    assert r.stdout.split() == ["1777", "root-ok", "user-ok", "semaphore-ok"], r.stderr
+
+
+async def test_each_sandbox_has_its_own_working_loopback(provider: BwrapProvider) -> None:
+    """The launcher's network namespace: loopback is up, and two sandboxes hold one port at once."""
+    serve = (
+        'python3 -c \'import socket, time; s = socket.socket(); s.bind(("127.0.0.1", 8765)); s.listen(); '
+        'socket.create_connection(("127.0.0.1", 8765)); time.sleep(0.5); print("loopback-ok")\''
+    )
+    async with await provider.create(SandboxSpec(ttl_s=60)) as a, await provider.create(SandboxSpec(ttl_s=60)) as b:
+        results = await asyncio.gather(a.exec(serve, timeout_s=10), b.exec(serve, timeout_s=10))
+        assert [r.stdout.strip() for r in results] == ["loopback-ok", "loopback-ok"], [r.stderr for r in results]
+        ns = [(await sb.exec("readlink /proc/self/ns/net")).stdout for sb in (a, b)]
+        assert ns[0] != ns[1] and os.readlink("/proc/self/ns/net") not in ns
+
+
+async def test_low_ports_and_ping_in_the_sandboxs_own_network(sandbox: BwrapSandbox) -> None:
+    """The network namespace is the sandbox's: its root binds port 80 and opens ICMP sockets."""
+    script = (
+        "import socket\n"
+        "s = socket.socket(); s.bind(('127.0.0.1', 80)); print('bound 80')\n"
+        "p = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP); p.settimeout(2)\n"
+        "p.sendto(bytes([8, 0, 0xF7, 0xFE, 0, 0, 0, 1]), ('127.0.0.1', 0))\n"
+        "print('raw-icmp', len(p.recv(64)) > 0)\n"
+    )
+    r = await sandbox.exec("python3 -", stdin=script.encode())
+    assert r.stdout.splitlines() == ["bound 80", "raw-icmp True"], (r.stdout, r.stderr)

@@ -6,20 +6,22 @@ How one sandbox is made (``native/sandrl-helper.c`` does the privileged part, as
    uid U and the sandbox's U+1..U+65536, so root inside is nobody outside, pid 1 is nobody to
    the sandbox's root, and no two sandboxes share a uid.
 2. Its cgroups are made with the spec's memory, pids and CPU limits (:mod:`.cgroups`).
-3. The helper joins them, makes the outer user namespace (0..65536 -> U..U+65536), and in a
-   private mount namespace mounts the image's layers idmapped (host directories: host root ->
+3. The helper joins them and, through two short-lived children, makes the outer user namespace
+   (0..65536 -> U..U+65536, pid 1's), the inner one nested in it (0..65535 -> U+1..U+65536,
+   where every command runs) and, unless ``network=True``, a loopback-only network namespace
+   owned by the inner one, which it enters. Meanwhile, in a private mount namespace, it mounts
+   the image's layers idmapped (host directories through the inner namespace: host root ->
    sandbox root; store layers: the store's own range -> sandbox ids), read-only, nosuid, nodev,
    with overlayfs over a tmpfs of ``disk_mb`` on top: the sandbox may write anywhere, the image
    never changes, and the writable layer vanishes with the namespace. It joins a fresh session
    keyring and drops to uid U with a clean environment.
-4. bubblewrap, run as U inside that namespace, adds pid, ipc, uts, cgroup and (unless
-   ``network=True``) network namespaces, ``/proc`` (a few host facts masked) and a minimal
-   ``/dev``, and starts the agent as pid 1 with Docker's default capabilities.
-5. The agent makes a nested user namespace (0..65535 -> U+1..U+65536; with its own loopback-only
-   network namespace unless ``network=True``) and runs every command there as root, with at most
-   Docker's default capabilities, under a seccomp filter. It serves execs and file transfers over
-   a socket until the provider closes it or dies, or the TTL passes; then pid 1 exits and the
-   kernel kills everything left.
+4. bubblewrap, run as U inside the outer namespace, adds pid, ipc, uts and cgroup namespaces,
+   ``/proc`` (a few host facts masked) and a minimal ``/dev``, and starts the agent as pid 1
+   with Docker's default capabilities.
+5. The agent puts itself under the seccomp filter (with no_new_privs) and runs every command in
+   the inner namespace as root, with at most Docker's default capabilities, under that filter.
+   It serves execs and file transfers over a socket until the provider closes it or dies, or
+   the TTL passes; then pid 1 exits and the kernel kills everything left.
 
 Threat model. Sandboxed code (a policy under training, a third-party task's Dockerfile) is
 hostile; this backend protects the host, the provider and other sandboxes from it:
@@ -60,8 +62,9 @@ hostile; this backend protects the host, the provider and other sandboxes from i
   the sandbox's own; ``/sys`` is not mounted. As in Docker, the masks
   make the kernel refuse a fresh ``/proc`` in a nested pid namespace (``unshare --mount-proc``);
   nested user, mount and pid namespaces themselves still work.
-- **Network.** Loopback only by default. ``network=True`` shares the host's network namespace,
-  loopback services included.
+- **Network.** Loopback only by default, in a network namespace of the sandbox's own (its root
+  may bind low ports and use raw sockets there, as in Docker). ``network=True`` shares the
+  host's network namespace, loopback services included.
 - **Side channels.** CPU is a quota, not a pin: caches and memory bandwidth are shared, and
   timing side channels between sandboxes are not addressed.
 - **The provider.** It reads from a sandbox only within bounds (file reads: ``max_bytes``; output:
@@ -319,14 +322,16 @@ class BwrapProvider:
             argv += ["--store-layer" if i in store_layers else "--layer", str(layer)]
         for target, indices in plan.overlays:
             argv += ["--overlay", target, ",".join(str(i) for i in indices)]
+        if not spec.network:
+            argv.append("--own-net")  # the launcher makes it, owned by the commands' namespace
         argv += ["--bwrap", self.bwrap, "--"]
         argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup"]
-        if not spec.network:
-            argv.append("--unshare-net")
         argv += ["--hostname", sid, "--bind", "/tmp/sandrl/root", "/", "--proc", "/proc", "--dev", "/dev"]
         # bubblewrap makes /dev as pid 1's uid, which the sandbox's root is not: /dev/shm (POSIX
-        # semaphores, shared memory) must be open to it, as /tmp is.
-        argv += ["--perms", "1777", "--tmpfs", "/dev/shm"]
+        # semaphores, shared memory) must be open to it, as /tmp is. A chmod, not a tmpfs of its
+        # own: a new superblock per sandbox costs ~0.5 ms, and /dev's tmpfs is bounded the same
+        # way (by the memory cgroup its pages are charged to).
+        argv += ["--chmod", "1777", "/dev/shm"]
         for path in _MASKED_PROC:
             if os.path.exists(path):  # the sandbox's /proc shows the same kernel's entries as ours
                 argv += ["--ro-bind", "/tmp/sandrl/empty", path]
@@ -335,9 +340,7 @@ class BwrapProvider:
             argv += ["--cap-add", cap]
         ttl_ms = max(1, min(int(spec.ttl_s * 1000), 0xFFFFFFFF))
         argv += ["--", "@AGENT@", "agent", "--fd", str(sock_fd), "--lock-fd", str(slot.fd)]
-        argv += ["--workdir", spec.workdir, "--ttl-ms", str(ttl_ms)]
-        if not spec.network:
-            argv.append("--own-net")
+        argv += ["--inner-userns", "@INNER_USERNS@", "--workdir", spec.workdir, "--ttl-ms", str(ttl_ms)]
         return argv
 
     async def close_all(self) -> None:

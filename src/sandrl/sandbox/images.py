@@ -124,6 +124,7 @@ class ImageStore:
         self.host_etc = host_etc
         self.host_root = host_root
         self._host: tuple[object, Image] | None = None
+        self._host_layout: tuple[tuple[int, int], list[str], dict[str, str]] | None = None
         if os.geteuid() == 0:  # only root writes a store; anyone else just reads what root allows
             self._open()
 
@@ -333,11 +334,10 @@ class ImageStore:
     def host_image(self) -> Image:
         """The host image as the host is now: a new mask layer whenever a root-only entry came or went."""
         views = host_views()
-        shown = [(name, self.host_root / name) for name in _HOST_SYSTEM_DIRS]
-        shown = [(name, path) for name, path in shown if path.is_dir() and not path.is_symlink()]
+        names, links = self._host_top_level()
+        shown = [(name, self.host_root / name) for name in names]
         shown.append(("etc", self.host_etc))
         states = [(name, path, *views.hidden(path)) for name, path in shown]
-        links = self._host_links()
         key = (links, [(str(path), generation) for _, path, generation, _ in states])
         if self._host is not None and self._host[0] == key:
             return self._host[1]
@@ -364,13 +364,22 @@ class ImageStore:
         self._host = (key, image)
         return image
 
-    def _host_links(self) -> dict[str, str]:
-        links = {}
-        for name in _HOST_SYSTEM_DIRS:
-            path = self.host_root / name
-            if path.is_symlink():
-                links[name] = os.readlink(path)
-        return links
+    def _host_top_level(self) -> tuple[list[str], dict[str, str]]:
+        """Which of the host's system directories are real directories, and which are symlinks (to
+        where): looked at again only when the host's ``/`` changed (an entry made, removed or
+        replaced changes its mtime), not on every create."""
+        top = os.stat(self.host_root)
+        stamp = (top.st_ino, top.st_mtime_ns)
+        if self._host_layout is None or self._host_layout[0] != stamp:
+            names, links = [], {}
+            for name in _HOST_SYSTEM_DIRS:
+                path = self.host_root / name
+                if path.is_symlink():
+                    links[name] = os.readlink(path)
+                elif path.is_dir():
+                    names.append(name)
+            self._host_layout = (stamp, names, links)
+        return self._host_layout[1], self._host_layout[2]
 
     def _skeleton(self, base: Path, links: dict[str, str], mount_points: list[str]) -> Path:
         """The top level of the host image: empty directories, and the host's /bin-style symlinks.

@@ -152,11 +152,25 @@ static void bring_loopback_up(void) {
     close(s);
 }
 
-/* New namespaces: a child (as host uid `owner` when not 0) unshares `flags` (a user namespace,
- * and with CLONE_NEWNET a loopback-only network namespace it owns) and waits while this process
- * writes `map` as both id maps and opens them; the fds outlive the child. `*netns` is set only
- * with CLONE_NEWNET. */
-static void make_namespaces(int flags, uid_t owner, const char *map, int open_flags, int *userns, int *netns) {
+/* The launcher's children that made namespaces: reaped just before it execs bubblewrap, so that
+ * their exit overlaps the mount work instead of being waited for. */
+static pid_t to_reap[4];
+static int n_to_reap;
+
+static void reap_children(void) {
+    for (int i = 0; i < n_to_reap; i++) waitpid(to_reap[i], NULL, 0);
+    n_to_reap = 0;
+}
+
+/* A user namespace made by a child of this process: started (the child unshares) and later
+ * finished (this process writes the maps and opens it; the fd outlives the child), so that
+ * the child's work overlaps the launcher's. Used for the store layers' idmapping. */
+struct pending_userns {
+    pid_t pid;
+    int sync_fd, hold_fd;
+};
+
+static struct pending_userns start_userns(void) {
     int sync_pipe[2], hold_pipe[2];
     if (pipe2(sync_pipe, O_CLOEXEC) || pipe2(hold_pipe, O_CLOEXEC)) die("pipe");
     pid_t pid = fork();
@@ -165,59 +179,186 @@ static void make_namespaces(int flags, uid_t owner, const char *map, int open_fl
         char c = 0;
         close(hold_pipe[1]);
         close(sync_pipe[0]);
-        if (owner && (setgroups(0, NULL) || setresgid(owner, owner, owner) || setresuid(owner, owner, owner)))
-            _exit(1);
-        prctl(PR_SET_DUMPABLE, 1); /* a non-dumpable parent (pid 1) could not open its namespaces */
-        if (unshare(flags)) _exit(2);
-        if (flags & CLONE_NEWNET) bring_loopback_up();
+        if (unshare(CLONE_NEWUSER)) _exit(2);
         if (write(sync_pipe[1], "u", 1) != 1) _exit(3);
-        (void)!read(hold_pipe[0], &c, 1); /* until the parent has opened the namespaces */
+        (void)!read(hold_pipe[0], &c, 1); /* until the parent has opened the namespace */
         _exit(0);
     }
     close(sync_pipe[1]);
     close(hold_pipe[0]);
-    char c;
-    if (read(sync_pipe[0], &c, 1) != 1) {
-        errno = 0;
-        die("could not create a user namespace (as uid %u; is user.max_user_namespaces 0?)", owner);
-    }
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%d/uid_map", pid);
-    write_file_or_die(path, map);
-    snprintf(path, sizeof path, "/proc/%d/gid_map", pid);
-    write_file_or_die(path, map);
-    snprintf(path, sizeof path, "/proc/%d/ns/user", pid);
-    *userns = open(path, O_RDONLY | open_flags);
-    if (*userns < 0) die("open %s", path);
-    if (flags & CLONE_NEWNET) {
-        snprintf(path, sizeof path, "/proc/%d/ns/net", pid);
-        *netns = open(path, O_RDONLY | open_flags);
-        if (*netns < 0) die("open %s", path);
-    }
-    close(hold_pipe[1]);
-    close(sync_pipe[0]);
-    waitpid(pid, NULL, 0);
+    to_reap[n_to_reap++] = pid;
+    return (struct pending_userns){pid, sync_pipe[0], hold_pipe[1]};
 }
 
-static int make_userns(uid_t owner, const char *map, int open_flags) {
-    int fd;
-    make_namespaces(CLONE_NEWUSER, owner, map, open_flags, &fd, NULL);
+static int finish_userns(struct pending_userns ns, const char *map, int open_flags) {
+    char c;
+    if (read(ns.sync_fd, &c, 1) != 1) {
+        errno = 0;
+        die("could not create a user namespace (is user.max_user_namespaces 0?)");
+    }
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/uid_map", ns.pid);
+    write_file_or_die(path, map);
+    snprintf(path, sizeof path, "/proc/%d/gid_map", ns.pid);
+    write_file_or_die(path, map);
+    snprintf(path, sizeof path, "/proc/%d/ns/user", ns.pid);
+    int fd = open(path, O_RDONLY | open_flags);
+    if (fd < 0) die("open %s", path);
+    close(ns.hold_fd);
+    close(ns.sync_fd);
     return fd;
 }
 
-/* Clone a layer directory as a detached, read-only mount whose files appear through the
- * idmapping of `userns_fd` (host root -> sandbox root for host directories, the store's
- * own range -> sandbox ids for store layers). */
-static int idmapped_layer(const char *src, int userns_fd) {
+/* The sandbox's namespaces, made before bubblewrap runs:
+ * - outer: owned by host uid `uid`, "0 uid 65537": pid 1's namespace (bubblewrap's --userns);
+ * - inner: nested in outer, "0 1 65536", so host uid+1+n: where every command runs;
+ * - net (with `own_net`): a loopback-only network namespace owned by inner (so the sandbox's
+ *   root keeps NET_BIND_SERVICE and NET_RAW there), which bubblewrap, pid 1 and every command
+ *   start in.
+ * Only a process inside outer may write inner's maps, so a child A (as `uid`) makes outer, this
+ * process maps it, and A's child B makes inner (and net) for A to map. Seen from the host, inner
+ * maps 0 -> uid+1 (65536 ids): the idmapping the host layers need, so it serves them too.
+ * Started, mapped and finished in steps, so that the children's work overlaps the launcher's
+ * mounts: B makes the network namespace after its user namespace is handed over. */
+struct pending_sandbox_ns {
+    pid_t a, b;
+    int up, down, hold, net_ready;
+};
+
+static struct pending_sandbox_ns start_sandbox_namespaces(uid_t uid, int own_net) {
+    int up[2], down[2], hold[2], net_ready[2];
+    if (pipe2(up, O_CLOEXEC) || pipe2(down, O_CLOEXEC) || pipe2(hold, O_CLOEXEC) || pipe2(net_ready, O_CLOEXEC))
+        die("pipe");
+    pid_t a = fork();
+    if (a < 0) die("fork");
+    if (a == 0) {
+        char c = 0;
+        close(up[0]);
+        close(down[1]);
+        close(hold[1]);
+        close(net_ready[0]);
+        if (setgroups(0, NULL) || setresgid(uid, uid, uid) || setresuid(uid, uid, uid)) _exit(1);
+        prctl(PR_SET_DUMPABLE, 1); /* so that the parent may open its namespaces */
+        if (unshare(CLONE_NEWUSER)) _exit(2);
+        if (write(up[1], "u", 1) != 1) _exit(3);
+        if (read(down[0], &c, 1) != 1) _exit(4); /* outer is mapped */
+        int sync[2];
+        if (pipe2(sync, O_CLOEXEC)) _exit(5);
+        pid_t b = fork();
+        if (b < 0) _exit(6);
+        if (b == 0) {
+            close(sync[0]);
+            close(up[1]); /* so that the launcher sees A die if A fails after this */
+            close(down[0]);
+            if (unshare(CLONE_NEWUSER)) _exit(2);
+            if (write(sync[1], "u", 1) != 1) _exit(3);
+            if (own_net) {
+                /* B has every capability in its own namespace, mapped or not yet. */
+                if (unshare(CLONE_NEWNET)) _exit(10);
+                bring_loopback_up();
+                if (write(net_ready[1], "n", 1) != 1) _exit(3);
+            }
+            close(net_ready[1]);
+            (void)!read(hold[0], &c, 1); /* until the launcher has opened the namespaces */
+            _exit(0);
+        }
+        close(sync[1]);
+        close(net_ready[1]); /* B's alone: the launcher sees EOF if B dies */
+        if (read(sync[0], &c, 1) != 1) _exit(7);
+        char path[64];
+        const char *map = "0 1 65536\n";
+        snprintf(path, sizeof path, "/proc/%d/uid_map", b);
+        int fd = open(path, O_WRONLY | O_CLOEXEC);
+        if (fd < 0 || write(fd, map, strlen(map)) != (ssize_t)strlen(map)) _exit(8);
+        close(fd);
+        snprintf(path, sizeof path, "/proc/%d/gid_map", b);
+        fd = open(path, O_WRONLY | O_CLOEXEC);
+        if (fd < 0 || write(fd, map, strlen(map)) != (ssize_t)strlen(map)) _exit(9);
+        close(fd);
+        if (write(up[1], &b, sizeof b) != (ssize_t)sizeof b) _exit(3);
+        (void)!read(hold[0], &c, 1);
+        waitpid(b, NULL, 0);
+        _exit(0);
+    }
+    close(up[1]);
+    close(down[0]);
+    close(hold[0]);
+    close(net_ready[1]);
+    to_reap[n_to_reap++] = a;
+    return (struct pending_sandbox_ns){a, -1, up[0], down[1], hold[1], net_ready[0]};
+}
+
+/* Map the outer namespace once A has made it; A then makes the inner one. */
+static int map_outer_namespace(struct pending_sandbox_ns *ns, uid_t uid) {
+    char c;
+    if (read(ns->up, &c, 1) != 1) {
+        errno = 0;
+        die("could not create a user namespace (as uid %u; is user.max_user_namespaces 0?)", uid);
+    }
+    char path[64], map[64];
+    snprintf(map, sizeof map, "0 %u 65537\n", uid);
+    snprintf(path, sizeof path, "/proc/%d/uid_map", ns->a);
+    write_file_or_die(path, map);
+    snprintf(path, sizeof path, "/proc/%d/gid_map", ns->a);
+    write_file_or_die(path, map);
+    snprintf(path, sizeof path, "/proc/%d/ns/user", ns->a);
+    int outer = open(path, O_RDONLY); /* not CLOEXEC: bubblewrap takes it as --userns */
+    if (outer < 0) die("open %s", path);
+    if (write(ns->down, "m", 1) != 1) die("namespace helper");
+    return outer;
+}
+
+static int finish_sandbox_namespaces(struct pending_sandbox_ns *ns) {
+    char path[64];
+    pid_t b;
+    if (read(ns->up, &b, sizeof b) != (ssize_t)sizeof b) {
+        errno = 0;
+        die("could not create the sandbox's nested user namespace");
+    }
+    snprintf(path, sizeof path, "/proc/%d/ns/user", b);
+    int inner = open(path, O_RDONLY); /* not CLOEXEC: pid 1 keeps it for its commands */
+    if (inner < 0) die("open %s", path);
+    ns->b = b;
+    return inner;
+}
+
+/* Enter B's network namespace (with `own_net`) and let the children go. */
+static void enter_network_namespace(struct pending_sandbox_ns *ns, int own_net) {
+    if (own_net) {
+        char c, path[64];
+        if (read(ns->net_ready, &c, 1) != 1) {
+            errno = 0;
+            die("could not create the sandbox's network namespace");
+        }
+        snprintf(path, sizeof path, "/proc/%d/ns/net", ns->b);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) die("open %s", path);
+        if (setns(fd, CLONE_NEWNET)) die("entering the sandbox's network namespace");
+        close(fd);
+    }
+    close(ns->net_ready);
+    close(ns->hold);
+    close(ns->up);
+    close(ns->down);
+}
+
+/* Clone a layer directory as a detached mount, to be idmapped before it is attached. */
+static int clone_layer(const char *src) {
     int fd = (int)syscall(SYS_open_tree, AT_FDCWD, src, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
     if (fd < 0) die("open_tree %s", src);
+    return fd;
+}
+
+/* Make a cloned layer read-only, with its files seen through the idmapping of `userns_fd`
+ * (host root -> sandbox root for host directories, the store's own range -> sandbox ids for
+ * store layers). */
+static void idmap_layer(int fd, const char *src, int userns_fd) {
     struct sandrl_mount_attr attr = {0};
     attr.attr_set = SANDRL_MOUNT_ATTR_IDMAP | SANDRL_MOUNT_ATTR_RDONLY | SANDRL_MOUNT_ATTR_NODEV |
                     SANDRL_MOUNT_ATTR_NOSUID;
     attr.userns_fd = (uint64_t)userns_fd;
     if (syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH | AT_RECURSIVE, &attr, sizeof attr) != 0)
         die("idmapping %s (the kernel or the filesystem may not support idmapped mounts)", src);
-    return fd;
 }
 
 static void attach_layer(int fd, const char *dest) {
@@ -241,6 +382,7 @@ static int launch_main(int argc, char **argv) {
     uid_t uid = 0, store_uid = 0;
     unsigned long long tmpfs_bytes = 0;
     const char *bwrap = "/usr/bin/bwrap";
+    int own_net = 0;
     int i;
     for (i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -263,6 +405,8 @@ static int launch_main(int argc, char **argv) {
             ov_layers[n_ov++] = argv[++i];
         } else if (!strcmp(a, "--bwrap") && i + 1 < argc) {
             bwrap = argv[++i];
+        } else if (!strcmp(a, "--own-net")) {
+            own_net = 1;
         } else {
             errno = 0;
             die("launch: unknown or incomplete option %s", a);
@@ -273,33 +417,25 @@ static int launch_main(int argc, char **argv) {
         die("launch: need --uid, --tmpfs-bytes, --overlay and the bubblewrap arguments after --");
     }
     /* Host uid `uid` is the supervisor (pid 1, root of the outer user namespace); the sandbox's
-     * own processes run in a nested namespace (made by the agent) where root is host uid+1 and
-     * uid n is host uid+1+n, so pid 1's uid is not mapped where they run. */
+     * own processes run in the nested one, where root is host uid+1 and uid n is host uid+1+n,
+     * so pid 1's uid is not mapped where they run. */
     uid_t root = uid + 1;
-    char map[96];
-    snprintf(map, sizeof map, "0 %u 65537\n", uid);
-    int userns_fd = make_userns(uid, map, 0); /* not CLOEXEC: bubblewrap takes it as --userns */
-    int host_ns = -1, store_ns = -1;
-    for (int l = 0; l < n_layers; l++) {
-        if (store_layer[l] && store_ns < 0) {
-            if (!store_uid) {
-                errno = 0;
-                die("launch: --store-layer needs --store-uid");
-            }
-            snprintf(map, sizeof map, "%u %u 65536\n", store_uid, root);
-            store_ns = make_userns(0, map, O_CLOEXEC);
-        } else if (!store_layer[l] && host_ns < 0) {
-            snprintf(map, sizeof map, "0 %u 65536\n", root);
-            host_ns = make_userns(0, map, O_CLOEXEC);
-        }
+    int needs_store_ns = 0;
+    for (int l = 0; l < n_layers; l++) needs_store_ns |= store_layer[l];
+    if (needs_store_ns && !store_uid) {
+        errno = 0;
+        die("launch: --store-layer needs --store-uid");
     }
+    /* Namespaces are made by children while this process mounts: started first, used last. */
+    struct pending_userns pending_store = {-1, -1, -1};
+    if (needs_store_ns) pending_store = start_userns();
+    struct pending_sandbox_ns pending = start_sandbox_namespaces(uid, own_net);
 
     if (unshare(CLONE_NEWNS)) die("unshare(CLONE_NEWNS)");
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL)) die("making / private");
+    /* Cloned before the writable layer covers /tmp, where a state directory may be. */
     int layer_fds[MAX_LAYERS];
-    for (int l = 0; l < n_layers; l++) layer_fds[l] = idmapped_layer(layers[l], store_layer[l] ? store_ns : host_ns);
-    if (host_ns >= 0) close(host_ns);
-    if (store_ns >= 0) close(store_ns);
+    for (int l = 0; l < n_layers; l++) layer_fds[l] = clone_layer(layers[l]);
     char opts[128];
     snprintf(opts, sizeof opts, "size=%llu,mode=0755", tmpfs_bytes);
     if (mount("sandrl", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, opts)) die("mounting the writable layer");
@@ -316,6 +452,19 @@ static int launch_main(int argc, char **argv) {
     char scratch[64];
     snprintf(scratch, sizeof scratch, "/tmp/.bubblewrap-%u", uid);
     mkdir_or_die(scratch, 0755, uid);
+
+    int userns_fd = map_outer_namespace(&pending, uid);
+    if (needs_store_ns) {
+        char map[96];
+        snprintf(map, sizeof map, "%u %u 65536\n", store_uid, root);
+        int store_ns = finish_userns(pending_store, map, O_CLOEXEC);
+        for (int l = 0; l < n_layers; l++)
+            if (store_layer[l]) idmap_layer(layer_fds[l], layers[l], store_ns);
+        close(store_ns);
+    }
+    int inner_fd = finish_sandbox_namespaces(&pending);
+    for (int l = 0; l < n_layers; l++)
+        if (!store_layer[l]) idmap_layer(layer_fds[l], layers[l], inner_fd);
 
     char path[PATH_MAX];
     for (int l = 0; l < n_layers; l++) {
@@ -351,6 +500,8 @@ static int launch_main(int argc, char **argv) {
         if (mount("overlay", target, "overlay", MS_NOSUID | MS_NODEV, data)) die("mounting overlay on %s", target);
     }
 
+    enter_network_namespace(&pending, own_net);
+
     /* The agent binary goes in as an open file: nothing of the host shows in the sandbox's tree. */
     int self_fd = open("/proc/self/exe", O_RDONLY);
     if (self_fd < 0) die("open /proc/self/exe");
@@ -362,15 +513,18 @@ static int launch_main(int argc, char **argv) {
 
     int n_rest = argc - i;
     char **args = calloc((size_t)n_rest + 4, sizeof(char *));
-    char userns_str[16], self_path[40];
+    char userns_str[16], inner_str[16], self_path[40];
     snprintf(userns_str, sizeof userns_str, "%d", userns_fd);
+    snprintf(inner_str, sizeof inner_str, "%d", inner_fd);
     snprintf(self_path, sizeof self_path, "/proc/self/fd/%d", self_fd);
     int k = 0;
     args[k++] = (char *)bwrap;
     args[k++] = "--userns";
     args[k++] = userns_str;
-    for (int j = i; j < argc; j++) args[k++] = strcmp(argv[j], "@AGENT@") ? argv[j] : self_path;
+    for (int j = i; j < argc; j++)
+        args[k++] = !strcmp(argv[j], "@AGENT@") ? self_path : !strcmp(argv[j], "@INNER_USERNS@") ? inner_str : argv[j];
     args[k] = NULL;
+    reap_children();
     execv(bwrap, args);
     die("exec %s", bwrap);
     return 70;
@@ -695,7 +849,7 @@ static const char *take_str(const unsigned char **p, const unsigned char *end, u
  * prlimit, renice, taskset, /proc/1/oom_score_adj...), only the capabilities Docker gives a
  * container's root over its own processes, and a seccomp filter on top. */
 
-static int inner_userns = -1, inner_netns = -1;
+static int inner_userns = -1; /* made by the launcher, with the network namespace pid 1 is in */
 
 /* Capabilities to drop from a command's bounding set, which entering a user namespace resets to
  * all: those outside pid 1's own (bubblewrap left it exactly bwrap.py's DEFAULT_CAPS). Read once. */
@@ -707,13 +861,6 @@ static void read_dropped_caps(void) {
         if (has < 0) break; /* past the kernel's last capability */
         if (!has) dropped_caps[n_dropped_caps++] = c;
     }
-}
-
-/* The nested user namespace (uid n -> outer uid 1+n), and with `own_net` a network namespace
- * owned by it (loopback only; its root keeps NET_BIND_SERVICE and NET_RAW there). */
-static void make_inner_namespaces(int own_net) {
-    make_namespaces(CLONE_NEWUSER | (own_net ? CLONE_NEWNET : 0), 0, "0 1 65536\n", O_CLOEXEC, &inner_userns,
-                    &inner_netns);
 }
 
 /* Pid 1 reads and writes files for the provider as the sandbox's root (so what it creates is
@@ -841,9 +988,12 @@ static const struct {
 #endif
 };
 
-/* The filter every command runs under, built once by pid 1. */
-static struct sock_filter seccomp_filter[8 + 2 * (sizeof denied_syscalls / sizeof denied_syscalls[0]) +
-                                         7 * (sizeof pid1_rules / sizeof pid1_rules[0])];
+/* The filter pid 1 installs on itself once, and so every command inherits: installing one costs
+ * ~1 us per instruction (the kernel compiles it), so it is short: one jump per syscall named,
+ * and one shared argument check per argument position. */
+#define N_DENIED (sizeof denied_syscalls / sizeof denied_syscalls[0])
+#define N_PID1_RULES (sizeof pid1_rules / sizeof pid1_rules[0])
+static struct sock_filter seccomp_filter[8 + N_DENIED + N_PID1_RULES + 11];
 static struct sock_fprog seccomp_prog;
 
 static void build_seccomp(void) {
@@ -852,7 +1002,12 @@ static void build_seccomp(void) {
     const uint32_t eperm = SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA);
     const uint32_t enosys = SECCOMP_RET_ERRNO | (ENOSYS & SECCOMP_RET_DATA);
 #define S(code, k) f[n++] = (struct sock_filter)BPF_STMT(code, k)
-#define J(code, k, jt, jf) f[n++] = (struct sock_filter)BPF_JUMP(code, k, jt, jf)
+#define J(code, k, jt, jf)                                                   \
+    do {                                                                     \
+        struct sock_filter ins_ = (struct sock_filter)BPF_JUMP(code, k, jt, jf); \
+        f[n++] = ins_; /* jt/jf read n first: TO() is relative to this one */ \
+    } while (0)
+#define TO(target) ((uint8_t)((target) - (n + 1))) /* a forward jump from the instruction being added */
     const uint32_t nr = offsetof(struct seccomp_data, nr);
     S(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch));
     J(BPF_JMP | BPF_JEQ | BPF_K, SANDRL_AUDIT_ARCH, 1, 0);
@@ -862,36 +1017,42 @@ static void build_seccomp(void) {
     J(BPF_JMP | BPF_JGE | BPF_K, 0x40000000u, 0, 1); /* the x32 ABI: same reason */
     S(BPF_RET | BPF_K, enosys);
 #endif
-    for (size_t i = 0; i < sizeof denied_syscalls / sizeof denied_syscalls[0]; i++) {
-        J(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)denied_syscalls[i], 0, 1);
-        S(BPF_RET | BPF_K, eperm);
-    }
-    for (size_t i = 0; i < sizeof pid1_rules / sizeof pid1_rules[0]; i++) {
-        uint32_t arg = offsetof(struct seccomp_data, args) + 8u * (uint32_t)pid1_rules[i].arg;
-        J(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)pid1_rules[i].nr, 0, 6);
-        S(BPF_LD | BPF_W | BPF_ABS, arg); /* low word (little-endian) */
-        J(BPF_JMP | BPF_JEQ | BPF_K, 1, 0, 3);
-        S(BPF_LD | BPF_W | BPF_ABS, arg + 4);
-        J(BPF_JMP | BPF_JEQ | BPF_K, 0, 0, 1);
-        S(BPF_RET | BPF_K, eperm);
-        S(BPF_LD | BPF_W | BPF_ABS, nr);
+    /* Layout: the jumps, ALLOW, one 4-instruction check of "argument == 1" per argument
+     * position (0 and 1), ALLOW, EPERM. */
+    const unsigned allow = n + (unsigned)(N_DENIED + N_PID1_RULES);
+    const unsigned check[2] = {allow + 1, allow + 5};
+    const unsigned allow_after_check = allow + 9, deny = allow + 10;
+    for (size_t i = 0; i < N_DENIED; i++) J(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)denied_syscalls[i], TO(deny), 0);
+    for (int arg = 0; arg < 2; arg++)
+        for (size_t i = 0; i < N_PID1_RULES; i++)
+            if (pid1_rules[i].arg == arg) J(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)pid1_rules[i].nr, TO(check[arg]), 0);
+    if (n != allow) {
+        errno = 0;
+        die("seccomp: a pid-1 rule names an argument other than 0 or 1");
     }
     S(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
+    for (int arg = 0; arg < 2; arg++) {
+        uint32_t off = offsetof(struct seccomp_data, args) + 8u * (uint32_t)arg;
+        S(BPF_LD | BPF_W | BPF_ABS, off); /* low word (little-endian) */
+        J(BPF_JMP | BPF_JEQ | BPF_K, 1, 0, TO(allow_after_check));
+        S(BPF_LD | BPF_W | BPF_ABS, off + 4);
+        J(BPF_JMP | BPF_JEQ | BPF_K, 0, TO(deny), TO(allow_after_check));
+    }
+    S(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
+    S(BPF_RET | BPF_K, eperm);
+#undef TO
 #undef S
 #undef J
     seccomp_prog = (struct sock_fprog){.len = (unsigned short)n, .filter = seccomp_filter};
 }
 
 /* In a command's child, before exec: become the sandbox's root in the nested namespaces, with
- * Docker's capability set at most, under the seccomp filter. */
+ * Docker's capability set at most (no_new_privs and the seccomp filter come from pid 1). */
 static int enter_sandbox(void) {
     if (setns(inner_userns, CLONE_NEWUSER)) return -1;
-    if (inner_netns >= 0 && setns(inner_netns, CLONE_NEWNET)) return -1;
     for (int i = 0; i < n_dropped_caps; i++)
         if (prctl(PR_CAPBSET_DROP, dropped_caps[i], 0, 0, 0)) return -1;
-    if (setgroups(0, NULL) || setresgid(0, 0, 0) || setresuid(0, 0, 0)) return -1;
-    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)) return -1;
-    return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &seccomp_prog);
+    return setgroups(0, NULL) || setresgid(0, 0, 0) || setresuid(0, 0, 0) ? -1 : 0;
 }
 
 static void do_exec(uint32_t id, const unsigned char *pl, uint32_t len) {
@@ -1307,7 +1468,7 @@ static void reap(void) {
     }
 }
 
-static void close_stray_fds(int keep1, int keep2) {
+static void close_stray_fds(int keep1, int keep2, int keep3) {
     DIR *d = opendir("/proc/self/fd");
     if (!d) return;
     int dfd = dirfd(d);
@@ -1316,7 +1477,7 @@ static void close_stray_fds(int keep1, int keep2) {
     while ((e = readdir(d)) && n < 1024) {
         if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
         int fd = atoi(e->d_name);
-        if (fd > 2 && fd != keep1 && fd != keep2 && fd != dfd) fds[n++] = fd;
+        if (fd > 2 && fd != keep1 && fd != keep2 && fd != keep3 && fd != dfd) fds[n++] = fd;
     }
     closedir(d);
     for (int i = 0; i < n; i++) close(fds[i]);
@@ -1326,10 +1487,9 @@ static int agent_main(int argc, char **argv) {
     const char *workdir = "/";
     int lock_fd = -1;
     uint32_t ttl_ms = 0;
-    int own_net = 0;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--own-net"))
-            own_net = 1;
+        if (!strcmp(argv[i], "--inner-userns") && i + 1 < argc)
+            inner_userns = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--fd") && i + 1 < argc)
             ctl = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--lock-fd") && i + 1 < argc)
@@ -1339,18 +1499,21 @@ static int agent_main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--ttl-ms") && i + 1 < argc)
             ttl_ms = (uint32_t)strtoul(argv[++i], NULL, 10);
     }
-    if (ctl < 0) {
+    if (ctl < 0 || inner_userns < 0) {
         errno = 0;
-        die("agent: need --fd");
+        die("agent: need --fd and --inner-userns");
     }
     /* Non-dumpable: nothing in the sandbox may ptrace its supervisor or read its fds. */
     prctl(PR_SET_DUMPABLE, 0);
-    close_stray_fds(ctl, lock_fd);
+    close_stray_fds(ctl, lock_fd, inner_userns);
+    fcntl(inner_userns, F_SETFD, FD_CLOEXEC);
     if (lock_fd >= 0) fcntl(lock_fd, F_SETFD, FD_CLOEXEC);
     fcntl(ctl, F_SETFD, FD_CLOEXEC);
-    make_inner_namespaces(own_net); /* while stderr is still the sandbox's log */
     read_dropped_caps();
     build_seccomp();
+    /* On pid 1 itself, which needs none of what it refuses: commands inherit it at fork. */
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &seccomp_prog))
+        die("installing the seccomp filter");
     act_as_sandbox_root_for_files();
     int devnull = open("/dev/null", O_RDWR);
     if (devnull >= 0) {
