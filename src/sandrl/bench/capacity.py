@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from sandrl.bench.stats import quantile as _quantile
 from sandrl.errors import ConfigError
+from sandrl.stats import quantile as _quantile
 
 
 def within_bar(slowdowns: Sequence[float], bar: float) -> float:
