@@ -225,7 +225,7 @@ def eval_tasks(
     import asyncio
     import json
 
-    from sandrl.bench.capacity import parse_capacity
+    from sandrl.capacity import parse_capacity
     from sandrl.rollout.evaluate import EvalConfig, evaluate, result_line
 
     config = EvalConfig(

@@ -2,7 +2,7 @@
 
 The host's capacity is the number of busy sandboxes it holds within the latency bar: measured
 in the same run by a quick contention sweep (``capacity + 1``, the probe included:
-:func:`~sandrl.bench.capacity.admission_slots`), read from a contention result, or given.
+:func:`~sandrl.capacity.admission_slots`), read from a contention result, or given.
 Each episode is a :class:`~sandrl.rollout.scripted.ReplayAgent` whose turns are the benchmark's
 workloads (:mod:`sandrl.bench.workloads`, in a shuffled order per episode, a short fixed model
 time before each), in a task whose image holds the workloads' inputs, with a real verifier (the
@@ -43,6 +43,7 @@ from rich.table import Table
 
 from sandrl.bench import capacity, contention, hostlimit, workloads
 from sandrl.bench.workloads import Standalone, Workload
+from sandrl.capacity import admission_slots
 from sandrl.errors import ConfigError
 from sandrl.rollout.agent import Budget
 from sandrl.rollout.episode import EpisodeConfig
@@ -380,7 +381,7 @@ async def _capacity(config: AdmissionConfig, cores: float, provider: BwrapProvid
     swept = await contention._run(cfg.resolve(cores), provider, console)
     cap = swept["capacity"]
     # Even the idle host failing the bar leaves one command at a time as the best admission can do.
-    slots = capacity.admission_slots(swept) if cap["load"] is not None else 1
+    slots = admission_slots(swept) if cap["load"] is not None else 1
     return {
         "slots": slots,
         "source": "measured",

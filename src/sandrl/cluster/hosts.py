@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from sandrl.bench.capacity import slots_from_file
+from sandrl.capacity import slots_from_file
 from sandrl.errors import ConfigError
 from sandrl.stats import quantile
 
