@@ -19,6 +19,7 @@ from typing import Any
 from rich.table import Table
 
 from sandrl.bench import plots, projection
+from sandrl.bench.admission_card import measure_rows
 from sandrl.bench.breakdown import EpisodeBreakdown
 from sandrl.bench.workloads import CLASSES
 from sandrl.errors import ConfigError
@@ -148,8 +149,6 @@ def render_html(results: Labelled) -> str:
 
 
 def _admission_table(r: dict[str, Any]) -> str:
-    from sandrl.bench.admission import measure_rows  # the card's rows; the benchmark's imports only here
-
     cap, offered = r["capacity"], r["offered"]
     rows: list[Sequence[object]] = [
         ("capacity (commands at once)", f"{cap['slots']} ({cap['source']})", "", ""),
