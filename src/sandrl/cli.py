@@ -225,7 +225,7 @@ def eval_tasks(
     import asyncio
     import json
 
-    from sandrl.bench.capacity import parse_capacity
+    from sandrl.capacity import parse_capacity
     from sandrl.rollout.evaluate import EvalConfig, evaluate, result_line
 
     config = EvalConfig(
@@ -374,7 +374,7 @@ def bench_inference(
     """Embedded engine throughput: N concurrent requests against one at a time."""
     import json
 
-    from sandrl.inference.bench import bench_engine, render_card
+    from sandrl.bench.inference import bench_engine, render_card
 
     if concurrency < 1 or max_new_tokens < 1 or repeats < 1:
         raise SandrlError("--concurrency, --max-new-tokens and --repeats must be at least 1")
@@ -396,7 +396,7 @@ def bench_cluster(
     import io
     import json
 
-    from sandrl.cluster.bench import run
+    from sandrl.bench.cluster import run
 
     console = Console(file=io.StringIO()) if json_only else Console(stderr=True)
     result = asyncio.run(run(episodes=episodes, concurrency=concurrency, think_s=think_s, address=ray, console=console))

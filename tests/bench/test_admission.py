@@ -19,7 +19,8 @@ from types import TracebackType
 import pytest
 from rich.console import Console
 
-from sandrl.bench import admission, capacity, report
+from sandrl import capacity
+from sandrl.bench import admission, report
 from sandrl.bench.admission import AdmissionConfig
 from sandrl.bench.workloads import Standalone
 from sandrl.errors import CapacityExhaustedError, ConfigError

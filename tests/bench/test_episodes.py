@@ -17,6 +17,7 @@ from sandrl.bench import episodes, report
 from sandrl.bench.breakdown import EpisodeBreakdown
 from sandrl.bench.episodes import EpisodesConfig
 from sandrl.errors import ConfigError
+from sandrl.result_file import load_result
 from sandrl.rollout.trajectory import Timings, Trajectory, Turn
 from sandrl.sandbox.bwrap import BwrapProvider
 
@@ -110,7 +111,7 @@ async def test_a_small_run_reports_and_compares(provider: BwrapProvider, tmp_pat
     assert "mean episode" in console.file.getvalue()  # type: ignore[attr-defined]
     path = tmp_path / "episodes.json"
     path.write_text(json.dumps(result) + "\n")
-    loaded = report.load_result(path)
+    loaded = load_result(path)
     assert loaded["bench"] == "episodes" and loaded["host"]["sandbox_backend"] == "bwrap"
     eps = loaded["episodes"]
     assert eps["n"] == 2 and eps["pass_rate"] == 1.0 and eps["status"]["completed"] == 2

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from sandrl.bench import commands, report
 from sandrl.errors import ConfigError
+from sandrl.result_file import load_result
 
 from .chromium import dump_dom, needs_chromium, screenshot
 from .conftest import synthetic_result
@@ -25,16 +26,16 @@ def test_load_result_checks_the_file(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text('{"bench": "sandbox"}')
     with pytest.raises(ConfigError, match="not a `sandrl bench contention` result"):
-        report.load_result(bad)
+        load_result(bad)
     bad.write_text("hello")
     with pytest.raises(ConfigError, match="no JSON object"):
-        report.load_result(bad)
+        load_result(bad)
     with pytest.raises(ConfigError, match="cannot read"):
-        report.load_result(tmp_path / "missing.json")
+        load_result(tmp_path / "missing.json")
     # A saved stdout: a table, then the JSON line.
     saved = tmp_path / "stdout.txt"
     saved.write_text("a table\n" + json.dumps(synthetic_result(2, capacity=2, slow=1.0)) + "\n")
-    assert report.load_result(saved)["host"]["cores"] == 2.0
+    assert load_result(saved)["host"]["cores"] == 2.0
 
 
 def test_html_has_every_plot_and_the_assumptions(two_results: tuple[Path, Path]) -> None:

@@ -20,6 +20,7 @@ from rich.console import Console
 from sandrl.bench import contention, report
 from sandrl.bench.contention import ContentionConfig
 from sandrl.bench.workloads import CLASSES
+from sandrl.result_file import load_result
 
 from .chromium import dump_dom, needs_chromium
 from .conftest import REASON
@@ -86,9 +87,9 @@ def _check(result: dict[str, Any]) -> None:
 
 
 def test_results_are_valid(results: dict[str, Path]) -> None:
-    full = report.load_result(results["full"])
+    full = load_result(results["full"])
     _check(full)
-    one = report.load_result(results["one_core"])
+    one = load_result(results["one_core"])
     _check(one)
     if TWO_CPUS:
         assert one["host"]["cores"] == 1.0 and one["host"]["host_limit"]["mode"] == "affinity"

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from sandrl.bench.train import CommandTimes, options
+from sandrl.bench.train import options
+from sandrl.rollout.scripted import CommandTimes
 
 from ..support import needs_sandbox
 

@@ -38,7 +38,7 @@ max_new_tokens = 8
 NO_RAY = """
 import sys
 import sandrl.cli
-import sandrl.cluster.bench, sandrl.cluster.fleet, sandrl.cluster.training
+import sandrl.bench.cluster, sandrl.cluster.fleet, sandrl.cluster.training
 from sandrl.cli import app
 app(["train", sys.argv[1], "--rollout-only"], standalone_mode=False)
 print("RAY_MODULES", sorted(m for m in sys.modules if m == "ray" or m.startswith("ray.")))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sandrl.bench.capacity import slots_from_file
+from sandrl.capacity import slots_from_file
 from sandrl.cluster.fleet import FleetConfig, FleetProvider, FleetSandbox
 from sandrl.cluster.hosts import HostConfig
 from sandrl.errors import ConfigError, SandboxHostLostError

@@ -18,8 +18,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sandrl.bench.stats import quantile
 from sandrl.errors import ConfigError
+from sandrl.stats import quantile
 
 
 @dataclass(frozen=True)

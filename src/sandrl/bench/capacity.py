@@ -7,6 +7,8 @@ level: the sweep measures a grid of loads, then bisection measures the whole-num
 between the last passing grid level and the first failing one until they are adjacent.
 Load is assumed to hurt monotonically; a passing level above a failing one (noise) does not
 raise the capacity.
+
+What a run admits from a result (``capacity + 1`` commands at once) is :mod:`sandrl.capacity`'s.
 """
 
 from __future__ import annotations
@@ -14,11 +16,10 @@ from __future__ import annotations
 import math
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
-from sandrl.bench.stats import quantile as _quantile
 from sandrl.errors import ConfigError
+from sandrl.stats import quantile as _quantile
 
 
 def within_bar(slowdowns: Sequence[float], bar: float) -> float:
@@ -137,50 +138,3 @@ async def find_capacity(
         else:
             hi = mid
     return Capacity(lo, "exact" if hi - lo == 1 else "lower", (lo, hi), evaluated)
-
-
-def admission_slots(result: Mapping[str, Any]) -> int:
-    """Commands a host runs at once within the bar, from a ``sandrl bench contention`` result.
-
-    Capacity counts background tasks with the probe on top, so the busy sandboxes at capacity
-    are ``capacity + 1``: the host capacity to admit (``RunnerConfig.host_capacity``).
-    """
-    cap = result.get("capacity") or {}
-    load = cap.get("load")
-    if load is None:
-        raise ConfigError(
-            "that contention result has no capacity (even the idle host failed the bar): rerun it on a quieter "
-            "host or with a looser --bar, or give the capacity as a number"
-        )
-    return int(load) + 1
-
-
-def slots_from_file(path: str | Path) -> int:
-    """:func:`admission_slots` of the ``sandrl bench contention`` result at ``path``, checked."""
-    from sandrl.bench.report import load_result  # the report draws plots: matplotlib only when a file is read
-
-    result = load_result(path)
-    if result["bench"] != "contention":
-        raise ConfigError(f"{path} is a `sandrl bench {result['bench']}` result; the capacity is in a contention one")
-    try:
-        return admission_slots(result)
-    except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc.message}") from exc
-
-
-def parse_capacity(text: str | None, option: str = "--capacity") -> tuple[int | None, str]:
-    """A host capacity as given on a command line: a whole number of commands at once, or a
-    ``sandrl bench contention`` result file. Returns (slots, where they came from); None: not given."""
-    if text is None:
-        return None, "measured"
-    try:
-        slots = int(text)
-    except ValueError:
-        if not Path(text).exists():
-            raise ConfigError(
-                f"{option} takes a whole number or a contention result file; {text!r} is neither"
-            ) from None
-        return slots_from_file(text), text
-    if slots < 1:
-        raise ConfigError(f"{option} must be at least 1 command at once, got {slots}")
-    return slots, "given"

@@ -154,7 +154,7 @@ def admission(
 ) -> None:
     """At 2x the host's capacity: admitting every command against capacity-aware admission, side by side."""
     from sandrl.bench.admission import AdmissionConfig, run
-    from sandrl.bench.capacity import parse_capacity
+    from sandrl.capacity import parse_capacity
 
     slots, source = parse_capacity(capacity)
     config = AdmissionConfig(

@@ -1,18 +1,16 @@
-"""Benchmark results: load the JSON, render the HTML page, compare two hosts side by side.
+"""Benchmark results: render the HTML page, compare two hosts side by side.
 
-A contention result (``bench: contention``) holds ``host``, ``config``, ``standalone``,
-``levels``, ``capacity`` and ``full_load``; an episode result (``bench: episodes``,
-:mod:`sandrl.bench.episodes`) holds ``host``, ``config``, ``episodes``
-(:func:`sandrl.bench.breakdown.episodes_section`) and ``projection``
-(:func:`sandrl.bench.projection.projection_section`). Everything here reads those keys and
-skips what a result does not have.
+The files are read by :func:`sandrl.result_file.load_result`, which says what each kind holds:
+a contention result (``bench: contention``), an episode result (``bench: episodes``,
+:mod:`sandrl.bench.episodes`: ``episodes`` is :func:`sandrl.bench.breakdown.episodes_section`,
+``projection`` :func:`sandrl.bench.projection.projection_section`) or an admission one.
+Everything here reads those keys and skips what a result does not have.
 """
 
 from __future__ import annotations
 
 import base64
 import html
-import json
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -21,47 +19,13 @@ from typing import Any
 from rich.table import Table
 
 from sandrl.bench import plots, projection
+from sandrl.bench.admission_card import measure_rows
 from sandrl.bench.breakdown import EpisodeBreakdown
 from sandrl.bench.workloads import CLASSES
 from sandrl.errors import ConfigError
+from sandrl.result_file import load_result
 
 Labelled = Sequence[tuple[str, dict[str, Any]]]
-REQUIRED = {
-    "contention": ("host", "config", "standalone", "levels", "capacity", "full_load"),
-    "episodes": ("host", "config", "episodes", "projection"),
-    "admission": ("host", "config", "capacity", "offered", "admit_all", "capacity_aware", "ratios", "claims"),
-}
-
-
-def load_result(path: Path | str) -> dict[str, Any]:
-    """Read and check one result file."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read the result {path}: {exc.strerror}") from exc
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError:
-        # A saved stdout holds the table too: the result is its last line, the JSON one.
-        lines = [ln for ln in text.splitlines() if ln.startswith("{")]
-        try:
-            data = json.loads(lines[-1])
-        except (json.JSONDecodeError, IndexError) as exc:
-            raise ConfigError(f"{path} is not a benchmark result (no JSON object in it)") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path} is not a benchmark result (its JSON is not an object)")
-    result: dict[str, Any] = data
-    kind = result.get("bench")
-    if kind not in REQUIRED:
-        raise ConfigError(
-            f"{path} is not a `sandrl bench contention` result, nor an `episodes` or `admission` one "
-            f"(its 'bench' is {kind!r})"
-        )
-    missing = [k for k in REQUIRED[kind] if k not in result]
-    if missing:
-        raise ConfigError(f"{path} lacks {', '.join(missing)}: was it written by an older sandrl?")
-    return result
 
 
 def label_for(path: Path | str, result: dict[str, Any]) -> str:
@@ -185,8 +149,6 @@ def render_html(results: Labelled) -> str:
 
 
 def _admission_table(r: dict[str, Any]) -> str:
-    from sandrl.bench.admission import measure_rows  # the card's rows; the benchmark's imports only here
-
     cap, offered = r["capacity"], r["offered"]
     rows: list[Sequence[object]] = [
         ("capacity (commands at once)", f"{cap['slots']} ({cap['source']})", "", ""),

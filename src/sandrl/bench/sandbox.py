@@ -20,10 +20,10 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from sandrl.bench.stats import summary_ms
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider, BwrapSandbox
 from sandrl.sandbox.pool import PooledProvider
+from sandrl.stats import summary_ms
 
 TARGETS = {
     "warm_p50_ms": 10.0,

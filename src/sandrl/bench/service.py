@@ -26,11 +26,11 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from sandrl.bench.stats import summary_ms
 from sandrl.errors import SandboxUnavailableError, SandrlError
 from sandrl.sandbox.base import Sandbox, SandboxProvider, SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.sandbox.client import ClientConfig, RemoteProvider
+from sandrl.stats import summary_ms
 
 LEVELS = (1, 16, 64, 256)
 TARGETS = {"http_exec_over_inproc_p50_ms": 2.0, "p99_over_p50_exec_at_max": 10.0}

@@ -3,11 +3,12 @@
 Both modes run the same config through :func:`~sandrl.train.command.run_training`, the code path
 of ``sandrl train``: the tiny model built from its config on the embedded CPU engine, the real
 trainer, real bwrap sandboxes and the real verifier on generated ``echo`` tasks. Only the agent
-is the benchmark's, :class:`LongTailAgent`: it samples a few tokens from the policy (so every
-episode carries the weight version it was sampled by), runs one ``sleep`` whose length is drawn
-from a seeded lognormal (:class:`CommandTimes`; agent commands have a long tail: most are quick,
-a few are test suites or builds), and solves the task when its first sampled token is even, so
-rewards vary within a group and GRPO has a signal.
+is the benchmark's, :class:`~sandrl.rollout.scripted.LongTailAgent`: it samples a few tokens
+from the policy (so every episode carries the weight version it was sampled by), runs one
+``sleep`` whose length is drawn from a seeded lognormal
+(:class:`~sandrl.rollout.scripted.CommandTimes`; agent commands have a long tail: most are
+quick, a few are test suites or builds), and solves the task when its first sampled token is
+even, so rewards vary within a group and GRPO has a signal.
 
 Fair by construction: the same tasks in the same order, the same draws (the k-th episode run on
 a task sleeps the same time in both modes), the same concurrency (``groups_per_step x group_size``,
@@ -26,118 +27,25 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
-import math
 import os
-import random
 import statistics
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from rich.console import Console
 from rich.table import Table
 
-from sandrl.errors import ConfigError
-from sandrl.inference.base import InferenceClient, SamplingParams
-from sandrl.inference.tokenizer import ByteTokenizer
-from sandrl.rollout.agent import AgentResult, Budget
 from sandrl.rollout.jsonl import read_jsonl
-from sandrl.rollout.trajectory import Turn
-from sandrl.sandbox.base import Sandbox
+from sandrl.rollout.scripted import CommandTimes, LongTailAgent
 from sandrl.sandbox.bwrap import BwrapProvider
-from sandrl.tasks.task import Task
-from sandrl.tasks.verify import run_solution
 from sandrl.train.command import run_training
 from sandrl.train.run_config import MODES, RunConfig, from_dict
 
 TARGET_RATIO = 1.5
 """Async episodes per hour over sync's, on this benchmark's long tail."""
-
-
-@dataclass(frozen=True)
-class CommandTimes:
-    """A seeded lognormal of command seconds: ``median_s x exp(sigma x N(0, 1))``, at most ``cap_s``."""
-
-    median_s: float = 0.8
-    sigma: float = 1.2
-    """1.2: the slowest of 8 commands (one sync batch) takes ~6x the median, ~3x the mean."""
-    cap_s: float = 20.0
-    """Well inside the generated tasks' agent timeout (60 s)."""
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if not (self.median_s > 0 and self.sigma >= 0 and self.cap_s >= self.median_s):
-            raise ConfigError(
-                f"command times need median_s > 0, sigma >= 0 and cap_s >= median_s; got {self.median_s}, "
-                f"{self.sigma}, {self.cap_s}"
-            )
-
-    def draw(self, key: str) -> float:
-        """The command time of ``key`` (same key, same time)."""
-        rng = random.Random(f"sandrl.bench.train:{self.seed}:{key}")
-        return min(self.cap_s, rng.lognormvariate(math.log(self.median_s), self.sigma))
-
-    @property
-    def mean_s(self) -> float:
-        """The uncapped mean, ``median_s x exp(sigma^2 / 2)``."""
-        return self.median_s * math.exp(self.sigma**2 / 2)
-
-
-class LongTailAgent:
-    """One model turn of ``tokens`` tokens, then ``sleep`` for a drawn time; an even first token solves.
-
-    The k-th episode this agent runs on a task draws key ``<task id>/<k>``, so two runs over the
-    same tasks in the same order see the same command times whatever their concurrency.
-    """
-
-    name = "longtail"
-
-    def __init__(self, times: CommandTimes, tokens: int = 4) -> None:
-        self.times = times
-        self.tokens = tokens
-        self.tokenizer = ByteTokenizer()
-        self._seen: collections.Counter[str] = collections.Counter()
-
-    async def run(self, task: Task, sandbox: Sandbox, policy: InferenceClient | None, budget: Budget) -> AgentResult:
-        if policy is None:
-            return AgentResult("error", error="the long-tail agent samples from a policy; none was given")
-        key = f"{task.id}/{self._seen[task.id]}"
-        self._seen[task.id] += 1
-        prompt = self.tokenizer.encode_messages([{"role": "user", "content": "go"}], add_generation_prompt=True)
-        started = time.monotonic()
-        gen = await policy.generate(prompt, SamplingParams(max_new_tokens=self.tokens, ignore_eos=True))
-        model_s = time.monotonic() - started
-        command = f"sleep {self.times.draw(key):.3f}"
-        started = time.monotonic()
-        result = await sandbox.exec(command, timeout_s=self.times.cap_s + 30, cwd=task.environment.workdir)
-        if gen.output_ids and gen.output_ids[0] % 2 == 0:
-            await run_solution(task, sandbox)
-            command += " && solve"
-        turn = Turn(
-            index=0,
-            command=command,
-            output_start=len(prompt),
-            output_end=len(prompt) + len(gen.output_ids),
-            context_tokens=len(prompt),
-            finish_reason=gen.finish_reason,
-            weight_version=gen.weight_version,
-            start_weight_version=gen.start_weight_version,
-            exit_code=result.exit_code,
-            timed_out=result.timed_out,
-            model_s=model_s,
-            command_s=result.duration_s,
-            sandbox_wait_s=time.monotonic() - started,
-        )
-        return AgentResult(
-            "done",
-            [turn],
-            ids=[*prompt, *gen.output_ids],
-            loss_mask=[0] * len(prompt) + [1] * len(gen.output_ids),
-            logprobs=[0.0] * len(prompt) + list(gen.output_logprobs),
-            prompt_len=len(prompt),
-        )
 
 
 @dataclass(frozen=True)
@@ -153,7 +61,7 @@ class BenchSettings:
     on_stale: Literal["drop", "regenerate"] = "drop"
     update_interval: int = 1
     max_new_tokens: int = 4
-    times: CommandTimes = CommandTimes()
+    times: CommandTimes = field(default_factory=CommandTimes)
     seed: int = 0
 
     @property

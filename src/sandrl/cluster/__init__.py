@@ -7,7 +7,7 @@
 - :mod:`sandrl.cluster.worker`: a rollout worker (the body of its Ray actor);
 - :mod:`sandrl.cluster.ledger`: exactly-once accounting of episodes;
 - :mod:`sandrl.cluster.ray`, :mod:`sandrl.cluster.dispatch`: the actors, and the driver's side of them;
-- :mod:`sandrl.cluster.training`: ``sandrl train --ray``; :mod:`sandrl.cluster.bench`: ``sandrl bench cluster``.
+- :mod:`sandrl.cluster.training`: ``sandrl train --ray``.
 
 Only ``ray``, ``dispatch`` and what calls them import Ray (the ``cluster`` extra); the fleet works without it.
 """

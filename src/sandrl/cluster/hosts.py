@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from sandrl.bench.capacity import slots_from_file
-from sandrl.bench.stats import quantile
+from sandrl.capacity import slots_from_file
 from sandrl.errors import ConfigError
+from sandrl.stats import quantile
 
 SAMPLES_KEPT = 2048
 """Latency and slowdown samples kept per host (the newest)."""

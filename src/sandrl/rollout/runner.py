@@ -18,7 +18,7 @@ Cancelling a stream or a run cancels its episodes, each of which closes its sand
 setup's and the verifiers') run at once across the run's sandboxes, the rest queue
 (:class:`~sandrl.sandbox.pool.CommandAdmission`); episodes waiting on the model hold no slot.
 Set it to the host's measured capacity (``sandrl bench contention``: busy sandboxes within the
-latency bar, :func:`sandrl.bench.capacity.admission_slots`) to keep commands within the bar.
+latency bar, :func:`sandrl.capacity.admission_slots`) to keep commands within the bar.
 """
 
 from __future__ import annotations

@@ -1,22 +1,28 @@
-"""Agents without a model: the oracle, the null agent, and the replay agent of the benchmarks.
+"""Scripted agents: the oracle, the null agent, and the replay and long-tail agents of the benchmarks.
 
 - :class:`OracleAgent` runs the task's reference solution: a sound task then scores 1.
 - :class:`NullAgent` does nothing: a sound task then scores 0.
 - :class:`ReplayAgent` replays a fixed list of commands, sleeping an emulated model time before
   each (:class:`ThinkTime`: a token count drawn per turn, at a tokens/s rate), so the sandbox
   side of an episode can be measured with the model's time held fixed.
+- :class:`LongTailAgent` samples a few tokens from the policy, then runs one ``sleep`` of a
+  long-tailed length (:class:`CommandTimes`): the training benchmark's agent, whose episodes
+  carry a weight version and a reward without a model that can solve anything.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import math
 import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from sandrl.errors import ConfigError
-from sandrl.inference.base import InferenceClient
+from sandrl.inference.base import InferenceClient, SamplingParams
+from sandrl.inference.tokenizer import ByteTokenizer
 from sandrl.rollout.agent import AgentResult, Budget, Deadline
 from sandrl.rollout.trajectory import Turn
 from sandrl.sandbox.base import Sandbox
@@ -144,3 +150,88 @@ class ReplayAgent:
             if deadline.expired and index < len(commands) - 1:
                 return AgentResult("wall_time", turns)
         return AgentResult("done", turns)
+
+
+@dataclass(frozen=True)
+class CommandTimes:
+    """A seeded lognormal of command seconds: ``median_s x exp(sigma x N(0, 1))``, at most ``cap_s``."""
+
+    median_s: float = 0.8
+    sigma: float = 1.2
+    """1.2: the slowest of 8 commands (one sync batch) takes ~6x the median, ~3x the mean."""
+    cap_s: float = 20.0
+    """Well inside the generated tasks' agent timeout (60 s)."""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not (self.median_s > 0 and self.sigma >= 0 and self.cap_s >= self.median_s):
+            raise ConfigError(
+                f"command times need median_s > 0, sigma >= 0 and cap_s >= median_s; got {self.median_s}, "
+                f"{self.sigma}, {self.cap_s}"
+            )
+
+    def draw(self, key: str) -> float:
+        """The command time of ``key`` (same key, same time)."""
+        # The prefix names where the draws were first made: kept, so the same seed draws the same times.
+        rng = random.Random(f"sandrl.bench.train:{self.seed}:{key}")
+        return min(self.cap_s, rng.lognormvariate(math.log(self.median_s), self.sigma))
+
+    @property
+    def mean_s(self) -> float:
+        """The uncapped mean, ``median_s x exp(sigma^2 / 2)``."""
+        return self.median_s * math.exp(self.sigma**2 / 2)
+
+
+class LongTailAgent:
+    """One model turn of ``tokens`` tokens, then ``sleep`` for a drawn time; an even first token solves.
+
+    The k-th episode this agent runs on a task draws key ``<task id>/<k>``, so two runs over the
+    same tasks in the same order see the same command times whatever their concurrency.
+    """
+
+    name = "longtail"
+
+    def __init__(self, times: CommandTimes, tokens: int = 4) -> None:
+        self.times = times
+        self.tokens = tokens
+        self.tokenizer = ByteTokenizer()
+        self._seen: collections.Counter[str] = collections.Counter()
+
+    async def run(self, task: Task, sandbox: Sandbox, policy: InferenceClient | None, budget: Budget) -> AgentResult:
+        if policy is None:
+            return AgentResult("error", error="the long-tail agent samples from a policy; none was given")
+        key = f"{task.id}/{self._seen[task.id]}"
+        self._seen[task.id] += 1
+        prompt = self.tokenizer.encode_messages([{"role": "user", "content": "go"}], add_generation_prompt=True)
+        started = time.monotonic()
+        gen = await policy.generate(prompt, SamplingParams(max_new_tokens=self.tokens, ignore_eos=True))
+        model_s = time.monotonic() - started
+        command = f"sleep {self.times.draw(key):.3f}"
+        started = time.monotonic()
+        result = await sandbox.exec(command, timeout_s=self.times.cap_s + 30, cwd=task.environment.workdir)
+        if gen.output_ids and gen.output_ids[0] % 2 == 0:
+            await run_solution(task, sandbox)
+            command += " && solve"
+        turn = Turn(
+            index=0,
+            command=command,
+            output_start=len(prompt),
+            output_end=len(prompt) + len(gen.output_ids),
+            context_tokens=len(prompt),
+            finish_reason=gen.finish_reason,
+            weight_version=gen.weight_version,
+            start_weight_version=gen.start_weight_version,
+            exit_code=result.exit_code,
+            timed_out=result.timed_out,
+            model_s=model_s,
+            command_s=result.duration_s,
+            sandbox_wait_s=time.monotonic() - started,
+        )
+        return AgentResult(
+            "done",
+            [turn],
+            ids=[*prompt, *gen.output_ids],
+            loss_mask=[0] * len(prompt) + [1] * len(gen.output_ids),
+            logprobs=[0.0] * len(prompt) + list(gen.output_logprobs),
+            prompt_len=len(prompt),
+        )

@@ -9,8 +9,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from sandrl.bench.stats import quantile
 from sandrl.rollout.trajectory import STATUSES, Trajectory
+from sandrl.stats import quantile
 
 PHASES = (
     "queue_s",

@@ -150,7 +150,7 @@ class RolloutSection:
     def slots(self) -> int | None:
         """The host capacity to admit commands up to, reading ``capacity_file`` if that is how it is given."""
         if self.capacity_file:
-            from sandrl.bench.capacity import slots_from_file
+            from sandrl.capacity import slots_from_file
 
             return slots_from_file(self.capacity_file)
         return self.host_capacity

@@ -1,4 +1,4 @@
-"""Small statistics shared by the benchmarks."""
+"""Small statistics: the runtime's summaries (rollout phase times, a host's latencies) and the benchmarks share them."""
 
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from sandrl.bench.inference import bench_engine, render_card
 from sandrl.errors import ConfigError
-from sandrl.inference.bench import bench_engine, render_card
 
 
 def test_bench_engine_measures_the_batching_speedup() -> None:
