@@ -426,7 +426,3 @@ def main() -> None:
     except KeyboardInterrupt:
         err_console.print("[bold red]interrupted[/]")
         sys.exit(130)
-
-
-if __name__ == "__main__":
-    main()
