@@ -13,8 +13,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from sandrl.cli import images, tasks
 from sandrl.errors import SandrlError
-from sandrl.tasks.cli import images_app, tasks_app
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Agentic RL post-training with fast sandboxes.")
 sandbox_app = typer.Typer(no_args_is_help=True, help="Run commands in sandboxes.")
@@ -23,8 +23,8 @@ serve_app = typer.Typer(no_args_is_help=True, help="Servers: sandboxes, inferenc
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(bench_app, name="bench")
 app.add_typer(serve_app, name="serve")
-app.add_typer(tasks_app, name="tasks")
-app.add_typer(images_app, name="images")
+app.add_typer(tasks.app, name="tasks")
+app.add_typer(images.app, name="images")
 
 err_console = Console(stderr=True)
 
