@@ -13,15 +13,14 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from sandrl.cli import images, tasks
+from sandrl.cli import bench, images, tasks
 from sandrl.errors import SandrlError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Agentic RL post-training with fast sandboxes.")
 sandbox_app = typer.Typer(no_args_is_help=True, help="Run commands in sandboxes.")
-bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks; each ends with one JSON line.")
 serve_app = typer.Typer(no_args_is_help=True, help="Servers: sandboxes, inference.")
 app.add_typer(sandbox_app, name="sandbox")
-app.add_typer(bench_app, name="bench")
+app.add_typer(bench.app, name="bench")
 app.add_typer(serve_app, name="serve")
 app.add_typer(tasks.app, name="tasks")
 app.add_typer(images.app, name="images")
@@ -183,26 +182,6 @@ def serve_sandboxes(
     serve(host, port, token_file=token_file, max_live=max_live, state_dir=state_dir)
 
 
-@bench_app.command("service")
-def bench_service(
-    concurrency: list[int] = typer.Option([], help="Concurrent clients (repeatable; default 1, 16, 64, 256)."),
-    n_exec: int = typer.Option(300, help="Execs for the one-client round-trip measure."),
-    json_only: bool = typer.Option(False, "--json", help="Print only the JSON line."),
-) -> None:
-    """The sandbox service over HTTP beside the in-process provider."""
-    import asyncio
-    import io
-    import json
-
-    from sandrl.bench.service import LEVELS, run
-
-    if any(c < 1 for c in concurrency) or n_exec < 1:
-        raise SandrlError("--concurrency and --n-exec must be at least 1")
-    console = Console(file=io.StringIO()) if json_only else Console(stderr=True)
-    result = asyncio.run(run(concurrency=tuple(concurrency) or LEVELS, n_exec=n_exec, console=console))
-    print(json.dumps(result))
-
-
 @app.command("eval")
 def eval_tasks(
     tasks: str = typer.Argument(..., help="A task directory, a directory of them, a SWE-bench file, or 'builtin'."),
@@ -263,92 +242,6 @@ def train_cmd(
     train(config, mode, load_rollouts, rollout_only, ray)
 
 
-@bench_app.command("rollout")
-def bench_rollout(
-    episodes: int = typer.Option(256, help="Episodes in all."),
-    concurrency: int = typer.Option(256, help="Episodes at once."),
-    suite: str = typer.Option("generated", help="'generated' or 'builtin'."),
-    think_min_s: float = typer.Option(1.0, help="Shortest emulated model time per turn."),
-    think_max_s: float = typer.Option(2.0, help="Longest emulated model time per turn."),
-    json_only: bool = typer.Option(False, "--json", help="Print only the JSON line."),
-) -> None:
-    """Concurrent replay episodes with the model's time fixed: infra errors and orchestrator overhead."""
-    import asyncio
-    import io
-    import json
-
-    from sandrl.bench.rollout import run
-
-    if suite not in ("generated", "builtin"):
-        raise SandrlError("--suite must be 'generated' or 'builtin'")
-    if episodes < 1 or concurrency < 1 or not 0 < think_min_s <= think_max_s:
-        raise SandrlError("--episodes and --concurrency must be at least 1, and 0 < --think-min-s <= --think-max-s")
-    console = Console(file=io.StringIO()) if json_only else Console(stderr=True)
-    result = asyncio.run(
-        run(
-            episodes,
-            concurrency,
-            suite=suite,  # type: ignore[arg-type]
-            think_s=(think_min_s, think_max_s),
-            progress=not json_only,
-            console=console,
-        )
-    )
-    print(json.dumps(result))
-
-
-@bench_app.command("train")
-def bench_train(
-    quick: bool = typer.Option(False, "--quick", help="A smoke run of seconds: the result's shape, not its ratio."),
-    steps: int | None = typer.Option(None, help="Training steps in each mode (default 10)."),
-    max_staleness: int | None = typer.Option(None, help="The async driver's staleness bound (default 2)."),
-    on_stale: str | None = typer.Option(None, help="drop or regenerate a too-stale group (default drop)."),
-    median_s: float | None = typer.Option(None, help="Median command time in seconds (default 0.8)."),
-    sigma: float | None = typer.Option(None, help="Lognormal sigma of command times: the tail (default 1.2)."),
-    seed: int = typer.Option(0, help="Seeds the tasks, their order and the command times."),
-    json_only: bool = typer.Option(False, "--json", help="Print only the JSON line."),
-) -> None:
-    """Async vs sync training on a long tail of command times: episodes per hour, same tasks, model and budget."""
-    import asyncio
-    import io
-    import json
-
-    from sandrl.bench.train import options, run
-
-    settings = options(
-        quick=quick,
-        steps=steps,
-        max_staleness=max_staleness,
-        on_stale=on_stale,
-        median_s=median_s,
-        sigma=sigma,
-        seed=seed,
-    )
-    console = Console(file=io.StringIO()) if json_only else Console(stderr=True)
-    print(json.dumps(asyncio.run(run(settings, console=console))))
-
-
-@bench_app.command("sandbox")
-def bench_sandbox(
-    n: int = typer.Option(200, help="Repetitions of each latency measure."),
-    live: int = typer.Option(500, help="Idle sandboxes live at once for the memory measure."),
-    pool_size: int = typer.Option(8, help="Warm pool size."),
-    json_only: bool = typer.Option(False, "--json", help="Print only the JSON line."),
-) -> None:
-    """Sandbox start-up, exec latency and idle footprint against plain subprocess and bare bwrap."""
-    import asyncio
-    import io
-    import json
-
-    from sandrl.bench.sandbox import run
-
-    if n < 1 or live < 1 or pool_size < 1:
-        raise SandrlError("--n, --live and --pool-size must be at least 1")
-    console = Console(file=io.StringIO()) if json_only else Console(stderr=True)
-    result = asyncio.run(run(n=n, live=live, pool_size=pool_size, console=console))
-    print(json.dumps(result))
-
-
 @serve_app.command("inference")
 def serve_inference(
     model: str = typer.Option("tiny", help="'tiny' (built from a config) or a local Hugging Face checkpoint dir."),
@@ -362,58 +255,6 @@ def serve_inference(
     from sandrl.inference.server import serve
 
     serve(model, host, port, engine_config=EngineConfig(max_batch_size=max_batch_size, seed=seed))
-
-
-@bench_app.command("inference")
-def bench_inference(
-    model: str = typer.Option("tiny", help="'tiny' or a local checkpoint dir."),
-    concurrency: int = typer.Option(16, help="Concurrent requests, compared with one at a time."),
-    max_new_tokens: int = typer.Option(64, help="Tokens generated per request."),
-    repeats: int = typer.Option(3, help="Repetitions; the median is reported."),
-) -> None:
-    """Embedded engine throughput: N concurrent requests against one at a time."""
-    import json
-
-    from sandrl.inference.bench import bench_engine, render_card
-
-    if concurrency < 1 or max_new_tokens < 1 or repeats < 1:
-        raise SandrlError("--concurrency, --max-new-tokens and --repeats must be at least 1")
-    result = bench_engine(model, concurrency=concurrency, max_new_tokens=max_new_tokens, repeats=repeats)
-    err_console.print(render_card(result))
-    print(json.dumps(result))
-
-
-@bench_app.command("cluster")
-def bench_cluster(
-    episodes: int = typer.Option(32, help="Episodes on each side (groups of 2)."),
-    concurrency: int = typer.Option(16, help="Episodes at once on each side (on Ray: split over 2 workers)."),
-    think_s: float = typer.Option(2.0, help="Emulated model time per turn (3 turns an episode)."),
-    ray: str | None = typer.Option(None, help="A Ray cluster to use (auto or ADDRESS); default: start one here."),
-    json_only: bool = typer.Option(False, "--json", help="Print only the JSON line."),
-) -> None:
-    """The same episodes in process and on Ray with two sandbox hosts: orchestration overhead per episode."""
-    import asyncio
-    import io
-    import json
-
-    from sandrl.cluster.bench import run
-
-    console = Console(file=io.StringIO()) if json_only else Console(stderr=True)
-    result = asyncio.run(run(episodes=episodes, concurrency=concurrency, think_s=think_s, address=ray, console=console))
-    print(json.dumps(result))
-
-
-def _register_cpu_bench() -> None:
-    from sandrl.bench import commands as cpu_bench
-
-    bench_app.command("contention")(cpu_bench.contention)
-    bench_app.command("episodes")(cpu_bench.episodes)
-    bench_app.command("admission")(cpu_bench.admission)
-    bench_app.command("report")(cpu_bench.report)
-    bench_app.command("compare")(cpu_bench.compare)
-
-
-_register_cpu_bench()
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from sandrl.cli import output
+from sandrl.cli.output import rich_console
 from sandrl.errors import ConfigError, ImageBuildError
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.sandbox.images import DEFAULT_PATH, HOST_IMAGE
@@ -44,7 +44,7 @@ def images_build(
     mirror: str = typer.Option(DEBIAN_MIRROR, help="Debian mirror for debootstrap."),
 ) -> None:
     """Build NAME from a Dockerfile (--file), or the Debian base image (`sandrl images build debian`)."""
-    console = output.console(stderr=False)
+    console = rich_console(stderr=False)
     provider = BwrapProvider()
     if file is None:
         if name != DEBIAN_IMAGE:
@@ -125,7 +125,7 @@ def images_ls(
     all_images: bool = typer.Option(False, "--all", "-a", help="Also the builder's cache images (build-*)."),
 ) -> None:
     """List the images in the store."""
-    console = output.console(stderr=False)
+    console = rich_console(stderr=False)
     store = BwrapProvider().images
     table = Table("image", "base", "layers", "created")
     shown = 0
@@ -159,7 +159,7 @@ def images_rm(
     prune: bool = typer.Option(True, help="Delete layers no image uses any more (do not run while sandboxes do)."),
 ) -> None:
     """Remove images; their layers go too when no image uses them."""
-    console = output.console(stderr=False)
+    console = rich_console(stderr=False)
     store = BwrapProvider().images
     targets = list(names or [])
     if cache:

@@ -24,7 +24,7 @@ err_console = Console(stderr=True)
 _PIPED_WIDTH = 140
 
 
-def console(*, quiet: bool = False, stderr: bool = True, wide: bool = False) -> Console:
+def rich_console(*, quiet: bool = False, stderr: bool = True, wide: bool = False) -> Console:
     """A rich console for tables, cards and progress.
 
     ``quiet``: it prints nowhere (``--json``: only the JSON line reaches the terminal).

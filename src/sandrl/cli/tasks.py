@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from sandrl.cli import output
+from sandrl.cli.output import emit, rich_console
 from sandrl.errors import ConfigError
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.tasks.loader import TaskProblem, load_tasks
@@ -50,7 +50,7 @@ def tasks_list(
     path: Path = typer.Argument(..., help="A task directory, a directory of them, or a SWE-bench file."),
 ) -> None:
     """List the tasks under PATH, and the ones that do not load."""
-    console = output.console(stderr=False)
+    console = rich_console(stderr=False)
     tasks, problems = _load(path, console)
     table = Table("task", "format", "base image", "workdir", "agent s", "verifier s", "solution")
     for task in tasks:
@@ -77,7 +77,7 @@ def tasks_validate(
     """For every task: the environment builds, the tests fail without the solution and pass with it."""
     if concurrency < 1:
         raise ConfigError("--concurrency must be at least 1")
-    console = output.console(stderr=False)
+    console = rich_console(stderr=False)
     tasks, problems = _load(path, console)
     start = time.monotonic()
 
@@ -132,7 +132,7 @@ def tasks_run(
     if concurrency < 1:
         raise ConfigError("--concurrency must be at least 1")
     kind: AgentKind = "oracle" if agent == "oracle" else "null"
-    console = output.console(stderr=json_out)
+    console = rich_console(stderr=json_out)
     tasks, problems = _load(path, console)
     start = time.monotonic()
 
@@ -186,6 +186,6 @@ def tasks_run(
             "seconds": round(elapsed, 2),
             "results": [r.to_dict() for r in results],
         }
-        output.emit(summary)
+        emit(summary)
     if errors or problems:
         raise typer.Exit(1)
