@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import typer
+
+from sandrl.cli.output import emit, rich_console
 
 app = typer.Typer(help="The main job end to end on the embedded defaults.")
 
@@ -20,23 +23,22 @@ def demo(
     """Warm-start a tiny model, train it with GRPO in async mode on real sandboxes, show it learned."""
     if ctx.invoked_subcommand is not None:
         return
-    from sandrl.demo.learn import DemoConfig
-    from sandrl.demo.learn import main as learn_main
+    from sandrl.demo.learn import DemoConfig, run
 
     defaults = DemoConfig()
-    learn_main(
-        DemoConfig(
-            out=out,
-            seed=seed,
-            rl_steps=defaults.rl_steps if rl_steps is None else rl_steps,
-            family=defaults.family if family is None else family,
-        )
+    config = DemoConfig(
+        out=out,
+        seed=seed,
+        rl_steps=defaults.rl_steps if rl_steps is None else rl_steps,
+        family=defaults.family if family is None else family,
     )
+    summary = asyncio.run(run(config))
+    emit({k: summary[k] for k in ("improvement_points", "heldout_before", "heldout_after", "wall_s")})
 
 
 @app.command("sandbox")
 def demo_sandbox() -> None:
     """One sandbox: commands, files in and out, limits enforced, closed without a trace."""
-    from sandrl.demo.sandbox import main as sandbox_main
+    from sandrl.demo.sandbox import run_demo
 
-    sandbox_main()
+    asyncio.run(run_demo(rich_console(stderr=False)))
