@@ -13,6 +13,7 @@ import shlex
 import sys
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -20,9 +21,10 @@ from sandrl.cli.output import emit, err_console
 from sandrl.errors import SandboxError, SandboxNotFoundError, SandrlError
 from sandrl.sandbox.base import OutputChunk, SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider
-from sandrl.sandbox.client import RemoteProvider
-from sandrl.sandbox.service_api import SandboxInfo
-from sandrl.sandbox.service_auth import load_token
+
+if TYPE_CHECKING:
+    from sandrl.sandbox.client import RemoteProvider
+    from sandrl.sandbox.service_api import SandboxInfo
 
 app = typer.Typer(no_args_is_help=True, help="Run commands in sandboxes.")
 
@@ -73,6 +75,10 @@ def sandbox_run(
 
 
 def _provider(server: str | None, token_file: str | None) -> RemoteProvider:
+    # Imported here: the client brings in httpx and FastAPI, which `sandrl --help` should not wait for.
+    from sandrl.sandbox.client import RemoteProvider
+    from sandrl.sandbox.service_auth import load_token
+
     token = load_token(token_file) if token_file else None
     return RemoteProvider(server, token=token)
 
