@@ -12,7 +12,8 @@ import typer
 from matplotlib.image import imread
 from typer.testing import CliRunner
 
-from sandrl.bench import commands, report
+from sandrl.bench import report
+from sandrl.cli import bench as commands
 from sandrl.errors import ConfigError
 from sandrl.result_file import load_result
 

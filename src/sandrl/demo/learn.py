@@ -36,7 +36,6 @@ prints the reward curve in the terminal.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 import time
@@ -396,10 +395,4 @@ async def run(
     }
     (cfg.out / "demo.json").write_text(json.dumps(summary, indent=2) + "\n")
     con.print(f"reward curve: {png}   numbers: {cfg.out / 'demo.json'}   total {summary['wall_s']:.0f} s")
-    return summary
-
-
-def main(cfg: DemoConfig | None = None) -> dict[str, Any]:
-    summary = asyncio.run(run(cfg or DemoConfig()))
-    print(json.dumps({k: summary[k] for k in ("improvement_points", "heldout_before", "heldout_after", "wall_s")}))
     return summary

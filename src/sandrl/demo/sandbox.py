@@ -6,7 +6,6 @@ and close it without a trace.
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from rich.console import Console
@@ -86,7 +85,3 @@ async def run_demo(console: Console) -> None:
         )
     leftovers = provider.state.records() + list(provider.cgroups.stale_groups())
     console.print(f"closed {sandbox.id}; left behind: {leftovers or 'nothing'}")
-
-
-def main(console: Console | None = None) -> None:
-    asyncio.run(run_demo(console or Console()))

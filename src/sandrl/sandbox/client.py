@@ -29,8 +29,7 @@ import asyncio
 import base64
 import json
 import os
-import sys
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal
@@ -63,7 +62,7 @@ from sandrl.sandbox.service_api import (
     SandboxInfo,
     SandboxList,
 )
-from sandrl.sandbox.service_auth import TOKEN_ENV, load_token
+from sandrl.sandbox.service_auth import TOKEN_ENV
 
 SERVER_ENV = "SANDRL_SERVER"
 _RETRY_STATUS = frozenset({502, 503, 504})
@@ -459,86 +458,3 @@ class RemoteSandbox:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await asyncio.shield(self.close())
-
-
-# -- operator commands (`sandrl sandbox run --server`, `sandrl sandbox ls`, `sandrl sandbox rm`)
-
-
-def _provider(server: str | None, token_file: str | None) -> RemoteProvider:
-    token = load_token(token_file) if token_file else None
-    return RemoteProvider(server, token=token)
-
-
-def run_command(
-    server: str | None, command: str, spec: SandboxSpec, *, timeout_s: float = 60, token_file: str | None = None
-) -> int:
-    """Run ``command`` in a fresh sandbox on ``server``, stream its output, return its exit code (as a shell's)."""
-
-    async def go() -> int:
-        async with _provider(server, token_file) as provider, await provider.create(spec) as sandbox:
-            async for item in sandbox.exec_stream(command, timeout_s=timeout_s):
-                if isinstance(item, OutputChunk):
-                    out = sys.stdout if item.stream == "stdout" else sys.stderr
-                    out.buffer.write(item.data)
-                    out.flush()
-                else:
-                    if item.timed_out:
-                        print(f"timed out after {timeout_s:g} s", file=sys.stderr)
-                    if item.truncated:
-                        print("output truncated at the output cap", file=sys.stderr)
-                    return item.exit_code if item.exit_code >= 0 else 128 - item.exit_code
-        raise SandboxError("the command's stream ended without an exit status")
-
-    return asyncio.run(go())
-
-
-def list_command(
-    server: str | None, metadata: Mapping[str, str] | None = None, *, token_file: str | None = None
-) -> list[SandboxInfo]:
-    """The live sandboxes on ``server`` (with every given label)."""
-
-    async def go() -> list[SandboxInfo]:
-        async with _provider(server, token_file) as provider:
-            return await provider.list_sandboxes(metadata)
-
-    return asyncio.run(go())
-
-
-def format_list(sandboxes: Sequence[SandboxInfo]) -> str:
-    """``sandrl sandbox ls`` as a plain table."""
-    import time
-
-    rows = [("ID", "IMAGE", "CPUS", "MEM_MB", "EXPIRES_IN", "METADATA")]
-    now = time.time()
-    for s in sandboxes:
-        labels = ",".join(f"{k}={v}" for k, v in sorted(s.metadata.items()))
-        left = max(0.0, s.expires_at - now)
-        rows.append((s.id, s.spec.image, f"{s.spec.cpus:g}", str(s.spec.memory_mb), f"{left:.0f}s", labels))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
-
-
-def remove_command(
-    server: str | None,
-    ids: Sequence[str] = (),
-    *,
-    all_matching: Mapping[str, str] | None = None,
-    token_file: str | None = None,
-) -> list[str]:
-    """Close the sandboxes ``ids`` (and, with ``all_matching``, every one with those labels; ``{}``: all).
-
-    Returns the ids closed; raises SandboxNotFoundError naming the ids the server did not have.
-    """
-
-    async def go() -> list[str]:
-        async with _provider(server, token_file) as provider:
-            targets = list(ids)
-            if all_matching is not None:
-                targets += [s.id for s in await provider.list_sandboxes(all_matching)]
-            found = await asyncio.gather(*(provider.kill(i) for i in targets))
-        missing = [i for i, ok in zip(targets, found, strict=True) if not ok]
-        if missing:
-            raise SandboxNotFoundError(f"no such sandbox on the server: {' '.join(missing)} (see `sandrl sandbox ls`)")
-        return targets
-
-    return asyncio.run(go())

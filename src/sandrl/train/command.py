@@ -1,22 +1,13 @@
-"""``sandrl train CONFIG [--mode sync|async] [--load-rollouts FILE] [--rollout-only] [--ray auto|ADDRESS]``.
+"""One training run in this process: :func:`run_training` picks the driver and returns the last step.
 
-::
-
-    sandrl train configs/tiny.toml                      # the [run] mode (sync by default)
-    sandrl train configs/tiny.toml --mode async
-    sandrl train configs/tiny.toml --rollout-only       # collect into rollouts.jsonl, no training
-    sandrl train configs/tiny.toml --load-rollouts runs/tiny/rollouts.jsonl   # no sandboxes, no server
-    sandrl train cluster.toml --ray auto                # on a Ray cluster: see sandrl.cluster.training
-
-The run writes under ``[run] output_dir``: ``config.toml`` (the resolved config), ``metrics.jsonl``
+``sandrl train`` (:mod:`sandrl.cli.train`), ``sandrl demo`` and ``sandrl bench train`` call it. The
+run writes under ``[run] output_dir``: ``config.toml`` (the resolved config), ``metrics.jsonl``
 (one line per step), ``rollouts.jsonl`` and ``checkpoints/``; started again, it resumes from the
-newest checkpoint. It prints a progress line per step on stderr and ends with one JSON line on
-stdout (the last step's metrics).
+newest checkpoint.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -28,7 +19,7 @@ from sandrl.rollout.agent import Agent
 from sandrl.sandbox.base import SandboxProvider
 from sandrl.train import async_, sync
 from sandrl.train.driver_common import open_session
-from sandrl.train.run_config import MODES, RunConfig, load_run_config
+from sandrl.train.run_config import MODES, RunConfig
 
 
 async def run_training(
@@ -65,23 +56,3 @@ async def run_training(
         if lines:
             last = {**json.loads(lines[-1]), **last}
     return last
-
-
-def train(
-    config_path: Path,
-    mode: str | None = None,
-    load_rollouts: Path | None = None,
-    rollout_only: bool = False,
-    ray: str | None = None,
-) -> None:
-    """The body of ``sandrl train``: load and check the config, run, print the last step as one JSON line."""
-    if ray is not None:
-        if load_rollouts is not None:
-            raise ConfigError("--load-rollouts trains on saved trajectories in this process: drop --ray")
-        from sandrl.cluster.training import train_on_ray
-
-        print(json.dumps(train_on_ray(config_path, ray, mode=mode, rollout_only=rollout_only)))
-        return
-    config = load_run_config(config_path)
-    result = asyncio.run(run_training(config, mode=mode, load_rollouts=load_rollouts, rollout_only=rollout_only))
-    print(json.dumps(result))

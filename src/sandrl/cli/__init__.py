@@ -1,0 +1,56 @@
+"""The ``sandrl`` command.
+
+Thin: each sub-command parses its arguments and calls the component that does the work.
+Errors sandrl raises on purpose (:class:`sandrl.errors.SandrlError`) are printed as one
+line that says what to do, never as a traceback.
+
+One module per command group, each with its own ``typer.Typer`` named ``app`` whose commands
+are registered with ``@app.command``; this module only mounts them::
+
+    eval.py     sandrl eval
+    train.py    sandrl train (and --ray)
+    sandbox.py  sandrl sandbox run|ls|rm
+    bench.py    sandrl bench service|rollout|train|sandbox|inference|cluster|contention|...
+    serve.py    sandrl serve sandboxes|inference
+    tasks.py    sandrl tasks list|validate|run
+    images.py   sandrl images build|ls|rm
+    demo.py     sandrl demo [sandbox]
+    output.py   the consoles and the one JSON line every command shares
+
+Heavy components (PyTorch, Ray) are imported inside the commands that need them, so that
+``sandrl --help`` stays fast and nothing imports Ray without ``--ray``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from sandrl.cli import bench, demo, images, sandbox, serve, tasks, train
+from sandrl.cli import eval as eval_
+from sandrl.cli.output import err_console
+from sandrl.errors import SandrlError
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="Agentic RL post-training with fast sandboxes.")
+# eval and train are mounted without a name: their one command joins the root's.
+app.add_typer(eval_.app)
+app.add_typer(train.app)
+app.add_typer(sandbox.app, name="sandbox")
+app.add_typer(bench.app, name="bench")
+app.add_typer(serve.app, name="serve")
+app.add_typer(tasks.app, name="tasks")
+app.add_typer(images.app, name="images")
+app.add_typer(demo.app, name="demo")
+
+
+def main() -> None:
+    """Entry point of the console script."""
+    try:
+        app()
+    except SandrlError as exc:
+        err_console.print(f"[bold red]error[/]: {exc.message}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        err_console.print("[bold red]interrupted[/]")
+        sys.exit(130)

@@ -1,0 +1,305 @@
+"""``sandrl bench ...``: every benchmark, each a thin command over its module in :mod:`sandrl.bench`
+(or :mod:`sandrl.inference.bench`, :mod:`sandrl.cluster.bench`).
+
+Each prints its card on stderr (nothing with ``--json``) and ends with one JSON line on stdout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Literal, cast
+
+import typer
+
+from sandrl.cli.output import emit, err_console, rich_console
+from sandrl.errors import ConfigError, SandrlError
+
+app = typer.Typer(no_args_is_help=True, help="Benchmarks; each ends with one JSON line.")
+
+LimitChoice = Literal["auto", "affinity", "quota"]
+
+
+def _host_limit(value: str) -> LimitChoice:
+    """``--host-limit``, checked once for every command that emulates a smaller host."""
+    if value not in ("auto", "affinity", "quota"):
+        raise ConfigError(f"--host-limit is auto, affinity or quota, not {value!r}")
+    return cast(LimitChoice, value)
+
+
+def parse_levels(text: str | None) -> tuple[int, ...] | None:
+    """``"0,1,2,4"`` -> (0, 1, 2, 4); None or empty -> None (the defaults)."""
+    if not text:
+        return None
+    try:
+        return tuple(int(x) for x in text.replace(" ", "").split(",") if x)
+    except ValueError as exc:
+        raise ConfigError(f"--levels takes whole numbers separated by commas (e.g. 0,2,4,8), got {text!r}") from exc
+
+
+def _names(text: str | None, what: str) -> tuple[str, ...] | None:
+    if text is None:
+        return None
+    names = tuple(n for n in text.replace(" ", "").split(",") if n)
+    if not names:
+        raise ConfigError(f"{what} takes names separated by commas")
+    return names
+
+
+@app.command("service")
+def bench_service(
+    concurrency: list[int] = typer.Option([], help="Concurrent clients (repeatable; default 1, 16, 64, 256)."),
+    n_exec: int = typer.Option(300, help="Execs for the one-client round-trip measure."),
+    json_only: bool = typer.Option(False, "--json", help="Print only the JSON line."),
+) -> None:
+    """The sandbox service over HTTP beside the in-process provider."""
+    from sandrl.bench.service import LEVELS, run
+
+    if any(c < 1 for c in concurrency) or n_exec < 1:
+        raise SandrlError("--concurrency and --n-exec must be at least 1")
+    console = rich_console(quiet=json_only)
+    result = asyncio.run(run(concurrency=tuple(concurrency) or LEVELS, n_exec=n_exec, console=console))
+    emit(result)
+
+
+@app.command("rollout")
+def bench_rollout(
+    episodes: int = typer.Option(256, help="Episodes in all."),
+    concurrency: int = typer.Option(256, help="Episodes at once."),
+    suite: str = typer.Option("generated", help="'generated' or 'builtin'."),
+    think_min_s: float = typer.Option(1.0, help="Shortest emulated model time per turn."),
+    think_max_s: float = typer.Option(2.0, help="Longest emulated model time per turn."),
+    json_only: bool = typer.Option(False, "--json", help="Print only the JSON line."),
+) -> None:
+    """Concurrent replay episodes with the model's time fixed: infra errors and orchestrator overhead."""
+    from sandrl.bench.rollout import run
+
+    if suite not in ("generated", "builtin"):
+        raise SandrlError("--suite must be 'generated' or 'builtin'")
+    if episodes < 1 or concurrency < 1 or not 0 < think_min_s <= think_max_s:
+        raise SandrlError("--episodes and --concurrency must be at least 1, and 0 < --think-min-s <= --think-max-s")
+    console = rich_console(quiet=json_only)
+    result = asyncio.run(
+        run(
+            episodes,
+            concurrency,
+            suite=suite,  # type: ignore[arg-type]
+            think_s=(think_min_s, think_max_s),
+            progress=not json_only,
+            console=console,
+        )
+    )
+    emit(result)
+
+
+@app.command("train")
+def bench_train(
+    quick: bool = typer.Option(False, "--quick", help="A smoke run of seconds: the result's shape, not its ratio."),
+    steps: int | None = typer.Option(None, help="Training steps in each mode (default 10)."),
+    max_staleness: int | None = typer.Option(None, help="The async driver's staleness bound (default 2)."),
+    on_stale: str | None = typer.Option(None, help="drop or regenerate a too-stale group (default drop)."),
+    median_s: float | None = typer.Option(None, help="Median command time in seconds (default 0.8)."),
+    sigma: float | None = typer.Option(None, help="Lognormal sigma of command times: the tail (default 1.2)."),
+    seed: int = typer.Option(0, help="Seeds the tasks, their order and the command times."),
+    json_only: bool = typer.Option(False, "--json", help="Print only the JSON line."),
+) -> None:
+    """Async vs sync training on a long tail of command times: episodes per hour, same tasks, model and budget."""
+    from sandrl.bench.train import options, run
+
+    settings = options(
+        quick=quick,
+        steps=steps,
+        max_staleness=max_staleness,
+        on_stale=on_stale,
+        median_s=median_s,
+        sigma=sigma,
+        seed=seed,
+    )
+    console = rich_console(quiet=json_only)
+    emit(asyncio.run(run(settings, console=console)))
+
+
+@app.command("sandbox")
+def bench_sandbox(
+    n: int = typer.Option(200, help="Repetitions of each latency measure."),
+    live: int = typer.Option(500, help="Idle sandboxes live at once for the memory measure."),
+    pool_size: int = typer.Option(8, help="Warm pool size."),
+    json_only: bool = typer.Option(False, "--json", help="Print only the JSON line."),
+) -> None:
+    """Sandbox start-up, exec latency and idle footprint against plain subprocess and bare bwrap."""
+    from sandrl.bench.sandbox import run
+
+    if n < 1 or live < 1 or pool_size < 1:
+        raise SandrlError("--n, --live and --pool-size must be at least 1")
+    console = rich_console(quiet=json_only)
+    result = asyncio.run(run(n=n, live=live, pool_size=pool_size, console=console))
+    emit(result)
+
+
+@app.command("inference")
+def bench_inference(
+    model: str = typer.Option("tiny", help="'tiny' or a local checkpoint dir."),
+    concurrency: int = typer.Option(16, help="Concurrent requests, compared with one at a time."),
+    max_new_tokens: int = typer.Option(64, help="Tokens generated per request."),
+    repeats: int = typer.Option(3, help="Repetitions; the median is reported."),
+) -> None:
+    """Embedded engine throughput: N concurrent requests against one at a time."""
+    from sandrl.bench.inference import bench_engine, render_card
+
+    if concurrency < 1 or max_new_tokens < 1 or repeats < 1:
+        raise SandrlError("--concurrency, --max-new-tokens and --repeats must be at least 1")
+    result = bench_engine(model, concurrency=concurrency, max_new_tokens=max_new_tokens, repeats=repeats)
+    err_console.print(render_card(result))
+    emit(result)
+
+
+@app.command("cluster")
+def bench_cluster(
+    episodes: int = typer.Option(32, help="Episodes on each side (groups of 2)."),
+    concurrency: int = typer.Option(16, help="Episodes at once on each side (on Ray: split over 2 workers)."),
+    think_s: float = typer.Option(2.0, help="Emulated model time per turn (3 turns an episode)."),
+    ray: str | None = typer.Option(None, help="A Ray cluster to use (auto or ADDRESS); default: start one here."),
+    json_only: bool = typer.Option(False, "--json", help="Print only the JSON line."),
+) -> None:
+    """The same episodes in process and on Ray with two sandbox hosts: orchestration overhead per episode."""
+    from sandrl.bench.cluster import run
+
+    console = rich_console(quiet=json_only)
+    result = asyncio.run(run(episodes=episodes, concurrency=concurrency, think_s=think_s, address=ray, console=console))
+    emit(result)
+
+
+@app.command("contention")
+def contention(
+    quick: bool = typer.Option(False, "--quick", help="The small run: under 3 minutes on 2 cores."),
+    levels: str | None = typer.Option(None, help="Background-task counts, e.g. 0,2,4,8 (default: scaled to cores)."),
+    bar: float = typer.Option(1.5, help="Slowdown bar: time / standalone at most this."),
+    quantile: float = typer.Option(0.95, help="Fraction of commands that must be within the bar."),
+    cpus_per_host: float | None = typer.Option(None, help="Emulate a host of this many cores (default: all)."),
+    host_limit: str = typer.Option("auto", help="How to emulate it: auto, affinity (pin) or quota (CFS)."),
+    probes: int | None = typer.Option(None, help="Probe commands per level."),
+    workloads: str | None = typer.Option(None, help="Workload names, comma-separated (default: all; --quick: 6)."),
+    out: Path | None = typer.Option(None, help="Also write the JSON result to this file."),
+    json_only: bool = typer.Option(False, "--json", help="Print only the JSON line."),
+) -> None:
+    """Commands' slowdown as background sandboxes fill the host; capacity at the latency bar."""
+    from sandrl.bench.contention import ContentionConfig, run
+
+    config = ContentionConfig(
+        quick=quick,
+        levels=parse_levels(levels),
+        bar=bar,
+        quantile=quantile,
+        cores=cpus_per_host,
+        host_limit=_host_limit(host_limit),
+        probes=probes,
+        workloads=tuple(w for w in workloads.split(",") if w) if workloads else None,
+    )
+    console = rich_console(quiet=json_only)
+    result = asyncio.run(run(config, console=console))
+    emit(result, out)
+
+
+@app.command("episodes")
+def episodes(
+    quick: bool = typer.Option(False, "--quick", help="The small run: under 3 minutes on 2 cores."),
+    n: int | None = typer.Option(None, "--episodes", "-n", help="Episodes in all (default 8 quick, 24 full)."),
+    tasks: str | None = typer.Option(None, help="Built-in task ids, comma-separated, or 'all' (default: a mix)."),
+    background: int | None = typer.Option(None, help="Background tasks keeping the host busy (default: its cores)."),
+    model_s: float | None = typer.Option(None, help="Emulated model seconds per turn (default 1 quick, 2 full)."),
+    tokens_per_s: float = typer.Option(50.0, help="Emulated decode speed, for the KV-cache tokens."),
+    concurrency: int = typer.Option(2, help="Episodes at once."),
+    cpus_per_host: float | None = typer.Option(None, help="Emulate a host of this many cores (default: all)."),
+    host_limit: str = typer.Option("auto", help="How to emulate it: auto, affinity (pin) or quota (CFS)."),
+    out: Path | None = typer.Option(None, "-o", "--out", help="Also write the JSON result to this file."),
+    json_only: bool = typer.Option(False, "--json", help="Print only the JSON line."),
+) -> None:
+    """Episodes of built-in tasks (replay agent, fixed model time) on a busy host: where their time goes."""
+    from sandrl.bench.episodes import EpisodesConfig, run
+
+    config = EpisodesConfig(
+        quick=quick,
+        episodes=n,
+        tasks=_names(tasks, "--tasks"),
+        background=background,
+        model_s=model_s,
+        tokens_per_s=tokens_per_s,
+        concurrency=concurrency,
+        cores=cpus_per_host,
+        host_limit=_host_limit(host_limit),
+    )
+    emit(asyncio.run(run(config, console=rich_console(quiet=json_only, wide=True))), out)
+
+
+@app.command("admission")
+def admission(
+    quick: bool = typer.Option(False, "--quick", help="The small run (about 2 minutes on 2 cores)."),
+    capacity: str | None = typer.Option(
+        None, help="Host capacity: commands at once, or a `bench contention` result file (default: measure it)."
+    ),
+    factor: float = typer.Option(
+        2.0, help="Offered load: factor x capacity busy sandboxes (episodes in flight: that / their busy share)."
+    ),
+    n: int | None = typer.Option(None, "--episodes", "-n", help="Episodes per way per round."),
+    rounds: int | None = typer.Option(None, help="Rounds (each runs both ways, in alternating order)."),
+    model_s: float = typer.Option(0.2, help="Emulated model seconds per turn."),
+    workloads: str | None = typer.Option(None, help="Workloads each episode runs as its turns, comma-separated."),
+    bar: float = typer.Option(1.5, help="Slowdown bar: time / standalone at most this."),
+    quantile: float = typer.Option(0.95, help="Fraction of commands that must be within the bar."),
+    cpus_per_host: float | None = typer.Option(None, help="Emulate a host of this many cores (default: all)."),
+    host_limit: str = typer.Option("auto", help="How to emulate it: auto, affinity (pin) or quota (CFS)."),
+    fill_idle_cores: float | None = typer.Option(
+        None, help="Capacity-aware also runs a waiting command while this many cores sat idle (default: never)."
+    ),
+    out: Path | None = typer.Option(None, "-o", "--out", help="Also write the JSON result to this file."),
+    json_only: bool = typer.Option(False, "--json", help="Print only the JSON line."),
+) -> None:
+    """At 2x the host's capacity: admitting every command against capacity-aware admission, side by side."""
+    from sandrl.bench.admission import AdmissionConfig, run
+    from sandrl.capacity import parse_capacity
+
+    slots, source = parse_capacity(capacity)
+    config = AdmissionConfig(
+        quick=quick,
+        capacity=slots,
+        capacity_source=source,
+        factor=factor,
+        episodes=n,
+        rounds=rounds,
+        model_s=model_s,
+        workloads=_names(workloads, "--workloads"),
+        bar=bar,
+        quantile=quantile,
+        cores=cpus_per_host,
+        host_limit=_host_limit(host_limit),
+        fill_idle_cores=fill_idle_cores,
+    )
+    emit(asyncio.run(run(config, console=rich_console(quiet=json_only, wide=True))), out)
+
+
+@app.command("report")
+def report(
+    results: list[Path] = typer.Argument(..., help="Result files of `sandrl bench contention` or `episodes`."),
+    output: Path = typer.Option(Path("report.html"), "-o", "--output", help="The HTML page to write."),
+) -> None:
+    """Render result files as one HTML page with the plots."""
+    from sandrl.bench.report import write_report
+
+    path = write_report(results, output)
+    rich_console().print(f"wrote {path}")
+    emit({"bench": "report", "output": str(path), "results": [str(p) for p in results]})
+
+
+@app.command("compare")
+def compare(
+    a: Path = typer.Argument(..., help="Host A's result."),
+    b: Path = typer.Argument(..., help="Host B's result."),
+    json_only: bool = typer.Option(False, "--json", help="Print only the JSON line."),
+) -> None:
+    """Two hosts side by side: episode, commands, verifier, capacity, per-core slowdown, idle KV, projection."""
+    from sandrl.bench.report import compare_files
+
+    table, result = compare_files(a, b)
+    if not json_only:
+        rich_console(wide=True).print(table)
+    emit(result)

@@ -1,0 +1,44 @@
+"""``sandrl demo`` (the main job end to end) and ``sandrl demo sandbox`` (one sandbox, shown)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import typer
+
+from sandrl.cli.output import emit, rich_console
+
+app = typer.Typer(help="The main job end to end on the embedded defaults.")
+
+
+@app.callback(invoke_without_command=True)
+def demo(
+    ctx: typer.Context,
+    out: Path = typer.Option(Path("runs/demo"), help="Where the run is written (emptied first)."),
+    seed: int = typer.Option(0, help="Seeds the tasks, the model, the warm start and the RL run."),
+    rl_steps: int | None = typer.Option(None, help="GRPO steps (default: the demo's)."),
+    family: str | None = typer.Option(None, help="The generated task family (default: the demo's, 'lines')."),
+) -> None:
+    """Warm-start a tiny model, train it with GRPO in async mode on real sandboxes, show it learned."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from sandrl.demo.learn import DemoConfig, run
+
+    defaults = DemoConfig()
+    config = DemoConfig(
+        out=out,
+        seed=seed,
+        rl_steps=defaults.rl_steps if rl_steps is None else rl_steps,
+        family=defaults.family if family is None else family,
+    )
+    summary = asyncio.run(run(config))
+    emit({k: summary[k] for k in ("improvement_points", "heldout_before", "heldout_after", "wall_s")})
+
+
+@app.command("sandbox")
+def demo_sandbox() -> None:
+    """One sandbox: commands, files in and out, limits enforced, closed without a trace."""
+    from sandrl.demo.sandbox import run_demo
+
+    asyncio.run(run_demo(rich_console(stderr=False)))

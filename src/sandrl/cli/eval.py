@@ -1,0 +1,58 @@
+"""``sandrl eval TASKS``: an agent over tasks in sandboxes, each episode verified.
+
+The summary and progress go to stderr; the command ends with one JSON line on stdout
+(:func:`sandrl.rollout.evaluate.result_line`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import typer
+
+from sandrl.cli.output import emit, err_console
+
+# No name when mounted: `eval` is a command of the root, not a group.
+app = typer.Typer()
+
+
+@app.command("eval")
+def eval_tasks(
+    tasks: str = typer.Argument(..., help="A task directory, a directory of them, a SWE-bench file, or 'builtin'."),
+    agent: str = typer.Option("oracle", help="llm, oracle, null or replay."),
+    inference: str | None = typer.Option(None, help="'embedded' or the URL of an SGLang-routes server (--agent llm)."),
+    model: str = typer.Option("tiny", help="'tiny' or a checkpoint dir (embedded: the model; URL: its tokenizer)."),
+    samples: int = typer.Option(1, help="Episodes per task (a GRPO group)."),
+    concurrency: int = typer.Option(8, help="Episodes at once."),
+    out: Path | None = typer.Option(None, "--out", "--save-rollouts", help="Write every trajectory here (JSONL)."),
+    max_turns: int = typer.Option(20, help="Turns per episode."),
+    max_total_tokens: int = typer.Option(8192, help="Tokens per episode, prompt included."),
+    max_new_tokens: int = typer.Option(512, help="Tokens per model reply."),
+    temperature: float = typer.Option(1.0, help="Sampling temperature."),
+    run_id: str | None = typer.Option(None, help="Prefix of the episode ids; fixed = ids stable across runs."),
+    host_capacity: str | None = typer.Option(
+        None, help="Commands at once (the rest queue): a number, or a `sandrl bench contention` result file."
+    ),
+) -> None:
+    """Run an agent over tasks in sandboxes; print a summary, then one JSON line."""
+    from sandrl.capacity import parse_capacity
+    from sandrl.rollout.evaluate import EvalConfig, evaluate, result_line
+
+    config = EvalConfig(
+        tasks,
+        agent=agent,  # type: ignore[arg-type]
+        inference=inference,
+        model=model,
+        samples=samples,
+        concurrency=concurrency,
+        out=out,
+        max_turns=max_turns,
+        max_total_tokens=max_total_tokens,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        run_id=run_id,
+        host_capacity=parse_capacity(host_capacity, "--host-capacity")[0],
+    )
+    result = asyncio.run(evaluate(config, console=err_console))
+    emit(result_line(config, result))

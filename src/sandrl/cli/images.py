@@ -1,0 +1,172 @@
+"""``sandrl images build|ls|rm``: the environment images in the local store.
+
+``images build`` runs a Dockerfile through :class:`~sandrl.tasks.build.ImageBuilder`, or makes
+the Debian base image with debootstrap (``sandrl images build debian``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from sandrl.cli.output import rich_console
+from sandrl.errors import ConfigError, ImageBuildError
+from sandrl.sandbox.bwrap import BwrapProvider
+from sandrl.sandbox.images import DEFAULT_PATH, HOST_IMAGE
+from sandrl.tasks.build import BUILD_PREFIX, BuildOptions, ImageBuilder, StepEvent
+
+app = typer.Typer(no_args_is_help=True, help="Environment images: build (Dockerfile or debian), ls, rm.")
+
+DEBIAN_IMAGE = "debian"
+DEBIAN_SUITE = "bookworm"
+DEBIAN_MIRROR = "http://deb.debian.org/debian"
+
+
+@app.command("build")
+def images_build(
+    name: str = typer.Argument(..., help="The image's name; 'debian' with no --file makes Debian with debootstrap."),
+    file: Path | None = typer.Option(None, "--file", "-f", help="The Dockerfile to build."),
+    context: Path | None = typer.Option(None, help="The build context (default: the Dockerfile's directory)."),
+    build_arg: list[str] = typer.Option([], "--build-arg", help="NAME=value for an ARG; repeatable."),
+    network: bool = typer.Option(False, "--network", help="Give RUN steps the host's network."),
+    timeout: float = typer.Option(600.0, help="The whole build's time limit in seconds."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Rebuild every step."),
+    suite: str = typer.Option(DEBIAN_SUITE, help="Debian suite for debootstrap."),
+    mirror: str = typer.Option(DEBIAN_MIRROR, help="Debian mirror for debootstrap."),
+) -> None:
+    """Build NAME from a Dockerfile (--file), or the Debian base image (`sandrl images build debian`)."""
+    console = rich_console(stderr=False)
+    provider = BwrapProvider()
+    if file is None:
+        if name != DEBIAN_IMAGE:
+            raise ConfigError(f"give the Dockerfile to build {name!r} with --file (only 'debian' is built without one)")
+        _build_debian(provider, suite, mirror, console)
+        return
+    args: dict[str, str] = {}
+    for item in build_arg:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--build-arg must be NAME=value, got {item!r}")
+        args[key] = value
+    options = BuildOptions(timeout_s=timeout, network=network, build_args=args, use_cache=not no_cache)
+
+    def show(event: StepEvent) -> None:
+        if event.phase == "done":
+            console.print(
+                f"[bold]step {event.index}/{event.total}[/] {event.instruction.text[:100]} "
+                f"[dim]{event.status} {event.duration_s:.2f} s[/]",
+                highlight=False,
+            )
+
+    async def go() -> None:
+        try:
+            builder = ImageBuilder(provider, on_event=show)
+            result = await builder.build(file, context=context, options=options, tag=name)
+        finally:
+            await provider.close_all()
+        console.print(
+            f"built [bold]{result.image}[/]: {result.steps} steps, {result.cached} cached, "
+            f"{result.built} built, in {result.duration_s:.1f} s"
+        )
+
+    asyncio.run(go())
+
+
+def _build_debian(provider: BwrapProvider, suite: str, mirror: str, console: Console) -> None:
+    store = provider.images
+    if store.exists(DEBIAN_IMAGE):
+        console.print(f"the image {DEBIAN_IMAGE!r} exists; remove it first to rebuild (sandrl images rm debian)")
+        return
+    debootstrap = shutil.which("debootstrap")
+    if debootstrap is None:
+        raise ImageBuildError("debootstrap is not installed: apt-get install debootstrap, then run this again")
+    work = store.root / "layers"
+    work.mkdir(parents=True, exist_ok=True)
+    target = Path(tempfile.mkdtemp(prefix=".debootstrap-", dir=work))
+    start = time.monotonic()
+    try:
+        with console.status(f"debootstrap --variant=minbase {suite} (downloads ~40 MB)"):
+            proc = subprocess.run(
+                [debootstrap, "--variant=minbase", suite, str(target), mirror],
+                capture_output=True,
+                text=True,
+                timeout=1800,
+                check=False,
+            )
+        if proc.returncode != 0:
+            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+            raise ImageBuildError(
+                f"debootstrap failed with exit code {proc.returncode} (is the mirror reachable?):\n{tail}"
+            )
+        os.chmod(target, 0o755)  # mkdtemp made it 0700: the image's / must be open to every user
+        for scratch in ("var/cache/apt/archives", "var/lib/apt/lists"):
+            path = target / scratch
+            if path.is_dir():
+                for item in path.iterdir():
+                    if item.is_file():
+                        item.unlink()
+        store.add_rootfs(DEBIAN_IMAGE, target, move=True, env={"PATH": DEFAULT_PATH}, workdir="/")
+    finally:
+        shutil.rmtree(target, ignore_errors=True)
+    console.print(f"built [bold]{DEBIAN_IMAGE}[/] (Debian {suite} minbase) in {time.monotonic() - start:.0f} s")
+
+
+@app.command("ls")
+def images_ls(
+    all_images: bool = typer.Option(False, "--all", "-a", help="Also the builder's cache images (build-*)."),
+) -> None:
+    """List the images in the store."""
+    console = rich_console(stderr=False)
+    store = BwrapProvider().images
+    table = Table("image", "base", "layers", "created")
+    shown = 0
+    for name in store.names():
+        if name.startswith(BUILD_PREFIX) and not all_images:
+            continue
+        meta = store.meta(name)
+        layers = meta.get("layers")
+        created = meta.get("created")
+        when = (
+            time.strftime("%Y-%m-%d %H:%M", time.localtime(float(created))) if isinstance(created, int | float) else "-"
+        )
+        base = meta.get("base")
+        table.add_row(
+            name,
+            str(base) if base else ("(host system)" if name == HOST_IMAGE else "-"),
+            str(len(layers)) if isinstance(layers, list) else "-",
+            when,
+        )
+        shown += 1
+    console.print(table)
+    hidden = sum(n.startswith(BUILD_PREFIX) for n in store.names())
+    if hidden and not all_images:
+        console.print(f"[dim]{hidden} cache images (build-*) not shown; --all shows them[/]")
+
+
+@app.command("rm")
+def images_rm(
+    names: list[str] = typer.Argument(None, help="Images to remove."),
+    cache: bool = typer.Option(False, "--cache", help="Remove every build cache image (build-*)."),
+    prune: bool = typer.Option(True, help="Delete layers no image uses any more (do not run while sandboxes do)."),
+) -> None:
+    """Remove images; their layers go too when no image uses them."""
+    console = rich_console(stderr=False)
+    store = BwrapProvider().images
+    targets = list(names or [])
+    if cache:
+        targets += [n for n in store.names() if n.startswith(BUILD_PREFIX)]
+    if not targets:
+        raise ConfigError("name the images to remove, or give --cache")
+    for name in targets:
+        store.remove(name)
+    removed = store.prune_layers() if prune else []
+    console.print(f"removed {len(targets)} images and {len(removed)} unused layers")

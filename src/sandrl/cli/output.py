@@ -1,0 +1,47 @@
+"""What the commands print: rich consoles for people, one JSON line for scripts.
+
+Every command that has a result for scripts ends with it as one JSON line on stdout (STYLE.md:
+"benchmarks print a card, then one JSON line"); its tables, cards and progress go to a rich
+console on stderr, which ``--json`` silences. The few commands whose table *is* the result
+(``tasks list``, ``images ls``) print it on stdout.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+# Errors, warnings and the local `sandbox run`'s notes; `main()` prints SandrlError here.
+err_console = Console(stderr=True)
+
+# A piped card's tables would wrap at rich's default of 80 columns.
+_PIPED_WIDTH = 140
+
+
+def rich_console(*, quiet: bool = False, stderr: bool = True, wide: bool = False) -> Console:
+    """A rich console for tables, cards and progress.
+
+    ``quiet``: it prints nowhere (``--json``: only the JSON line reaches the terminal).
+    ``stderr``: False for a command whose table is its output.
+    ``wide``: 140 columns when the stream is not a terminal, so a piped card keeps its tables whole.
+    """
+    if quiet:
+        return Console(file=io.StringIO())
+    if wide:
+        stream = sys.stderr if stderr else sys.stdout
+        return Console(stderr=stderr, width=None if stream.isatty() else _PIPED_WIDTH)
+    return Console(stderr=stderr)
+
+
+def emit(result: Mapping[str, Any], out: Path | None = None) -> None:
+    """Print ``result`` as one JSON line on stdout; with ``out``, write the same line to that file too."""
+    line = json.dumps(result)
+    if out is not None:
+        out.write_text(line + "\n")
+    print(line)

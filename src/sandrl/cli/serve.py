@@ -1,0 +1,36 @@
+"""``sandrl serve sandboxes|inference``: the HTTP servers, each run in the foreground until stopped."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(no_args_is_help=True, help="Servers: sandboxes, inference.")
+
+
+@app.command("sandboxes")
+def serve_sandboxes(
+    host: str = typer.Option("127.0.0.1", help="Address to bind (without a token: loopback only)."),
+    port: int = typer.Option(8700, help="Port to bind."),
+    token_file: str | None = typer.Option(None, help="File holding the bearer token (or set $SANDRL_TOKEN)."),
+    max_live: int | None = typer.Option(None, help="Most live sandboxes; further creates get capacity_exhausted."),
+    state_dir: str | None = typer.Option(None, help="State directory (default /var/lib/sandrl)."),
+) -> None:
+    """Serve sandboxes over HTTP: the native /v1 API, Prometheus /metrics."""
+    from sandrl.sandbox.server import serve
+
+    serve(host, port, token_file=token_file, max_live=max_live, state_dir=state_dir)
+
+
+@app.command("inference")
+def serve_inference(
+    model: str = typer.Option("tiny", help="'tiny' (built from a config) or a local Hugging Face checkpoint dir."),
+    host: str = typer.Option("127.0.0.1", help="Address to bind."),
+    port: int = typer.Option(30000, help="Port to bind."),
+    max_batch_size: int = typer.Option(64, help="Most requests decoded together."),
+    seed: int = typer.Option(0, help="Seed of the tiny model's weights and of sampling."),
+) -> None:
+    """Serve the embedded CPU engine with SGLang's and OpenAI's routes."""
+    from sandrl.inference.engine import EngineConfig
+    from sandrl.inference.server import serve
+
+    serve(model, host, port, engine_config=EngineConfig(max_batch_size=max_batch_size, seed=seed))

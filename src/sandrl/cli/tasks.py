@@ -1,0 +1,191 @@
+"""``sandrl tasks list|validate|run``: task sets from the command line.
+
+Errors are raised as :class:`~sandrl.errors.SandrlError` and printed as one line by
+``sandrl``'s ``main()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from sandrl.cli.output import emit, rich_console
+from sandrl.errors import ConfigError
+from sandrl.sandbox.bwrap import BwrapProvider
+from sandrl.tasks.loader import TaskProblem, load_tasks
+from sandrl.tasks.suite import AgentKind, TaskRun, TaskValidation, run_many, run_task, validate_task
+from sandrl.tasks.task import Task
+
+app = typer.Typer(no_args_is_help=True, help="Task sets: list, validate, run with the oracle or a null agent.")
+
+
+def _load(path: Path, console: Console) -> tuple[list[Task], list[TaskProblem]]:
+    tasks, problems = load_tasks(path)
+    for problem in problems:
+        console.print(f"[red]problem[/] {problem.path}: {problem.problem}", highlight=False, soft_wrap=True)
+    if not tasks and not problems:
+        raise ConfigError(f"no tasks under {path}; give a task directory or a directory of them")
+    return tasks, problems
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    )
+
+
+@app.command("list")
+def tasks_list(
+    path: Path = typer.Argument(..., help="A task directory, a directory of them, or a SWE-bench file."),
+) -> None:
+    """List the tasks under PATH, and the ones that do not load."""
+    console = rich_console(stderr=False)
+    tasks, problems = _load(path, console)
+    table = Table("task", "format", "base image", "workdir", "agent s", "verifier s", "solution")
+    for task in tasks:
+        table.add_row(
+            task.id,
+            task.format,
+            task.environment.base_image or "-",
+            task.environment.workdir,
+            f"{task.agent_timeout_s:g}",
+            f"{task.verifier.timeout_s:g}",
+            "yes" if task.solution is not None else "no",
+        )
+    console.print(table)
+    console.print(f"{len(tasks)} tasks, {len(problems)} problems")
+    if problems:
+        raise typer.Exit(1)
+
+
+@app.command("validate")
+def tasks_validate(
+    path: Path = typer.Argument(..., help="A task directory or a directory of them."),
+    concurrency: int = typer.Option(2, help="Tasks validated at once (each uses two sandboxes)."),
+) -> None:
+    """For every task: the environment builds, the tests fail without the solution and pass with it."""
+    if concurrency < 1:
+        raise ConfigError("--concurrency must be at least 1")
+    console = rich_console(stderr=False)
+    tasks, problems = _load(path, console)
+    start = time.monotonic()
+
+    async def go() -> list[TaskValidation]:
+        provider = BwrapProvider()
+        try:
+            with _progress(console) as progress:
+                bar = progress.add_task("validating", total=len(tasks))
+
+                def done(task: Task, result: TaskValidation) -> None:
+                    progress.advance(bar)
+                    if not result.ok:
+                        progress.console.print(f"[red]FAIL[/] {task.id}: {result.problem}", highlight=False)
+
+                return await run_many(
+                    tasks, lambda t: validate_task(t, provider), concurrency=concurrency, on_done=done
+                )
+        finally:
+            await provider.close_all()
+
+    results = asyncio.run(go())
+    table = Table("task", "built", "reward untouched", "reward with oracle", "s", "result")
+    for r in results:
+        table.add_row(
+            r.task_id,
+            "yes" if r.built else "no",
+            "-" if r.reward_without is None else f"{r.reward_without:g}",
+            "-" if r.reward_with is None else f"{r.reward_with:g}",
+            f"{r.duration_s:.1f}",
+            "[green]ok[/]" if r.ok else "[red]FAIL[/]",
+        )
+    console.print(table)
+    failed = [r for r in results if not r.ok]
+    console.print(
+        f"{len(results) - len(failed)}/{len(results)} tasks valid, {len(failed)} failed, "
+        f"{len(problems)} did not load, in {time.monotonic() - start:.1f} s"
+    )
+    if failed or problems:
+        raise typer.Exit(1)
+
+
+@app.command("run")
+def tasks_run(
+    path: Path = typer.Argument(..., help="A task directory or a directory of them."),
+    agent: str = typer.Option("oracle", help="oracle (the reference solution) or null (does nothing)."),
+    concurrency: int = typer.Option(2, help="Tasks run at once."),
+    json_out: bool = typer.Option(False, "--json", help="End with one JSON line of the results."),
+) -> None:
+    """Run every task with the oracle or the null agent through the real verifier; print the pass rate."""
+    if agent not in ("oracle", "null"):
+        raise ConfigError(f"--agent must be oracle or null, got {agent!r}")
+    if concurrency < 1:
+        raise ConfigError("--concurrency must be at least 1")
+    kind: AgentKind = "oracle" if agent == "oracle" else "null"
+    console = rich_console(stderr=json_out)
+    tasks, problems = _load(path, console)
+    start = time.monotonic()
+
+    async def go() -> list[TaskRun]:
+        provider = BwrapProvider()
+        try:
+            with _progress(console) as progress:
+                bar = progress.add_task(f"{agent} agent", total=len(tasks))
+
+                def done(task: Task, result: TaskRun) -> None:
+                    progress.advance(bar)
+                    if result.error is not None:
+                        progress.console.print(f"[yellow]error[/] {task.id}: {result.error}", highlight=False)
+
+                return await run_many(
+                    tasks, lambda t: run_task(t, provider, kind), concurrency=concurrency, on_done=done
+                )
+        finally:
+            await provider.close_all()
+
+    results = asyncio.run(go())
+    elapsed = time.monotonic() - start
+    table = Table("task", "reward", "passed", "build s", "total s", "error")
+    for r in results:
+        table.add_row(
+            r.task_id,
+            f"{r.reward:g}",
+            "yes" if r.passed else "no",
+            f"{r.build_s:.2f}",
+            f"{r.duration_s:.1f}",
+            (r.error or "")[:80],
+        )
+    console.print(table)
+    passed = sum(r.passed for r in results)
+    errors = sum(r.error is not None for r in results)
+    rate = passed / len(results) if results else 0.0
+    mean = sum(r.reward for r in results) / len(results) if results else 0.0
+    console.print(
+        f"{agent}: {passed}/{len(results)} passed (pass rate {rate:.3f}, mean reward {mean:.3f}), "
+        f"{errors} errors, {len(problems)} did not load, in {elapsed:.1f} s"
+    )
+    if json_out:
+        summary = {
+            "agent": agent,
+            "tasks": len(results),
+            "passed": passed,
+            "pass_rate": rate,
+            "mean_reward": mean,
+            "errors": errors,
+            "problems": len(problems),
+            "seconds": round(elapsed, 2),
+            "results": [r.to_dict() for r in results],
+        }
+        emit(summary)
+    if errors or problems:
+        raise typer.Exit(1)

@@ -1,0 +1,57 @@
+"""``sandrl train CONFIG [--mode sync|async] [--load-rollouts FILE] [--rollout-only] [--ray auto|ADDRESS]``.
+
+::
+
+    sandrl train configs/tiny.toml                      # the [run] mode (sync by default)
+    sandrl train configs/tiny.toml --mode async
+    sandrl train configs/tiny.toml --rollout-only       # collect into rollouts.jsonl, no training
+    sandrl train configs/tiny.toml --load-rollouts runs/tiny/rollouts.jsonl   # no sandboxes, no server
+    sandrl train cluster.toml --ray auto                # on a Ray cluster: see sandrl.cluster.training
+
+The run writes under ``[run] output_dir``: ``config.toml`` (the resolved config), ``metrics.jsonl``
+(one line per step), ``rollouts.jsonl`` and ``checkpoints/``; started again, it resumes from the
+newest checkpoint. It prints a progress line per step on stderr and ends with one JSON line on
+stdout (the last step's metrics).
+
+``--ray`` is routed here rather than in :mod:`sandrl.train`: the cluster package builds on the
+train package, so the train package must not import it back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import typer
+
+from sandrl.cli.output import emit
+from sandrl.errors import ConfigError
+
+# No name when mounted: `train` is a command of the root, not a group.
+app = typer.Typer()
+
+
+@app.command("train")
+def train_cmd(
+    config: Path = typer.Argument(..., help="The run's TOML config (see configs/tiny.toml)."),
+    mode: str | None = typer.Option(None, help="sync or async (default: [run] mode)."),
+    load_rollouts: Path | None = typer.Option(None, help="Train on saved trajectories: no sandboxes, no inference."),
+    rollout_only: bool = typer.Option(False, help="Collect rollouts without training."),
+    ray: str | None = typer.Option(
+        None, help="Run on a Ray cluster: 'auto' (the one started here) or its ADDRESS; needs a [cluster] section."
+    ),
+) -> None:
+    """Train a policy with GRPO in sandboxes; a progress line per step, then one JSON line."""
+    if ray is not None:
+        if load_rollouts is not None:
+            raise ConfigError("--load-rollouts trains on saved trajectories in this process: drop --ray")
+        from sandrl.cluster.training import train_on_ray
+
+        emit(train_on_ray(config, ray, mode=mode, rollout_only=rollout_only))
+        return
+    # Imported here: the train package brings in PyTorch, which `sandrl --help` should not wait for.
+    from sandrl.train.command import run_training
+    from sandrl.train.run_config import load_run_config
+
+    run_config = load_run_config(config)
+    emit(asyncio.run(run_training(run_config, mode=mode, load_rollouts=load_rollouts, rollout_only=rollout_only)))
