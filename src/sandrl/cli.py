@@ -226,7 +226,7 @@ def eval_tasks(
     import json
 
     from sandrl.bench.capacity import parse_capacity
-    from sandrl.rollout.evaluate import EvalConfig, evaluate, result_line
+    from sandrl.wiring.evaluate import EvalConfig, evaluate, result_line
 
     config = EvalConfig(
         tasks,
