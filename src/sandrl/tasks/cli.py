@@ -27,8 +27,8 @@ from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.sandbox.images import DEFAULT_PATH, HOST_IMAGE
 from sandrl.tasks.build import BUILD_PREFIX, BuildOptions, ImageBuilder, StepEvent
 from sandrl.tasks.loader import TaskProblem, load_tasks
-from sandrl.tasks.suite import AgentKind, TaskRun, TaskValidation, run_many, run_task, validate_task
 from sandrl.tasks.task import Task
+from sandrl.wiring.suite import AgentKind, TaskRun, TaskValidation, run_suite, validate_suite
 
 tasks_app = typer.Typer(no_args_is_help=True, help="Task sets: list, validate, run with the oracle or a null agent.")
 images_app = typer.Typer(no_args_is_help=True, help="Environment images: build (Dockerfile or debian), ls, rm.")
@@ -109,9 +109,7 @@ def tasks_validate(
                     if not result.ok:
                         progress.console.print(f"[red]FAIL[/] {task.id}: {result.problem}", highlight=False)
 
-                return await run_many(
-                    tasks, lambda t: validate_task(t, provider), concurrency=concurrency, on_done=done
-                )
+                return await validate_suite(tasks, provider, concurrency=concurrency, on_done=done)
         finally:
             await provider.close_all()
 
@@ -164,9 +162,7 @@ def tasks_run(
                     if result.error is not None:
                         progress.console.print(f"[yellow]error[/] {task.id}: {result.error}", highlight=False)
 
-                return await run_many(
-                    tasks, lambda t: run_task(t, provider, kind), concurrency=concurrency, on_done=done
-                )
+                return await run_suite(tasks, kind, provider, concurrency=concurrency, on_done=done)
         finally:
             await provider.close_all()
 
@@ -180,7 +176,7 @@ def tasks_run(
             "yes" if r.passed else "no",
             f"{r.build_s:.2f}",
             f"{r.duration_s:.1f}",
-            (r.error or "")[:80],
+            (r.reason or "")[:80],
         )
     console.print(table)
     passed = sum(r.passed for r in results)
