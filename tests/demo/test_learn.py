@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -30,16 +31,12 @@ TOY = DemoConfig(
     ),
     rl_steps=2,
     groups_per_step=2,
-    group_size=2,
-    concurrency=4,
-    max_new_tokens=24,
+    rollout=replace(DemoConfig().rollout, group_size=2, concurrency=4, max_new_tokens=24),
 )
 
 
 @needs_sandbox
 async def test_the_demo_runs_every_phase_and_writes_its_numbers(tmp_path: Path) -> None:
-    from dataclasses import replace
-
     out = tmp_path / "demo"
     summary = await run(replace(TOY, out=out))
     saved = json.loads((out / "demo.json").read_text())
@@ -70,7 +67,7 @@ def test_bad_demo_settings_say_which_and_why() -> None:
     with pytest.raises(ConfigError, match="rl_steps"):
         DemoConfig(rl_steps=0)
     with pytest.raises(ConfigError, match="group_size"):
-        DemoConfig(group_size=1)
+        DemoConfig(rollout=replace(DemoConfig().rollout, group_size=1))
     with pytest.raises(ConfigError, match="no task family 'poems'; choose one of echo, "):
         DemoConfig(family="poems")
     result = CliRunner().invoke(app, ["demo", "--rl-steps", "0"])

@@ -11,8 +11,8 @@ from rich.console import Console
 from sandrl.bench.rollout import run as bench_rollout
 from sandrl.errors import ConfigError
 from sandrl.rollout import read_jsonl
-from sandrl.rollout.evaluate import EvalConfig, evaluate, result_line
 from sandrl.sandbox.bwrap import BwrapProvider
+from sandrl.wiring.evaluate import EvalConfig, evaluate, result_line
 
 
 async def test_eval_oracle_saves_rollouts(task_root: Path, provider: BwrapProvider, tmp_path: Path) -> None:

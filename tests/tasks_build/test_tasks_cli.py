@@ -53,6 +53,10 @@ def test_tasks_run_scores(cli_state: Path, subset: Path, agent: str, reward: flo
     assert summary["pass_rate"] == reward
     assert {r["task"]: r["reward"] for r in summary["results"]} == dict.fromkeys(SUBSET, reward)
     assert all(r["image"].startswith("build-") for r in summary["results"])
+    # What sandrl eval records of an episode: its status and, when the task failed, what the verifier said.
+    assert {r["status"] for r in summary["results"]} == {"completed"}
+    assert all((r["verify_output_tail"] is None) == r["passed"] for r in summary["results"])
+    assert all(isinstance(r["verify_exit_code"], int) for r in summary["results"])
 
 
 def test_tasks_list(subset: Path) -> None:

@@ -45,9 +45,6 @@ from sandrl.bench.admission_card import print_card
 from sandrl.bench.workloads import Standalone, Workload
 from sandrl.capacity import admission_slots
 from sandrl.errors import ConfigError
-from sandrl.rollout.agent import Budget
-from sandrl.rollout.episode import EpisodeConfig
-from sandrl.rollout.runner import RolloutRunner, RunnerConfig
 from sandrl.rollout.scripted import ReplayAgent, ThinkTime
 from sandrl.rollout.trajectory import Trajectory
 from sandrl.sandbox.bwrap import BwrapProvider
@@ -55,6 +52,7 @@ from sandrl.sandbox.idle_cpu import IdleCpus
 from sandrl.tasks.build import ensure_task_image
 from sandrl.tasks.loader import load_task
 from sandrl.tasks.task import Task
+from sandrl.wiring import RolloutConfig, build_runner
 
 RESULT_VERSION = 1
 TASK_ID = "bench-workloads"
@@ -431,16 +429,17 @@ async def _run(
             order = MODES if r % 2 == 0 else MODES[::-1]
             for mode in order:
                 bar = progress.add_task(f"round {r + 1}/{cfg.rounds}: {mode.replace('_', ' ')}", total=len(tasks))
-                runner = RolloutRunner(
-                    provider,
-                    agent,
-                    config=RunnerConfig(
+                runner = build_runner(
+                    RolloutConfig(
                         concurrency=in_flight,
+                        group_size=1,
                         max_attempts=1,
                         host_capacity=slots if mode == "capacity_aware" else None,
                         fill_idle_cores=cfg.fill_idle_cores,
-                        episode=EpisodeConfig(Budget(max_turns=len(chosen) + 1)),
+                        max_turns=len(chosen) + 1,
                     ),
+                    provider,
+                    agent=agent,
                     image_for=image_for,
                     on_episode=functools.partial(_advance, progress, bar),
                 )

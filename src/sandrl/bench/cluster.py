@@ -26,6 +26,7 @@ Ends with one JSON line.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import secrets
@@ -44,12 +45,11 @@ from rich.table import Table
 
 from sandrl.cluster.hosts import HostConfig
 from sandrl.errors import ConfigError, SandrlError
-from sandrl.rollout.agent import Budget
-from sandrl.rollout.episode import EpisodeConfig
-from sandrl.rollout.runner import Group, RolloutRunner, RunnerConfig
+from sandrl.rollout.runner import Group
 from sandrl.rollout.scripted import SOLUTION, ReplayAgent, ThinkTime
 from sandrl.tasks.task import Task
 from sandrl.train.run_config import RunConfig, from_dict
+from sandrl.wiring import build_runner, task_set
 
 TARGET_PCT = 5.0
 GROUP_SIZE = 2
@@ -155,15 +155,9 @@ async def _in_process(root: Path, config: RunConfig, tasks: list[Task], groups: 
     from sandrl.sandbox.bwrap import BwrapProvider
 
     provider = BwrapProvider(root / "state-local")
-    r = config.rollout
-    runner_config = RunnerConfig(
-        concurrency=slots,
-        group_size=GROUP_SIZE,
-        max_attempts=1,
-        run_id="bench-local",
-        episode=EpisodeConfig(budget=Budget(max_turns=r.max_turns)),
-    )
-    runner = RolloutRunner(provider, _agent(think_s), config=runner_config)
+    # The runner a rollout worker builds from the same config, on one machine.
+    rollout = dataclasses.replace(config.rollout, concurrency=slots)
+    runner = build_runner(rollout, provider, agent=_agent(think_s), run_id="bench-local")
     try:
         for task in tasks:
             await runner.image_for(task)
@@ -261,10 +255,8 @@ async def run(
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="sandrl-bench-cluster-") as tmp:
         root = Path(tmp)
-        from sandrl.cluster.worker import load_run_tasks
-
         config = _run_config(root, 16)
-        tasks = load_run_tasks(config, root / "tasks")
+        tasks = task_set(config.tasks, root / "tasks")
         console.print(
             f"{groups * GROUP_SIZE} replay episodes ({len(COMMANDS)} turns, {think_s:g} s model time each), "
             f"{concurrency} at once: in process, then on Ray with two sandbox hosts"

@@ -35,9 +35,6 @@ from sandrl.bench.breakdown import EpisodeBreakdown, episodes_section, kv_turns,
 from sandrl.bench.contention import BackgroundLoad
 from sandrl.bench.projection import projection_section
 from sandrl.errors import ConfigError
-from sandrl.rollout.agent import Budget
-from sandrl.rollout.episode import EpisodeConfig
-from sandrl.rollout.runner import RolloutRunner, RunnerConfig
 from sandrl.rollout.scripted import SOLUTION, ReplayAgent, ThinkTime
 from sandrl.rollout.trajectory import Trajectory, Turn
 from sandrl.sandbox.base import SandboxSpec
@@ -45,6 +42,7 @@ from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.tasks.builtin import SUITE_DIR
 from sandrl.tasks.loader import load_tasks
 from sandrl.tasks.task import Task
+from sandrl.wiring import RolloutConfig, build_runner
 
 RESULT_VERSION = 1
 
@@ -229,14 +227,10 @@ async def _run(cfg: EpisodesConfig, tasks: list[Task], provider: BwrapProvider, 
     agent = replay_agent(cfg.model_s, cfg.tokens_per_s, seed=cfg.seed)
     with Progress(console=console, transient=True) as progress:
         bar = progress.add_task(f"{cfg.episodes} episodes, {cfg.concurrency} at once", total=cfg.episodes)
-        runner = RolloutRunner(
+        runner = build_runner(
+            RolloutConfig(concurrency=cfg.concurrency, group_size=1, max_attempts=1, max_turns=len(REPLAY_TURNS) + 1),
             provider,
-            agent,
-            config=RunnerConfig(
-                concurrency=cfg.concurrency,
-                max_attempts=1,
-                episode=EpisodeConfig(Budget(max_turns=len(REPLAY_TURNS) + 1)),
-            ),
+            agent=agent,
             on_episode=lambda _: progress.advance(bar),
         )
         images = progress.add_task("task images", total=len(tasks))

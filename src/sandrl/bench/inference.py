@@ -18,7 +18,7 @@ from typing import Any
 from sandrl.errors import ConfigError
 from sandrl.inference.base import SamplingParams
 from sandrl.inference.engine import Engine, EngineConfig
-from sandrl.inference.model import TINY
+from sandrl.inference.tokenizer import TINY
 
 
 def bench_engine(

@@ -19,15 +19,13 @@ from rich.console import Console
 from rich.table import Table
 
 from sandrl.errors import ConfigError
-from sandrl.rollout.agent import Budget
-from sandrl.rollout.episode import EpisodeConfig
-from sandrl.rollout.runner import RolloutRunner, RunnerConfig
 from sandrl.rollout.scripted import SOLUTION, ReplayAgent, ThinkTime
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.tasks.builtin import SUITE_DIR
 from sandrl.tasks.builtin.generated import FAMILIES, generate_tasks
 from sandrl.tasks.loader import load_tasks
 from sandrl.tasks.task import Task
+from sandrl.wiring import RolloutConfig, build_runner
 
 TARGETS = {"infra_errors": 0, "overhead_share": 0.01}
 
@@ -76,10 +74,8 @@ async def run(
         provider = BwrapProvider(Path(tmp) / "state")
         pool = _tasks(suite, Path(tmp) / "tasks")
         chosen = [pool[i % len(pool)] for i in range(episodes)]
-        config = RunnerConfig(
-            concurrency=concurrency, max_attempts=1, episode=EpisodeConfig(Budget(max_turns=len(commands) + 1))
-        )
-        runner = RolloutRunner(provider, agent, config=config)
+        rollout = RolloutConfig(concurrency=concurrency, group_size=1, max_attempts=1, max_turns=len(commands) + 1)
+        runner = build_runner(rollout, provider, agent=agent)
         # Images first, so the episode timings are the steady state a training run sees.
         for task in pool:
             await runner.image_for(task)

@@ -1,5 +1,5 @@
 """``sandrl bench ...``: every benchmark, each a thin command over its module in :mod:`sandrl.bench`
-(or :mod:`sandrl.inference.bench`, :mod:`sandrl.cluster.bench`).
+(or :mod:`sandrl.bench.inference`, :mod:`sandrl.bench.cluster`).
 
 Each prints its card on stderr (nothing with ``--json``) and ends with one JSON line on stdout.
 """

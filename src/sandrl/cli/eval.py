@@ -1,7 +1,7 @@
 """``sandrl eval TASKS``: an agent over tasks in sandboxes, each episode verified.
 
 The summary and progress go to stderr; the command ends with one JSON line on stdout
-(:func:`sandrl.rollout.evaluate.result_line`).
+(:func:`sandrl.wiring.evaluate.result_line`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def eval_tasks(
 ) -> None:
     """Run an agent over tasks in sandboxes; print a summary, then one JSON line."""
     from sandrl.capacity import parse_capacity
-    from sandrl.rollout.evaluate import EvalConfig, evaluate, result_line
+    from sandrl.wiring.evaluate import EvalConfig, evaluate, result_line
 
     config = EvalConfig(
         tasks,

@@ -19,8 +19,8 @@ from sandrl.cli.output import emit, rich_console
 from sandrl.errors import ConfigError
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.tasks.loader import TaskProblem, load_tasks
-from sandrl.tasks.suite import AgentKind, TaskRun, TaskValidation, run_many, run_task, validate_task
 from sandrl.tasks.task import Task
+from sandrl.wiring.suite import AgentKind, TaskRun, TaskValidation, run_suite, validate_suite
 
 app = typer.Typer(no_args_is_help=True, help="Task sets: list, validate, run with the oracle or a null agent.")
 
@@ -92,9 +92,7 @@ def tasks_validate(
                     if not result.ok:
                         progress.console.print(f"[red]FAIL[/] {task.id}: {result.problem}", highlight=False)
 
-                return await run_many(
-                    tasks, lambda t: validate_task(t, provider), concurrency=concurrency, on_done=done
-                )
+                return await validate_suite(tasks, provider, concurrency=concurrency, on_done=done)
         finally:
             await provider.close_all()
 
@@ -147,9 +145,7 @@ def tasks_run(
                     if result.error is not None:
                         progress.console.print(f"[yellow]error[/] {task.id}: {result.error}", highlight=False)
 
-                return await run_many(
-                    tasks, lambda t: run_task(t, provider, kind), concurrency=concurrency, on_done=done
-                )
+                return await run_suite(tasks, kind, provider, concurrency=concurrency, on_done=done)
         finally:
             await provider.close_all()
 
@@ -163,7 +159,7 @@ def tasks_run(
             "yes" if r.passed else "no",
             f"{r.build_s:.2f}",
             f"{r.duration_s:.1f}",
-            (r.error or "")[:80],
+            (r.reason or "")[:80],
         )
     console.print(table)
     passed = sum(r.passed for r in results)

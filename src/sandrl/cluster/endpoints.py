@@ -16,16 +16,22 @@ from types import TracebackType
 from sandrl.errors import ConfigError, InferenceError
 from sandrl.inference.base import Generation, SamplingParams
 from sandrl.inference.sglang import SGLangClient
+from sandrl.inference.tokenizer import Tokenizer
 from sandrl.inference.transport import HTTPConfig
 
 
 class EndpointsClient:
     """An :class:`~sandrl.inference.base.InferenceClient` over several servers; see the module docstring."""
 
-    def __init__(self, urls: Sequence[str], *, http: HTTPConfig | None = None) -> None:
+    def __init__(
+        self, urls: Sequence[str], *, http: HTTPConfig | None = None, tokenizer: Tokenizer | None = None
+    ) -> None:
         if not urls:
             raise ConfigError("give at least one inference server URL")
         self.urls = list(urls)
+        self.tokenizer = tokenizer
+        """The served checkpoint's tokenizer, when the caller has it (the servers work in ids only)."""
+        self.max_context: int | None = None
         self.clients = [SGLangClient(url, http=http) for url in urls]
         self._in_flight = [0] * len(urls)
         self._turn = itertools.count()

@@ -26,11 +26,12 @@ from rich.console import Console
 from sandrl.cluster.config import ClusterConfig, load_cluster_run, save_cluster
 from sandrl.cluster.fleet import FleetConfig
 from sandrl.cluster.hosts import merge
-from sandrl.cluster.worker import WorkerSpec, concurrency_shares, load_run_tasks
+from sandrl.cluster.worker import WorkerSpec, concurrency_shares
 from sandrl.errors import ClusterError, ConfigError
 from sandrl.rollout.agent import Agent
 from sandrl.rollout.jsonl import TrajectoryWriter
 from sandrl.train.run_config import MODES, RunConfig, save_resolved
+from sandrl.wiring import task_set
 
 
 def require_ray() -> None:
@@ -80,7 +81,7 @@ async def run_cluster_training(
     save_resolved(config)
     save_cluster(cluster, out)
     run_id = Path(config.run.output_dir).name
-    tasks = load_run_tasks(config, out / "tasks")
+    tasks = task_set(config.tasks, out / "tasks")
     shares = concurrency_shares(config.rollout.concurrency, opts.workers)
     specs = [
         WorkerSpec(

@@ -15,6 +15,7 @@ imports nothing of Ray, so it runs and is tested in one process too. A worker
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import tempfile
 from collections.abc import Sequence
@@ -22,31 +23,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sandrl.cluster.endpoints import EndpointsClient
 from sandrl.cluster.fleet import FleetConfig, FleetProvider
 from sandrl.cluster.hosts import HostConfig
 from sandrl.cluster.images import fleet_image
 from sandrl.errors import ConfigError
-from sandrl.inference.base import InferenceClient, SamplingParams
-from sandrl.rollout.agent import Agent, Budget
-from sandrl.rollout.episode import EpisodeConfig
-from sandrl.rollout.runner import Group, RolloutRunner, RunnerConfig
+from sandrl.inference.base import InferenceClient
+from sandrl.inference.tokenizer import model_tokenizer
+from sandrl.rollout.agent import Agent
+from sandrl.rollout.runner import Group, RolloutRunner
 from sandrl.tasks.task import Task
 from sandrl.train.run_config import RunConfig
+from sandrl.wiring import build_runner, task_set
 
 WORKER_LABEL = "sandrl.worker"
 """The metadata key of every sandbox a worker creates: its value is the worker's name."""
-
-
-def load_run_tasks(config: RunConfig, root: Path) -> list[Task]:
-    """The tasks of ``config``: a generated family written under ``root``, or the task set at its path."""
-    from sandrl.rollout.evaluate import load_task_set
-    from sandrl.tasks.builtin.generated import generate_tasks
-
-    spec = config.tasks
-    if spec.family:
-        generate_tasks(root, spec.family, spec.count, spec.seed, overwrite=True)
-        return load_task_set(str(root))
-    return load_task_set(spec.path)
 
 
 def concurrency_shares(total: int, workers: int) -> list[int]:
@@ -73,22 +64,6 @@ class WorkerSpec:
     fleet: FleetConfig = field(default_factory=FleetConfig)
 
 
-def llm_agent(config: RunConfig) -> Agent:
-    """The run config's LLM agent, with the tokenizer of ``[model] name`` (read on this node)."""
-    from sandrl.inference.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
-    from sandrl.rollout.llm_agent import SYSTEM_PROMPT, LLMAgent, LLMAgentConfig
-
-    r = config.rollout
-    tokenizer: Tokenizer | None = ByteTokenizer() if config.model.name == "tiny" else load_tokenizer(config.model.name)
-    if tokenizer is None:
-        raise ConfigError(
-            f"no tokenizer files in {config.model.name} on this node: [model] name must be a checkpoint "
-            "directory readable by every rollout worker"
-        )
-    sampling = SamplingParams(temperature=r.temperature, max_new_tokens=r.max_new_tokens)
-    return LLMAgent(tokenizer, LLMAgentConfig(sampling=sampling, system_prompt=r.system_prompt or SYSTEM_PROMPT))
-
-
 class RolloutWorker:
     """Runs groups on the fleet; see the module docstring. Start it with :meth:`start` (idempotent)."""
 
@@ -96,7 +71,8 @@ class RolloutWorker:
         self.spec = spec
         self.fleet = FleetProvider(spec.hosts, spec.fleet, labels={WORKER_LABEL: spec.name})
         self._policy = policy
-        self._own_policy = policy is None
+        self._endpoints: EndpointsClient | None = None
+        """The policy's client when the worker made it (and so closes it)."""
         self.tasks: dict[str, Task] = {}
         self.runner: RolloutRunner | None = None
         self.reaped = 0
@@ -115,25 +91,22 @@ class RolloutWorker:
     async def _start(self) -> None:
         spec = self.spec
         self._dir = tempfile.TemporaryDirectory(prefix=f"sandrl-{spec.name.replace('/', '-')}-")
-        tasks = load_run_tasks(spec.run, Path(self._dir.name) / "tasks")
+        tasks = task_set(spec.run.tasks, Path(self._dir.name) / "tasks")
         self.tasks = {t.id: t for t in tasks}
         if self._policy is None and spec.inference:
-            from sandrl.cluster.endpoints import EndpointsClient
-
-            self._policy = EndpointsClient(spec.inference)
-        agent = spec.agent if spec.agent is not None else llm_agent(spec.run)
-        r = spec.run.rollout
-        config = RunnerConfig(
-            concurrency=spec.concurrency,
-            group_size=r.group_size,
-            max_attempts=r.max_attempts,
-            run_id=spec.run_id,
-            episode=EpisodeConfig(budget=Budget(max_turns=r.max_turns, max_total_tokens=r.max_total_tokens)),
+            # The tokenizer of [model] name, read on this node: the agent renders its prompts with it.
+            tokenizer = model_tokenizer(spec.run.model.name) if spec.agent is None else None
+            self._policy = self._endpoints = EndpointsClient(spec.inference, tokenizer=tokenizer)
+        # The fleet's hosts have capacities of their own (HostConfig); [rollout] host_capacity is one machine's.
+        rollout = dataclasses.replace(
+            spec.run.rollout, concurrency=spec.concurrency, host_capacity=None, capacity_file=""
         )
         await self.fleet.check_all()
         self.reaped = await self.fleet.reap()
         await self.fleet.__aenter__()
-        self.runner = RolloutRunner(self.fleet, agent, policy=self._policy, config=config, image_for=fleet_image)
+        self.runner = build_runner(
+            rollout, self.fleet, policy=self._policy, agent=spec.agent, run_id=spec.run_id, image_for=fleet_image
+        )
 
     def task_ids(self) -> list[str]:
         return sorted(self.tasks)
@@ -185,10 +158,8 @@ class RolloutWorker:
         if self._started is not None:
             self.reaped += await self.fleet.reap()
         await self.fleet.aclose()
-        if self._own_policy and self._policy is not None:
-            aclose = getattr(self._policy, "aclose", None)
-            if aclose is not None:
-                await aclose()
+        if self._endpoints is not None:
+            await self._endpoints.aclose()
         if self._dir is not None:
             self._dir.cleanup()
             self._dir = None

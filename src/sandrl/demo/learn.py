@@ -49,14 +49,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from sandrl.errors import ConfigError
-from sandrl.inference.base import SamplingParams
 from sandrl.inference.model import TinyModelConfig
-from sandrl.rollout.agent import Budget
-from sandrl.rollout.episode import EpisodeConfig
-from sandrl.rollout.evaluate import load_task_set, open_policy
 from sandrl.rollout.jsonl import TrajectoryWriter
-from sandrl.rollout.llm_agent import LLMAgent, LLMAgentConfig
-from sandrl.rollout.runner import RolloutRunner, RunnerConfig
 from sandrl.sandbox.base import SandboxProvider
 from sandrl.tasks.builtin.generated import FAMILIES, generate_tasks
 from sandrl.tasks.task import Task
@@ -64,15 +58,17 @@ from sandrl.train import checkpoint
 from sandrl.train.command import run_training
 from sandrl.train.config import TrainConfig
 from sandrl.train.losses import LossConfig
-from sandrl.train.run_config import (
-    AsyncSection,
-    ModelSection,
-    RolloutSection,
-    RunConfig,
-    RunSection,
-    TasksSection,
-)
+from sandrl.train.run_config import AsyncSection, RolloutSection, RunConfig, RunSection
 from sandrl.train.warmstart import WarmStartConfig, WarmStartResult, warm_start
+from sandrl.wiring import (
+    ModelConfig,
+    RolloutConfig,
+    TasksConfig,
+    build_runner,
+    load_task_set,
+    local_provider,
+    open_policy,
+)
 
 SYSTEM_PROMPT = "Solve the task in a Linux shell. Reply with one command in a ```bash block."
 """A short system prompt: the tiny model's every step reads it, and a long one would cost most of its compute."""
@@ -108,10 +104,13 @@ class DemoConfig:
     step 60; 80 steps keep the demo near 8 minutes on 2 cores. (``echo`` needs 120: its words are
     learned one by one.)"""
     groups_per_step: int = 8
-    group_size: int = 8
-    concurrency: int = 32
-    max_new_tokens: int = 80
-    temperature: float = 1.0
+    rollout: RolloutConfig = field(
+        default_factory=lambda: RolloutConfig(
+            group_size=8, concurrency=32, max_turns=1, max_new_tokens=80, system_prompt=SYSTEM_PROMPT
+        )
+    )
+    """The episodes of the RL run and of the held-out evaluations (with ``heldout_samples`` per task):
+    one turn, short replies, the short system prompt; the token budget is the model's context."""
     lr: float = 3e-4
     warmup_steps: int = 5
     """Adam's first updates are sign-sized on every weight: ramping the rate up keeps them from
@@ -119,7 +118,6 @@ class DemoConfig:
     lr_decay: bool = True
     """Anneal the rate to a tenth of ``lr`` by the last step (cosine): with a constant rate the
     policy's reward stops rising half way through and drifts."""
-    system_prompt: str = SYSTEM_PROMPT
 
     def __post_init__(self) -> None:
         counts = {
@@ -130,14 +128,11 @@ class DemoConfig:
             "check_tasks": self.check_tasks,
             "rl_steps": self.rl_steps,
             "groups_per_step": self.groups_per_step,
-            "group_size": self.group_size,
-            "concurrency": self.concurrency,
-            "max_new_tokens": self.max_new_tokens,
         }
         bad = {k: v for k, v in counts.items() if v < 1}
         if bad:
             raise ConfigError(f"demo settings must be at least 1, got {bad}")
-        if self.group_size < 2:
+        if self.rollout.group_size < 2:
             raise ConfigError("group_size must be at least 2: GRPO compares the episodes of a group")
         if self.family not in FAMILIES:
             raise ConfigError(f"no task family {self.family!r}; choose one of {', '.join(FAMILIES)}")
@@ -145,8 +140,12 @@ class DemoConfig:
     def seeded_warm_start(self) -> WarmStartConfig:
         """The warm start with the demo's seed on the model's initialisation and the demonstrations' order."""
         return replace(
-            self.warm, seed=self.seed, group_size=self.group_size, tiny=replace(self.warm.tiny, seed=self.seed)
+            self.warm, seed=self.seed, group_size=self.rollout.group_size, tiny=replace(self.warm.tiny, seed=self.seed)
         )
+
+    def episodes(self) -> RolloutConfig:
+        """:attr:`rollout` with the token budget of the tiny model's context."""
+        return replace(self.rollout, max_total_tokens=self.warm.tiny.max_position_embeddings)
 
 
 def rl_config(cfg: DemoConfig, warm: Path) -> RunConfig:
@@ -160,17 +159,9 @@ def rl_config(cfg: DemoConfig, warm: Path) -> RunConfig:
             seed=cfg.seed,
             resume=False,
         ),
-        model=ModelSection(name=str(warm), inference="embedded"),
-        tasks=TasksSection(path=str(cfg.out / "tasks" / "train")),
-        rollout=RolloutSection(
-            group_size=cfg.group_size,
-            concurrency=cfg.concurrency,
-            max_turns=1,
-            max_total_tokens=cfg.warm.tiny.max_position_embeddings,
-            max_new_tokens=cfg.max_new_tokens,
-            temperature=cfg.temperature,
-            system_prompt=cfg.system_prompt,
-        ),
+        model=ModelConfig(name=str(warm), inference="embedded"),
+        tasks=TasksConfig(path=str(cfg.out / "tasks" / "train")),
+        rollout=RolloutSection.of(cfg.episodes()),
         async_=AsyncSection(max_staleness=1, on_stale="drop", update_interval=1),
         train=TrainConfig(
             lr=cfg.lr,
@@ -187,32 +178,15 @@ async def heldout_pass_rate(
     cfg: DemoConfig, model: Path, tasks: Sequence[Task], provider: SandboxProvider | None, label: str
 ) -> dict[str, Any]:
     """The pass rate of the policy at ``model`` on ``tasks``, sampled as in training, in real sandboxes."""
-    if provider is None:
-        from sandrl.sandbox.bwrap import BwrapProvider
-
-        provider = BwrapProvider()
-    async with open_policy("embedded", str(model)) as policy:
-        assert policy is not None
-        from sandrl.inference.tokenizer import load_tokenizer
-
-        tokenizer = load_tokenizer(model)
-        assert tokenizer is not None
-        sampling = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
-        agent = LLMAgent(tokenizer, LLMAgentConfig(sampling=sampling, system_prompt=cfg.system_prompt))
+    rollout = replace(cfg.episodes(), group_size=cfg.heldout_samples)
+    async with open_policy(ModelConfig(name=str(model))) as policy:
         writer = TrajectoryWriter(cfg.out / f"heldout-{label}.jsonl")
-        runner = RolloutRunner(
-            provider,
-            agent,
+        runner = build_runner(
+            rollout,
+            provider if provider is not None else local_provider(),
             policy=policy,
+            run_id=f"demo-{label}",
             writer=writer,
-            config=RunnerConfig(
-                concurrency=cfg.concurrency,
-                group_size=cfg.heldout_samples,
-                run_id=f"demo-{label}",
-                episode=EpisodeConfig(
-                    budget=Budget(max_turns=1, max_total_tokens=cfg.warm.tiny.max_position_embeddings)
-                ),
-            ),
         )
         try:
             result = await runner.run(tasks, progress=True)
@@ -248,14 +222,14 @@ def _warm_start(cfg: DemoConfig, tasks: Sequence[Task], checks: Sequence[Task], 
             if "greedy" in metrics:
                 greedy = (
                     f"  on the check demonstrations: one sample {metrics['sampled']:.0%}, "
-                    f"greedy {metrics['greedy']:.0%}, a group of {cfg.group_size} {metrics['coverage']:.0%}"
+                    f"greedy {metrics['greedy']:.0%}, a group of {cfg.rollout.group_size} {metrics['coverage']:.0%}"
                 )
             bar.update(job, advance=1, description=f"loss {metrics['loss']:.3f}{greedy}")
 
         return warm_start(
             tasks,
             cfg.out / "warmstart",
-            system_prompt=cfg.system_prompt,
+            system_prompt=cfg.rollout.system_prompt,
             config=cfg.seeded_warm_start(),
             check_tasks=checks,
             on_step=on_step,
@@ -334,7 +308,7 @@ async def run(
     warm_s = time.monotonic() - t
     greedy = (
         f"; of {len(checks)} unseen demonstrations one sample writes {ws.sampled[-1][1]:.0%}, "
-        f"greedy decoding {ws.greedy[-1][1]:.0%}, a group of {cfg.group_size} samples {ws.coverage[-1][1]:.0%}"
+        f"greedy decoding {ws.greedy[-1][1]:.0%}, a group of {cfg.rollout.group_size} samples {ws.coverage[-1][1]:.0%}"
         if ws.greedy
         else ""
     )

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
 from sandrl.errors import ConfigError
+from sandrl.inference.tokenizer import Tokenizer
 
 FinishReason = Literal["stop", "length", "abort"]
 """Why generation ended: a stop token or string, the token budget (or the context), or an abort."""
@@ -109,18 +110,32 @@ class InferenceClient(Protocol):
     """A policy that can be sampled and whose weights can be replaced.
 
     Implementations: :class:`~sandrl.inference.engine.Engine` (in process),
-    :class:`~sandrl.inference.sglang.SGLangClient`, :class:`~sandrl.inference.openai.OpenAIClient`.
+    :class:`~sandrl.inference.sglang.SGLangClient`, :class:`~sandrl.inference.openai.OpenAIClient`,
+    :class:`~sandrl.cluster.endpoints.EndpointsClient` (several servers).
     """
+
+    @property
+    def tokenizer(self) -> Tokenizer | None:
+        """The served model's tokenizer (what an agent renders its prompts with); None when unknown.
+
+        The engine has its own; a client of a server is given the one of the checkpoint it serves."""
+        ...
+
+    @property
+    def max_context(self) -> int | None:
+        """Most tokens of prompt and output together the model takes; None when unknown."""
+        ...
 
     async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation:
         """Sample one completion of ``input_ids``. Raises InferenceError (server) or ConfigError (bad request)."""
         ...
 
-    async def update_weights(self, path: str) -> int:
+    async def update_weights(self, path: str, *, version: int | None = None) -> int:
         """Load new weights from a checkpoint directory on the server's disk; return the new weight version.
 
-        Requests in flight are not dropped: they go on with the new weights from the next
-        decode step.
+        ``version`` is the version the new weights get (the trainer's, so every sample names the
+        weights that produced it); None: the current one plus one. Requests in flight are not
+        dropped: they go on with the new weights from the next decode step.
         """
         ...
 

@@ -21,14 +21,11 @@ import torch
 import transformers
 
 from sandrl.errors import ConfigError, InferenceError
-from sandrl.inference.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
+from sandrl.inference.tokenizer import TINY, ByteTokenizer, Tokenizer, model_tokenizer
 
 # Weights are saved and loaded on every policy update; transformers' per-call progress bars
 # ("Writing model shards", "Loading weights") would flood the trainer's own progress display.
 transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-
-TINY = "tiny"
-"""The model name that builds :class:`TinyModelConfig`'s model instead of loading a checkpoint."""
 
 # transformers 5 renamed from_pretrained's ``torch_dtype`` to ``dtype`` and warns on the old name.
 _DTYPE_KWARG = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
@@ -95,7 +92,7 @@ def load_model(model: str, *, tiny: TinyModelConfig | None = None) -> tuple[Any,
         return tiny_net, byte_tokenizer, TINY
     path = _checkpoint_dir(model)
     net = _from_pretrained(path)
-    tokenizer = load_tokenizer(path, _eos_ids(net))
+    tokenizer = model_tokenizer(path, _eos_ids(net))
     if tokenizer is not None and tokenizer.vocab_size > net.config.vocab_size:
         raise ConfigError(
             f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model only {net.config.vocab_size}; "

@@ -27,6 +27,7 @@ import httpx
 
 from sandrl.errors import ConfigError, InferenceError
 from sandrl.inference.base import FinishReason, Generation, SamplingParams
+from sandrl.inference.tokenizer import Tokenizer
 from sandrl.inference.transport import HTTPConfig, JSONTransport, parse_version
 
 _TOKEN_PREFIX = "token_id:"
@@ -50,6 +51,8 @@ class OpenAIClient:
         chat_parser: ChatParser | None = None,
         http: HTTPConfig | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        tokenizer: Tokenizer | None = None,
+        max_context: int | None = None,
     ) -> None:
         if mode not in ("completions", "chat"):
             raise ConfigError(f"OpenAIClient mode must be 'completions' or 'chat', got {mode!r}")
@@ -66,6 +69,10 @@ class OpenAIClient:
         # Weight updates live at the server's root, beside /v1.
         self._root = JSONTransport(self.base_url.removesuffix("/v1"), http, transport=transport)
         self._version = 0
+        self.tokenizer = tokenizer
+        """The served checkpoint's tokenizer, when the caller has it (prompts are sent as ids)."""
+        self.max_context = max_context
+        """The served model's context length, when the caller knows it."""
 
     async def model(self) -> str:
         """The served model's name: the one given, else the first of ``GET /v1/models``."""
@@ -116,8 +123,9 @@ class OpenAIClient:
             answer = await self._http.post("/chat/completions", body)
         return self._generation(answer, len(input_ids), params.top_logprobs)
 
-    async def update_weights(self, path: str) -> int:
-        new = self._version + 1
+    async def update_weights(self, path: str, *, version: int | None = None) -> int:
+        """Load the weights at ``path`` (SGLang's and sandrl's root route); the new version is ``version``, else + 1."""
+        new = version if version is not None else self._version + 1
         try:
             answer = await self._root.post(
                 "/update_weights_from_disk", {"model_path": path, "weight_version": str(new)}

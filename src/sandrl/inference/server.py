@@ -39,7 +39,6 @@ from sandrl.background_server import BackgroundServer as BackgroundServer
 from sandrl.errors import ConfigError, SandrlError
 from sandrl.inference.base import Generation, SamplingParams
 from sandrl.inference.engine import Engine, EngineConfig
-from sandrl.inference.model import TINY
 from sandrl.inference.openai_routes import router as openai_router
 from sandrl.inference.serving import (
     engine_of,
@@ -48,6 +47,7 @@ from sandrl.inference.serving import (
     reject_unsupported,
     require_tokenizer,
 )
+from sandrl.inference.tokenizer import TINY
 
 # SGLang sampling parameters the engine does not implement, with the values that mean "off".
 _SGLANG_UNSUPPORTED: dict[str, Any] = {

@@ -19,6 +19,7 @@ import httpx
 
 from sandrl.errors import ConfigError, InferenceError
 from sandrl.inference.base import FinishReason, Generation, SamplingParams
+from sandrl.inference.tokenizer import Tokenizer
 from sandrl.inference.transport import HTTPConfig, JSONTransport, parse_version
 
 
@@ -31,9 +32,15 @@ class SGLangClient:
         *,
         http: HTTPConfig | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        tokenizer: Tokenizer | None = None,
+        max_context: int | None = None,
     ) -> None:
         self._http = JSONTransport(base_url, http, transport=transport)
         self.base_url = self._http.base_url
+        self.tokenizer = tokenizer
+        """The served checkpoint's tokenizer, when the caller has it (the server works in ids only)."""
+        self.max_context = max_context
+        """The served model's context length, when the caller knows it."""
         # SGLang's version is "default" until someone sets one; count from 0 locally until then.
         self._version = 0
 

@@ -30,6 +30,9 @@ Message = Mapping[str, str]
 TOKENIZER_FILE = "sandrl_tokenizer.json"
 """Marker written next to a checkpoint whose model uses the byte tokenizer."""
 
+TINY = "tiny"
+"""The model name that builds :class:`~sandrl.inference.model.TinyModelConfig`'s model (byte tokenizer)."""
+
 
 @runtime_checkable
 class Tokenizer(Protocol):
@@ -264,3 +267,31 @@ def _field(message: Message, key: str) -> str:
     if not isinstance(value, str):
         raise ConfigError(f"a chat message needs a string {key!r}, got {dict(message)!r}")
     return value
+
+
+def model_tokenizer(model: str | Path, eos_token_ids: Sequence[int] | None = None) -> Tokenizer | None:
+    """The tokenizer of the model named ``model`` (``tiny`` or a checkpoint directory); None if it has none.
+
+    This is the one place a model name becomes a tokenizer: the engine loading a checkpoint and
+    a client of a server that serves it must agree on the ids. ``eos_token_ids`` are the model's
+    end-of-sequence tokens; by default they are read from the checkpoint's generation and model
+    configs, as the engine's model has them.
+    """
+    if str(model) == TINY:
+        return ByteTokenizer()
+    path = Path(model).expanduser()
+    return load_tokenizer(path, _checkpoint_eos_ids(path) if eos_token_ids is None else eos_token_ids)
+
+
+def _checkpoint_eos_ids(path: Path) -> list[int]:
+    # generation_config.json wins over config.json, as in transformers' generation config.
+    for name in ("generation_config.json", "config.json"):
+        try:
+            eos = json.loads((path / name).read_text()).get("eos_token_id")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(eos, int) and not isinstance(eos, bool):
+            return [eos]
+        if isinstance(eos, list) and eos and all(isinstance(e, int) for e in eos):
+            return [int(e) for e in eos]
+    return []

@@ -9,7 +9,7 @@
 """
 
 from sandrl.rollout.agent import Agent, AgentResult, Budget
-from sandrl.rollout.episode import EpisodeConfig, run_episode
+from sandrl.rollout.episode import EpisodeConfig, EpisodeTimeouts, run_episode
 from sandrl.rollout.jsonl import TrajectoryWriter, read_jsonl, write_jsonl
 from sandrl.rollout.llm_agent import LLMAgent, LLMAgentConfig
 from sandrl.rollout.runner import Group, RolloutRunner, RunnerConfig, RunResult
@@ -23,6 +23,7 @@ __all__ = [
     "EpisodeConfig",
     "EpisodeError",
     "EpisodeStatus",
+    "EpisodeTimeouts",
     "Group",
     "LLMAgent",
     "LLMAgentConfig",

@@ -17,14 +17,17 @@ has no reward. Only cancellation propagates, after the sandbox is closed.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
+import math
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from sandrl.aio import wait_out
+from sandrl.errors import ConfigError
 from sandrl.inference.base import InferenceClient
 from sandrl.rollout.agent import Agent, AgentResult, Budget
 from sandrl.rollout.failures import classify, penalized
@@ -41,18 +44,37 @@ VERIFIER_TAIL_CHARS = 2000
 
 
 @dataclass(frozen=True)
+class EpisodeTimeouts:
+    """How long each phase of an episode may take, beyond the agent's own :class:`Budget`; seconds.
+
+    A phase that overruns ends the episode as an ``infra_error`` (the sandbox or its host stopped
+    answering): the agent's and the verifier's own time limits come first, these are backstops.
+    """
+
+    create_timeout_s: float = 120.0
+    """Creating the sandbox (the image is built before, outside the episode)."""
+    setup_timeout_s: float = 600.0
+    """Setting up the task's environment in the sandbox."""
+    agent_grace_s: float = 30.0
+    """The agent phase is abandoned this long after its wall-time budget."""
+    verifier_grace_s: float = 120.0
+    """Beyond the task's verifier timeout, for writing the tests and reading the reward."""
+    close_timeout_s: float = 60.0
+    """Closing the sandbox; past it the sandbox is left to its TTL."""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"{f.name} must be a positive number of seconds, got {value!r}")
+
+
+@dataclass(frozen=True)
 class EpisodeConfig:
     """Budgets and per-phase timeouts of one episode."""
 
     budget: Budget = field(default_factory=Budget)
-    create_timeout_s: float = 120.0
-    setup_timeout_s: float = 600.0
-    agent_grace_s: float = 30.0
-    """The agent phase is abandoned (an infra error: the sandbox stopped answering) this long after
-    its wall-time budget."""
-    verifier_grace_s: float = 120.0
-    """Beyond the task's verifier timeout, for writing the tests and reading the reward."""
-    close_timeout_s: float = 60.0
+    timeouts: EpisodeTimeouts = field(default_factory=EpisodeTimeouts)
 
 
 @dataclass
@@ -121,6 +143,7 @@ async def run_episode(
     (:func:`sandrl.tasks.build.ensure_task_image`); ``host`` for a task without a Dockerfile.
     """
     cfg = config or EpisodeConfig()
+    limits = cfg.timeouts
     group = group_id or f"adhoc/{task.id}"
     eid = episode_id or f"{group}/{sample_index}-{uuid.uuid4().hex[:8]}"
     clock = _Clock()
@@ -142,15 +165,17 @@ async def run_episode(
 
     try:
         spec = task.to_sandbox_spec(image=image)
-        sandbox = await timed("sandbox_create_s", cfg.create_timeout_s, provider.create(spec))
+        sandbox = await timed("sandbox_create_s", limits.create_timeout_s, provider.create(spec))
         phase = "setup"
-        await timed("setup_s", cfg.setup_timeout_s, prepare_environment(task, sandbox))
+        await timed("setup_s", limits.setup_timeout_s, prepare_environment(task, sandbox))
         phase = "agent"
-        wall = cfg.budget.wall_time_for(task) + cfg.agent_grace_s
+        wall = cfg.budget.wall_time_for(task) + limits.agent_grace_s
         agent_result = await timed("agent_s", wall, agent.run(task, sandbox, policy, cfg.budget))
         if agent_result.stop_reason != "error":
             phase = "verifier"
-            verified = await timed("verifier_s", task.verifier.timeout_s + cfg.verifier_grace_s, verify(task, sandbox))
+            verified = await timed(
+                "verifier_s", task.verifier.timeout_s + limits.verifier_grace_s, verify(task, sandbox)
+            )
     except asyncio.CancelledError:
         raise
     except Exception as exc:
@@ -160,7 +185,7 @@ async def run_episode(
                 "infra",
                 phase,
                 "agent_hung",
-                f"the agent did not return within its wall time + {cfg.agent_grace_s:g} s",
+                f"the agent did not return within its wall time + {limits.agent_grace_s:g} s",
                 retryable=True,
             )
         log.debug("episode %s failed in %s: %s", eid, phase, error.message)
@@ -168,7 +193,7 @@ async def run_episode(
         if sandbox is not None:
             t0 = time.monotonic()
             try:
-                await close_sandbox(sandbox, cfg.close_timeout_s)
+                await close_sandbox(sandbox, limits.close_timeout_s)
             finally:
                 clock.add("close_s", time.monotonic() - t0)
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import inspect
 import json
 import random
 import shutil
@@ -33,13 +32,10 @@ from rich.console import Console
 
 from sandrl.aio import gather_all
 from sandrl.errors import ConfigError
-from sandrl.inference.base import InferenceClient, SamplingParams
-from sandrl.inference.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
-from sandrl.rollout.agent import Agent, Budget
-from sandrl.rollout.episode import EpisodeConfig
+from sandrl.inference.base import InferenceClient
+from sandrl.rollout.agent import Agent
 from sandrl.rollout.jsonl import TrajectoryWriter, iter_jsonl
-from sandrl.rollout.llm_agent import SYSTEM_PROMPT, LLMAgent, LLMAgentConfig
-from sandrl.rollout.runner import Group, RolloutRunner, RunnerConfig
+from sandrl.rollout.runner import Group, RolloutRunner
 from sandrl.sandbox.base import SandboxProvider
 from sandrl.tasks.task import Task
 from sandrl.train import checkpoint
@@ -47,6 +43,7 @@ from sandrl.train.adapter import batch_from_groups
 from sandrl.train.batch import Batch
 from sandrl.train.run_config import RunConfig, save_resolved
 from sandrl.train.trainer import ExportedWeights, Metrics, Trainer
+from sandrl.wiring import build_runner, local_provider, open_policy, task_set
 
 Item = tuple[int, Group]
 """A group and its data position."""
@@ -309,14 +306,9 @@ class Session:
         """Load the trainer's weights into the inference side (when they changed); the version it now serves."""
         if self.trainer is None or self.policy is None or self.trainer.version == self.pushed_version:
             return self.pushed_version
-        from sandrl.inference.engine import Engine
-
         exported = self.trainer.export_weights(self.config.output_dir / "weights")
-        if isinstance(self.policy, Engine) or "version" in inspect.signature(self.policy.update_weights).parameters:
-            # the server takes the trainer's version as its own
-            await self.policy.update_weights(str(exported.path), version=exported.version)  # type: ignore[call-arg]
-        else:
-            await self.policy.update_weights(str(exported.path))
+        # The inference side takes the trainer's version as its own: samples name the weights that made them.
+        await self.policy.update_weights(str(exported.path), version=exported.version)
         self.pushed_version = exported.version
         for old in sorted(exported.path.parent.glob("weights-v*"))[:-2]:
             shutil.rmtree(old, ignore_errors=True)
@@ -336,29 +328,6 @@ class Session:
 
 
 # -- putting a session together ----------------------------------------------------------------------
-
-
-def _tasks(config: RunConfig) -> list[Task]:
-    from sandrl.rollout.evaluate import load_task_set
-    from sandrl.tasks.builtin.generated import generate_tasks
-
-    spec = config.tasks
-    if spec.family:
-        root = config.output_dir / "tasks"
-        generate_tasks(root, spec.family, spec.count, spec.seed, overwrite=True)
-        return load_task_set(str(root))
-    return load_task_set(spec.path)
-
-
-def _tokenizer(name: str, trainer: Trainer | None) -> Tokenizer:
-    if trainer is not None and trainer.tokenizer is not None:
-        return trainer.tokenizer
-    if name == "tiny":
-        return ByteTokenizer()
-    tokenizer = load_tokenizer(name)
-    if tokenizer is None:
-        raise ConfigError(f"no tokenizer files in {name}: [model] name must be a checkpoint directory with them")
-    return tokenizer
 
 
 def make_trainer(config: RunConfig) -> Trainer:
@@ -404,30 +373,18 @@ async def open_session(
         finally:
             session.close()
         return
-    from sandrl.rollout.evaluate import open_policy
-
-    tasks = _tasks(config)
-    r = config.rollout
-    runner_config = RunnerConfig(
-        concurrency=r.concurrency,
-        group_size=r.group_size,
-        max_attempts=r.max_attempts,
-        host_capacity=r.slots(),
-        run_id=f"{Path(config.run.output_dir).name}",
-        episode=EpisodeConfig(budget=Budget(max_turns=r.max_turns, max_total_tokens=r.max_total_tokens)),
-    )
-    if provider is None:
-        from sandrl.sandbox.bwrap import BwrapProvider
-
-        provider = BwrapProvider()
+    tasks = task_set(config.tasks, config.output_dir / "tasks")
     writer = TrajectoryWriter(config.output_dir / "rollouts.jsonl", append=True) if config.run.save_rollouts else None
     try:
-        async with open_policy(config.model.inference, config.model.name) as policy:
-            if agent is None:
-                sampling = SamplingParams(temperature=r.temperature, max_new_tokens=r.max_new_tokens)
-                agent_config = LLMAgentConfig(sampling=sampling, system_prompt=r.system_prompt or SYSTEM_PROMPT)
-                agent = LLMAgent(_tokenizer(config.model.name, trainer), agent_config)
-            runner = RolloutRunner(provider, agent, policy=policy, config=runner_config, writer=writer)
+        async with open_policy(config.model) as policy:
+            runner = build_runner(
+                config.rollout,
+                provider if provider is not None else local_provider(),
+                policy=policy,
+                agent=agent,
+                run_id=Path(config.run.output_dir).name,
+                writer=writer,
+            )
             source = RolloutSource(runner, tasks, seed=config.run.seed)
             session = Session(config, source, trainer, policy=policy, **extra)
             try:

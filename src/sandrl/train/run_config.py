@@ -7,15 +7,18 @@
     steps = 20
     groups_per_step = 4
 
-    [model]                     # ModelSection
+    [model]                     # sandrl.wiring.config.ModelConfig
     name = "tiny"
 
-    [tasks]                     # TasksSection: a task directory, or a generated family
+    [tasks]                     # sandrl.wiring.config.TasksConfig: a task directory, or a generated family
     family = "echo"
     count = 32
 
-    [rollout]                   # RolloutSection: groups, budgets, sampling
+    [rollout]                   # RolloutSection: sandrl.wiring.config.RolloutConfig + GRPO's scale_rewards
     group_size = 4
+
+    [rollout.timeouts]          # sandrl.rollout.episode.EpisodeTimeouts
+    setup_timeout_s = 600.0
 
     [async]                     # AsyncSection: used by --mode async
     max_staleness = 1
@@ -44,6 +47,7 @@ from sandrl.tasks.builtin.generated import FAMILIES
 from sandrl.toml_config import read_toml
 from sandrl.train.config import TrainConfig, from_mapping, none_as_false
 from sandrl.train.losses import ScaleRewards
+from sandrl.wiring.config import ModelConfig, RolloutConfig, TasksConfig
 
 Mode = Literal["sync", "async"]
 MODES: tuple[Mode, ...] = ("sync", "async")
@@ -81,97 +85,24 @@ class RunSection:
 
 
 @dataclass(frozen=True)
-class ModelSection:
-    """The policy: what the trainer updates and the inference side serves."""
+class RolloutSection(RolloutConfig):
+    """``[rollout]`` of a training run: :class:`~sandrl.wiring.config.RolloutConfig` (the runner, the
+    budget, ``[rollout.timeouts]``, the agent and its sampling), plus what GRPO needs of its groups."""
 
-    name: str = "tiny"
-    """``tiny`` (the built-from-config model) or a local checkpoint directory."""
-    inference: str = "embedded"
-    """``embedded`` (the in-process engine on ``name``) or the URL of a server with SGLang's routes."""
-
-    def __post_init__(self) -> None:
-        if not self.name:
-            raise ConfigError("name must be 'tiny' or a checkpoint directory")
-        if self.inference != "embedded" and not self.inference.startswith(("http://", "https://")):
-            raise ConfigError(f"inference must be 'embedded' or an http(s):// URL, got {self.inference!r}")
-
-
-@dataclass(frozen=True)
-class TasksSection:
-    """What the episodes attempt: a task set on disk, or a generated family (exactly one)."""
-
-    path: str = ""
-    """A task directory, a directory of them, a SWE-bench file, or ``builtin``."""
-    family: str = ""
-    """A generated family (:mod:`sandrl.tasks.builtin.generated`), written under ``<output_dir>/tasks``."""
-    count: int = 32
-    """Tasks generated of ``family``."""
-    seed: int = 0
-    """Seed of the generated tasks."""
-
-    def __post_init__(self) -> None:
-        if bool(self.path) == bool(self.family):
-            raise ConfigError(
-                "give exactly one of path (a task directory or 'builtin') and family "
-                f"(one of {', '.join(FAMILIES)}); got path={self.path!r}, family={self.family!r}"
-            )
-        if self.family and self.family not in FAMILIES:
-            raise ConfigError(f"family must be one of {', '.join(FAMILIES)}, got {self.family!r}")
-        if self.count < 1:
-            raise ConfigError(f"count must be >= 1, got {self.count}")
-
-
-@dataclass(frozen=True)
-class RolloutSection:
-    """How episodes are grouped, budgeted and sampled."""
-
-    group_size: int = 4
-    """Episodes per task (GRPO's n); at least 2, or no group could carry a signal."""
-    concurrency: int = 8
-    """Most episodes (and sandboxes) at once."""
-    max_turns: int = 4
-    max_total_tokens: int = 2048
-    max_new_tokens: int = 128
-    """Per model turn."""
-    temperature: float = 1.0
-    max_attempts: int = 3
-    """Attempts per episode on a retryable infra error."""
     scale_rewards: ScaleRewards = "group"
     """How advantages are scaled (see :class:`~sandrl.train.losses.LossConfig`)."""
-    system_prompt: str = ""
-    """The LLM agent's system prompt; empty: :data:`~sandrl.rollout.llm_agent.SYSTEM_PROMPT`. A small
-    model with a short context trains faster on a short one; it must be the one it was warm-started on."""
-    host_capacity: int | None = None
-    """Commands run at once across the run's sandboxes, the rest queue (capacity-aware admission,
-    ``RunnerConfig.host_capacity``); ``false``: every command runs when issued."""
-    capacity_file: str = ""
-    """Or the host capacity from a ``sandrl bench contention`` result (relative to the config file)."""
-
-    def slots(self) -> int | None:
-        """The host capacity to admit commands up to, reading ``capacity_file`` if that is how it is given."""
-        if self.capacity_file:
-            from sandrl.capacity import slots_from_file
-
-            return slots_from_file(self.capacity_file)
-        return self.host_capacity
 
     def __post_init__(self) -> None:
-        if self.host_capacity is not None and self.capacity_file:
-            raise ConfigError("give host_capacity or capacity_file, not both")
-        if self.host_capacity is not None and self.host_capacity < 1:
-            raise ConfigError(f"host_capacity must be >= 1 command at once, got {self.host_capacity}")
+        super().__post_init__()
         if self.group_size < 2:
             raise ConfigError(f"group_size must be >= 2 (GRPO compares the samples of a task), got {self.group_size}")
-        for name in ("concurrency", "max_turns", "max_total_tokens", "max_new_tokens", "max_attempts"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not math.isfinite(self.temperature) or self.temperature <= 0:
+        if self.temperature <= 0:
             raise ConfigError(f"temperature must be > 0 for RL (sampling, not greedy), got {self.temperature!r}")
-        if self.max_new_tokens > self.max_total_tokens:
-            raise ConfigError(
-                f"max_new_tokens ({self.max_new_tokens}) is more than max_total_tokens ({self.max_total_tokens}); "
-                "one turn could never fit"
-            )
+
+    @classmethod
+    def of(cls, rollout: RolloutConfig, **grpo: Any) -> RolloutSection:
+        """``rollout``'s settings as a training run's, with ``grpo`` (``scale_rewards``) or its defaults."""
+        return cls(**{f.name: getattr(rollout, f.name) for f in dataclasses.fields(rollout)}, **grpo)
 
 
 @dataclass(frozen=True)
@@ -203,8 +134,8 @@ class RunConfig:
     """Everything one ``sandrl train`` run takes."""
 
     run: RunSection = field(default_factory=RunSection)
-    model: ModelSection = field(default_factory=ModelSection)
-    tasks: TasksSection = field(default_factory=lambda: TasksSection(family="echo"))
+    model: ModelConfig = field(default_factory=ModelConfig)
+    tasks: TasksConfig = field(default_factory=lambda: TasksConfig(family="echo"))
     rollout: RolloutSection = field(default_factory=RolloutSection)
     async_: AsyncSection = field(default_factory=AsyncSection)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -232,8 +163,8 @@ _SECTIONS: dict[str, str] = {
 }
 _TYPES: dict[str, type[Any]] = {
     "run": RunSection,
-    "model": ModelSection,
-    "tasks": TasksSection,
+    "model": ModelConfig,
+    "tasks": TasksConfig,
     "rollout": RolloutSection,
     "async": AsyncSection,
     "train": TrainConfig,

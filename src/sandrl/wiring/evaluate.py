@@ -9,12 +9,14 @@
 The policy for ``--agent llm`` is the embedded engine (``--inference embedded``, loading
 ``--model``) or a server with SGLang's routes (``--inference URL``); over HTTP ``--model``
 names where the tokenizer is (``tiny``: the byte tokenizer; a checkpoint directory: its files).
+The episodes run as a training run's do (:func:`~sandrl.wiring.runner.build_runner`); an option
+left unset keeps :class:`~sandrl.wiring.config.RolloutConfig`'s default.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -22,18 +24,17 @@ from typing import Any, Literal
 from rich.console import Console
 
 from sandrl.errors import ConfigError
-from sandrl.inference.base import InferenceClient, SamplingParams
-from sandrl.inference.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
-from sandrl.rollout.agent import Agent, Budget
-from sandrl.rollout.episode import EpisodeConfig
+from sandrl.inference.base import InferenceClient
+from sandrl.rollout.agent import Agent
 from sandrl.rollout.jsonl import TrajectoryWriter
-from sandrl.rollout.llm_agent import SYSTEM_PROMPT, LLMAgent, LLMAgentConfig
-from sandrl.rollout.runner import RolloutRunner, RunnerConfig, RunResult
+from sandrl.rollout.runner import RunResult
 from sandrl.rollout.scripted import DEFAULT_REPLAY, NullAgent, OracleAgent, ReplayAgent, ThinkTime
 from sandrl.rollout.summary import print_summary
 from sandrl.sandbox.base import SandboxProvider
-from sandrl.tasks.loader import load_tasks
-from sandrl.tasks.task import Task
+from sandrl.wiring.config import ModelConfig, RolloutConfig
+from sandrl.wiring.policy import open_policy
+from sandrl.wiring.runner import build_runner, local_provider
+from sandrl.wiring.tasks import load_task_set
 
 AgentName = Literal["llm", "oracle", "null", "replay"]
 AGENTS: tuple[AgentName, ...] = ("llm", "oracle", "null", "replay")
@@ -41,7 +42,12 @@ AGENTS: tuple[AgentName, ...] = ("llm", "oracle", "null", "replay")
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """Everything ``sandrl eval`` takes; each field is one command-line option."""
+    """Everything ``sandrl eval`` takes; each field is one command-line option.
+
+    The episode settings (``concurrency``, ``max_*``, ``temperature``, ``system_prompt``,
+    ``host_capacity``) override :class:`RolloutConfig`'s defaults; None keeps the default
+    (:meth:`rollout` applies them). ``samples`` is the group size.
+    """
 
     tasks: str
     """A task directory, a directory of them, a SWE-bench file, or ``builtin`` (the shipped suite)."""
@@ -51,20 +57,21 @@ class EvalConfig:
     model: str = "tiny"
     samples: int = 1
     """Episodes per task (a GRPO group)."""
-    concurrency: int = 8
+    concurrency: int | None = None
     out: Path | None = None
     """Write every trajectory here as JSONL (``--save-rollouts``)."""
-    max_turns: int = 20
-    max_total_tokens: int = 8192
-    max_new_tokens: int = 512
-    temperature: float = 1.0
+    max_turns: int | None = None
+    max_total_tokens: int | None = None
+    """Capped at the model's context length."""
+    max_new_tokens: int | None = None
+    temperature: float | None = None
     replay: Sequence[str] = field(default_factory=lambda: DEFAULT_REPLAY)
     """The replay agent's commands (``@solution`` = the task's solution)."""
     think_s: tuple[float, float] = (1.0, 2.0)
     """The replay agent's emulated model time per turn, low and high."""
     run_id: str | None = None
-    max_attempts: int = 3
-    system_prompt: str = SYSTEM_PROMPT
+    max_attempts: int | None = None
+    system_prompt: str | None = None
     """The LLM agent's system prompt (the one the policy was trained with)."""
     host_capacity: int | None = None
     """Commands at once across the sandboxes, the rest queue (``RunnerConfig.host_capacity``)."""
@@ -76,61 +83,37 @@ class EvalConfig:
             raise ConfigError(f"--agent must be one of {', '.join(AGENTS)}, got {self.agent!r}")
         if self.agent == "llm" and not self.inference:
             raise ConfigError("--agent llm needs --inference: 'embedded' or the URL of an inference server")
-        if self.samples < 1 or self.concurrency < 1:
+        if self.samples < 1 or (self.concurrency is not None and self.concurrency < 1):
             raise ConfigError("--samples and --concurrency must be at least 1")
+        self.rollout()  # the rest of the checks
 
-
-def load_task_set(spec: str) -> list[Task]:
-    """The tasks of ``spec`` (``builtin`` or a path); loading problems are a ConfigError listing them."""
-    if spec == "builtin":
-        from sandrl.tasks.builtin import SUITE_DIR
-
-        path = SUITE_DIR
-    else:
-        path = Path(spec)
-    tasks, problems = load_tasks(path)
-    if problems:
-        listed = "\n".join(f"  {p.problem}" for p in problems[:10])
-        raise ConfigError(f"{len(problems)} task(s) under {path} did not load:\n{listed}")
-    if not tasks:
-        raise ConfigError(f"no tasks under {path}: give a task directory, a directory of them, or 'builtin'")
-    return tasks
-
-
-def _tokenizer(model: str, policy: InferenceClient) -> Tokenizer:
-    own = getattr(policy, "tokenizer", None)  # the embedded engine has its own
-    if isinstance(own, Tokenizer):
-        return own
-    if model == "tiny":
-        return ByteTokenizer()
-    tokenizer = load_tokenizer(model)
-    if tokenizer is None:
-        raise ConfigError(f"no tokenizer files in {model}: --model must name the served checkpoint's directory")
-    return tokenizer
-
-
-@contextlib.asynccontextmanager
-async def open_policy(inference: str | None, model: str) -> AsyncIterator[InferenceClient | None]:
-    """The policy named by ``--inference``: None, the embedded engine, or an SGLang-routes client."""
-    if inference is None:
-        yield None
-    elif inference == "embedded":
-        from sandrl.inference.engine import Engine
-
-        engine = Engine.load(model)
+    def rollout(self) -> RolloutConfig:
+        """The episode settings: :class:`RolloutConfig`'s defaults with the options given."""
+        given: dict[str, Any] = {
+            "concurrency": self.concurrency,
+            "max_turns": self.max_turns,
+            "max_total_tokens": self.max_total_tokens,
+            "max_new_tokens": self.max_new_tokens,
+            "temperature": self.temperature,
+            "max_attempts": self.max_attempts,
+            "system_prompt": self.system_prompt,
+            "host_capacity": self.host_capacity,
+        }
         try:
-            yield engine
-        finally:
-            await engine.aclose()
-    else:
-        from sandrl.inference.sglang import SGLangClient
+            return RolloutConfig(group_size=self.samples, **{k: v for k, v in given.items() if v is not None})
+        except ConfigError as exc:
+            raise ConfigError(f"sandrl eval: {exc.message}") from exc
 
-        async with SGLangClient(inference) as client:
-            await client.health()
-            yield client
+    def model_config(self) -> ModelConfig | None:
+        """The policy ``--agent llm`` samples; None for the agents without a model."""
+        if self.agent != "llm":
+            return None
+        assert self.inference is not None
+        return ModelConfig(name=self.model, inference=self.inference)
 
 
-def make_agent(config: EvalConfig, policy: InferenceClient | None) -> Agent:
+def scripted_agent(config: EvalConfig) -> Agent | None:
+    """The agent of ``--agent`` when it has no model; None for ``llm`` (built with its policy)."""
     if config.agent == "oracle":
         return OracleAgent()
     if config.agent == "null":
@@ -138,11 +121,7 @@ def make_agent(config: EvalConfig, policy: InferenceClient | None) -> Agent:
     if config.agent == "replay":
         low, high = config.think_s
         return ReplayAgent(list(config.replay), ThinkTime(round(low * 100), round(high * 100), 100.0))
-    assert policy is not None
-    sampling = SamplingParams(temperature=config.temperature, max_new_tokens=config.max_new_tokens)
-    return LLMAgent(
-        _tokenizer(config.model, policy), LLMAgentConfig(sampling=sampling, system_prompt=config.system_prompt)
-    )
+    return None
 
 
 async def evaluate(
@@ -154,28 +133,21 @@ async def evaluate(
 ) -> RunResult:
     """Run the evaluation; print the summary; return every group and the summary."""
     tasks = load_task_set(config.tasks)
-    if provider is None:
-        from sandrl.sandbox.bwrap import BwrapProvider
-
-        provider = BwrapProvider()
+    model = config.model_config()
     writer = TrajectoryWriter(config.out) if config.out is not None else None
     try:
-        async with open_policy(config.inference if config.agent == "llm" else None, config.model) as policy:
-            # A conversation longer than the model's context cannot be generated from: the token
-            # budget ends the episode as truncated there instead of failing the next turn.
-            context = getattr(policy, "max_context", None)
-            max_total = min(config.max_total_tokens, context) if isinstance(context, int) else config.max_total_tokens
-            budget = Budget(max_turns=config.max_turns, max_total_tokens=max_total)
-            runner_config = RunnerConfig(
-                concurrency=config.concurrency,
-                group_size=config.samples,
-                max_attempts=config.max_attempts,
-                host_capacity=config.host_capacity,
+        async with contextlib.AsyncExitStack() as stack:
+            policy: InferenceClient | None = None
+            if model is not None:
+                policy = await stack.enter_async_context(open_policy(model))
+            runner = build_runner(
+                config.rollout(),
+                provider if provider is not None else local_provider(),
+                policy=policy,
+                agent=scripted_agent(config),
                 run_id=config.run_id,
-                episode=EpisodeConfig(budget=budget),
+                writer=writer,
             )
-            agent = make_agent(config, policy)
-            runner = RolloutRunner(provider, agent, policy=policy, config=runner_config, writer=writer)
             result = await runner.run(tasks, progress=progress)
     finally:
         if writer is not None:

@@ -1,0 +1,39 @@
+"""The wiring layer: the one place a resolved config becomes components.
+
+It sits above :mod:`sandrl.rollout`, :mod:`sandrl.inference`, :mod:`sandrl.sandbox` and
+:mod:`sandrl.tasks` (none of which import it) and below :mod:`sandrl.train`, :mod:`sandrl.cluster`,
+:mod:`sandrl.demo`, :mod:`sandrl.bench` and the CLI, which call it::
+
+    config.py    ModelConfig ([model]), TasksConfig ([tasks]), RolloutConfig ([rollout]): the settings
+    policy.py    open_policy(model): the embedded engine, an SGLang or an OpenAI-compatible client,
+                 carrying the model's tokenizer and context length
+    runner.py    build_runner(rollout, provider, policy=..., agent=...): RunnerConfig, EpisodeConfig
+                 (budget, per-phase timeouts), the LLM agent and its sampling, the RolloutRunner
+    tasks.py     task_set(tasks, root), load_task_set(path): the tasks
+    evaluate.py  sandrl eval: EvalConfig (overrides of RolloutConfig) and evaluate()
+    suite.py     sandrl tasks run / validate: the oracle and null agents through the same runner
+
+A caller with a model::
+
+    async with open_policy(config.model) as policy:
+        runner = build_runner(config.rollout, local_provider(), policy=policy, run_id="run-1")
+        result = await runner.run(task_set(config.tasks, out / "tasks"))
+"""
+
+from sandrl.wiring.config import ModelConfig, RolloutConfig, TasksConfig
+from sandrl.wiring.policy import open_policy
+from sandrl.wiring.runner import build_runner, llm_agent, local_provider, runner_config
+from sandrl.wiring.tasks import load_task_set, task_set
+
+__all__ = [
+    "ModelConfig",
+    "RolloutConfig",
+    "TasksConfig",
+    "build_runner",
+    "llm_agent",
+    "load_task_set",
+    "local_provider",
+    "open_policy",
+    "runner_config",
+    "task_set",
+]

@@ -1,0 +1,167 @@
+"""The settings components are built from: the policy (``[model]``), the task set (``[tasks]``), the
+episodes (``[rollout]``). ``sandrl train`` reads them from its TOML file
+(:mod:`sandrl.train.run_config`); ``sandrl eval`` and the demo override :class:`RolloutConfig`'s
+defaults; these defaults are the only ones.
+
+.. code-block:: toml
+
+    [model]                     # ModelConfig
+    name = "tiny"
+    inference = "embedded"      # or the URL of a server
+
+    [tasks]                     # TasksConfig: a task directory, or a generated family
+    family = "echo"
+
+    [rollout]                   # RolloutConfig: runner, budget, agent and sampling
+    concurrency = 8
+    max_turns = 4
+    max_new_tokens = 128
+
+    [rollout.timeouts]          # sandrl.rollout.episode.EpisodeTimeouts: per-phase backstops
+    setup_timeout_s = 600.0
+
+Every field is checked when the object is built: a wrong value is a
+:class:`~sandrl.errors.ConfigError` that names the key and what would be valid.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from sandrl.errors import ConfigError
+from sandrl.rollout.episode import EpisodeTimeouts
+from sandrl.rollout.llm_agent import LLMAgentConfig
+from sandrl.tasks.builtin.generated import FAMILIES
+
+EMBEDDED = "embedded"
+"""``[model] inference`` for the in-process engine."""
+
+Api = Literal["sglang", "openai"]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The policy: which model, and where it is sampled."""
+
+    name: str = "tiny"
+    """``tiny`` (the built-from-config model) or a local checkpoint directory. With a server, the
+    directory of the checkpoint it serves: its tokenizer is read from there."""
+    inference: str = EMBEDDED
+    """``embedded`` (the in-process engine on ``name``) or the URL of a server."""
+    api: Api = "sglang"
+    """The server's routes: ``sglang`` (native ``/generate``: SGLang, ``sandrl serve inference``) or
+    ``openai`` (``/v1/completions``: vLLM and others; weight updates need SGLang's route too)."""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ConfigError("name must be 'tiny' or a checkpoint directory")
+        if self.inference != EMBEDDED and not self.inference.startswith(("http://", "https://")):
+            raise ConfigError(f"inference must be 'embedded' or an http(s):// URL, got {self.inference!r}")
+        if self.api not in ("sglang", "openai"):
+            raise ConfigError(f"api must be 'sglang' or 'openai', got {self.api!r}")
+
+    @property
+    def embedded(self) -> bool:
+        return self.inference == EMBEDDED
+
+
+@dataclass(frozen=True)
+class TasksConfig:
+    """What the episodes attempt: a task set on disk, or a generated family (exactly one)."""
+
+    path: str = ""
+    """A task directory, a directory of them, a SWE-bench file, or ``builtin``."""
+    family: str = ""
+    """A generated family (:mod:`sandrl.tasks.builtin.generated`), written under the run's ``tasks/``."""
+    count: int = 32
+    """Tasks generated of ``family``."""
+    seed: int = 0
+    """Seed of the generated tasks."""
+
+    def __post_init__(self) -> None:
+        if bool(self.path) == bool(self.family):
+            raise ConfigError(
+                "give exactly one of path (a task directory or 'builtin') and family "
+                f"(one of {', '.join(FAMILIES)}); got path={self.path!r}, family={self.family!r}"
+            )
+        if self.family and self.family not in FAMILIES:
+            raise ConfigError(f"family must be one of {', '.join(FAMILIES)}, got {self.family!r}")
+        if self.count < 1:
+            raise ConfigError(f"count must be >= 1, got {self.count}")
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """How episodes run: how many at once, grouped and retried; their budget; the LLM agent's settings.
+
+    :func:`sandrl.wiring.build_runner` turns it into a :class:`~sandrl.rollout.runner.RunnerConfig`
+    (with its :class:`~sandrl.rollout.episode.EpisodeConfig`) and an
+    :class:`~sandrl.rollout.llm_agent.LLMAgentConfig`.
+    """
+
+    # -- the runner
+    group_size: int = 4
+    """Episodes per task (a GRPO group)."""
+    concurrency: int = 8
+    """Most episodes (and sandboxes) at once."""
+    max_attempts: int = 3
+    """Attempts per episode on a retryable infra error."""
+    host_capacity: int | None = None
+    """Commands run at once across the run's sandboxes, the rest queue (capacity-aware admission,
+    ``RunnerConfig.host_capacity``); ``false``: every command runs when issued."""
+    capacity_file: str = ""
+    """Or the host capacity from a ``sandrl bench contention`` result (relative to the config file)."""
+    fill_idle_cores: float | None = None
+    """With a host capacity: also admit a command while this many cores sit idle (``RunnerConfig.fill_idle_cores``)."""
+
+    # -- the budget of one episode
+    max_turns: int = 4
+    max_total_tokens: int = 2048
+    """Prompt, model output and observations together; capped at the policy's context length."""
+    wall_time_s: float | None = None
+    """The agent's wall-time budget; ``false``: each task's own agent timeout."""
+    timeouts: EpisodeTimeouts = field(default_factory=EpisodeTimeouts)
+    """``[rollout.timeouts]``: how long each phase of an episode may take."""
+
+    # -- the LLM agent and its sampling
+    max_new_tokens: int = 128
+    """Per model turn."""
+    temperature: float = 1.0
+    """0: greedy (evaluation only; a training run samples)."""
+    system_prompt: str = ""
+    """The LLM agent's system prompt; empty: :data:`~sandrl.rollout.llm_agent.SYSTEM_PROMPT`. A small
+    model with a short context trains faster on a short one; it must be the one it was warm-started on."""
+    observation_tokens: int = LLMAgentConfig.observation_tokens
+    """Most tokens of a command's output shown to the model (head and tail kept)."""
+    command_timeout_s: float = LLMAgentConfig.command_timeout_s
+    """Per command, unless the task sets its own."""
+
+    def slots(self) -> int | None:
+        """The host capacity to admit commands up to, reading ``capacity_file`` if that is how it is given."""
+        if self.capacity_file:
+            from sandrl.capacity import slots_from_file
+
+            return slots_from_file(self.capacity_file)
+        return self.host_capacity
+
+    def __post_init__(self) -> None:
+        if self.host_capacity is not None and self.capacity_file:
+            raise ConfigError("give host_capacity or capacity_file, not both")
+        if self.host_capacity is not None and self.host_capacity < 1:
+            raise ConfigError(f"host_capacity must be >= 1 command at once, got {self.host_capacity}")
+        if self.fill_idle_cores is not None and not self.fill_idle_cores > 0:
+            raise ConfigError(f"fill_idle_cores must be a positive number of cores, got {self.fill_idle_cores}")
+        for name in ("group_size", "concurrency", "max_turns", "max_total_tokens", "max_new_tokens", "max_attempts"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.wall_time_s is not None and not (math.isfinite(self.wall_time_s) and self.wall_time_s > 0):
+            raise ConfigError(f"wall_time_s must be a positive number of seconds, got {self.wall_time_s!r}")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ConfigError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
+        if self.max_new_tokens > self.max_total_tokens:
+            raise ConfigError(
+                f"max_new_tokens ({self.max_new_tokens}) is more than max_total_tokens ({self.max_total_tokens}); "
+                "one turn could never fit"
+            )

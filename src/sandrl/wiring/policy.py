@@ -1,0 +1,45 @@
+"""The policy of a :class:`~sandrl.wiring.config.ModelConfig`: the embedded engine or a client of a server.
+
+Whichever it is, it carries the tokenizer of the model it serves
+(:attr:`~sandrl.inference.base.InferenceClient.tokenizer`): the engine loads its own with the
+weights; a client is given the one of ``[model] name``
+(:func:`~sandrl.inference.tokenizer.model_tokenizer`, the one place a model name becomes a
+tokenizer), so the agent renders prompts in the ids the server samples in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from sandrl.inference.base import InferenceClient
+from sandrl.inference.tokenizer import model_tokenizer
+from sandrl.wiring.config import ModelConfig
+
+
+@contextlib.asynccontextmanager
+async def open_policy(model: ModelConfig) -> AsyncIterator[InferenceClient]:
+    """The policy of ``model``, started (or checked to answer) on entry and closed on exit."""
+    if model.embedded:
+        from sandrl.inference.engine import Engine
+
+        engine = Engine.load(model.name)
+        try:
+            yield engine
+        finally:
+            await engine.aclose()
+        return
+    tokenizer = model_tokenizer(model.name)
+    client: InferenceClient
+    if model.api == "openai":
+        from sandrl.inference.openai import OpenAIClient
+
+        async with OpenAIClient(model.inference, tokenizer=tokenizer) as client:
+            await client.health()
+            yield client
+    else:
+        from sandrl.inference.sglang import SGLangClient
+
+        async with SGLangClient(model.inference, tokenizer=tokenizer) as client:
+            await client.health()
+            yield client

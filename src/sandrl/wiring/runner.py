@@ -1,0 +1,94 @@
+"""A :class:`~sandrl.rollout.runner.RolloutRunner` from a :class:`~sandrl.wiring.config.RolloutConfig`.
+
+The one place the ``[rollout]`` settings become the rollout components: the runner's config (its
+episode budget and per-phase timeouts included) and the LLM agent with its sampling. Training,
+``sandrl eval``, ``sandrl tasks run``, the cluster's rollout workers, the demo and the benchmarks
+all build their runner here, so a setting means the same thing in each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sandrl.errors import ConfigError
+from sandrl.inference.base import InferenceClient, SamplingParams
+from sandrl.rollout.agent import Agent, Budget
+from sandrl.rollout.episode import EpisodeConfig
+from sandrl.rollout.images import ImageFor
+from sandrl.rollout.jsonl import TrajectoryWriter
+from sandrl.rollout.llm_agent import SYSTEM_PROMPT, LLMAgent, LLMAgentConfig
+from sandrl.rollout.runner import RolloutRunner, RunnerConfig
+from sandrl.rollout.trajectory import Trajectory
+from sandrl.sandbox.base import SandboxProvider
+from sandrl.wiring.config import RolloutConfig
+
+
+def runner_config(rollout: RolloutConfig, *, run_id: str | None = None, max_context: int | None = None) -> RunnerConfig:
+    """The runner's config of ``rollout``; the token budget is capped at ``max_context`` (the policy's).
+
+    A conversation longer than the model's context cannot be generated from: the budget ends the
+    episode as truncated there, instead of the next turn failing.
+    """
+    max_total = rollout.max_total_tokens if max_context is None else min(rollout.max_total_tokens, max_context)
+    return RunnerConfig(
+        concurrency=rollout.concurrency,
+        group_size=rollout.group_size,
+        max_attempts=rollout.max_attempts,
+        host_capacity=rollout.slots(),
+        fill_idle_cores=rollout.fill_idle_cores,
+        run_id=run_id,
+        episode=EpisodeConfig(
+            budget=Budget(max_turns=rollout.max_turns, max_total_tokens=max_total, wall_time_s=rollout.wall_time_s),
+            timeouts=rollout.timeouts,
+        ),
+    )
+
+
+def llm_agent(rollout: RolloutConfig, policy: InferenceClient) -> LLMAgent:
+    """The LLM agent of ``rollout``, rendering its prompts with the policy's tokenizer."""
+    tokenizer = policy.tokenizer
+    if tokenizer is None:
+        raise ConfigError(
+            "the LLM agent needs the policy's tokenizer and the policy has none: the model (--model, [model] name) "
+            "must be 'tiny' or a checkpoint directory with its tokenizer files, readable where the rollouts run"
+        )
+    config = LLMAgentConfig(
+        sampling=SamplingParams(temperature=rollout.temperature, max_new_tokens=rollout.max_new_tokens),
+        observation_tokens=rollout.observation_tokens,
+        command_timeout_s=rollout.command_timeout_s,
+        system_prompt=rollout.system_prompt or SYSTEM_PROMPT,
+    )
+    return LLMAgent(tokenizer, config)
+
+
+def build_runner(
+    rollout: RolloutConfig,
+    provider: SandboxProvider,
+    *,
+    policy: InferenceClient | None = None,
+    agent: Agent | None = None,
+    run_id: str | None = None,
+    writer: TrajectoryWriter | None = None,
+    image_for: ImageFor | None = None,
+    on_episode: Callable[[Trajectory], None] | None = None,
+) -> RolloutRunner:
+    """The runner of ``rollout`` on ``provider``: ``agent``, or the LLM agent of ``rollout`` on ``policy``.
+
+    ``run_id`` prefixes the group and episode ids (None: random); ``writer`` records every
+    trajectory; ``image_for`` names the image of a task's sandboxes (default: built on ``provider``).
+    """
+    if agent is None:
+        if policy is None:
+            raise ConfigError("the LLM agent needs a policy: pass --inference URL or --inference embedded")
+        agent = llm_agent(rollout, policy)
+    config = runner_config(rollout, run_id=run_id, max_context=policy.max_context if policy is not None else None)
+    return RolloutRunner(
+        provider, agent, policy=policy, config=config, image_for=image_for, writer=writer, on_episode=on_episode
+    )
+
+
+def local_provider() -> SandboxProvider:
+    """The sandboxes of this machine (bubblewrap), for a run given no provider."""
+    from sandrl.sandbox.bwrap import BwrapProvider
+
+    return BwrapProvider()
