@@ -19,9 +19,9 @@ import pytest
 
 from sandrl.errors import SandboxUnavailableError
 from sandrl.sandbox.base import SandboxSpec
-from sandrl.sandbox.cgroups import CgroupManager
+from sandrl.sandbox.bwrap.cgroups import CgroupManager
+from sandrl.sandbox.bwrap.state import StateDir
 from sandrl.sandbox.client import ClientConfig, RemoteProvider
-from sandrl.sandbox.state import StateDir
 
 from ..support import needs_sandbox
 from .conftest import TOKEN

@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from sandrl.sandbox import images
 from sandrl.sandbox.base import SandboxSpec
-from sandrl.sandbox.bwrap import BwrapProvider
+from sandrl.sandbox.bwrap import BwrapProvider, images
 from sandrl.tasks.build import ImageBuilder
 
 from ..sandbox.hostuser import as_nobody, layer_entries, outside_range, setid_files, world_traversable_dir

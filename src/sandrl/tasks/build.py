@@ -16,7 +16,7 @@ metadata and otherwise ignored. Anything else (multi-stage builds, ``COPY --from
 
 Each ``RUN``, ``COPY`` and ``ADD`` runs in a fresh build sandbox started from the image so far
 (network off unless the build asks for it); what the step changed is exported
-(:func:`sandrl.sandbox.export.export_changes`) as a read-only layer, and the image so far plus
+(:func:`sandrl.sandbox.bwrap.export.export_changes`) as a read-only layer, and the image so far plus
 that layer is registered in the store as ``build-<key>``. The key hashes the parent's key, the
 instruction and the state it runs in (environment, working directory, user, shell) and, for
 ``COPY``/``ADD``, the content of the files copied: as Docker's layer cache, a rebuild with
@@ -48,8 +48,8 @@ from typing import Literal
 from sandrl.errors import ImageBuildError, ImageNotFoundError
 from sandrl.sandbox.base import ExecResult, SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider, BwrapSandbox
-from sandrl.sandbox.export import export_changes, is_empty_layer
-from sandrl.sandbox.images import HOST_IMAGE, ImageStore
+from sandrl.sandbox.bwrap.export import export_changes, is_empty_layer
+from sandrl.sandbox.bwrap.images import HOST_IMAGE, ImageStore
 from sandrl.tasks.instructions import Instruction, expand, key_values, parse_dockerfile, words
 from sandrl.tasks.task import Task
 

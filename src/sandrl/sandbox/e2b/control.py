@@ -27,8 +27,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sandrl.errors import ImageNotFoundError, InvalidSpecError
 from sandrl.sandbox.base import SandboxSpec
+from sandrl.sandbox.bwrap.images import HOST_IMAGE
 from sandrl.sandbox.e2b.state import CLIENT_ID, DEFAULT_TEMPLATE, ENVD_VERSION, E2BRegistry
-from sandrl.sandbox.images import HOST_IMAGE
 from sandrl.sandbox.service import Entry, SandboxService
 from sandrl.sandbox.service_api import MetadataDict, ServiceError
 from sandrl.sandbox.service_routes import ERRORS

@@ -1,6 +1,6 @@
 """A live sandbox of the bubblewrap backend, and the commands running in it.
 
-:class:`BwrapSandbox` speaks the agent protocol (:mod:`sandrl.sandbox.protocol`) over the
+:class:`BwrapSandbox` speaks the agent protocol (:mod:`sandrl.sandbox.bwrap.protocol`) over the
 sandbox's socket: execs, streamed processes, files, TTL, and teardown. It is made by
 :class:`sandrl.sandbox.bwrap.BwrapProvider`; see that module for how and the threat model.
 """
@@ -20,7 +20,6 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Literal, TypeVar
 
 from sandrl.errors import SandboxClosedError, SandboxCrashedError, SandboxError, SandboxFileError
-from sandrl.sandbox import protocol
 from sandrl.sandbox.base import (
     MAX_READ_BYTES,
     ExecResult,
@@ -30,9 +29,10 @@ from sandrl.sandbox.base import (
     file_too_large,
     validate_env,
 )
-from sandrl.sandbox.cgroups import SandboxCgroup
-from sandrl.sandbox.images import MountPlan
-from sandrl.sandbox.protocol import AgentConnection, Frame, Op
+from sandrl.sandbox.bwrap import protocol
+from sandrl.sandbox.bwrap.cgroups import SandboxCgroup
+from sandrl.sandbox.bwrap.images import MountPlan
+from sandrl.sandbox.bwrap.protocol import AgentConnection, Frame, Op
 
 if TYPE_CHECKING:
     from sandrl.sandbox.bwrap import BwrapProvider

@@ -2,7 +2,7 @@
 
 How one sandbox is made (``native/sandrl-helper.c`` does the privileged part, as root):
 
-1. A uid *slot* is locked (:mod:`sandrl.sandbox.state`): two host uid ranges of its own, pid 1's
+1. A uid *slot* is locked (:mod:`sandrl.sandbox.bwrap.state`): two host uid ranges of its own, pid 1's
    uid U and the sandbox's U+1..U+65536, so root inside is nobody outside, pid 1 is nobody to
    the sandbox's root, and no two sandboxes share a uid.
 2. Its cgroups are made with the spec's memory, pids and CPU limits (:mod:`.cgroups`).
@@ -96,16 +96,14 @@ from sandrl.errors import (
     SandboxCreateError,
     SandboxUnavailableError,
 )
-from sandrl.sandbox import protocol
 from sandrl.sandbox.base import DEFAULT_OUTPUT_CAP, SandboxSpec
-from sandrl.sandbox.bwrap_sandbox import BwrapProcess, BwrapSandbox, SandboxStats
-from sandrl.sandbox.cgroups import CgroupManager, SandboxCgroup
-from sandrl.sandbox.helper import helper_path
-from sandrl.sandbox.images import ImageStore, MountPlan
-from sandrl.sandbox.protocol import AgentConnection
-from sandrl.sandbox.state import STORE_UID_BASE, Slot, StateDir
-
-__all__ = ["DEFAULT_STATE_DIR", "BwrapProcess", "BwrapProvider", "BwrapSandbox", "SandboxStats"]
+from sandrl.sandbox.bwrap import protocol
+from sandrl.sandbox.bwrap.cgroups import CgroupManager, SandboxCgroup
+from sandrl.sandbox.bwrap.helper import helper_path
+from sandrl.sandbox.bwrap.images import ImageStore, MountPlan
+from sandrl.sandbox.bwrap.protocol import AgentConnection
+from sandrl.sandbox.bwrap.sandbox import BwrapSandbox
+from sandrl.sandbox.bwrap.state import STORE_UID_BASE, Slot, StateDir
 
 DEFAULT_STATE_DIR = Path(os.environ.get("SANDRL_STATE_DIR", "/var/lib/sandrl"))
 # Docker's default capability set: what root in a container normally has.
