@@ -301,7 +301,8 @@ class BwrapProvider:
             raise
         # The sandbox's own processes now hold the slot's lock; ours would outlive a crash of theirs.
         slot.release()
-        sandbox = BwrapSandbox(self, sid, spec, image_env, slot.index, group, proc, conn)
+        sandbox = BwrapSandbox(sid, spec, image_env, slot.index, group, proc, conn, output_cap=self.output_cap)
+        sandbox.add_close_callback(self._forget)  # first, so its record is gone before anyone hears of the close
         sandbox.uid = slot.uid + 1  # the slot's uid is pid 1's; the sandbox's root is the next one
         sandbox.mount_plan = plan
         self.live.add(sandbox)
@@ -340,6 +341,10 @@ class BwrapProvider:
         argv += ["--", "@AGENT@", "agent", "--fd", str(sock_fd), "--lock-fd", str(slot.fd)]
         argv += ["--inner-userns", "@INNER_USERNS@", "--workdir", spec.workdir, "--ttl-ms", str(ttl_ms)]
         return argv
+
+    def _forget(self, sandbox: BwrapSandbox) -> None:
+        self.state.remove_record(sandbox.id)
+        self.live.discard(sandbox)
 
     async def close_all(self) -> None:
         await asyncio.gather(*(s.close() for s in list(self.live)), return_exceptions=True)
