@@ -54,7 +54,7 @@ from sandrl.errors import (
     SandrlError,
 )
 from sandrl.sandbox.base import MAX_READ_BYTES, ExecResult, OutputChunk, SandboxSpec, check_max_bytes, file_too_large
-from sandrl.sandbox.service_api import (
+from sandrl.sandbox.service.api import (
     API_PREFIX,
     ExecRequest,
     ExecResponse,
@@ -63,7 +63,7 @@ from sandrl.sandbox.service_api import (
     SandboxInfo,
     SandboxList,
 )
-from sandrl.sandbox.service_auth import TOKEN_ENV, load_token
+from sandrl.sandbox.service.auth import TOKEN_ENV, load_token
 
 SERVER_ENV = "SANDRL_SERVER"
 _RETRY_STATUS = frozenset({502, 503, 504})

@@ -70,7 +70,7 @@ hostile; this backend protects the host, the provider and other sandboxes from i
 - **The provider.** It reads from a sandbox only within bounds (file reads: ``max_bytes``; output:
   the output cap, and a streaming reader's back-pressure pauses the command's pipes; requests are
   checked against the agent's frame limit before they are sent), and no wait on pid 1 is
-  unbounded. The HTTP service's own threat model is in :mod:`sandrl.sandbox.server`.
+  unbounded. The HTTP service's own threat model is in :mod:`sandrl.sandbox.service.server`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The sandbox service's wire types: request and response bodies of the native ``/v1`` API.
 
-Shared by the server (:mod:`sandrl.sandbox.server`) and the client
+Shared by the server (:mod:`sandrl.sandbox.service.server`) and the client
 (:mod:`sandrl.sandbox.client`), so the two cannot drift apart, and published in the
 served OpenAPI document. Every error body is :class:`ErrorBody`.
 
