@@ -8,12 +8,13 @@ and later a KVM microVM one. Everything above this module sees only these protoc
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
-from typing import Literal, Protocol, runtime_checkable
+from typing import Literal, Protocol, Self, runtime_checkable
 
 from sandrl.errors import ConfigError, InvalidSpecError, SandboxFileTooLargeError
 
@@ -209,6 +210,23 @@ class Sandbox(Protocol):
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None: ...
+
+
+class ClosesOnExit:
+    """``async with`` for a sandbox: closes it on the way out, even when the block is cancelled,
+    so that no sandbox outlives the block that made it. A base for sandbox classes, which define
+    :meth:`close`."""
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await asyncio.shield(self.close())
 
 
 @runtime_checkable

@@ -53,7 +53,15 @@ from sandrl.errors import (
     SandboxUnavailableError,
     SandrlError,
 )
-from sandrl.sandbox.base import MAX_READ_BYTES, ExecResult, OutputChunk, SandboxSpec, check_max_bytes, file_too_large
+from sandrl.sandbox.base import (
+    MAX_READ_BYTES,
+    ClosesOnExit,
+    ExecResult,
+    OutputChunk,
+    SandboxSpec,
+    check_max_bytes,
+    file_too_large,
+)
 from sandrl.sandbox.service.api import (
     API_PREFIX,
     ExecRequest,
@@ -279,7 +287,7 @@ def _typed(error_code: str, message: str, status: int) -> SandrlError:
     return error
 
 
-class RemoteSandbox:
+class RemoteSandbox(ClosesOnExit):
     """One sandbox on a sandbox service (a :class:`~sandrl.sandbox.base.Sandbox`)."""
 
     def __init__(self, provider: RemoteProvider, info: SandboxInfo) -> None:
@@ -451,14 +459,6 @@ class RemoteSandbox:
             return
         await self.provider.kill(self.id)
         self.closed = True
-
-    async def __aenter__(self) -> RemoteSandbox:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await asyncio.shield(self.close())
 
 
 # -- operator commands (`sandrl sandbox run --server`, `sandrl sandbox ls`, `sandrl sandbox rm`)

@@ -15,12 +15,12 @@ import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from types import TracebackType
 from typing import TypeVar
 
 from sandrl.errors import SandboxClosedError, SandboxCrashedError, SandboxError, SandboxFileError
 from sandrl.sandbox.base import (
     MAX_READ_BYTES,
+    ClosesOnExit,
     ExecResult,
     SandboxSpec,
     check_max_bytes,
@@ -54,7 +54,7 @@ class SandboxStats:
     oom_kills: int
 
 
-class BwrapSandbox:
+class BwrapSandbox(ClosesOnExit):
     """One live sandbox made by :class:`~sandrl.sandbox.bwrap.provider.BwrapProvider`.
 
     ``output_cap`` is the default cap of each output stream of a command. The provider's own
@@ -242,14 +242,6 @@ class BwrapSandbox:
         with contextlib.suppress(Exception):
             self._proc.kill()
         self._finish_cleanup()
-
-    async def __aenter__(self) -> BwrapSandbox:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
 
     def _check_open(self) -> None:
         if self._closing is not None or self._conn.closed.is_set():
