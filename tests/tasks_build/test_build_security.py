@@ -16,7 +16,7 @@ import pytest
 
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider, images
-from sandrl.tasks.build import ImageBuilder
+from sandrl.sandbox.bwrap.dockerfile.builder import ImageBuilder
 
 from ..sandbox.hostuser import as_nobody, layer_entries, outside_range, setid_files, world_traversable_dir
 from .conftest import REASON

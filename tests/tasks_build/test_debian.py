@@ -13,7 +13,7 @@ import sandrl.sandbox.bwrap.provider
 from sandrl.cli import app
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider
-from sandrl.tasks.build import ImageBuilder
+from sandrl.sandbox.bwrap.dockerfile.builder import ImageBuilder
 
 
 def _online(host: str = "deb.debian.org") -> bool:

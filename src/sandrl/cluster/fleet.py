@@ -51,7 +51,7 @@ from sandrl.errors import (
     SandboxHostLostError,
     SandboxUnavailableError,
 )
-from sandrl.sandbox.base import ExecResult, SandboxSpec
+from sandrl.sandbox.base import ExecResult, ImageSource, SandboxSpec, prebuilt_image
 from sandrl.sandbox.client import ClientConfig, RemoteProvider, RemoteSandbox
 from sandrl.sandbox.delegating import DelegatingSandbox
 
@@ -194,6 +194,10 @@ class FleetProvider:
             f"no sandbox host could take the sandbox ({detail}); hosts out of placement: {', '.join(down) or 'none'}. "
             "Check the hosts (`sandrl sandbox ls --server URL`); a failed host is put back once its /healthz passes"
         )
+
+    async def resolve_image(self, source: ImageSource) -> str:
+        """Hosts build nothing for a client: ``source``'s prebuilt image, or ``host``."""
+        return prebuilt_image(source)
 
     @staticmethod
     async def _close_when_made(creating: asyncio.Future[RemoteSandbox]) -> None:

@@ -1,7 +1,8 @@
 """The sandbox interfaces: what every backend offers and every caller codes against.
 
 A *sandbox* is an isolated Linux environment that lives across many commands (one RL
-episode). A *provider* makes sandboxes from a :class:`SandboxSpec`. Backends: the local
+episode). A *provider* makes sandboxes from a :class:`SandboxSpec`, and says which image an
+:class:`ImageSource` (a Dockerfile, or a prebuilt image's name) gives on it. Backends: the local
 bubblewrap one (:mod:`sandrl.sandbox.bwrap`), the HTTP client of the sandbox service,
 and later a KVM microVM one. Everything above this module sees only these protocols.
 """
@@ -13,10 +14,11 @@ import math
 import re
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from types import MappingProxyType, TracebackType
 from typing import Any, Literal, Protocol, Self, runtime_checkable
 
-from sandrl.errors import ConfigError, InvalidSpecError, SandboxFileTooLargeError
+from sandrl.errors import ConfigError, InvalidSpecError, SandboxFileTooLargeError, TaskError
 
 DEFAULT_OUTPUT_CAP = 1 << 20
 """Bytes kept per output stream of one exec; beyond it output is dropped and ``truncated`` set."""
@@ -220,6 +222,46 @@ class SandboxProcess(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class ImageSource:
+    """Where the image of some sandboxes comes from: a Dockerfile to build, or a prebuilt image.
+
+    What a task's environment says (``sandrl.tasks`` makes one from a task); a provider turns it
+    into an image name (:meth:`SandboxProvider.resolve_image`), so its caller never asks which
+    backend it has.
+    """
+
+    label: str
+    """Whose image it is, for messages: e.g. ``task fix-lru-cache``."""
+    dockerfile_text: str | None = None
+    """The Dockerfile to build; None when there is none."""
+    dockerfile: Path | None = None
+    """Where the Dockerfile is, for messages and as the default build context."""
+    context_dir: Path | None = None
+    """The build context; default the Dockerfile's directory."""
+    image: str | None = None
+    """A prebuilt image's name, used when there is no Dockerfile."""
+    build_timeout_s: float = 600.0
+    """The whole build must finish within this."""
+    network: bool = False
+    """Whether the build's ``RUN`` steps may use the host's network."""
+    cpus: float = 1.0
+    memory_mb: int = 2048
+    disk_mb: int = 4096
+    """The resources of the image's sandboxes: a build step gets at least these."""
+
+
+def prebuilt_image(source: ImageSource) -> str:
+    """The image of a provider that builds nothing: ``source``'s prebuilt image, ``host`` without one;
+    a Dockerfile is refused with a :class:`~sandrl.errors.TaskError` naming what to do instead."""
+    if source.dockerfile_text is None:
+        return source.image or "host"
+    raise TaskError(
+        f"{source.label} has a Dockerfile, and this provider cannot build it here: build the image on the "
+        "sandbox host (sandrl images build) and pass the runner an image_for that names it"
+    )
+
+
 @runtime_checkable
 class Sandbox(Protocol):
     """One live sandbox. Commands run as root inside, in a persistent filesystem."""
@@ -273,6 +315,13 @@ class ClosesOnExit:
 
 @runtime_checkable
 class SandboxProvider(Protocol):
-    """Makes sandboxes."""
+    """Makes sandboxes, from images it can name."""
 
     async def create(self, spec: SandboxSpec) -> Sandbox: ...
+
+    async def resolve_image(self, source: ImageSource) -> str:
+        """The name of the image ``source`` gives on this provider, for :attr:`SandboxSpec.image`:
+        built from its Dockerfile by a provider that builds (a cache hit when unchanged), else its
+        prebuilt image (see :func:`prebuilt_image`). Raises :class:`~sandrl.errors.ImageBuildError`
+        when a build fails, :class:`~sandrl.errors.TaskError` when the provider cannot build one."""
+        ...

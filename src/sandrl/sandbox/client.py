@@ -57,10 +57,12 @@ from sandrl.sandbox.base import (
     MAX_READ_BYTES,
     ClosesOnExit,
     ExecResult,
+    ImageSource,
     OutputChunk,
     SandboxSpec,
     check_max_bytes,
     file_too_large,
+    prebuilt_image,
 )
 from sandrl.sandbox.service.api import (
     API_PREFIX,
@@ -160,6 +162,10 @@ class RemoteProvider:
         timeout = self.config.timeout_s + wait
         r = await self.request("POST", "/sandboxes", json=body, idempotent=False, timeout=timeout)
         return RemoteSandbox(self, SandboxInfo.model_validate_json(r.content))
+
+    async def resolve_image(self, source: ImageSource) -> str:
+        """The server builds nothing for a client: ``source``'s prebuilt image, or ``host``."""
+        return prebuilt_image(source)
 
     async def list_sandboxes(self, metadata: Mapping[str, str] | None = None) -> list[SandboxInfo]:
         params = httpx.QueryParams([("metadata", f"{k}={v}") for k, v in (metadata or {}).items()])

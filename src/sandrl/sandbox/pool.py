@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Literal
 
 from sandrl.errors import CapacityExhaustedError, ConfigError, SandrlError
-from sandrl.sandbox.base import ExecResult, Sandbox, SandboxProvider, SandboxSpec
+from sandrl.sandbox.base import ExecResult, ImageSource, Sandbox, SandboxProvider, SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider, BwrapSandbox
 from sandrl.sandbox.delegating import DelegatingSandbox
 from sandrl.sandbox.idle_cpu import IdleCpus
@@ -158,6 +158,9 @@ class PooledProvider:
 
     def _notify(self) -> None:
         self._room.set()
+
+    async def resolve_image(self, source: ImageSource) -> str:
+        return await self.provider.resolve_image(source)
 
     def pool(self, spec: SandboxSpec) -> WarmPool | None:
         return self.pools.get(spec_key(spec))
@@ -389,3 +392,6 @@ class AdmittedProvider:
 
     async def create(self, spec: SandboxSpec) -> AdmittedSandbox:
         return AdmittedSandbox(await self.provider.create(spec), self.admission)
+
+    async def resolve_image(self, source: ImageSource) -> str:
+        return await self.provider.resolve_image(source)

@@ -24,8 +24,8 @@ from rich.table import Table
 
 from sandrl.errors import ConfigError, ImageBuildError
 from sandrl.sandbox.bwrap import BwrapProvider
+from sandrl.sandbox.bwrap.dockerfile.builder import BUILD_PREFIX, BuildOptions, ImageBuilder, StepEvent
 from sandrl.sandbox.bwrap.images import DEFAULT_PATH, HOST_IMAGE
-from sandrl.tasks.build import BUILD_PREFIX, BuildOptions, ImageBuilder, StepEvent
 from sandrl.tasks.loader import TaskProblem, load_tasks
 from sandrl.tasks.suite import AgentKind, TaskRun, TaskValidation, run_many, run_task, validate_task
 from sandrl.tasks.task import Task

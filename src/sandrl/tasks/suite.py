@@ -1,7 +1,7 @@
 """Tasks run for real: the environment built, an oracle or a null agent, the real verifier.
 
 ``run_task`` is one episode without a policy: build the task's image
-(:func:`sandrl.tasks.build.ensure_task_image`), start a sandbox from it, set up the environment,
+(the provider's ``resolve_image``), start a sandbox from it, set up the environment,
 run the reference solution (``oracle``) or nothing (``null``), verify. ``validate_task`` checks a
 task is sound: its environment builds, its tests fail untouched and pass after the oracle.
 ``run_many`` runs either over a task set with bounded concurrency. These back ``sandrl tasks run``
@@ -19,7 +19,6 @@ from typing import Literal, TypeVar
 from sandrl.aio import gather_all
 from sandrl.errors import SandrlError
 from sandrl.sandbox.bwrap import BwrapProvider
-from sandrl.tasks.build import ensure_task_image
 from sandrl.tasks.result import VerifyResult
 from sandrl.tasks.task import Task
 from sandrl.tasks.verify import prepare_environment, run_solution, verify
@@ -98,7 +97,7 @@ async def run_task(task: Task, provider: BwrapProvider, agent: AgentKind) -> Tas
     image: str | None = None
     build_s = 0.0
     try:
-        image = await ensure_task_image(task, provider)
+        image = await provider.resolve_image(task.image_source())
         build_s = time.monotonic() - start
         result, solution_exit = await _episode(task, provider, image, agent)
     except SandrlError as exc:
@@ -123,7 +122,7 @@ async def validate_task(task: Task, provider: BwrapProvider) -> TaskValidation:
     if task.solution is None:
         return TaskValidation(task.id, False, None, None, 0.0, problem="the task has no reference solution")
     try:
-        image = await ensure_task_image(task, provider)
+        image = await provider.resolve_image(task.image_source())
     except SandrlError as exc:
         return TaskValidation(task.id, False, None, None, time.monotonic() - start, problem=str(exc))
     try:

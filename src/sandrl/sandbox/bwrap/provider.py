@@ -96,9 +96,10 @@ from sandrl.errors import (
     SandboxCreateError,
     SandboxUnavailableError,
 )
-from sandrl.sandbox.base import DEFAULT_OUTPUT_CAP, SandboxSpec
+from sandrl.sandbox.base import DEFAULT_OUTPUT_CAP, ImageSource, SandboxSpec
 from sandrl.sandbox.bwrap import protocol
 from sandrl.sandbox.bwrap.cgroups import CgroupManager, SandboxCgroup
+from sandrl.sandbox.bwrap.dockerfile.source import image_for
 from sandrl.sandbox.bwrap.helper import helper_path
 from sandrl.sandbox.bwrap.images import ImageStore, MountPlan
 from sandrl.sandbox.bwrap.protocol import AgentConnection
@@ -224,6 +225,11 @@ class BwrapProvider:
                 f"the host has {free_mb} MiB of memory available, under the {self.min_free_memory_mb} MiB "
                 "reserve: close sandboxes or wait"
             )
+
+    async def resolve_image(self, source: ImageSource) -> str:
+        """The store image ``source`` gives: built from its Dockerfile here (a cache hit when
+        unchanged), else its prebuilt image when the store has it, else ``host``."""
+        return await image_for(self, source)
 
     async def create(self, spec: SandboxSpec | None = None) -> BwrapSandbox:
         spec = spec or SandboxSpec()
