@@ -84,7 +84,8 @@ class Bounds:
         kind = "a whole number" if self.whole else "a number"
         unit = f" {self.unit}" if self.unit else ""
         if self.high is not None:
-            return f"{kind} between {_number(self.low)} and {_number(self.high)}{unit}"
+            whole = "a whole number " if self.whole else ""
+            return f"{whole}between {_number(self.low)} and {_number(self.high)}{unit}"
         if self.above and self.low == 0:
             return f"a positive {kind.removeprefix('a ')}" + (f" of {self.unit}" if self.unit else "")
         return f"{kind} {'above' if self.above else 'at least'} {_number(self.low)}{unit}"
