@@ -161,26 +161,13 @@ class ExecResponse(BaseModel):
     timed_out: bool
     truncated: bool = Field(description="An output stream hit the output cap and was cut.")
 
+    # The same fields as ExecResult, by name.
     @classmethod
     def of(cls, result: ExecResult) -> ExecResponse:
-        return cls(
-            exit_code=result.exit_code,
-            stdout=result.stdout,
-            stderr=result.stderr,
-            duration_s=result.duration_s,
-            timed_out=result.timed_out,
-            truncated=result.truncated,
-        )
+        return cls(**dataclasses.asdict(result))
 
     def to_result(self) -> ExecResult:
-        return ExecResult(
-            exit_code=self.exit_code,
-            stdout=self.stdout,
-            stderr=self.stderr,
-            duration_s=self.duration_s,
-            timed_out=self.timed_out,
-            truncated=self.truncated,
-        )
+        return ExecResult(**self.model_dump())
 
 
 class FileWritten(BaseModel):
