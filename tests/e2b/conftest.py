@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import pytest
 
 from sandrl.sandbox.bwrap import BwrapProvider
-from sandrl.sandbox.server import BackgroundServer, create_app
-from sandrl.sandbox.service import SandboxService, ServiceConfig
+from sandrl.sandbox.service.server import BackgroundServer, create_app
+from sandrl.sandbox.service.state import SandboxService, ServiceConfig
 
 from ..support import REASON
 

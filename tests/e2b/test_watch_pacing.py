@@ -6,8 +6,8 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from sandrl.sandbox.base import ExecResult, OutputChunk
-from sandrl.sandbox.e2b.processes import WATCH_QUEUE_ITEMS, ProcessTable, Tracked
-from sandrl.sandbox.e2b.proto import process_pb as pb
+from sandrl.sandbox.service.e2b.process_table import WATCH_QUEUE_ITEMS, ProcessTable, Tracked
+from sandrl.sandbox.service.e2b.proto import process_pb as pb
 
 
 class Chatty:

@@ -24,8 +24,8 @@ from sandrl.errors import (
 )
 from sandrl.sandbox.base import MAX_READ_BYTES, SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider, BwrapSandbox
-from sandrl.sandbox.bwrap_sandbox import STREAM_HIGH_WATER
-from sandrl.sandbox.protocol import MAX_FRAME
+from sandrl.sandbox.bwrap.process import STREAM_HIGH_WATER
+from sandrl.sandbox.bwrap.protocol import MAX_FRAME
 
 from ..support import agent_host_pid, needs_sandbox
 

@@ -12,7 +12,7 @@ import pytest
 from sandrl.errors import SandboxClosedError, SandboxCrashedError, SandboxFileTooLargeError, SandrlError
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.client import RemoteProvider, RemoteSandbox
-from sandrl.sandbox.service_api import SandboxInfo
+from sandrl.sandbox.service.api import SandboxInfo
 
 
 class EndlessFiles:

@@ -9,7 +9,7 @@ import pytest
 from sandrl.errors import LimitUnsupportedError
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider
-from sandrl.sandbox.cgroups import CgroupManager
+from sandrl.sandbox.bwrap.cgroups import CgroupManager
 
 from ..support import needs_sandbox
 

@@ -11,7 +11,7 @@ import pytest
 from sandrl.errors import ConfigError, ImageNotFoundError
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider
-from sandrl.sandbox.images import ImageStore
+from sandrl.sandbox.bwrap.images import ImageStore
 
 from ..support import needs_sandbox
 

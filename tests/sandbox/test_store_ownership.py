@@ -17,10 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from sandrl.sandbox import images
 from sandrl.sandbox.base import SandboxSpec
-from sandrl.sandbox.bwrap import BwrapProvider
-from sandrl.sandbox.images import ImageStore
+from sandrl.sandbox.bwrap import BwrapProvider, images
+from sandrl.sandbox.bwrap.images import ImageStore
 
 from ..support import needs_sandbox
 from .hostuser import as_nobody, layer_entries, outside_range, setid_files, world_traversable_dir

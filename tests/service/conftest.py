@@ -12,8 +12,8 @@ import pytest
 
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.sandbox.client import ClientConfig, RemoteProvider
-from sandrl.sandbox.server import BackgroundServer, create_app
-from sandrl.sandbox.service import SandboxService, ServiceConfig
+from sandrl.sandbox.service.server import BackgroundServer, create_app
+from sandrl.sandbox.service.state import SandboxService, ServiceConfig
 
 from ..support import REASON
 

@@ -10,7 +10,7 @@ import pytest
 
 from sandrl.errors import ConfigError
 from sandrl.sandbox.client import RemoteProvider
-from sandrl.sandbox.service_auth import bind_host, load_token
+from sandrl.sandbox.service.auth import bind_host, load_token
 
 from ..support import needs_sandbox
 from .conftest import TOKEN, Served

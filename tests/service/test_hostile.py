@@ -153,7 +153,7 @@ def test_a_tokenless_server_answers_only_loopback_names_and_no_browser(
 
 
 def test_the_tokenless_server_serves_ipv6_loopback_names() -> None:
-    from sandrl.sandbox.service_auth import loopback_host
+    from sandrl.sandbox.service.auth import loopback_host
 
     for host in ("[::1]", "[::1]:8700", "localhost", "127.0.0.1:1", "127.255.0.1"):
         assert loopback_host(host), host

@@ -13,7 +13,7 @@ from sandrl.errors import CapacityExhaustedError, SandboxNotFoundError, SandboxU
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.sandbox.client import ClientConfig, RemoteProvider
-from sandrl.sandbox.service import ServiceConfig
+from sandrl.sandbox.service.state import ServiceConfig
 
 from ..support import needs_sandbox
 from .conftest import Served, serving

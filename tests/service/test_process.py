@@ -19,9 +19,9 @@ import pytest
 
 from sandrl.errors import SandboxUnavailableError
 from sandrl.sandbox.base import SandboxSpec
-from sandrl.sandbox.cgroups import CgroupManager
+from sandrl.sandbox.bwrap.cgroups import CgroupManager
+from sandrl.sandbox.bwrap.state import StateDir
 from sandrl.sandbox.client import ClientConfig, RemoteProvider
-from sandrl.sandbox.state import StateDir
 
 from ..support import needs_sandbox
 from .conftest import TOKEN
@@ -38,7 +38,7 @@ def _free_port() -> int:
 @contextmanager
 def server_process(state_dir: Path, port: int, grace_s: float = 10) -> Iterator[subprocess.Popen[bytes]]:
     code = (
-        "from sandrl.sandbox.server import serve; from sandrl.sandbox.service import ServiceConfig; "
+        "from sandrl.sandbox.service.server import serve; from sandrl.sandbox.service.state import ServiceConfig; "
         f"serve('127.0.0.1', {port}, state_dir={str(state_dir)!r}, config=ServiceConfig(drain_grace_s={grace_s}), "
         "log_level='warning')"
     )

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
 from sandrl.sandbox.bwrap import BwrapProvider
-from sandrl.sandbox.server import create_app
-from sandrl.sandbox.service import SandboxService, ServiceConfig
+from sandrl.sandbox.service.server import create_app
+from sandrl.sandbox.service.state import SandboxService, ServiceConfig
 
 from ..support import needs_sandbox
 from .conftest import Served, serving

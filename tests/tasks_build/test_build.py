@@ -12,7 +12,7 @@ import pytest
 from sandrl.errors import ImageBuildError
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider
-from sandrl.tasks.build import BuildOptions, ImageBuilder, StepEvent
+from sandrl.sandbox.bwrap.dockerfile.builder import BuildOptions, ImageBuilder, StepEvent
 
 
 def _context(tmp_path: Path, dockerfile: str, files: dict[str, str]) -> Path:

@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from sandrl.sandbox import images
 from sandrl.sandbox.base import SandboxSpec
-from sandrl.sandbox.bwrap import BwrapProvider
-from sandrl.tasks.build import ImageBuilder
+from sandrl.sandbox.bwrap import BwrapProvider, images
+from sandrl.sandbox.bwrap.dockerfile.builder import ImageBuilder
 
 from ..sandbox.hostuser import as_nobody, layer_entries, outside_range, setid_files, world_traversable_dir
 from .conftest import REASON

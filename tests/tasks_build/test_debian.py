@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import sandrl.sandbox.bwrap
+import sandrl.sandbox.bwrap.provider
 from sandrl.cli import app
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider
-from sandrl.tasks.build import ImageBuilder
+from sandrl.sandbox.bwrap.dockerfile.builder import ImageBuilder
 
 
 def _online(host: str = "deb.debian.org") -> bool:
@@ -32,7 +32,7 @@ async def test_debian_base_and_a_build_on_it(
     if not provider.images.exists("debian"):
         if not _online():
             pytest.skip("offline: debootstrap needs deb.debian.org")
-        monkeypatch.setattr(sandrl.sandbox.bwrap, "DEFAULT_STATE_DIR", state_dir)
+        monkeypatch.setattr(sandrl.sandbox.bwrap.provider, "DEFAULT_STATE_DIR", state_dir)
         result = CliRunner().invoke(app, ["images", "build", "debian"], catch_exceptions=False)
         assert result.exit_code == 0, result.output
     (tmp_path / "hello.sh").write_text("echo hello from $(cat /etc/debian_version)\n")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider
-from sandrl.sandbox.export import export_changes, is_empty_layer
-from sandrl.sandbox.layer_owners import store_id
+from sandrl.sandbox.bwrap.export import export_changes, is_empty_layer
+from sandrl.sandbox.bwrap.layer_owners import store_id
 
 CHANGES = """
 set -e

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sandrl.errors import ImageBuildError
-from sandrl.tasks.instructions import expand, key_values, parse_dockerfile, words
+from sandrl.sandbox.bwrap.dockerfile.instructions import expand, key_values, parse_dockerfile, words
 
 DOCKERFILE = """\
 # a comment

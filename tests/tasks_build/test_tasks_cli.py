@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import sandrl.sandbox.bwrap
+import sandrl.sandbox.bwrap.provider
 from sandrl.cli import app
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.tasks.builtin import SUITE_DIR
@@ -26,7 +26,7 @@ SUBSET = (
 @pytest.fixture
 def cli_state(provider: BwrapProvider, state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Make the CLI's providers use the test session's state directory."""
-    monkeypatch.setattr(sandrl.sandbox.bwrap, "DEFAULT_STATE_DIR", state_dir)
+    monkeypatch.setattr(sandrl.sandbox.bwrap.provider, "DEFAULT_STATE_DIR", state_dir)
     return state_dir
 
 

@@ -49,7 +49,6 @@ from sandrl.rollout.scripted import ReplayAgent, ThinkTime
 from sandrl.rollout.trajectory import Trajectory
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.sandbox.idle_cpu import IdleCpus
-from sandrl.tasks.build import ensure_task_image
 from sandrl.tasks.loader import load_task
 from sandrl.tasks.task import Task
 from sandrl.wiring import RolloutConfig, build_runner
@@ -404,7 +403,7 @@ async def _run(
     runs: list[WayRun] = []
     with Progress(console=console, transient=True) as progress:
         build = progress.add_task("building the task image (the workloads' inputs)", total=None)
-        image = await ensure_task_image(base, provider)
+        image = await provider.resolve_image(base.image_source())
         progress.remove_task(build)
         alone = progress.add_task("standalone times (idle host)", total=(1 + cfg.repeats) * (len(chosen) + 1))
         standalone = await fresh_standalone(

@@ -30,7 +30,7 @@ from typing import Any, Literal
 from sandrl.bench import hostinfo
 from sandrl.errors import ConfigError
 from sandrl.sandbox.bwrap import BwrapProvider
-from sandrl.sandbox.cgroups import CFS_PERIOD_US
+from sandrl.sandbox.bwrap.cgroups import CFS_PERIOD_US
 
 LimitMode = Literal["none", "affinity", "quota"]
 

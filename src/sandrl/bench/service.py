@@ -47,7 +47,7 @@ async def server_process(state_dir: Path, max_live: int) -> AsyncIterator[tuple[
     """A sandbox server as a child process; yields its URL and token."""
     port, token = _free_port(), secrets.token_hex(24)
     code = (
-        "from sandrl.sandbox.server import serve; "
+        "from sandrl.sandbox.service.server import serve; "
         f"serve('127.0.0.1', {port}, state_dir={str(state_dir)!r}, max_live={max_live}, log_level='warning')"
     )
     proc = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "SANDRL_TOKEN": token})

@@ -1,6 +1,6 @@
 """``sandrl images build|ls|rm``: the environment images in the local store.
 
-``images build`` runs a Dockerfile through :class:`~sandrl.tasks.build.ImageBuilder`, or makes
+``images build`` runs a Dockerfile through :class:`~sandrl.sandbox.bwrap.dockerfile.builder.ImageBuilder`, or makes
 the Debian base image with debootstrap (``sandrl images build debian``).
 """
 
@@ -21,8 +21,8 @@ from rich.table import Table
 from sandrl.cli.output import rich_console
 from sandrl.errors import ConfigError, ImageBuildError
 from sandrl.sandbox.bwrap import BwrapProvider
-from sandrl.sandbox.images import DEFAULT_PATH, HOST_IMAGE
-from sandrl.tasks.build import BUILD_PREFIX, BuildOptions, ImageBuilder, StepEvent
+from sandrl.sandbox.bwrap.dockerfile.builder import BUILD_PREFIX, BuildOptions, ImageBuilder, StepEvent
+from sandrl.sandbox.bwrap.images import DEFAULT_PATH, HOST_IMAGE
 
 app = typer.Typer(no_args_is_help=True, help="Environment images: build (Dockerfile or debian), ls, rm.")
 

@@ -24,7 +24,7 @@ from sandrl.sandbox.bwrap import BwrapProvider
 
 if TYPE_CHECKING:
     from sandrl.sandbox.client import RemoteProvider
-    from sandrl.sandbox.service_api import SandboxInfo
+    from sandrl.sandbox.service.api import SandboxInfo
 
 app = typer.Typer(no_args_is_help=True, help="Run commands in sandboxes.")
 
@@ -77,7 +77,7 @@ def sandbox_run(
 def _provider(server: str | None, token_file: str | None) -> RemoteProvider:
     # Imported here: the client brings in httpx and FastAPI, which `sandrl --help` should not wait for.
     from sandrl.sandbox.client import RemoteProvider
-    from sandrl.sandbox.service_auth import load_token
+    from sandrl.sandbox.service.auth import load_token
 
     token = load_token(token_file) if token_file else None
     return RemoteProvider(server, token=token)

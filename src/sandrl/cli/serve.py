@@ -16,7 +16,7 @@ def serve_sandboxes(
     state_dir: str | None = typer.Option(None, help="State directory (default /var/lib/sandrl)."),
 ) -> None:
     """Serve sandboxes over HTTP: the native /v1 API, Prometheus /metrics."""
-    from sandrl.sandbox.server import serve
+    from sandrl.sandbox.service.server import serve
 
     serve(host, port, token_file=token_file, max_live=max_live, state_dir=state_dir)
 

@@ -36,10 +36,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
@@ -51,10 +51,12 @@ from sandrl.errors import (
     SandboxHostLostError,
     SandboxUnavailableError,
 )
-from sandrl.sandbox.base import MAX_READ_BYTES, ExecResult, SandboxSpec
+from sandrl.sandbox.base import ExecResult, ImageSource, SandboxSpec, prebuilt_image
 from sandrl.sandbox.client import ClientConfig, RemoteProvider, RemoteSandbox
+from sandrl.sandbox.delegating import DelegatingSandbox
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -193,6 +195,10 @@ class FleetProvider:
             "Check the hosts (`sandrl sandbox ls --server URL`); a failed host is put back once its /healthz passes"
         )
 
+    async def resolve_image(self, source: ImageSource) -> str:
+        """Hosts build nothing for a client: ``source``'s prebuilt image, or ``host``."""
+        return prebuilt_image(source)
+
     @staticmethod
     async def _close_when_made(creating: asyncio.Future[RemoteSandbox]) -> None:
         try:
@@ -291,13 +297,13 @@ class FleetProvider:
         await self.aclose()
 
 
-class FleetSandbox:
+class FleetSandbox(DelegatingSandbox[RemoteSandbox]):
     """A sandbox on one host of a fleet (a :class:`~sandrl.sandbox.base.Sandbox`); counts its host's load."""
 
     def __init__(self, fleet: FleetProvider, host: Host, inner: RemoteSandbox) -> None:
+        super().__init__(inner)
         self.fleet = fleet
         self.host = host
-        self.inner = inner
         self.id = f"{host.name}/{inner.id}"
         self.closed = False
 
@@ -310,20 +316,12 @@ class FleetSandbox:
             f"{exc}; the episode can be retried on another host"
         )
 
-    async def exec(
-        self,
-        command: str,
-        *,
-        timeout_s: float = 60,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bytes | None = None,
-    ) -> ExecResult:
+    async def _run_exec(self, command: str, run: Callable[[], Awaitable[ExecResult]]) -> ExecResult:
         stats = self.host.stats
         stats.running += 1
         started = time.monotonic()
         try:
-            result = await self.inner.exec(command, timeout_s=timeout_s, cwd=cwd, env=env, stdin=stdin)
+            result = await run()
         except Exception as exc:
             raise self._lost(exc, "exec") from exc
         finally:
@@ -336,17 +334,11 @@ class FleetSandbox:
                 stats.slowdowns.append(slowdown)
         return result
 
-    async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
+    async def _run_file(self, what: str, run: Callable[[], Awaitable[T]]) -> T:
         try:
-            await self.inner.write_file(path, data, mode)
+            return await run()
         except Exception as exc:
-            raise self._lost(exc, f"write_file {path}") from exc
-
-    async def read_file(self, path: str, *, max_bytes: int = MAX_READ_BYTES) -> bytes:
-        try:
-            return await self.inner.read_file(path, max_bytes=max_bytes)
-        except Exception as exc:
-            raise self._lost(exc, f"read_file {path}") from exc
+            raise self._lost(exc, what) from exc
 
     async def close(self) -> None:
         """Close it on its host; idempotent. A sandbox on a host that died is gone with it (or reaped on restart)."""
@@ -361,11 +353,3 @@ class FleetSandbox:
                 raise
             self.fleet._host_failed(self.host, exc)
             log.info("sandbox %s went with its host %s: %s", self.id, self.host.name, exc)
-
-    async def __aenter__(self) -> FleetSandbox:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await asyncio.shield(self.close())

@@ -70,7 +70,7 @@ class HostConfig:
     def load_token(self) -> str | None:
         if not self.token_file:
             return None
-        from sandrl.sandbox.service_auth import load_token
+        from sandrl.sandbox.service.auth import load_token
 
         return load_token(self.token_file)
 

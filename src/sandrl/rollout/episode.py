@@ -139,8 +139,8 @@ async def run_episode(
 ) -> Trajectory:
     """Run ``agent`` on ``task`` in a new sandbox of ``provider``; see the module docstring.
 
-    ``image`` is the store image the task's environment was built into
-    (:func:`sandrl.tasks.build.ensure_task_image`); ``host`` for a task without a Dockerfile.
+    ``image`` is the image the task's environment was built into (the provider's ``resolve_image`` of
+    :meth:`~sandrl.tasks.task.Task.image_source`); ``host`` for a task without a Dockerfile.
     """
     cfg = config or EpisodeConfig()
     limits = cfg.timeouts

@@ -1,9 +1,10 @@
-"""Which image each task's sandboxes start from: built once per task, shared by all its episodes.
+"""Which image each task's sandboxes start from: resolved once per task, shared by all its episodes.
 
-On the local bubblewrap provider the image is built from the task's Dockerfile by
-:func:`sandrl.tasks.build.ensure_task_image` (a cache hit when unchanged). Another provider
-(the sandbox service) builds on its own host; pass an ``image_for`` of your own to the runner
-there. A task without a Dockerfile runs in ``host``.
+The provider says (:meth:`~sandrl.sandbox.base.SandboxProvider.resolve_image` of the task's
+:meth:`~sandrl.tasks.task.Task.image_source`): the local bubblewrap provider builds the task's
+Dockerfile (a cache hit when unchanged); the sandbox service's client, which builds nothing,
+answers the task's prebuilt image or ``host``, and refuses a Dockerfile: build it on the sandbox
+host and pass an ``image_for`` of your own to the runner there.
 """
 
 from __future__ import annotations
@@ -13,9 +14,7 @@ import contextlib
 from collections import Counter
 from collections.abc import Awaitable, Callable
 
-from sandrl.errors import TaskError
 from sandrl.sandbox.base import SandboxProvider
-from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.tasks.task import Task
 
 ImageFor = Callable[[Task], Awaitable[str]]
@@ -51,13 +50,4 @@ class TaskImages:
             self._waiters[key] -= 1
 
     async def _resolve(self, task: Task) -> str:
-        if isinstance(self.provider, BwrapProvider):
-            from sandrl.tasks.build import ensure_task_image
-
-            return await ensure_task_image(task, self.provider)
-        if task.environment.dockerfile_text is None:
-            return task.environment.docker_image or "host"
-        raise TaskError(
-            f"task {task.id} has a Dockerfile, and this provider cannot build it here: build the image on the "
-            "sandbox host (sandrl images build) and pass the runner an image_for that names it"
-        )
+        return await self.provider.resolve_image(task.image_source())

@@ -1,5 +1,22 @@
-"""Isolated Linux sandboxes: the interfaces, the bubblewrap backend, images and the warm pool."""
+"""Isolated Linux sandboxes, in layers.
 
-from sandrl.sandbox.base import ExecResult, OutputChunk, Sandbox, SandboxProcess, SandboxProvider, SandboxSpec
+- :mod:`.base`: the interfaces every caller codes against (:class:`SandboxSpec`, :class:`Sandbox`,
+  :class:`SandboxProvider`, :class:`ImageSource`...); :mod:`.delegating`: the base of sandbox
+  wrappers;
+- :mod:`.bwrap`: the bubblewrap backend (provider, live sandboxes, image store and builder);
+- :mod:`.service`: the HTTP service over any provider (sandrl's API and E2B's), and
+  :mod:`.client`, its client as a provider;
+- :mod:`.pool`: warm pools and command admission over a provider.
+"""
 
-__all__ = ["ExecResult", "OutputChunk", "Sandbox", "SandboxProcess", "SandboxProvider", "SandboxSpec"]
+from sandrl.sandbox.base import (
+    ExecResult,
+    ImageSource,
+    OutputChunk,
+    Sandbox,
+    SandboxProcess,
+    SandboxProvider,
+    SandboxSpec,
+)
+
+__all__ = ["ExecResult", "ImageSource", "OutputChunk", "Sandbox", "SandboxProcess", "SandboxProvider", "SandboxSpec"]

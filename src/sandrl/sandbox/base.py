@@ -1,21 +1,24 @@
 """The sandbox interfaces: what every backend offers and every caller codes against.
 
 A *sandbox* is an isolated Linux environment that lives across many commands (one RL
-episode). A *provider* makes sandboxes from a :class:`SandboxSpec`. Backends: the local
+episode). A *provider* makes sandboxes from a :class:`SandboxSpec`, and says which image an
+:class:`ImageSource` (a Dockerfile, or a prebuilt image's name) gives on it. Backends: the local
 bubblewrap one (:mod:`sandrl.sandbox.bwrap`), the HTTP client of the sandbox service,
 and later a KVM microVM one. Everything above this module sees only these protocols.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 from types import MappingProxyType, TracebackType
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, Self, runtime_checkable
 
-from sandrl.errors import ConfigError, InvalidSpecError, SandboxFileTooLargeError
+from sandrl.errors import ConfigError, InvalidSpecError, SandboxFileTooLargeError, TaskError
 
 DEFAULT_OUTPUT_CAP = 1 << 20
 """Bytes kept per output stream of one exec; beyond it output is dropped and ``truncated`` set."""
@@ -26,7 +29,12 @@ A read stops one byte past its bound and raises :class:`~sandrl.errors.SandboxFi
 when the file has more; callers pass a bound that fits what they read."""
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_IMAGE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
+IMAGE_NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,127}$"
+"""What an image name may be: the spec checks it, the HTTP API publishes it."""
+WORKDIR_PATTERN = r"^/[^\x00]*$"
+"""An absolute path without NUL bytes: the spec checks it, the HTTP API publishes it."""
+_IMAGE_NAME = re.compile(IMAGE_NAME_PATTERN)
+_WORKDIR = re.compile(WORKDIR_PATTERN)
 
 
 def validate_env(env: Mapping[str, str], where: str) -> dict[str, str]:
@@ -45,28 +53,85 @@ def validate_env(env: Mapping[str, str], where: str) -> dict[str, str]:
 
 
 @dataclass(frozen=True)
+class Bounds:
+    """The range of a number in a :class:`SandboxSpec`, stated once beside its field.
+
+    The spec checks it (:meth:`check`); the HTTP API's model of a spec
+    (:class:`~sandrl.sandbox.service.api.SpecBody`) is built from the same bounds
+    (:meth:`constraints`), so the two cannot drift apart.
+    """
+
+    low: float
+    high: float | None = None
+    whole: bool = False
+    """An ``int`` (not a bool); otherwise any finite number."""
+    above: bool = False
+    """``low`` itself is out of range (e.g. a TTL must be more than 0)."""
+    unit: str = ""
+
+    def check(self, name: str, value: object) -> None:
+        if self.whole:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        else:
+            ok = isinstance(value, int | float) and math.isfinite(value)
+        if ok:
+            assert isinstance(value, int | float)
+            ok = (value > self.low if self.above else value >= self.low) and (self.high is None or value <= self.high)
+        if not ok:
+            raise InvalidSpecError(f"{name} must be {self.describe()}, got {value!r}")
+
+    def describe(self) -> str:
+        kind = "a whole number" if self.whole else "a number"
+        unit = f" {self.unit}" if self.unit else ""
+        if self.high is not None:
+            whole = "a whole number " if self.whole else ""
+            return f"{whole}between {_number(self.low)} and {_number(self.high)}{unit}"
+        if self.above and self.low == 0:
+            return f"a positive {kind.removeprefix('a ')}" + (f" of {self.unit}" if self.unit else "")
+        return f"{kind} {'above' if self.above else 'at least'} {_number(self.low)}{unit}"
+
+    def constraints(self) -> dict[str, float | bool]:
+        """The same range as pydantic ``Field`` arguments."""
+        out: dict[str, float | bool] = {"gt" if self.above else "ge": self.low}
+        if self.high is not None:
+            out["le"] = self.high
+        if not self.whole:
+            out["allow_inf_nan"] = False
+        return out
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def _bounded(default: float, bounds: Bounds) -> Any:
+    return field(default=default, metadata={"bounds": bounds})
+
+
+@dataclass(frozen=True)
 class SandboxSpec:
     """What a sandbox is made of and the limits it runs under.
 
     Every limit is enforced by the backend; a backend that cannot enforce one refuses to
     create the sandbox (:class:`~sandrl.errors.LimitUnsupportedError`) unless
     ``require_limits`` is False, in which case it warns and runs without that limit.
+    The defaults and the :class:`Bounds` of the numbers are stated here only.
     """
 
     image: str = "host"
     """An image in the store; ``host`` is the host's system directories, read-only."""
-    cpus: float = 1.0
+    cpus: float = _bounded(1.0, Bounds(0.01, 1024, unit="cores"))
     """CPU quota in cores (a cgroup CFS quota, not a pin)."""
-    memory_mb: int = 2048
+    memory_mb: int = _bounded(2048, Bounds(16, 1 << 22, whole=True))
     """Memory limit; a process that exceeds it is OOM-killed inside the sandbox. The
     writable layer lives in memory too and counts against this limit."""
-    pids: int = 512
+    pids: int = _bounded(512, Bounds(8, 1 << 22, whole=True))
     """Most processes and threads at once, the sandbox's own supervisor included."""
-    disk_mb: int = 4096
+    disk_mb: int = _bounded(4096, Bounds(1, 1 << 24, whole=True))
     """Size of the writable copy-on-write layer; writes beyond it fail with ENOSPC."""
     network: bool = False
     """Loopback only unless True; True shares the host's network."""
-    ttl_s: float = 3600.0
+    ttl_s: float = _bounded(3600.0, Bounds(0, above=True, unit="seconds"))
     """The sandbox is killed this long after creation, whatever the client does."""
     workdir: str = "/workspace"
     """Default working directory of every exec; created if missing."""
@@ -81,32 +146,18 @@ class SandboxSpec:
                 f"image {self.image!r} is not a valid image name "
                 "(lower-case letters, digits, '.', '_' and '-'; e.g. 'host')"
             )
-        if not isinstance(self.cpus, int | float) or not math.isfinite(self.cpus) or not 0.01 <= self.cpus <= 1024:
-            raise InvalidSpecError(f"cpus must be between 0.01 and 1024 cores, got {self.cpus!r}")
-        _check_int("memory_mb", self.memory_mb, 16, 1 << 22)
-        _check_int("pids", self.pids, 8, 1 << 22)
-        _check_int("disk_mb", self.disk_mb, 1, 1 << 24)
-        if not isinstance(self.ttl_s, int | float) or not math.isfinite(self.ttl_s) or self.ttl_s <= 0:
-            raise InvalidSpecError(f"ttl_s must be a positive number of seconds, got {self.ttl_s!r}")
-        if not isinstance(self.workdir, str) or not self.workdir.startswith("/") or "\0" in self.workdir:
+        for f in fields(self):
+            bounds = f.metadata.get("bounds")
+            if bounds is not None:
+                bounds.check(f.name, getattr(self, f.name))
+        if not isinstance(self.workdir, str) or not _WORKDIR.match(self.workdir):
             raise InvalidSpecError(f"workdir must be an absolute path, got {self.workdir!r}")
         if not isinstance(self.network, bool):
             raise InvalidSpecError(f"network must be true or false, got {self.network!r}")
         object.__setattr__(self, "env", MappingProxyType(validate_env(self.env, "SandboxSpec.env")))
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            "image": self.image,
-            "cpus": self.cpus,
-            "memory_mb": self.memory_mb,
-            "pids": self.pids,
-            "disk_mb": self.disk_mb,
-            "network": self.network,
-            "ttl_s": self.ttl_s,
-            "workdir": self.workdir,
-            "env": dict(self.env),
-            "require_limits": self.require_limits,
-        }
+        return {f.name: dict(self.env) if f.name == "env" else getattr(self, f.name) for f in fields(self)}
 
 
 def check_max_bytes(max_bytes: object) -> int:
@@ -123,11 +174,6 @@ def file_too_large(path: str, sandbox_id: str, max_bytes: int) -> SandboxFileToo
         f"stopped there); pass a larger max_bytes if the caller can hold it, use read_file_stream to process "
         f"it in chunks, or look at a part of it with exec (e.g. head -c, tail -c, wc -c)"
     )
-
-
-def _check_int(name: str, value: object, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise InvalidSpecError(f"{name} must be a whole number between {low} and {high}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -177,6 +223,46 @@ class SandboxProcess(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class ImageSource:
+    """Where the image of some sandboxes comes from: a Dockerfile to build, or a prebuilt image.
+
+    What a task's environment says (``sandrl.tasks`` makes one from a task); a provider turns it
+    into an image name (:meth:`SandboxProvider.resolve_image`), so its caller never asks which
+    backend it has.
+    """
+
+    label: str
+    """Whose image it is, for messages: e.g. ``task fix-lru-cache``."""
+    dockerfile_text: str | None = None
+    """The Dockerfile to build; None when there is none."""
+    dockerfile: Path | None = None
+    """Where the Dockerfile is, for messages and as the default build context."""
+    context_dir: Path | None = None
+    """The build context; default the Dockerfile's directory."""
+    image: str | None = None
+    """A prebuilt image's name, used when there is no Dockerfile."""
+    build_timeout_s: float = 600.0
+    """The whole build must finish within this."""
+    network: bool = False
+    """Whether the build's ``RUN`` steps may use the host's network."""
+    cpus: float = 1.0
+    memory_mb: int = 2048
+    disk_mb: int = 4096
+    """The resources of the image's sandboxes: a build step gets at least these."""
+
+
+def prebuilt_image(source: ImageSource) -> str:
+    """The image of a provider that builds nothing: ``source``'s prebuilt image, ``host`` without one;
+    a Dockerfile is refused with a :class:`~sandrl.errors.TaskError` naming what to do instead."""
+    if source.dockerfile_text is None:
+        return source.image or "host"
+    raise TaskError(
+        f"{source.label} has a Dockerfile, and this provider cannot build it here: build the image on the "
+        "sandbox host (sandrl images build) and pass the runner an image_for that names it"
+    )
+
+
 @runtime_checkable
 class Sandbox(Protocol):
     """One live sandbox. Commands run as root inside, in a persistent filesystem."""
@@ -211,8 +297,32 @@ class Sandbox(Protocol):
     ) -> None: ...
 
 
+class ClosesOnExit:
+    """``async with`` for a sandbox: closes it on the way out, even when the block is cancelled,
+    so that no sandbox outlives the block that made it. A base for sandbox classes, which define
+    :meth:`close`."""
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await asyncio.shield(self.close())
+
+
 @runtime_checkable
 class SandboxProvider(Protocol):
-    """Makes sandboxes."""
+    """Makes sandboxes, from images it can name."""
 
     async def create(self, spec: SandboxSpec) -> Sandbox: ...
+
+    async def resolve_image(self, source: ImageSource) -> str:
+        """The name of the image ``source`` gives on this provider, for :attr:`SandboxSpec.image`:
+        built from its Dockerfile by a provider that builds (a cache hit when unchanged), else its
+        prebuilt image (see :func:`prebuilt_image`). Raises :class:`~sandrl.errors.ImageBuildError`
+        when a build fails, :class:`~sandrl.errors.TaskError` when the provider cannot build one."""
+        ...

@@ -52,8 +52,18 @@ from sandrl.errors import (
     SandboxUnavailableError,
     SandrlError,
 )
-from sandrl.sandbox.base import MAX_READ_BYTES, ExecResult, OutputChunk, SandboxSpec, check_max_bytes, file_too_large
-from sandrl.sandbox.service_api import (
+from sandrl.sandbox.base import (
+    MAX_READ_BYTES,
+    ClosesOnExit,
+    ExecResult,
+    ImageSource,
+    OutputChunk,
+    SandboxSpec,
+    check_max_bytes,
+    file_too_large,
+    prebuilt_image,
+)
+from sandrl.sandbox.service.api import (
     API_PREFIX,
     ExecRequest,
     ExecResponse,
@@ -62,7 +72,7 @@ from sandrl.sandbox.service_api import (
     SandboxInfo,
     SandboxList,
 )
-from sandrl.sandbox.service_auth import TOKEN_ENV
+from sandrl.sandbox.service.auth import TOKEN_ENV
 
 SERVER_ENV = "SANDRL_SERVER"
 _RETRY_STATUS = frozenset({502, 503, 504})
@@ -151,6 +161,10 @@ class RemoteProvider:
         timeout = self.config.timeout_s + wait
         r = await self.request("POST", "/sandboxes", json=body, idempotent=False, timeout=timeout)
         return RemoteSandbox(self, SandboxInfo.model_validate_json(r.content))
+
+    async def resolve_image(self, source: ImageSource) -> str:
+        """The server builds nothing for a client: ``source``'s prebuilt image, or ``host``."""
+        return prebuilt_image(source)
 
     async def list_sandboxes(self, metadata: Mapping[str, str] | None = None) -> list[SandboxInfo]:
         params = httpx.QueryParams([("metadata", f"{k}={v}") for k, v in (metadata or {}).items()])
@@ -278,7 +292,7 @@ def _typed(error_code: str, message: str, status: int) -> SandrlError:
     return error
 
 
-class RemoteSandbox:
+class RemoteSandbox(ClosesOnExit):
     """One sandbox on a sandbox service (a :class:`~sandrl.sandbox.base.Sandbox`)."""
 
     def __init__(self, provider: RemoteProvider, info: SandboxInfo) -> None:
@@ -450,11 +464,3 @@ class RemoteSandbox:
             return
         await self.provider.kill(self.id)
         self.closed = True
-
-    async def __aenter__(self) -> RemoteSandbox:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await asyncio.shield(self.close())

@@ -25,13 +25,13 @@ import contextlib
 import json
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
-from types import TracebackType
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Literal
 
 from sandrl.errors import CapacityExhaustedError, ConfigError, SandrlError
-from sandrl.sandbox.base import MAX_READ_BYTES, ExecResult, Sandbox, SandboxProvider, SandboxSpec
+from sandrl.sandbox.base import ExecResult, ImageSource, Sandbox, SandboxProvider, SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider, BwrapSandbox
+from sandrl.sandbox.delegating import DelegatingSandbox
 from sandrl.sandbox.idle_cpu import IdleCpus
 
 
@@ -158,6 +158,9 @@ class PooledProvider:
 
     def _notify(self) -> None:
         self._room.set()
+
+    async def resolve_image(self, source: ImageSource) -> str:
+        return await self.provider.resolve_image(source)
 
     def pool(self, spec: SandboxSpec) -> WarmPool | None:
         return self.pools.get(spec_key(spec))
@@ -368,42 +371,16 @@ class CommandAdmission:
         }
 
 
-class AdmittedSandbox:
+class AdmittedSandbox(DelegatingSandbox[Sandbox]):
     """A sandbox whose commands each wait for a slot of a :class:`CommandAdmission`; files pass straight through."""
 
     def __init__(self, inner: Sandbox, admission: CommandAdmission) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.admission = admission
-        self.id = inner.id
 
-    async def exec(
-        self,
-        command: str,
-        *,
-        timeout_s: float = 60,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bytes | None = None,
-    ) -> ExecResult:
+    async def _run_exec(self, command: str, run: Callable[[], Awaitable[ExecResult]]) -> ExecResult:
         async with self.admission.slot():
-            return await self.inner.exec(command, timeout_s=timeout_s, cwd=cwd, env=env, stdin=stdin)
-
-    async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
-        await self.inner.write_file(path, data, mode)
-
-    async def read_file(self, path: str, *, max_bytes: int = MAX_READ_BYTES) -> bytes:
-        return await self.inner.read_file(path, max_bytes=max_bytes)
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-    async def __aenter__(self) -> AdmittedSandbox:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
+            return await run()
 
 
 class AdmittedProvider:
@@ -415,3 +392,6 @@ class AdmittedProvider:
 
     async def create(self, spec: SandboxSpec) -> AdmittedSandbox:
         return AdmittedSandbox(await self.provider.create(spec), self.admission)
+
+    async def resolve_image(self, source: ImageSource) -> str:
+        return await self.provider.resolve_image(source)

@@ -6,7 +6,7 @@ protocol.
 
     tasks, problems = load_tasks(Path("tasks/"))
     task = tasks[0]
-    image = await sandrl.tasks.build.ensure_task_image(task, provider)  # its Dockerfile, built or cached
+    image = await provider.resolve_image(task.image_source())  # its Dockerfile, built or cached
     async with await provider.create(task.to_sandbox_spec(image=image)) as sandbox:
         await prepare_environment(task, sandbox)
         ...                                    # the agent works

@@ -1,8 +1,8 @@
 """The two facts a task loader needs from a Dockerfile: the base image and the working directory.
 
-Building the image is :mod:`sandrl.tasks.build`'s job. The loader only reads which image the
-final stage starts from (to report it, and to pick an image from the store later) and the last
-``WORKDIR`` (the directory the agent, the tests and the solution run in).
+Building the image is :mod:`sandrl.sandbox.bwrap.dockerfile`'s job. The loader only reads which
+image the final stage starts from (to report it, and to pick an image from the store later) and
+the last ``WORKDIR`` (the directory the agent, the tests and the solution run in).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Literal
 
-from sandrl.sandbox.base import SandboxSpec
+from sandrl.sandbox.base import ImageSource, SandboxSpec
 from sandrl.tasks.envvars import resolve_env
 
 TaskFormat = Literal["harbor", "terminal-bench", "swe-bench"]
@@ -153,13 +153,34 @@ class Task:
     """Keys sandrl does not know, kept as read (dotted paths, e.g. ``environment.gpus_per_node``)."""
     swebench: SweBenchInstance | None = None
 
+    def image_source(self) -> ImageSource:
+        """Where this task's image comes from, for a provider's
+        :meth:`~sandrl.sandbox.base.SandboxProvider.resolve_image`: its Dockerfile, built in its
+        build context (the Dockerfile's directory, or the task's own) within its
+        ``build_timeout_sec``, with the network only when the task allows the internet; or the
+        prebuilt image it names."""
+        env = self.environment
+        context = env.context_dir or (env.dockerfile.parent if env.dockerfile is not None else self.source)
+        return ImageSource(
+            label=f"task {self.id}",
+            dockerfile_text=env.dockerfile_text,
+            dockerfile=env.dockerfile,
+            context_dir=context,
+            image=env.docker_image,
+            build_timeout_s=env.build_timeout_s,
+            network=env.allow_internet,
+            cpus=env.cpus,
+            memory_mb=env.memory_mb,
+            disk_mb=env.storage_mb,
+        )
+
     def to_sandbox_spec(self, *, image: str = "host") -> SandboxSpec:
         """The sandbox this task runs in.
 
-        ``image`` is the store image built from the task's Dockerfile
-        (:func:`sandrl.tasks.build.ensure_task_image` builds it, or finds it in the cache, and
-        returns its name); ``host`` when the task has none. A template in the task's
-        environment (``${VAR}``) is resolved from the host's environment here.
+        ``image`` is the image of :meth:`image_source` on the provider (its ``resolve_image``
+        builds it, or finds it in the cache, and returns its name); ``host`` when the task has
+        none. A template in the task's environment (``${VAR}``) is resolved from the host's
+        environment here.
         """
         env = self.environment
         # The TTL is a backstop against leaks, so it covers every phase with room to spare.

@@ -27,7 +27,7 @@ from sandrl.errors import LimitUnsupportedError
 CFS_PERIOD_US = 100_000
 V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct")
 _STATE_PARENT = re.compile(r"sandrl-[0-9a-f]{12}")
-"""A state directory's parent group (:attr:`sandrl.sandbox.state.StateDir.cgroup_name`)."""
+"""A state directory's parent group (:attr:`sandrl.sandbox.bwrap.state.StateDir.cgroup_name`)."""
 
 
 def _own_groups(proc_cgroup: str) -> dict[str, str]:

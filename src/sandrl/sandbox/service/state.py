@@ -1,6 +1,6 @@
 """The sandbox service's state: live sandboxes, their TTLs, admission control and draining.
 
-:class:`SandboxService` sits between the HTTP routes (:mod:`sandrl.sandbox.server`) and any
+:class:`SandboxService` sits between the HTTP routes (:mod:`sandrl.sandbox.service.server`) and any
 :class:`~sandrl.sandbox.base.SandboxProvider`. It owns every sandbox it hands out:
 
 - **TTL.** Each sandbox is killed ``ttl_s`` after creation (or after its last
@@ -32,8 +32,8 @@ from typing import Protocol, runtime_checkable
 
 from sandrl.errors import CapacityExhaustedError, InvalidSpecError, SandboxNotFoundError
 from sandrl.sandbox.base import ExecResult, Sandbox, SandboxProcess, SandboxProvider, SandboxSpec
-from sandrl.sandbox.service_api import ServiceError
-from sandrl.sandbox.service_metrics import ServiceMetrics, mem_available_bytes, pressure_avg10
+from sandrl.sandbox.service.api import MIN_TTL_S, ServiceError
+from sandrl.sandbox.service.metrics import ServiceMetrics, mem_available_bytes, pressure_avg10
 
 log = logging.getLogger("sandrl.service")
 
@@ -114,8 +114,6 @@ class Entry:
 
 
 RECENT_CLOSED = 4096
-MIN_TTL_S = 1.0
-"""The shortest TTL a create may ask for (a shorter one could expire before the sandbox has started)."""
 
 
 class SandboxService:

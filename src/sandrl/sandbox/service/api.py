@@ -1,6 +1,6 @@
 """The sandbox service's wire types: request and response bodies of the native ``/v1`` API.
 
-Shared by the server (:mod:`sandrl.sandbox.server`) and the client
+Shared by the server (:mod:`sandrl.sandbox.service.server`) and the client
 (:mod:`sandrl.sandbox.client`), so the two cannot drift apart, and published in the
 served OpenAPI document. Every error body is :class:`ErrorBody`.
 
@@ -13,12 +13,13 @@ Lines starting with ``:`` are keep-alives.
 
 from __future__ import annotations
 
-from typing import Annotated
+import dataclasses
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandrl.errors import SandrlError
-from sandrl.sandbox.base import ExecResult, SandboxSpec
+from sandrl.sandbox.base import IMAGE_NAME_PATTERN, WORKDIR_PATTERN, Bounds, ExecResult, SandboxSpec
 
 API_PREFIX = "/v1"
 SSE_MEDIA_TYPE = "text/event-stream"
@@ -47,50 +48,67 @@ class ErrorBody(BaseModel):
     message: str = Field(description="What went wrong and what to do about it.")
 
 
+MIN_TTL_S = 1.0
+"""The shortest TTL a create may ask for (a shorter one could expire before the sandbox has started);
+the spec itself takes any positive one."""
+_SPEC_FIELDS = {f.name: f for f in dataclasses.fields(SandboxSpec)}
+
+
+def _from_spec(name: str, description: str, **api: Any) -> Any:
+    """The ``Field`` of :class:`SpecBody` for the spec's field ``name``: its default and its
+    :class:`~sandrl.sandbox.base.Bounds` are the spec's own; ``api`` adds the API's own limits
+    (a length cap, the service's shortest TTL), replacing the spec's low bound where it gives one."""
+    spec_field = _SPEC_FIELDS[name]
+    bounds = spec_field.metadata.get("bounds")
+    constraints: dict[str, Any] = bounds.constraints() if isinstance(bounds, Bounds) else {}
+    if "ge" in api or "gt" in api:
+        constraints.pop("ge", None)
+        constraints.pop("gt", None)
+    constraints.update(api)
+    if spec_field.default_factory is not dataclasses.MISSING:
+        factory = spec_field.default_factory
+        return Field(default_factory=lambda: dict(factory()), description=description, **constraints)
+    return Field(default=spec_field.default, description=description, **constraints)
+
+
 class SpecBody(BaseModel):
     """A :class:`~sandrl.sandbox.base.SandboxSpec`; the bounds are the spec's own."""
 
+    # One field per field of the spec, with the spec's default and bounds (see _from_spec); only
+    # the names, the types and the descriptions are written here, and check_spec_body() checks
+    # at import that no field of the spec is missing.
     model_config = ConfigDict(extra="forbid")
 
-    image: str = Field(
-        default="host", pattern=r"^[a-z0-9][a-z0-9._-]{0,127}$", description="An image in the server's store."
+    image: str = _from_spec("image", "An image in the server's store.", pattern=IMAGE_NAME_PATTERN)
+    cpus: float = _from_spec("cpus", "CPU quota in cores.")
+    memory_mb: int = _from_spec("memory_mb", "Memory limit (the writable layer counts too).")
+    pids: int = _from_spec("pids", "Most processes and threads at once.")
+    disk_mb: int = _from_spec("disk_mb", "Size of the writable layer.")
+    network: bool = _from_spec("network", "Share the host's network; loopback only when false.")
+    ttl_s: float = _from_spec(
+        "ttl_s", "Killed this long after creation; at least 1 s, at most the server's max.", ge=MIN_TTL_S
     )
-    cpus: float = Field(default=1.0, ge=0.01, le=1024, allow_inf_nan=False, description="CPU quota in cores.")
-    memory_mb: int = Field(default=2048, ge=16, le=1 << 22, description="Memory limit (the writable layer counts too).")
-    pids: int = Field(default=512, ge=8, le=1 << 22, description="Most processes and threads at once.")
-    disk_mb: int = Field(default=4096, ge=1, le=1 << 24, description="Size of the writable layer.")
-    network: bool = Field(default=False, description="Share the host's network; loopback only when false.")
-    ttl_s: float = Field(
-        default=3600.0,
-        ge=1,
-        allow_inf_nan=False,
-        description="Killed this long after creation; at least 1 s, at most the server's max.",
-    )
-    workdir: str = Field(
-        default="/workspace", pattern=r"^/[^\x00]*$", max_length=4096, description="Default exec directory."
-    )
-    env: MetadataDict = Field(default_factory=dict, description="Environment of every exec.")
-    require_limits: bool = Field(
-        default=True, description="Fail rather than run without a limit the host cannot enforce."
-    )
+    workdir: str = _from_spec("workdir", "Default exec directory.", pattern=WORKDIR_PATTERN, max_length=4096)
+    env: MetadataDict = _from_spec("env", "Environment of every exec.")
+    require_limits: bool = _from_spec("require_limits", "Fail rather than run without a limit the host cannot enforce.")
 
     def to_spec(self) -> SandboxSpec:
-        return SandboxSpec(
-            image=self.image,
-            cpus=self.cpus,
-            memory_mb=self.memory_mb,
-            pids=self.pids,
-            disk_mb=self.disk_mb,
-            network=self.network,
-            ttl_s=self.ttl_s,
-            workdir=self.workdir,
-            env=self.env,
-            require_limits=self.require_limits,
-        )
+        return SandboxSpec(**self.model_dump(include=set(_SPEC_FIELDS)))
 
     @classmethod
     def from_spec(cls, spec: SandboxSpec) -> SpecBody:
         return cls.model_validate(spec.to_dict())
+
+
+def check_spec_body() -> None:
+    """SpecBody has exactly the spec's fields (a field added to the spec must be added to the API)."""
+    if set(SpecBody.model_fields) != set(_SPEC_FIELDS):
+        raise TypeError(
+            f"SpecBody's fields {sorted(SpecBody.model_fields)} are not SandboxSpec's {sorted(_SPEC_FIELDS)}"
+        )
+
+
+check_spec_body()
 
 
 class CreateRequest(SpecBody):
@@ -143,26 +161,13 @@ class ExecResponse(BaseModel):
     timed_out: bool
     truncated: bool = Field(description="An output stream hit the output cap and was cut.")
 
+    # The same fields as ExecResult, by name.
     @classmethod
     def of(cls, result: ExecResult) -> ExecResponse:
-        return cls(
-            exit_code=result.exit_code,
-            stdout=result.stdout,
-            stderr=result.stderr,
-            duration_s=result.duration_s,
-            timed_out=result.timed_out,
-            truncated=result.truncated,
-        )
+        return cls(**dataclasses.asdict(result))
 
     def to_result(self) -> ExecResult:
-        return ExecResult(
-            exit_code=self.exit_code,
-            stdout=self.stdout,
-            stderr=self.stderr,
-            duration_s=self.duration_s,
-            timed_out=self.timed_out,
-            truncated=self.truncated,
-        )
+        return ExecResult(**self.model_dump())
 
 
 class FileWritten(BaseModel):

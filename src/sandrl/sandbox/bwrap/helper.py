@@ -21,7 +21,7 @@ SOURCE_NAME = "sandrl-helper.c"
 
 
 def _source() -> bytes:
-    return resources.files("sandrl.sandbox.native").joinpath(SOURCE_NAME).read_bytes()
+    return resources.files("sandrl.sandbox.bwrap.native").joinpath(SOURCE_NAME).read_bytes()
 
 
 def helper_path(cache_dir: Path) -> Path:

@@ -36,7 +36,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandrl.sandbox.layer_owners import from_host, store_id
+from sandrl.sandbox.bwrap.layer_owners import from_host, store_id
 
 _IN_ATTRIB = 0x00000004
 _IN_MOVED_FROM = 0x00000040

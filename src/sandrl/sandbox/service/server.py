@@ -1,7 +1,7 @@
 """The sandbox service over HTTP: ``sandrl serve sandboxes``.
 
 The native JSON API lives under ``/v1`` in :data:`router` (the routes are in
-:mod:`sandrl.sandbox.service_routes`); an E2B-compatible router can be added to the same
+:mod:`sandrl.sandbox.service.routes`); an E2B-compatible router can be added to the same
 app with ``app.include_router`` and share its service, auth and metrics. Open routes:
 ``GET /healthz``. Behind the bearer token: everything else, ``/metrics`` (Prometheus) and
 ``/openapi.json`` included. Errors are ``{"code", "error_code", "message"}`` everywhere.
@@ -53,12 +53,12 @@ from sandrl import __version__
 from sandrl.background_server import BackgroundServer as _BackgroundServer
 from sandrl.errors import SandboxFileError, SandrlError
 from sandrl.sandbox.base import SandboxProvider
-from sandrl.sandbox.e2b import mount as mount_e2b
-from sandrl.sandbox.service import SandboxService, ServiceConfig
-from sandrl.sandbox.service_api import API_PREFIX, Health
-from sandrl.sandbox.service_auth import BearerAuth, BodyLimit, LoopbackOnly, bind_host, load_token
-from sandrl.sandbox.service_metrics import CONTENT_TYPE
-from sandrl.sandbox.service_routes import ERRORS, router, service_of
+from sandrl.sandbox.service.api import API_PREFIX, Health
+from sandrl.sandbox.service.auth import BearerAuth, BodyLimit, LoopbackOnly, bind_host, load_token
+from sandrl.sandbox.service.e2b import mount as mount_e2b
+from sandrl.sandbox.service.metrics import CONTENT_TYPE
+from sandrl.sandbox.service.routes import ERRORS, router, service_of
+from sandrl.sandbox.service.state import SandboxService, ServiceConfig
 
 log = logging.getLogger("sandrl.service")
 DEFAULT_PORT = 8700

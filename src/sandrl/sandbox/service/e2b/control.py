@@ -27,11 +27,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sandrl.errors import ImageNotFoundError, InvalidSpecError
 from sandrl.sandbox.base import SandboxSpec
-from sandrl.sandbox.e2b.state import CLIENT_ID, DEFAULT_TEMPLATE, ENVD_VERSION, E2BRegistry
-from sandrl.sandbox.images import HOST_IMAGE
-from sandrl.sandbox.service import Entry, SandboxService
-from sandrl.sandbox.service_api import MetadataDict, ServiceError
-from sandrl.sandbox.service_routes import ERRORS
+from sandrl.sandbox.bwrap.images import HOST_IMAGE
+from sandrl.sandbox.service.api import MetadataDict, ServiceError
+from sandrl.sandbox.service.e2b.state import CLIENT_ID, DEFAULT_TEMPLATE, ENVD_VERSION, E2BRegistry
+from sandrl.sandbox.service.routes import ERRORS
+from sandrl.sandbox.service.state import Entry, SandboxService
 
 router = APIRouter(tags=["e2b"])
 SandboxId = Annotated[str, Path(pattern=r"^[A-Za-z0-9_.-]{1,128}$", description="A sandbox id.")]

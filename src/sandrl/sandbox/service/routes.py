@@ -1,4 +1,4 @@
-"""The native ``/v1`` routes of the sandbox service (mounted by :func:`sandrl.sandbox.server.create_app`).
+"""The native ``/v1`` routes of the sandbox service (mounted by :func:`sandrl.sandbox.service.server.create_app`).
 
 File paths are passed as given to the agent inside the sandbox, which resolves them in the
 sandbox's own mount namespace: ``..`` and symlinks cannot reach the host, and nothing is
@@ -31,8 +31,7 @@ from fastapi.security import HTTPBearer
 
 from sandrl.errors import SandboxError, SandboxFileError, SandrlError
 from sandrl.sandbox.base import OutputChunk, SandboxProcess
-from sandrl.sandbox.service import BoundedBody, Entry, SandboxService, StreamingSandbox
-from sandrl.sandbox.service_api import (
+from sandrl.sandbox.service.api import (
     API_PREFIX,
     OCTET_MEDIA_TYPE,
     SSE_MEDIA_TYPE,
@@ -48,7 +47,8 @@ from sandrl.sandbox.service_api import (
     SpecBody,
     TimeoutRequest,
 )
-from sandrl.sandbox.service_auth import content_length
+from sandrl.sandbox.service.auth import content_length
+from sandrl.sandbox.service.state import BoundedBody, Entry, SandboxService, StreamingSandbox
 
 _DESCRIPTIONS = {
     400: "Invalid request or spec",
@@ -70,7 +70,7 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {c: ERRORS[c] for c in (400, 401, *codes)}
 
 
-# Documents the scheme in the OpenAPI document; the check itself is service_auth.BearerAuth.
+# Documents the scheme in the OpenAPI document; the check itself is auth.BearerAuth.
 _bearer = HTTPBearer(auto_error=False, description="The server's token ($SANDRL_TOKEN or --token-file).")
 router = APIRouter(prefix=API_PREFIX, tags=["sandboxes"], dependencies=[Depends(_bearer)])
 SandboxId = Annotated[str, Path(pattern=r"^[A-Za-z0-9_.-]{1,128}$", description="A sandbox id.")]

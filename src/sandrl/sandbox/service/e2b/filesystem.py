@@ -20,11 +20,11 @@ from connectrpc.request import RequestContext
 from protobuf.wkt.google.protobuf.timestamp_pb import Timestamp
 
 from sandrl.errors import SandrlError
-from sandrl.sandbox.e2b.processes import connect_error
-from sandrl.sandbox.e2b.proto import filesystem_pb as pb
-from sandrl.sandbox.e2b.proto.filesystem_connect import Filesystem
-from sandrl.sandbox.e2b.state import E2BRegistry, Refused, resolve
-from sandrl.sandbox.service import Entry
+from sandrl.sandbox.service.e2b.processes import connect_error
+from sandrl.sandbox.service.e2b.proto import filesystem_pb as pb
+from sandrl.sandbox.service.e2b.proto.filesystem_connect import Filesystem
+from sandrl.sandbox.service.e2b.state import E2BRegistry, Refused, resolve
+from sandrl.sandbox.service.state import Entry
 
 FS_TIMEOUT_S = 60.0
 _FIELDS = 10
@@ -70,7 +70,7 @@ def _find(path_var: str, *, depth: str = "-maxdepth 0") -> str:
 
 
 class FilesystemService(Filesystem):
-    """The ``filesystem.Filesystem`` Connect service (see :mod:`sandrl.sandbox.e2b.proto.filesystem_connect`)."""
+    """The ``filesystem.Filesystem`` Connect service (see :mod:`.proto.filesystem_connect`)."""
 
     def __init__(self, registry: E2BRegistry) -> None:
         self.registry = registry

@@ -20,12 +20,9 @@ import secrets
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from sandrl.sandbox.service import Entry, SandboxService
-
-if TYPE_CHECKING:
-    from sandrl.sandbox.e2b.processes import ProcessTable
+from sandrl.sandbox.service.e2b.process_table import ProcessTable
+from sandrl.sandbox.service.state import Entry, SandboxService
 
 ENVD_VERSION = "0.5.7"
 """The envd version sandrl answers with. The SDK gates features on it: 0.5.7 is the first with

@@ -2,7 +2,7 @@
 
 How one sandbox is made (``native/sandrl-helper.c`` does the privileged part, as root):
 
-1. A uid *slot* is locked (:mod:`sandrl.sandbox.state`): two host uid ranges of its own, pid 1's
+1. A uid *slot* is locked (:mod:`sandrl.sandbox.bwrap.state`): two host uid ranges of its own, pid 1's
    uid U and the sandbox's U+1..U+65536, so root inside is nobody outside, pid 1 is nobody to
    the sandbox's root, and no two sandboxes share a uid.
 2. Its cgroups are made with the spec's memory, pids and CPU limits (:mod:`.cgroups`).
@@ -70,7 +70,7 @@ hostile; this backend protects the host, the provider and other sandboxes from i
 - **The provider.** It reads from a sandbox only within bounds (file reads: ``max_bytes``; output:
   the output cap, and a streaming reader's back-pressure pauses the command's pipes; requests are
   checked against the agent's frame limit before they are sent), and no wait on pid 1 is
-  unbounded. The HTTP service's own threat model is in :mod:`sandrl.sandbox.server`.
+  unbounded. The HTTP service's own threat model is in :mod:`sandrl.sandbox.service.server`.
 """
 
 from __future__ import annotations
@@ -96,16 +96,15 @@ from sandrl.errors import (
     SandboxCreateError,
     SandboxUnavailableError,
 )
-from sandrl.sandbox import protocol
-from sandrl.sandbox.base import DEFAULT_OUTPUT_CAP, SandboxSpec
-from sandrl.sandbox.bwrap_sandbox import BwrapProcess, BwrapSandbox, SandboxStats
-from sandrl.sandbox.cgroups import CgroupManager, SandboxCgroup
-from sandrl.sandbox.helper import helper_path
-from sandrl.sandbox.images import ImageStore, MountPlan
-from sandrl.sandbox.protocol import AgentConnection
-from sandrl.sandbox.state import STORE_UID_BASE, Slot, StateDir
-
-__all__ = ["DEFAULT_STATE_DIR", "BwrapProcess", "BwrapProvider", "BwrapSandbox", "SandboxStats"]
+from sandrl.sandbox.base import DEFAULT_OUTPUT_CAP, ImageSource, SandboxSpec
+from sandrl.sandbox.bwrap import protocol
+from sandrl.sandbox.bwrap.cgroups import CgroupManager, SandboxCgroup
+from sandrl.sandbox.bwrap.dockerfile.source import image_for
+from sandrl.sandbox.bwrap.helper import helper_path
+from sandrl.sandbox.bwrap.images import ImageStore, MountPlan
+from sandrl.sandbox.bwrap.protocol import AgentConnection
+from sandrl.sandbox.bwrap.sandbox import BwrapSandbox
+from sandrl.sandbox.bwrap.state import STORE_UID_BASE, Slot, StateDir
 
 DEFAULT_STATE_DIR = Path(os.environ.get("SANDRL_STATE_DIR", "/var/lib/sandrl"))
 # Docker's default capability set: what root in a container normally has.
@@ -227,6 +226,11 @@ class BwrapProvider:
                 "reserve: close sandboxes or wait"
             )
 
+    async def resolve_image(self, source: ImageSource) -> str:
+        """The store image ``source`` gives: built from its Dockerfile here (a cache hit when
+        unchanged), else its prebuilt image when the store has it, else ``host``."""
+        return await image_for(self, source)
+
     async def create(self, spec: SandboxSpec | None = None) -> BwrapSandbox:
         spec = spec or SandboxSpec()
         self._check_spec(spec)
@@ -303,7 +307,8 @@ class BwrapProvider:
             raise
         # The sandbox's own processes now hold the slot's lock; ours would outlive a crash of theirs.
         slot.release()
-        sandbox = BwrapSandbox(self, sid, spec, image_env, slot.index, group, proc, conn)
+        sandbox = BwrapSandbox(sid, spec, image_env, slot.index, group, proc, conn, output_cap=self.output_cap)
+        sandbox.add_close_callback(self._forget)  # first, so its record is gone before anyone hears of the close
         sandbox.uid = slot.uid + 1  # the slot's uid is pid 1's; the sandbox's root is the next one
         sandbox.mount_plan = plan
         self.live.add(sandbox)
@@ -342,6 +347,10 @@ class BwrapProvider:
         argv += ["--", "@AGENT@", "agent", "--fd", str(sock_fd), "--lock-fd", str(slot.fd)]
         argv += ["--inner-userns", "@INNER_USERNS@", "--workdir", spec.workdir, "--ttl-ms", str(ttl_ms)]
         return argv
+
+    def _forget(self, sandbox: BwrapSandbox) -> None:
+        self.state.remove_record(sandbox.id)
+        self.live.discard(sandbox)
 
     async def close_all(self) -> None:
         await asyncio.gather(*(s.close() for s in list(self.live)), return_exceptions=True)

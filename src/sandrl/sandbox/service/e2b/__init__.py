@@ -10,7 +10,8 @@ to that port. :func:`mount` adds both to the service's app:
   bearer token and sends envd traffic to :mod:`.envd`;
 - :mod:`.envd`: envd's Connect RPC services (:mod:`.processes`, :mod:`.filesystem`, from the
   code generated out of ``proto/``) and its ``/files`` routes;
-- :mod:`.state`: the per-sandbox records (envd access tokens, tracked processes).
+- :mod:`.state`: the per-sandbox records (envd access tokens, the commands tracked in
+  :mod:`.process_table`).
 
 Tested against e2b 2.63.0 (``tests/e2b``).
 """
@@ -19,11 +20,11 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from sandrl.sandbox.e2b.control import router
-from sandrl.sandbox.e2b.envd import EnvdApp
-from sandrl.sandbox.e2b.gateway import E2BGateway
-from sandrl.sandbox.e2b.state import E2BRegistry
-from sandrl.sandbox.service import SandboxService
+from sandrl.sandbox.service.e2b.control import router
+from sandrl.sandbox.service.e2b.envd import EnvdApp
+from sandrl.sandbox.service.e2b.gateway import E2BGateway
+from sandrl.sandbox.service.e2b.state import E2BRegistry
+from sandrl.sandbox.service.state import SandboxService
 
 __all__ = ["mount"]
 

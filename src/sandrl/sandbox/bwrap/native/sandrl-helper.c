@@ -21,7 +21,7 @@
  *       everything else in the pid namespace.
  *
  * Wire format (both directions): u32 payload length, u8 type, u32 request id, payload;
- * little-endian. See sandrl/sandbox/protocol.py, which must match this file.
+ * little-endian. See sandrl/sandbox/bwrap/protocol.py, which must match this file.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -852,7 +852,7 @@ static const char *take_str(const unsigned char **p, const unsigned char *end, u
 static int inner_userns = -1; /* made by the launcher, with the network namespace pid 1 is in */
 
 /* Capabilities to drop from a command's bounding set, which entering a user namespace resets to
- * all: those outside pid 1's own (bubblewrap left it exactly bwrap.py's DEFAULT_CAPS). Read once. */
+ * all: those outside pid 1's own (bubblewrap left it exactly provider.py's DEFAULT_CAPS). Read once. */
 static int dropped_caps[64], n_dropped_caps;
 
 static void read_dropped_caps(void) {
@@ -888,7 +888,7 @@ static void act_as_sandbox_root_for_files(void) {
 /* Refused outright (EPERM), after Docker's default profile: kernel keyrings, kexec, BPF,
  * perf, userfaultfd, io_uring, module loading, swap, accounting, quotas, reboot, the kernel
  * log, raw port I/O and file handles. Namespaces (unshare, clone, setns, mount inside a nested
- * user namespace) stay allowed: see the threat model in bwrap.py. */
+ * user namespace) stay allowed: see the threat model in provider.py. */
 static const int denied_syscalls[] = {
 #ifdef SYS_keyctl
     SYS_keyctl,

@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandrl.errors import ConfigError, ImageNotFoundError, SandboxError, SandboxUnavailableError
-from sandrl.sandbox.host_views import host_views, mask_layer
-from sandrl.sandbox.layer_owners import STORE_UID_BASE, copy_shifted, shift_in_place, store_id
+from sandrl.sandbox.bwrap.host_views import host_views, mask_layer
+from sandrl.sandbox.bwrap.layer_owners import STORE_UID_BASE, copy_shifted, shift_in_place, store_id
 
 __all__ = ["HOST_IMAGE", "STORE_UID_BASE", "Image", "ImageStore", "MountPlan", "stack_layers"]
 
@@ -88,7 +88,7 @@ def stack_layers(plan: MountPlan, layers: tuple[Path, ...]) -> MountPlan:
     """``plan`` with layer trees (topmost first) stacked on each of its overlays.
 
     A layer tree holds the changes under every mount point at its own path (``<layer>/usr``
-    for the overlay on ``/usr``, as :func:`sandrl.sandbox.export.export_changes` writes it); a
+    for the overlay on ``/usr``, as :func:`sandrl.sandbox.bwrap.export.export_changes` writes it); a
     layer that has nothing under a mount point is left out of that overlay.
     """
     all_layers = list(plan.layers)

@@ -1,4 +1,4 @@
-"""Dockerfile instructions, read as Docker reads them: what :mod:`sandrl.tasks.build` executes.
+"""Dockerfile instructions, read as Docker reads them: what :mod:`.builder` executes.
 
 :func:`parse_dockerfile` turns a Dockerfile into :class:`Instruction` s, one per logical line:
 parser directives (``# escape=``), comments, line continuations, ``--flag=value`` options and

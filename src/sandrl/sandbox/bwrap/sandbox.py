@@ -1,8 +1,9 @@
-"""A live sandbox of the bubblewrap backend, and the commands running in it.
+"""A live sandbox of the bubblewrap backend.
 
-:class:`BwrapSandbox` speaks the agent protocol (:mod:`sandrl.sandbox.protocol`) over the
-sandbox's socket: execs, streamed processes, files, TTL, and teardown. It is made by
-:class:`sandrl.sandbox.bwrap.BwrapProvider`; see that module for how and the threat model.
+:class:`BwrapSandbox` speaks the agent protocol (:mod:`sandrl.sandbox.bwrap.protocol`) over the
+sandbox's socket: execs, streamed processes (:mod:`.process`), files, TTL, and teardown, and says
+why it ended when it ended on its own (:mod:`.crash`). It is made by
+:class:`~sandrl.sandbox.bwrap.provider.BwrapProvider`; see that module for how and the threat model.
 """
 
 from __future__ import annotations
@@ -10,86 +11,37 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 import subprocess
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from types import TracebackType
-from typing import TYPE_CHECKING, Literal, TypeVar
+from typing import TypeVar
 
 from sandrl.errors import SandboxClosedError, SandboxCrashedError, SandboxError, SandboxFileError
-from sandrl.sandbox import protocol
 from sandrl.sandbox.base import (
     MAX_READ_BYTES,
+    ClosesOnExit,
     ExecResult,
-    OutputChunk,
     SandboxSpec,
     check_max_bytes,
     file_too_large,
     validate_env,
 )
-from sandrl.sandbox.cgroups import SandboxCgroup
-from sandrl.sandbox.images import MountPlan
-from sandrl.sandbox.protocol import AgentConnection, Frame, Op
+from sandrl.sandbox.bwrap import protocol
+from sandrl.sandbox.bwrap.cgroups import SandboxCgroup
+from sandrl.sandbox.bwrap.crash import CrashEvidence, crash_cause
+from sandrl.sandbox.bwrap.images import MountPlan
+from sandrl.sandbox.bwrap.process import BwrapProcess
+from sandrl.sandbox.bwrap.protocol import AgentConnection, Frame, Op
 
-if TYPE_CHECKING:
-    from sandrl.sandbox.bwrap import BwrapProvider
-
-EXEC_GRACE_S = 10.0
-"""How long past a command's timeout the provider waits for the agent before giving up on it."""
 REPLY_TIMEOUT_S = 30.0
 """Longest wait for the agent to take a request or answer it (a command's start, a file's next
 frame, a TTL change). The agent is one thread serving the whole sandbox: one that does not answer
 for this long is stuck (e.g. blocked by something the sandbox made), and the sandbox is closed
 rather than left to hang every caller."""
 READ_WINDOW = 4 << 20
-STREAM_HIGH_WATER = 4 << 20
-"""Output bytes a streaming reader (:meth:`BwrapProcess.output`) may leave untaken before the command
-is paused; what is in flight then (the agent's buffer, the socket's) adds at most a few MiB more."""
-OOM_EXIT = 71
-"""The agent's exit status when it cannot allocate memory."""
-KILLED_EXITS = (128 + signal.SIGKILL, -signal.SIGKILL)
-"""bubblewrap's status when the agent was SIGKILLed (128 + signal), or bubblewrap's own when it was."""
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class CrashEvidence:
-    """What a sandbox that ended on its own left behind, read before its cgroup goes."""
-
-    exit_status: int | None
-    """bubblewrap's exit status: the agent's own, 128 + N when a signal N killed the agent, -N when one
-    killed bubblewrap itself; None while it still runs (the agent stopped answering)."""
-    oom_kills: int
-    """Processes the sandbox's memory cgroup OOM-killed during its life."""
-    memory_peak_bytes: int
-    memory_limit_bytes: int
-
-
-def crash_cause(evidence: CrashEvidence) -> tuple[bool, str]:
-    """Whether the sandbox's own processes brought it down, and the evidence in words.
-
-    Only memory counts as theirs: the agent could not allocate (its exit status 71: the cgroup was
-    full, or a limit was put on pid 1 from inside), or it was SIGKILLed while the memory cgroup's OOM
-    killer was at work. The pids limit cannot end the agent (a fork that fails is an error reply),
-    and anything else (the agent's socket closed, a kill from the host, a hung agent) is not
-    something the sandbox's processes can be shown to have done.
-    """
-    status = evidence.exit_status
-    memory = (
-        f"its memory cgroup OOM-killed {evidence.oom_kills} process(es) and peaked at "
-        f"{evidence.memory_peak_bytes >> 20} MiB of its {evidence.memory_limit_bytes >> 20} MiB limit"
-    )
-    if status == OOM_EXIT:
-        return True, f"its agent (pid 1) could not allocate memory (exit status {OOM_EXIT}); {memory}"
-    if status in KILLED_EXITS and evidence.oom_kills > 0:
-        return True, f"its agent (pid 1) was killed by SIGKILL (status {status}) while {memory}"
-    if status is None:
-        return False, f"its agent (pid 1) stopped answering; {memory}"
-    return False, f"its agent (pid 1) ended with status {status}; {memory}"
 
 
 @dataclass(frozen=True)
@@ -102,12 +54,16 @@ class SandboxStats:
     oom_kills: int
 
 
-class BwrapSandbox:
-    """One live sandbox made by :class:`BwrapProvider`."""
+class BwrapSandbox(ClosesOnExit):
+    """One live sandbox made by :class:`~sandrl.sandbox.bwrap.provider.BwrapProvider`.
+
+    ``output_cap`` is the default cap of each output stream of a command. The provider's own
+    bookkeeping (its record of the sandbox, its set of live ones) is a close callback like any
+    other, so the sandbox knows nothing of the provider.
+    """
 
     def __init__(
         self,
-        provider: BwrapProvider,
         sid: str,
         spec: SandboxSpec,
         image_env: dict[str, str],
@@ -115,10 +71,12 @@ class BwrapSandbox:
         group: SandboxCgroup,
         proc: subprocess.Popen[bytes],
         conn: AgentConnection,
+        *,
+        output_cap: int,
     ) -> None:
         self.id = sid
         self.spec = spec
-        self.provider = provider
+        self.output_cap = output_cap
         self.slot_index = slot_index
         self.created_at = time.time()
         self.expires_at = self.created_at + spec.ttl_s
@@ -268,8 +226,6 @@ class BwrapSandbox:
         with contextlib.suppress(Exception):
             self._proc.wait(timeout=1)
         self._group.remove()
-        self.provider.state.remove_record(self.id)
-        self.provider.live.discard(self)
         callbacks, self._close_callbacks = self._close_callbacks, []
         for callback in callbacks:
             callback(self)
@@ -286,14 +242,6 @@ class BwrapSandbox:
         with contextlib.suppress(Exception):
             self._proc.kill()
         self._finish_cleanup()
-
-    async def __aenter__(self) -> BwrapSandbox:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
 
     def _check_open(self) -> None:
         if self._closing is not None or self._conn.closed.is_set():
@@ -366,7 +314,7 @@ class BwrapSandbox:
         if timeout_s is not None and timeout_s <= 0:
             raise SandboxError(f"timeout_s must be positive, got {timeout_s}")
         workdir = self._abs(cwd) if cwd else self.spec.workdir
-        cap = self.provider.output_cap if output_cap is None else output_cap
+        cap = self.output_cap if output_cap is None else output_cap
         rid = self._conn.new_id()
         request = protocol.encode_exec(
             rid,
@@ -506,139 +454,6 @@ class BwrapSandbox:
             if got < want:
                 return
             offset += got
-
-
-class BwrapProcess:
-    """A command running in a :class:`BwrapSandbox` (see :class:`sandrl.sandbox.base.SandboxProcess`)."""
-
-    def __init__(self, sandbox: BwrapSandbox, rid: int, cap: int, timeout_s: float | None) -> None:
-        loop = asyncio.get_running_loop()
-        self.sandbox = sandbox
-        self.rid = rid
-        self.pid = 0
-        self._cap = cap
-        self._timeout_s = timeout_s
-        self._started: asyncio.Future[int] = loop.create_future()
-        self._exit: asyncio.Future[protocol.ExitInfo] = loop.create_future()
-        self._pending: deque[OutputChunk] = deque()
-        self._held = 0
-        self._streaming = False
-        self._paused = False
-        self._taken = {"stdout": 0, "stderr": 0}
-        self._truncated = False
-        self._wake = asyncio.Event()
-
-    def _pause(self, paused: bool) -> None:
-        """Ask pid 1 to stop (or go back to) reading this command's pipes: the command then blocks on
-        its full pipe, so a reader that does not keep up stalls the command, not the provider's memory."""
-        if paused != self._paused and not self._exit.done():
-            self._paused = paused
-            self.sandbox._conn.send_nowait(protocol.encode_u32(Op.PAUSE, self.rid, int(paused)))
-
-    def _on_frame(self, frame: Frame | None) -> None:
-        if frame is None:
-            # A ConnectionError, which the waiters turn into the sandbox's diagnosed death error.
-            lost = ConnectionError(self.sandbox._conn.close_reason or "the sandbox's supervisor exited")
-            for fut in (self._started, self._exit):
-                if not fut.done():
-                    fut.set_exception(lost)
-                    fut.exception()
-            self._wake.set()
-            return
-        if frame.op is Op.STARTED:
-            self.pid = int.from_bytes(frame.payload[:4], "little")
-            if not self._started.done():
-                self._started.set_result(self.pid)
-        elif frame.op in (Op.STDOUT, Op.STDERR):
-            stream: Literal["stdout", "stderr"] = "stdout" if frame.op is Op.STDOUT else "stderr"
-            room = self._cap - self._taken[stream]
-            data = frame.payload[: max(room, 0)]
-            if len(data) < len(frame.payload):
-                self._truncated = True  # the agent caps too; this guards the provider's memory
-            if data:
-                self._taken[stream] += len(data)
-                self._held += len(data)
-                self._pending.append(OutputChunk(stream, data))
-                self._wake.set()
-                if self._streaming and self._held > STREAM_HIGH_WATER:
-                    self._pause(True)
-        elif frame.op is Op.EXIT:
-            if not self._exit.done():
-                self._exit.set_result(protocol.decode_exit(frame.payload))
-            self.sandbox._conn.unroute(self.rid)
-            self._wake.set()
-        elif frame.op is Op.FAIL:
-            _, msg = protocol.decode_fail(frame.payload)
-            failure = SandboxError(f"sandbox {self.sandbox.id} could not run the command: {msg}")
-            for fut in (self._started, self._exit):
-                if not fut.done():
-                    fut.set_exception(failure)
-                    fut.exception()
-            self.sandbox._conn.unroute(self.rid)
-            self._wake.set()
-
-    async def output(self) -> AsyncIterator[OutputChunk]:
-        """Output as it arrives, with back-pressure: past :data:`STREAM_HIGH_WATER` bytes not yet taken
-        from here, the command's pipes are left unread until the reader has taken half of them."""
-        self._streaming = True
-        while True:
-            while self._pending:
-                chunk = self._pending.popleft()
-                self._held -= len(chunk.data)
-                if self._paused and self._held < STREAM_HIGH_WATER // 2:
-                    self._pause(False)
-                yield chunk
-            if self._exit.done():
-                return
-            self._wake.clear()
-            await self._wake.wait()
-
-    async def write_stdin(self, data: bytes) -> None:
-        for i in range(0, len(data), protocol.CHUNK):
-            await self.sandbox._send(protocol.encode(Op.STDIN, self.rid, data[i : i + protocol.CHUNK]), "stdin")
-
-    async def close_stdin(self) -> None:
-        with contextlib.suppress(SandboxClosedError):
-            await self.sandbox._send(protocol.encode(Op.STDIN, self.rid), "stdin")
-
-    async def signal(self, signum: int) -> None:
-        with contextlib.suppress(SandboxClosedError):
-            await self.sandbox._send(protocol.encode_u32(Op.SIGNAL, self.rid, signum), "a signal")
-
-    async def kill(self) -> None:
-        await self.signal(signal.SIGKILL)
-
-    def _abandon(self) -> None:
-        """The caller gave up (cancelled): kill the command rather than let it run on unseen."""
-        if not self._exit.done():
-            self.sandbox._conn.send_nowait(protocol.encode_u32(Op.SIGNAL, self.rid, signal.SIGKILL))
-        self.sandbox._conn.unroute(self.rid)
-
-    async def wait(self) -> ExecResult:
-        limit = None if self._timeout_s is None else self._timeout_s + EXEC_GRACE_S
-        try:
-            # asyncio.timeout, not wait_for: 3.11's wait_for drops a cancellation that meets the exit.
-            async with asyncio.timeout(limit):
-                info = await asyncio.shield(self._exit)
-        except TimeoutError:
-            raise await self.sandbox._stuck(
-                f"its agent did not report a command's exit {EXEC_GRACE_S:g} s after its {self._timeout_s:g} s timeout"
-            ) from None
-        except ConnectionError as exc:
-            raise await self.sandbox._death_error() from exc
-        out = bytearray()
-        err = bytearray()
-        while self._pending:
-            chunk = self._pending.popleft()
-            (out if chunk.stream == "stdout" else err).extend(chunk.data)
-        return ExecResult(
-            exit_code=info.exit_code,
-            stdout=out.decode("utf-8", errors="replace"),
-            stderr=err.decode("utf-8", errors="replace"),
-            duration_s=info.duration_s,
-            timed_out=info.timed_out,
-            truncated=info.truncated or self._truncated,
-        )
 
 
 def _safe(fn: object) -> int:

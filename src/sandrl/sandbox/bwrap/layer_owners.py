@@ -12,7 +12,7 @@ are the way from a hostile build to host root. Only the extended attributes a la
 (``KEPT_XATTRS``) are kept: ``security.capability`` would be file capabilities (honoured
 outside, ignored inside under ``NO_NEW_PRIVS`` too) and POSIX ACLs name host uids unshifted.
 
-Sandbox slots use uids from ``0x70000000`` up (:mod:`sandrl.sandbox.state`), so the store's
+Sandbox slots use uids from ``0x70000000`` up (:mod:`sandrl.sandbox.bwrap.state`), so the store's
 range ``[STORE_UID_BASE, STORE_UID_BASE + 65536)`` never meets a sandbox's.
 """
 
@@ -24,7 +24,7 @@ import os
 import stat
 from pathlib import Path
 
-from sandrl.sandbox.state import STORE_UID_BASE, UID_RANGE
+from sandrl.sandbox.bwrap.state import STORE_UID_BASE, UID_RANGE
 
 __all__ = ["KEPT_XATTRS", "STORE_UID_BASE", "copy_shifted", "from_host", "layer_mode", "shift_in_place", "store_id"]
 NOBODY = 65534

@@ -16,7 +16,7 @@ metadata and otherwise ignored. Anything else (multi-stage builds, ``COPY --from
 
 Each ``RUN``, ``COPY`` and ``ADD`` runs in a fresh build sandbox started from the image so far
 (network off unless the build asks for it); what the step changed is exported
-(:func:`sandrl.sandbox.export.export_changes`) as a read-only layer, and the image so far plus
+(:func:`sandrl.sandbox.bwrap.export.export_changes`) as a read-only layer, and the image so far plus
 that layer is registered in the store as ``build-<key>``. The key hashes the parent's key, the
 instruction and the state it runs in (environment, working directory, user, shell) and, for
 ``COPY``/``ADD``, the content of the files copied: as Docker's layer cache, a rebuild with
@@ -30,28 +30,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import io
 import json
 import os
 import posixpath
 import shlex
 import shutil
-import stat
-import tarfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 from sandrl.errors import ImageBuildError, ImageNotFoundError
 from sandrl.sandbox.base import ExecResult, SandboxSpec
-from sandrl.sandbox.bwrap import BwrapProvider, BwrapSandbox
-from sandrl.sandbox.export import export_changes, is_empty_layer
-from sandrl.sandbox.images import HOST_IMAGE, ImageStore
-from sandrl.tasks.instructions import Instruction, expand, key_values, parse_dockerfile, words
-from sandrl.tasks.task import Task
+from sandrl.sandbox.bwrap.dockerfile.context_copy import (
+    copy_args,
+    has_glob,
+    is_archive,
+    match,
+    mode_of,
+    owner_of,
+    sources_digest,
+    tar_of,
+)
+from sandrl.sandbox.bwrap.dockerfile.instructions import Instruction, expand, key_values, parse_dockerfile, words
+from sandrl.sandbox.bwrap.export import export_changes, is_empty_layer
+from sandrl.sandbox.bwrap.images import HOST_IMAGE, ImageStore
+from sandrl.sandbox.bwrap.sandbox import BwrapSandbox
 
 BUILD_PREFIX = "build-"
 """Images the builder registers for its cache: ``build-<key>``."""
@@ -156,10 +162,20 @@ def image_name_for(key: str) -> str:
     return f"{BUILD_PREFIX}{key[:24]}"
 
 
+class BuildHost(Protocol):
+    """What a build needs of its provider (a :class:`~sandrl.sandbox.bwrap.provider.BwrapProvider`):
+    its image store, and sandboxes started from the store's images. A protocol, so that the
+    provider can build (its ``resolve_image``) without this module importing it."""
+
+    images: ImageStore
+
+    async def create(self, spec: SandboxSpec) -> BwrapSandbox: ...
+
+
 class ImageBuilder:
     """Builds Dockerfiles into images of ``provider``'s store, in ``provider``'s sandboxes."""
 
-    def __init__(self, provider: BwrapProvider, *, on_event: Callable[[StepEvent], None] | None = None) -> None:
+    def __init__(self, provider: BuildHost, *, on_event: Callable[[StepEvent], None] | None = None) -> None:
         self.provider = provider
         self.store: ImageStore = provider.images
         self.on_event = on_event
@@ -384,8 +400,8 @@ class ImageBuilder:
             content: object = None
             args: object = state.args
         else:
-            content = _sources_digest(inst, context, env)
-            args = [_copy_args(inst, env), {k: expand(v, env, inst.where) for k, v in inst.flags.items()}]
+            content = sources_digest(inst, context, env)
+            args = [copy_args(inst, env), {k: expand(v, env, inst.where) for k, v in inst.flags.items()}]
         key = _hash(
             state.key,
             inst.keyword,
@@ -482,36 +498,26 @@ class ImageBuilder:
     async def _copy_step(
         self, inst: Instruction, state: _State, sandbox: BwrapSandbox, context: Path, env: Mapping[str, str]
     ) -> None:
-        sources, dest = _copy_args(inst, env)
+        sources, dest = copy_args(inst, env)
         workdir = state.workdir or "/"
         dest_abs = posixpath.normpath(posixpath.join(workdir, dest))
-        matched = [path for pattern in sources for path in _match(inst, context, pattern)]
-        into_dir = dest.endswith("/") or len(matched) > 1 or any(_has_glob(p) for p in sources)
-        if not into_dir and matched[0].is_file() and not _is_archive(inst, matched[0]):
+        matched = [path for pattern in sources for path in match(inst, context, pattern)]
+        into_dir = dest.endswith("/") or len(matched) > 1 or any(has_glob(p) for p in sources)
+        if not into_dir and matched[0].is_file() and not is_archive(inst, matched[0]):
             probe = await sandbox.exec(f"test -d {shlex.quote(dest_abs)}", timeout_s=30, cwd="/")
             into_dir = probe.exit_code == 0
-        owner = await _owner(inst, sandbox, env)
-        mode = _chmod(inst, env)
-        archive = io.BytesIO()
-        with tarfile.open(fileobj=archive, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            for path in matched:
-                if path.is_dir():
-                    _add_tree(tar, path, "", owner, mode)
-                elif _is_archive(inst, path):
-                    _add_archive(tar, inst, path, owner)
-                elif into_dir:
-                    _add_one(tar, path, path.name, owner, mode)
-                else:
-                    _add_one(tar, path, posixpath.basename(dest_abs), owner, mode)
+        owner = await owner_of(inst, sandbox, env)
+        mode = mode_of(inst, env)
+        archive = tar_of(inst, matched, posixpath.basename(dest_abs), into_dir, owner, mode)
         extract_at = (
             dest_abs
-            if into_dir or matched[0].is_dir() or _is_archive(inst, matched[0])
+            if into_dir or matched[0].is_dir() or is_archive(inst, matched[0])
             else (posixpath.dirname(dest_abs) or "/")
         )
         quoted = shlex.quote(extract_at)
         result = await sandbox.exec(
             f"mkdir -p {quoted} && tar --numeric-owner -xpf - -C {quoted}",
-            stdin=archive.getvalue(),
+            stdin=archive,
             timeout_s=300,
             cwd="/",
         )
@@ -519,156 +525,11 @@ class ImageBuilder:
             raise inst.error(f"writing the files to {extract_at} failed (exit {result.exit_code}){_tail(result)}")
 
 
-# -- COPY / ADD helpers
+# -- helpers
 
 
 def _valid_env_name(name: str) -> bool:
     return name.replace("_", "a").isalnum() and not name[0].isdigit()
-
-
-def _copy_args(inst: Instruction, env: Mapping[str, str]) -> tuple[list[str], str]:
-    parts = (
-        [expand(p, env, inst.where) for p in inst.exec_form]
-        if inst.exec_form is not None
-        else words(inst.args, env, inst.where)
-    )
-    if len(parts) < 2:
-        raise inst.error("needs at least one source and a destination")
-    for source in parts[:-1]:
-        if "://" in source or source.startswith("git@"):
-            raise inst.error(
-                f"{source!r} is a URL; sandrl's builder copies build-context files only (no network at build "
-                "time): download the file into the task's environment/ directory and COPY it"
-            )
-    return parts[:-1], parts[-1]
-
-
-def _has_glob(pattern: str) -> bool:
-    return any(ch in pattern for ch in "*?[")
-
-
-def _match(inst: Instruction, context: Path, pattern: str) -> list[Path]:
-    rel = posixpath.normpath(pattern.lstrip("/")) if pattern.strip("/") else "."
-    if rel == ".." or rel.startswith("../"):
-        raise inst.error(f"{pattern!r} is outside the build context {context}")
-    found = sorted(context.glob(rel)) if _has_glob(rel) else [context / rel]
-    found = [p for p in found if p.exists() or p.is_symlink()]
-    if not found:
-        raise inst.error(f"{pattern!r} is not in the build context {context}")
-    for path in found:
-        if not path.resolve().is_relative_to(context) and not path.is_symlink():
-            raise inst.error(f"{pattern!r} leads outside the build context {context}")
-    return found
-
-
-def _is_archive(inst: Instruction, path: Path) -> bool:
-    return inst.keyword == "ADD" and path.is_file() and tarfile.is_tarfile(path)
-
-
-def _walk(root: Path) -> Iterator[Path]:
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        base = Path(dirpath)
-        for name in [*dirnames, *sorted(filenames)]:
-            yield base / name
-
-
-def _sources_digest(inst: Instruction, context: Path, env: Mapping[str, str]) -> str:
-    """A hash of every file a COPY/ADD copies: paths, types, modes, contents (not times)."""
-    sources, _ = _copy_args(inst, env)
-    digest = hashlib.sha256()
-    for pattern in sources:
-        for path in _match(inst, context, pattern):
-            for item in [path, *(_walk(path) if path.is_dir() and not path.is_symlink() else [])]:
-                st = item.lstat()
-                digest.update(f"{item.relative_to(context)}\0{st.st_mode:o}\0".encode())
-                if stat.S_ISLNK(st.st_mode):
-                    digest.update(os.readlink(item).encode())
-                elif stat.S_ISREG(st.st_mode):
-                    with open(item, "rb") as f:
-                        for chunk in iter(lambda: f.read(1 << 20), b""):
-                            digest.update(chunk)
-                digest.update(b"\1")
-    return digest.hexdigest()
-
-
-def _chmod(inst: Instruction, env: Mapping[str, str]) -> int | None:
-    value = inst.flags.get("chmod")
-    if value is None:
-        return None
-    try:
-        mode = int(expand(value, env, inst.where), 8)
-    except ValueError:
-        raise inst.error(f"--chmod={value} is not an octal mode (e.g. --chmod=755)") from None
-    if not 0 <= mode <= 0o7777:
-        raise inst.error(f"--chmod={value} is not a file mode")
-    return mode
-
-
-async def _owner(inst: Instruction, sandbox: BwrapSandbox, env: Mapping[str, str]) -> tuple[int, int]:
-    value = inst.flags.get("chown")
-    if value is None:
-        return 0, 0
-    user, _, group = expand(value, env, inst.where).partition(":")
-    ids: list[int] = []
-    for name, flag in ((user, "-u"), (group or user, "-g")):
-        if name.isdigit():
-            ids.append(int(name))
-            continue
-        lookup = (
-            f"id {flag} {shlex.quote(name)}"
-            if flag == "-u" or not group
-            else f"getent group {shlex.quote(name)} | cut -d: -f3"
-        )
-        result = await sandbox.exec(lookup, timeout_s=30, cwd="/")
-        if result.exit_code != 0 or not result.stdout.strip().isdigit():
-            raise inst.error(f"--chown={value}: no user or group {name!r} in the image")
-        ids.append(int(result.stdout.strip()))
-    return ids[0], ids[1]
-
-
-def _tar_info(
-    tar: tarfile.TarFile, path: Path, arcname: str, owner: tuple[int, int], mode: int | None
-) -> tarfile.TarInfo:
-    info = tar.gettarinfo(str(path), arcname=arcname)
-    info.uid, info.gid = owner
-    info.uname = info.gname = ""
-    if mode is not None and not info.issym():
-        info.mode = mode
-    return info
-
-
-def _add_one(tar: tarfile.TarFile, path: Path, arcname: str, owner: tuple[int, int], mode: int | None) -> None:
-    info = _tar_info(tar, path, arcname, owner, mode)
-    if info.isreg():
-        with open(path, "rb") as f:
-            tar.addfile(info, f)
-    else:
-        tar.addfile(info)
-
-
-def _add_tree(tar: tarfile.TarFile, root: Path, prefix: str, owner: tuple[int, int], mode: int | None) -> None:
-    """The contents of ``root`` (not itself), as Docker's COPY of a directory."""
-    for item in _walk(root):
-        _add_one(tar, item, posixpath.join(prefix, item.relative_to(root).as_posix()), owner, mode)
-
-
-def _add_archive(tar: tarfile.TarFile, inst: Instruction, path: Path, owner: tuple[int, int]) -> None:
-    """ADD of a local tar archive: its members, unpacked (any compression tarfile reads)."""
-    chown = "chown" in inst.flags
-    with tarfile.open(path, mode="r:*") as archive:
-        for member in archive:
-            name = posixpath.normpath(member.name.lstrip("/"))
-            if name == ".." or name.startswith("../"):
-                raise inst.error(f"the archive {path.name} holds {member.name!r}, outside its directory")
-            if member.isdev():
-                continue
-            member.name = name
-            if chown:
-                member.uid, member.gid = owner
-                member.uname = member.gname = ""
-            data = archive.extractfile(member) if member.isreg() else None
-            tar.addfile(member, data)
 
 
 def _as_user(user: str, command: str) -> str:
@@ -692,41 +553,3 @@ def _tail(result: ExecResult) -> str:
     if not lines:
         return " and printed nothing"
     return ":\n" + "\n".join("  " + line for line in lines[-_TAIL_LINES:])
-
-
-# -- tasks
-
-
-def task_build_options(task: Task) -> BuildOptions:
-    """A task's build: its ``build_timeout_sec``, and the network only when the task allows the internet."""
-    env = task.environment
-    return BuildOptions(
-        timeout_s=env.build_timeout_s,
-        network=env.allow_internet,
-        cpus=max(env.cpus, BuildOptions.cpus),
-        memory_mb=max(env.memory_mb, BuildOptions.memory_mb),
-        disk_mb=max(min(env.storage_mb, 16384), 1024),
-    )
-
-
-async def ensure_task_image(
-    task: Task, provider: BwrapProvider, *, on_event: Callable[[StepEvent], None] | None = None
-) -> str:
-    """The store image ``task`` runs in, built from its Dockerfile if needed (a cache hit when unchanged).
-
-    A task without a Dockerfile runs in its ``docker_image`` when the store has one of that name,
-    else in ``host``. Pass the name to :meth:`Task.to_sandbox_spec`.
-    """
-    env = task.environment
-    if env.dockerfile_text is None:
-        if env.docker_image is not None and provider.images.exists(env.docker_image):
-            return env.docker_image
-        return HOST_IMAGE
-    context = env.context_dir or (env.dockerfile.parent if env.dockerfile is not None else task.source)
-    try:
-        result = await ImageBuilder(provider, on_event=on_event).build(
-            env.dockerfile, context=context, text=env.dockerfile_text, options=task_build_options(task)
-        )
-    except ImageBuildError as exc:
-        raise ImageBuildError(f"task {task.id}: building its environment failed: {exc}") from exc
-    return result.image

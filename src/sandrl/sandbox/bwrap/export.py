@@ -11,7 +11,7 @@ format, ready to be stacked as a read-only lower layer over the layers the sandb
   stay *opaque* (the xattr ``trusted.overlay.opaque=y``), so they hide what is below them;
 - owners are shifted into the image store's own mapping: the sandbox's uid ``n`` is host uid
   ``sandbox.uid + n`` in the upper directory and ``STORE_UID_BASE + n`` in the layer, which
-  sandboxes mount idmapped back to ``n`` (:mod:`sandrl.sandbox.layer_owners`), so nothing a
+  sandboxes mount idmapped back to ``n`` (:mod:`sandrl.sandbox.bwrap.layer_owners`), so nothing a
   sandbox made is host root's on the host;
 - setuid and setgid bits are dropped from files (sandboxes run with ``NO_NEW_PRIVS``: they never
   worked inside; on the host they would be a way to root), and device nodes other than whiteouts
@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import IO
 
 from sandrl.errors import SandboxError
-from sandrl.sandbox.bwrap import BwrapSandbox
-from sandrl.sandbox.layer_owners import KEPT_XATTRS, NOBODY, layer_mode, store_id
-from sandrl.sandbox.state import UID_RANGE
+from sandrl.sandbox.bwrap.layer_owners import KEPT_XATTRS, NOBODY, layer_mode, store_id
+from sandrl.sandbox.bwrap.sandbox import BwrapSandbox
+from sandrl.sandbox.bwrap.state import UID_RANGE
 
 UPPER_DIR = "/tmp/sandrl/upper"
 """Where the helper keeps the overlays' writable directories (see ``native/sandrl-helper.c``)."""

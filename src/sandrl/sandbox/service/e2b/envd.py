@@ -1,7 +1,7 @@
 """The in-sandbox (envd) data plane of the E2B-compatible API, as one ASGI app.
 
 Requests arrive on the service's own port carrying ``E2b-Sandbox-Id`` (see
-:mod:`sandrl.sandbox.e2b.gateway`) and are served here:
+:mod:`sandrl.sandbox.service.e2b.gateway`) and are served here:
 
 - ``/process.Process/*`` and ``/filesystem.Filesystem/*``: Connect RPC, by the code generated
   from sandrl's own ``proto/*.proto`` (:mod:`.processes`, :mod:`.filesystem`);
@@ -43,13 +43,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Send as StarletteSend
 
 from sandrl.errors import SandboxFileError, SandrlError
-from sandrl.sandbox.e2b.filesystem import FilesystemService, absolute
-from sandrl.sandbox.e2b.processes import ProcessService, connect_error
-from sandrl.sandbox.e2b.proto.filesystem_connect import FilesystemASGIApplication
-from sandrl.sandbox.e2b.proto.process_connect import ProcessASGIApplication
-from sandrl.sandbox.e2b.state import E2BRegistry, Refused, resolve
-from sandrl.sandbox.service import BoundedBody, Entry
-from sandrl.sandbox.service_auth import Receive, Scope, Send, content_length
+from sandrl.sandbox.service.auth import Receive, Scope, Send, content_length
+from sandrl.sandbox.service.e2b.filesystem import FilesystemService, absolute
+from sandrl.sandbox.service.e2b.processes import ProcessService, connect_error
+from sandrl.sandbox.service.e2b.proto.filesystem_connect import FilesystemASGIApplication
+from sandrl.sandbox.service.e2b.proto.process_connect import ProcessASGIApplication
+from sandrl.sandbox.service.e2b.state import E2BRegistry, Refused, resolve
+from sandrl.sandbox.service.state import BoundedBody, Entry
 
 UPLOAD_CHUNK = 1 << 20
 MULTIPART_OVERHEAD = 64 << 10

@@ -1,7 +1,7 @@
 """The ASGI gateway in front of the sandbox service's app: E2B's auth header and envd routing.
 
 - A request with an ``E2b-Sandbox-Id`` header is envd traffic (the SDK sends it to
-  ``E2B_SANDBOX_URL``): it goes to :class:`~sandrl.sandbox.e2b.envd.EnvdApp`, which checks the
+  ``E2B_SANDBOX_URL``): it goes to :class:`~sandrl.sandbox.service.e2b.envd.EnvdApp`, which checks the
   sandbox's own access token.
 - A request with E2B's ``X-API-Key`` header (and no ``Authorization``) is checked against the
   service's token and passed on as ``Authorization: Bearer <token>``, so the service's bearer
@@ -14,7 +14,7 @@ from __future__ import annotations
 import hmac
 from collections.abc import Callable
 
-from sandrl.sandbox.service_auth import ASGIApp, Receive, Scope, Send, send_error
+from sandrl.sandbox.service.auth import ASGIApp, Receive, Scope, Send, send_error
 
 
 class E2BGateway:
