@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from sandrl.errors import ClusterError
 from sandrl.rollout.jsonl import TrajectoryWriter
 from sandrl.rollout.runner import Group
 from sandrl.tasks.task import Task
+from sandrl.train.driver_common import group_id, task_at
 
 log = logging.getLogger(__name__)
 
@@ -142,15 +142,10 @@ class ClusterSource:
     ledger: EpisodeLedger = field(default_factory=EpisodeLedger)
 
     def task_at(self, position: int) -> Task:
-        # The same order as sandrl.train.driver_common.RolloutSource: a cluster run draws the same tasks.
-        epoch, index = divmod(position, len(self.tasks))
-        order = list(range(len(self.tasks)))
-        random.Random(f"sandrl.train:{self.seed}:{epoch}").shuffle(order)
-        return self.tasks[order[index]]
+        return task_at(self.tasks, self.seed, position)  # a cluster run draws the same tasks
 
     def group_id(self, position: int, regenerated: int = 0) -> str:
-        suffix = f".r{regenerated}" if regenerated else ""
-        return f"{self.run_id}/{self.task_at(position).id}#{position}{suffix}"
+        return group_id(self.run_id, self.task_at(position), position, regenerated)
 
     async def group(self, position: int, group_id: str) -> Group:
         task = self.task_at(position)

@@ -77,6 +77,21 @@ class StepTrainer(Protocol):
     def save_checkpoint(self, root: str | Path) -> Path: ...
 
 
+def task_at(tasks: Sequence[Task], seed: int, position: int) -> Task:
+    """The task at a data position: a seeded shuffle per pass over the tasks (every driver, in
+    process or on a cluster, draws the same order)."""
+    epoch, index = divmod(position, len(tasks))
+    order = list(range(len(tasks)))
+    random.Random(f"sandrl.train:{seed}:{epoch}").shuffle(order)
+    return tasks[order[index]]
+
+
+def group_id(run_id: str, task: Task, position: int, regenerated: int = 0) -> str:
+    """The id of the group of ``task`` at ``position`` (``.rN`` for its N-th regeneration)."""
+    suffix = f".r{regenerated}" if regenerated else ""
+    return f"{run_id}/{task.id}#{position}{suffix}"
+
+
 @dataclass
 class RolloutSource:
     """Runs the group of the task at each data position (seeded shuffle per pass over the tasks)."""
@@ -88,14 +103,10 @@ class RolloutSource:
     regenerates: bool = True
 
     def task_at(self, position: int) -> Task:
-        epoch, index = divmod(position, len(self.tasks))
-        order = list(range(len(self.tasks)))
-        random.Random(f"sandrl.train:{self.seed}:{epoch}").shuffle(order)
-        return self.tasks[order[index]]
+        return task_at(self.tasks, self.seed, position)
 
     def group_id(self, position: int, regenerated: int = 0) -> str:
-        suffix = f".r{regenerated}" if regenerated else ""
-        return f"{self.runner.run_id}/{self.task_at(position).id}#{position}{suffix}"
+        return group_id(self.runner.run_id, self.task_at(position), position, regenerated)
 
     async def group(self, position: int, group_id: str) -> Group:
         return await self.runner.run_group(self.task_at(position), group_id)
