@@ -246,10 +246,10 @@ class ImageSource:
     """The whole build must finish within this."""
     network: bool = False
     """Whether the build's ``RUN`` steps may use the host's network."""
-    cpus: float = 1.0
-    memory_mb: int = 2048
-    disk_mb: int = 4096
-    """The resources of the image's sandboxes: a build step gets at least these."""
+    cpus: float = SandboxSpec.cpus
+    memory_mb: int = SandboxSpec.memory_mb
+    disk_mb: int = SandboxSpec.disk_mb
+    """The resources of the image's sandboxes (a sandbox's defaults): a build step gets at least these."""
 
 
 def prebuilt_image(source: ImageSource) -> str:

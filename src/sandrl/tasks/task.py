@@ -66,9 +66,10 @@ class EnvironmentSpec:
     """A prebuilt image the task names instead of (or besides) a Dockerfile."""
     base_image: str | None = None
     """The image the Dockerfile's final stage starts ``FROM``."""
-    cpus: float = 1.0
-    memory_mb: int = 2048
+    cpus: float = SandboxSpec.cpus
+    memory_mb: int = SandboxSpec.memory_mb
     storage_mb: int = 10240
+    """Harbor's default disk for a task (a sandbox's own default is smaller)."""
     allow_internet: bool = True
     env: Mapping[str, str] = field(default_factory=_frozen_str)
     """Environment of every command; values may be ``${VAR}`` templates read from the host at run time."""
