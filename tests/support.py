@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections import Counter
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -36,3 +38,17 @@ def agent_host_pid(sandbox: BwrapSandbox) -> int:
         if len(nspids) > 1 and nspids[-1] == "1":
             return pid
     raise AssertionError(f"no pid 1 among the processes of sandbox {sandbox.id}")
+
+
+def host_mounts() -> Counter[str]:
+    """The mounts of this process's mount namespace (the host's), one mountinfo line each."""
+    return Counter(Path("/proc/self/mountinfo").read_text().splitlines())
+
+
+def sandbox_mounts_added(before: Counter[str], state_dir: Path) -> list[str]:
+    """Mounts that appeared in the host's namespace since ``before`` and could be a sandbox's: under
+    its state directory, its staging tree, an overlay or its tmpfs. Another process's unrelated
+    mounts (a concurrent test run's) do not count."""
+    added = host_mounts() - before
+    marks = (str(state_dir), "/tmp/sandrl", " - overlay ", " sandrl ")
+    return sorted(line for line in added.elements() if any(mark in line for mark in marks))

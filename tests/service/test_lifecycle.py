@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from pathlib import Path
 
 import pytest
 
@@ -15,7 +14,7 @@ from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.sandbox.client import ClientConfig, RemoteProvider
 from sandrl.sandbox.service.state import ServiceConfig
 
-from ..support import needs_sandbox
+from ..support import host_mounts, needs_sandbox, sandbox_mounts_added
 from .conftest import Served, serving
 
 pytestmark = needs_sandbox
@@ -105,17 +104,13 @@ def _fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def _mounts() -> int:
-    return len(Path("/proc/self/mountinfo").read_text().splitlines())
-
-
 async def _soak(served: Served, cycles: int, concurrency: int = 8) -> None:
     async with RemoteProvider(served.url, token=served.token, config=ClientConfig(retries=0)) as remote:
         async with await remote.create(SandboxSpec()) as warm:
             await warm.exec("true")
         await asyncio.sleep(0.2)
         provider = served.provider
-        fds, mounts = _fds(), _mounts()
+        fds, mounts = _fds(), host_mounts()
         records, groups = set(provider.state.records()), set(provider.cgroups.stale_groups())
         uids: set[int] = set()
         sem = asyncio.Semaphore(concurrency)
@@ -137,7 +132,7 @@ async def _soak(served: Served, cycles: int, concurrency: int = 8) -> None:
     assert set(provider.state.records()) == records
     assert set(provider.cgroups.stale_groups()) == groups
     assert provider.state.leaked_processes(uids) == []
-    assert _mounts() == mounts
+    assert sandbox_mounts_added(mounts, provider.state.root) == []
     # The server runs in this process: its ends of the client's keep-alive connections close a
     # moment after the client's do.
     for _ in range(100):

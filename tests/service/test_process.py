@@ -23,7 +23,7 @@ from sandrl.sandbox.bwrap.cgroups import CgroupManager
 from sandrl.sandbox.bwrap.state import StateDir
 from sandrl.sandbox.client import ClientConfig, RemoteProvider
 
-from ..support import needs_sandbox
+from ..support import host_mounts, needs_sandbox, sandbox_mounts_added
 from .conftest import TOKEN
 
 pytestmark = needs_sandbox
@@ -73,14 +73,10 @@ def _uids(state: StateDir) -> dict[str, int]:
     return out
 
 
-def _mounts_mentioning(text: str) -> list[str]:
-    return [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if text in line]
-
-
 async def test_kill_9_mid_exec_then_restart_leaves_nothing(tmp_path: Path) -> None:
     state_dir, port = tmp_path / "state", _free_port()
     url = f"http://127.0.0.1:{port}"
-    mounts_before = len(Path("/proc/self/mountinfo").read_text().splitlines())
+    mounts_before = host_mounts()
     config = ClientConfig(retries=2, backoff_s=0.05)
     async with RemoteProvider(url, token=TOKEN, config=config) as remote:
         with server_process(state_dir, port) as proc:
@@ -114,8 +110,7 @@ async def test_kill_9_mid_exec_then_restart_leaves_nothing(tmp_path: Path) -> No
                 assert (await sb.exec("echo back")).stdout == "back\n"
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=30) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once drained
-    assert len(Path("/proc/self/mountinfo").read_text().splitlines()) == mounts_before
-    assert _mounts_mentioning(str(state_dir)) == []
+    assert sandbox_mounts_added(mounts_before, state_dir) == []
 
 
 async def test_sigterm_drains_running_execs_then_closes_everything(tmp_path: Path) -> None:
