@@ -107,6 +107,17 @@ async def test_ttl_ends_the_sandbox(provider: BwrapProvider) -> None:
     assert not provider.state.record_dir(sb.id).exists()
 
 
+async def test_ttl_ended_by_the_agent_first_reads_as_the_ttl(provider: BwrapProvider) -> None:
+    """Pid 1 ends itself at the TTL too, a moment before the provider's timer (it started first); on a
+    busy host the timer fires late. Either way the sandbox closed because of its TTL, not a crash."""
+    sb = await provider.create(SandboxSpec(ttl_s=1))
+    sb._ttl_timer.cancel()  # the provider's timer as late as it can be: the agent's end comes first
+    await asyncio.sleep(1.8)
+    assert sb.closed
+    assert "TTL" in sb.close_reason
+    assert sb.crash is None
+
+
 async def test_ttl_can_be_extended(provider: BwrapProvider) -> None:
     async with await provider.create(SandboxSpec(ttl_s=1)) as sb:
         await sb.set_ttl(30)

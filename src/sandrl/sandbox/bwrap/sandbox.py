@@ -124,9 +124,11 @@ class BwrapSandbox(ClosesOnExit):
     async def _watch_death(self) -> None:
         await self._conn.closed.wait()
         if self._closing is None:
-            self.close_reason = self._conn.close_reason
-            if time.time() < self.expires_at - 1:  # the agent ends itself at the TTL too: not a crash
+            if time.time() < self.expires_at - 1:
+                self.close_reason = self._conn.close_reason
                 await self._diagnose(self._conn.close_reason, wait_exit_s=2.0)
+            else:  # the agent ends itself at the TTL too, and on a busy host before our timer fires
+                self.close_reason = self._ttl_reason()
             self._start_close()
 
     async def _diagnose(self, what: str, *, wait_exit_s: float) -> SandboxCrashedError:
@@ -186,9 +188,12 @@ class BwrapSandbox(ClosesOnExit):
         """Send one frame, bounded like :meth:`_answer`: an agent that stops reading fills the socket."""
         await self._answer(self._conn.send(data), what)
 
+    def _ttl_reason(self) -> str:
+        return f"its TTL of {self.spec.ttl_s:g} s expired"
+
     def _expire(self) -> None:
         if self._closing is None:
-            self.close_reason = f"its TTL of {self.spec.ttl_s:g} s expired"
+            self.close_reason = self._ttl_reason()
             self._start_close()
 
     def _start_close(self) -> asyncio.Task[None]:
