@@ -40,6 +40,17 @@ async def test_fork_bomb_is_contained_and_host_stays_responsive(provider: BwrapP
         assert int(after.stdout) < 8  # the whole tree was killed at the timeout
 
 
+async def test_dev_shm_fill_is_bounded_by_memory(provider: BwrapProvider) -> None:
+    """/dev/shm is bubblewrap's /dev tmpfs, with no size of its own: its pages count against the
+    sandbox's memory, so filling it stops near memory_mb and the sandbox goes on serving."""
+    async with await provider.create(SandboxSpec(memory_mb=64)) as sb:
+        await sb.exec("dd if=/dev/zero of=/dev/shm/fill bs=1M count=256", timeout_s=30)
+        held = int((await sb.exec("du -sm /dev/shm | cut -f1")).stdout)
+        assert held <= 64
+        assert sb.stats().oom_kills >= 1
+        assert (await sb.exec("rm /dev/shm/fill && echo alive")).stdout == "alive\n"
+
+
 async def test_disk_fill_hits_enospc(provider: BwrapProvider) -> None:
     async with await provider.create(SandboxSpec(disk_mb=16)) as sb:
         r = await sb.exec("dd if=/dev/zero of=/workspace/fill bs=1M count=64")
