@@ -30,7 +30,7 @@ class TaskImages:
         self._waiters: Counter[str] = Counter()
 
     async def __call__(self, task: Task) -> str:
-        key = f"{task.source}:{task.id}"
+        key = task.key
         future = self._images.get(key)
         if future is None or future.cancelled():
             future = asyncio.ensure_future(self._resolve(task))

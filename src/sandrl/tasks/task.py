@@ -154,6 +154,11 @@ class Task:
     """Keys sandrl does not know, kept as read (dotted paths, e.g. ``environment.gpus_per_node``)."""
     swebench: SweBenchInstance | None = None
 
+    @property
+    def key(self) -> str:
+        """The task's id with where it came from: unique across task sets (ids alone may repeat)."""
+        return f"{self.source}:{self.id}"
+
     def image_source(self) -> ImageSource:
         """Where this task's image comes from, for a provider's
         :meth:`~sandrl.sandbox.base.SandboxProvider.resolve_image`: its Dockerfile, built in its

@@ -113,11 +113,7 @@ class _Images:
             async with self._builds:
                 return await self._images(task)
         finally:
-            self.seconds.setdefault(_key(task), time.monotonic() - start)
-
-
-def _key(task: Task) -> str:
-    return f"{task.source}:{task.id}"
+            self.seconds.setdefault(task.key, time.monotonic() - start)
 
 
 def _tail(verifier: Mapping[str, Any]) -> str:
@@ -185,7 +181,7 @@ async def run_suite(
 
     def finished(t: Trajectory) -> None:
         task = by_group[t.group_id]
-        found[t.group_id] = result = task_run(agent, t, images.seconds.get(_key(task), 0.0))
+        found[t.group_id] = result = task_run(agent, t, images.seconds.get(task.key, 0.0))
         if on_done is not None:
             on_done(task, result)
 
@@ -237,10 +233,10 @@ async def validate_suite(
     found: dict[str, TaskValidation] = {}
     for task in tasks:
         if task.solution is None:
-            found[_key(task)] = TaskValidation(task.id, False, None, None, 0.0, "the task has no reference solution")
+            found[task.key] = TaskValidation(task.id, False, None, None, 0.0, "the task has no reference solution")
             if on_done is not None:
-                on_done(task, found[_key(task)])
-    runnable = [t for t in tasks if _key(t) not in found]
+                on_done(task, found[task.key])
+    runnable = [t for t in tasks if t.key not in found]
     images = _Images(provider, concurrency)
     by_group: dict[str, Task] = {}
     halves: dict[str, dict[str, Trajectory]] = {}
@@ -250,8 +246,8 @@ async def validate_suite(
         pair = halves.setdefault(t.group_id, {})
         pair[t.agent] = t
         if len(pair) == 2:
-            build_s = images.seconds.get(_key(task), 0.0)
-            found[_key(task)] = result = _validation(task, pair["null"], pair["oracle"], build_s)
+            build_s = images.seconds.get(task.key, 0.0)
+            found[task.key] = result = _validation(task, pair["null"], pair["oracle"], build_s)
             if on_done is not None:
                 on_done(task, result)
 
@@ -261,4 +257,4 @@ async def validate_suite(
     oracle = _runner(provider, OracleAgent(), images, concurrency, finished, run_id)
     by_group.update(zip(null.group_ids(runnable), runnable, strict=True))
     await gather_all(null.run(runnable), oracle.run(runnable))
-    return [found[_key(task)] for task in tasks]
+    return [found[task.key] for task in tasks]
