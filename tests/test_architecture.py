@@ -16,6 +16,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
+    ("sandrl.images",),
     ("sandrl.sandbox", "sandrl.inference"),
     ("sandrl.tasks",),
     ("sandrl.rollout",),
