@@ -25,7 +25,10 @@ that says what went wrong *and what to do about it*.
      ├── TaskError                   a task that cannot be loaded or run
      │    ├── InvalidTaskError       a task directory or instance file that is malformed
      │    └── ImageBuildError        an environment image could not be built (Dockerfile, failed step)
-     ├── InferenceError              the policy's server failed or answered wrongly
+     ├── ImageError                  a registry image could not be had
+ │    ├── RegistryError          the registry refused or failed (auth, not found, 429/5xx after retries, unreachable)
+ │    └── LayerError             what it served is wrong or hostile (digest mismatch, path escape, over a bound)
+ ├── InferenceError              the policy's server failed or answered wrongly
      ├── TrainError                  the trainer could not take a step
      └── ClusterError                the Ray cluster: not reachable, a worker lost too often
 
@@ -203,6 +206,28 @@ class ImageBuildError(TaskError):
     (its number, exit code and the end of its output)."""
 
     error_code = "image_build_failed"
+
+
+class ImageError(SandrlError):
+    """A container image could not be had from its registry (:mod:`sandrl.images`)."""
+
+    error_code = "image_error"
+    http_status = 502
+
+
+class RegistryError(ImageError):
+    """The registry refused or failed: bad credentials, no such repository or tag, rate limits or
+    server errors that outlasted the retries, or no answer at all. The message names the
+    reference, the registries tried and what to do."""
+
+    error_code = "registry_error"
+
+
+class LayerError(ImageError):
+    """What a registry served is wrong or hostile: a manifest or blob whose digest is not the one
+    asked for, a layer that writes outside its root, or one over a size bound. Nothing of it is kept."""
+
+    error_code = "bad_layer"
 
 
 class InferenceError(SandrlError):
