@@ -1,7 +1,8 @@
-"""``sandrl images build|ls|rm``: the environment images in the local store.
+"""``sandrl images build|pull|import|ls|prune|rm``: the environment images in the local store.
 
 ``images build`` runs a Dockerfile through :class:`~sandrl.sandbox.bwrap.dockerfile.builder.ImageBuilder`, or makes
-the Debian base image with debootstrap (``sandrl images build debian``).
+the Debian base image with debootstrap (``sandrl images build debian``); ``images pull`` fetches a
+registry image (:mod:`sandrl.sandbox.bwrap.pulled`).
 """
 
 from __future__ import annotations
@@ -16,15 +17,20 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TransferSpeedColumn
 from rich.table import Table
 
-from sandrl.cli.output import rich_console
+from sandrl.cli.output import emit, rich_console
 from sandrl.errors import ConfigError, ImageBuildError
+from sandrl.images.manifest import Platform
+from sandrl.images.pull import PullEvent
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.sandbox.bwrap.dockerfile.builder import BUILD_PREFIX, BuildOptions, ImageBuilder, StepEvent
 from sandrl.sandbox.bwrap.images import DEFAULT_PATH, HOST_IMAGE
+from sandrl.sandbox.bwrap.prune import apply_prune, plan_prune
+from sandrl.sandbox.bwrap.pulled import import_rootfs_tar, pull_into_store
 
-app = typer.Typer(no_args_is_help=True, help="Environment images: build (Dockerfile or debian), ls, rm.")
+app = typer.Typer(no_args_is_help=True, help="Environment images: build, pull, import, ls, prune, rm.")
 
 DEBIAN_IMAGE = "debian"
 DEBIAN_SUITE = "bookworm"
@@ -37,7 +43,7 @@ def images_build(
     file: Path | None = typer.Option(None, "--file", "-f", help="The Dockerfile to build."),
     context: Path | None = typer.Option(None, help="The build context (default: the Dockerfile's directory)."),
     build_arg: list[str] = typer.Option([], "--build-arg", help="NAME=value for an ARG; repeatable."),
-    network: bool = typer.Option(False, "--network", help="Give RUN steps the host's network."),
+    network: bool = typer.Option(True, "--network/--no-network", help="Give RUN steps the network (as Docker)."),
     timeout: float = typer.Option(600.0, help="The whole build's time limit in seconds."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Rebuild every step."),
     suite: str = typer.Option(DEBIAN_SUITE, help="Debian suite for debootstrap."),
@@ -120,15 +126,61 @@ def _build_debian(provider: BwrapProvider, suite: str, mirror: str, console: Con
     console.print(f"built [bold]{DEBIAN_IMAGE}[/] (Debian {suite} minbase) in {time.monotonic() - start:.0f} s")
 
 
+@app.command("pull")
+def images_pull(
+    reference: str = typer.Argument(..., help="name[:tag][@digest], e.g. ubuntu:24.04 or ghcr.io/org/img@sha256:..."),
+    platform: str | None = typer.Option(
+        None, help="os/arch[/variant] of an index, e.g. linux/arm64 (default: this host)."
+    ),
+) -> None:
+    """Pull an image from its registry (or a mirror: SANDRL_REGISTRY_MIRRORS); print its name and digest."""
+    store = BwrapProvider().images
+    wanted = Platform.parse(platform) if platform else None
+    console = rich_console(stderr=True)
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), console=console
+    ) as progress:
+        tasks: dict[str, TaskID] = {}
+
+        def show(event: PullEvent) -> None:
+            short = event.digest.split(":")[-1][:12]
+            if event.kind == "layer-start":
+                tasks[event.digest] = progress.add_task(f"layer {short}", total=event.size)
+            elif event.kind == "bytes" and event.digest in tasks:
+                progress.advance(tasks[event.digest], event.size)
+            elif event.kind == "layer-unpacking" and event.digest in tasks:
+                progress.update(tasks[event.digest], description=f"layer {short} unpacking")
+            elif event.kind == "layer-done" and event.digest in tasks:
+                progress.update(tasks[event.digest], description=f"layer {short} done")
+            elif event.kind == "layer-cached":
+                progress.add_task(f"layer {short} (have it)", total=event.size, completed=event.size)
+
+        name = asyncio.run(pull_into_store(store, reference, platform=wanted, refresh=True, on_event=show))
+    config = store.meta(name).get("config")
+    digest = config.get("digest") if isinstance(config, dict) else None
+    emit({"image": name, "reference": reference, "digest": digest})
+
+
+@app.command("import")
+def images_import(
+    rootfs: Path = typer.Argument(..., help="A tar archive of a root filesystem (docker export; gzip/zstd too)."),
+    name: str = typer.Argument(..., help="The image's name in the store."),
+) -> None:
+    """Import a root filesystem archive as an image."""
+    store = BwrapProvider().images
+    with rich_console(stderr=True).status(f"unpacking {rootfs}"):
+        import_rootfs_tar(store, rootfs, name)
+    emit({"image": name, "source": str(rootfs)})
+
+
 @app.command("ls")
 def images_ls(
     all_images: bool = typer.Option(False, "--all", "-a", help="Also the builder's cache images (build-*)."),
 ) -> None:
-    """List the images in the store."""
+    """List the images in the store, with where each came from."""
     console = rich_console(stderr=False)
     store = BwrapProvider().images
-    table = Table("image", "base", "layers", "created")
-    shown = 0
+    table = Table("image", "source", "digest", "layers", "created")
     for name in store.names():
         if name.startswith(BUILD_PREFIX) and not all_images:
             continue
@@ -138,29 +190,64 @@ def images_ls(
         when = (
             time.strftime("%Y-%m-%d %H:%M", time.localtime(float(created))) if isinstance(created, int | float) else "-"
         )
+        config = meta.get("config")
+        config = config if isinstance(config, dict) else {}
         base = meta.get("base")
+        if name == HOST_IMAGE:
+            source = "(host system)"
+        elif config.get("source"):
+            source = str(config["source"])
+        elif config.get("step") or config.get("key"):
+            source = f"built{f' on {base}' if base else ''}"
+        else:
+            source = f"{base}" if base else "-"
+        digest = str(config.get("digest") or "-")
         table.add_row(
             name,
-            str(base) if base else ("(host system)" if name == HOST_IMAGE else "-"),
+            source,
+            digest[:19] + "..." if len(digest) > 22 else digest,
             str(len(layers)) if isinstance(layers, list) else "-",
             when,
         )
-        shown += 1
     console.print(table)
     hidden = sum(n.startswith(BUILD_PREFIX) for n in store.names())
     if hidden and not all_images:
-        console.print(f"[dim]{hidden} cache images (build-*) not shown; --all shows them[/]")
+        console.print(
+            f"[dim]{hidden} cache images (build-*) not shown; --all shows them; `sandrl images prune` removes them[/]"
+        )
+
+
+@app.command("prune")
+def images_prune(
+    dry_run: bool = typer.Option(False, "--dry-run", help="Say what would go; remove nothing."),
+    keep_cache: bool = typer.Option(False, "--keep-cache", help="Keep the builder's cache images (build-*)."),
+) -> None:
+    """Remove the builder's cache images and every layer no image uses (live sandboxes' are kept)."""
+    provider = BwrapProvider()
+    plan = plan_prune(provider.images, provider.state, build_cache=not keep_cache)
+    if not dry_run:
+        apply_prune(provider.images, plan)
+    emit(
+        {
+            "dry_run": dry_run,
+            "images": len(plan.images),
+            "layers": len(plan.layers),
+            "leftovers": len(plan.leftovers),
+            "freed_mb": round(plan.bytes / 2**20, 1),
+        }
+    )
 
 
 @app.command("rm")
 def images_rm(
     names: list[str] = typer.Argument(None, help="Images to remove."),
     cache: bool = typer.Option(False, "--cache", help="Remove every build cache image (build-*)."),
-    prune: bool = typer.Option(True, help="Delete layers no image uses any more (do not run while sandboxes do)."),
+    prune: bool = typer.Option(True, help="Delete layers no image uses any more (live sandboxes' are kept)."),
 ) -> None:
     """Remove images; their layers go too when no image uses them."""
     console = rich_console(stderr=False)
-    store = BwrapProvider().images
+    provider = BwrapProvider()
+    store = provider.images
     targets = list(names or [])
     if cache:
         targets += [n for n in store.names() if n.startswith(BUILD_PREFIX)]
@@ -168,5 +255,9 @@ def images_rm(
         raise ConfigError("name the images to remove, or give --cache")
     for name in targets:
         store.remove(name)
-    removed = store.prune_layers() if prune else []
-    console.print(f"removed {len(targets)} images and {len(removed)} unused layers")
+    removed = 0
+    if prune:
+        plan = plan_prune(store, provider.state, build_cache=False)
+        apply_prune(store, plan)
+        removed = len(plan.layers)
+    console.print(f"removed {len(targets)} images and {removed} unused layers")

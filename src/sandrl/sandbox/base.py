@@ -19,6 +19,7 @@ from types import MappingProxyType, TracebackType
 from typing import Any, Literal, Protocol, Self, runtime_checkable
 
 from sandrl.errors import ConfigError, InvalidSpecError, SandboxFileTooLargeError, TaskError
+from sandrl.images.reference import parse_reference, store_name
 
 DEFAULT_OUTPUT_CAP = 1 << 20
 """Bytes kept per output stream of one exec; beyond it output is dropped and ``truncated`` set."""
@@ -139,6 +140,11 @@ class SandboxSpec:
     """Environment of every exec (a call's ``env`` adds to it)."""
     require_limits: bool = True
     """Fail rather than run without a limit the host cannot enforce."""
+    entrypoint: bool = True
+    """Start the image's ``ENTRYPOINT`` after create, as the sandbox's long-running process (with
+    ``sleep infinity`` as its arguments, as Harbor and Terminal-Bench start task containers), and
+    wait until it has handed over to them; images without one are unaffected. Image builds turn
+    it off, as ``docker build`` runs no entrypoint."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.image, str) or not _IMAGE_NAME.match(self.image):
@@ -152,8 +158,9 @@ class SandboxSpec:
                 bounds.check(f.name, getattr(self, f.name))
         if not isinstance(self.workdir, str) or not _WORKDIR.match(self.workdir):
             raise InvalidSpecError(f"workdir must be an absolute path, got {self.workdir!r}")
-        if not isinstance(self.network, bool):
-            raise InvalidSpecError(f"network must be true or false, got {self.network!r}")
+        for flag in ("network", "require_limits", "entrypoint"):
+            if not isinstance(getattr(self, flag), bool):
+                raise InvalidSpecError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
         object.__setattr__(self, "env", MappingProxyType(validate_env(self.env, "SandboxSpec.env")))
 
     def to_dict(self) -> dict[str, object]:
@@ -241,11 +248,14 @@ class ImageSource:
     context_dir: Path | None = None
     """The build context; default the Dockerfile's directory."""
     image: str | None = None
-    """A prebuilt image's name, used when there is no Dockerfile."""
+    """A prebuilt image: an image of the provider's store by name, or a registry reference
+    (``ubuntu:24.04``, ``ghcr.io/org/img@sha256:...``). Used first; the Dockerfile is built
+    only when there is no image, or it cannot be had."""
     build_timeout_s: float = 600.0
     """The whole build must finish within this."""
-    network: bool = False
-    """Whether the build's ``RUN`` steps may use the host's network."""
+    network: bool = True
+    """Whether the build's ``RUN`` steps may use the network (Docker builds have it); not the
+    network of the image's sandboxes, which their :class:`SandboxSpec` says."""
     cpus: float = SandboxSpec.cpus
     memory_mb: int = SandboxSpec.memory_mb
     disk_mb: int = SandboxSpec.disk_mb
@@ -253,10 +263,16 @@ class ImageSource:
 
 
 def prebuilt_image(source: ImageSource) -> str:
-    """The image of a provider that builds nothing: ``source``'s prebuilt image, ``host`` without one;
-    a Dockerfile is refused with a :class:`~sandrl.errors.TaskError` naming what to do instead."""
+    """The image of a provider that builds nothing: ``source``'s prebuilt image (a registry
+    reference as the host's store names it: pull it there with ``sandrl images pull``), ``host``
+    without one; a Dockerfile is refused with a :class:`~sandrl.errors.TaskError` naming what to do instead."""
+    if source.image is not None:
+        if _IMAGE_NAME.match(source.image):
+            return source.image
+        # A registry reference: the name the sandbox host's store gives it once pulled there.
+        return store_name(parse_reference(source.image))
     if source.dockerfile_text is None:
-        return source.image or "host"
+        return "host"
     raise TaskError(
         f"{source.label} has a Dockerfile, and this provider cannot build it here: build the image on the "
         "sandbox host (sandrl images build) and pass the runner an image_for that names it"

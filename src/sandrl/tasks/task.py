@@ -163,8 +163,8 @@ class Task:
         """Where this task's image comes from, for a provider's
         :meth:`~sandrl.sandbox.base.SandboxProvider.resolve_image`: its Dockerfile, built in its
         build context (the Dockerfile's directory, or the task's own) within its
-        ``build_timeout_sec``, with the network only when the task allows the internet; or the
-        prebuilt image it names."""
+        ``build_timeout_sec``, with the network as Docker builds have it (``allow_internet`` is
+        about the agent's sandbox, not the build); or the prebuilt image it names."""
         env = self.environment
         context = env.context_dir or (env.dockerfile.parent if env.dockerfile is not None else self.source)
         return ImageSource(
@@ -174,7 +174,6 @@ class Task:
             context_dir=context,
             image=env.docker_image,
             build_timeout_s=env.build_timeout_s,
-            network=env.allow_internet,
             cpus=env.cpus,
             memory_mb=env.memory_mb,
             disk_mb=env.storage_mb,

@@ -114,6 +114,8 @@ class Image:
     env: dict[str, str] = field(default_factory=dict)
     workdir: str | None = None
     created: float = 0.0
+    entrypoint: tuple[str, ...] | None = None
+    """The image's ``ENTRYPOINT`` (a pulled image's config, or a Dockerfile's), started after create."""
 
 
 class ImageStore:
@@ -161,10 +163,9 @@ class ImageStore:
             return self.host_image()
         meta = self._meta_path(name)
         if not meta.exists():
-            known = ", ".join(n for n in self.names() if not n.startswith("build-"))
             raise ImageNotFoundError(
-                f"no image named {name!r} in {self.root} (images: {known}); "
-                "build one with `sandrl images build` or import a rootfs with ImageStore.add_rootfs"
+                f"no image named {name!r} in {self.root}: `sandrl images ls` lists them; pull one (sandrl images "
+                "pull REF), build one (sandrl images build) or import a rootfs (sandrl images import)"
             )
         data = json.loads(meta.read_text())
         layers = tuple(self.root / "layers" / lid for lid in data["layers"])
@@ -189,7 +190,16 @@ class ImageStore:
             plan = stack_layers(base.plan, layers)
             env = {**base.env, **data.get("env", {})}
             workdir = data.get("workdir") or base.workdir
-        return Image(name=name, plan=plan, env=env, workdir=workdir, created=float(data.get("created", 0.0)))
+        config = data.get("config") or {}
+        entrypoint = config.get("entrypoint") if isinstance(config, dict) else None
+        return Image(
+            name=name,
+            plan=plan,
+            env=env,
+            workdir=workdir,
+            created=float(data.get("created", 0.0)),
+            entrypoint=tuple(str(a) for a in entrypoint) if isinstance(entrypoint, list) and entrypoint else None,
+        )
 
     def meta(self, name: str) -> dict[str, object]:
         """The image's record as stored (``host``: an empty one); raises if there is no such image."""
@@ -258,7 +268,7 @@ class ImageStore:
         overlays (see :func:`stack_layers`), and ``env`` adds to the base's environment; without
         it they are a whole root filesystem, one overlay on ``/``. ``config`` is kept as metadata.
         """
-        self._check_name(name)
+        self.check_name(name)
         for lid in layer_ids:
             if not (self.root / "layers" / lid).is_dir():
                 raise ConfigError(f"no layer {lid} in {self.root / 'layers'}")
@@ -292,7 +302,7 @@ class ImageStore:
         workdir: str | None = None,
     ) -> Image:
         """Import a whole root filesystem directory as the image ``name``."""
-        self._check_name(name)
+        self.check_name(name)
         if not (source / "bin").exists() and not (source / "usr").exists():
             raise ConfigError(f"{source} does not look like a root filesystem (no bin/ or usr/)")
         return self.add_image(name, [self.add_layer(source, move=move)], env=env, workdir=workdir)
@@ -323,7 +333,7 @@ class ImageStore:
     def _meta_path(self, name: str) -> Path:
         return self.root / "images" / f"{name}.json"
 
-    def _check_name(self, name: str) -> None:
+    def check_name(self, name: str) -> None:
         if not _NAME.match(name) or name == HOST_IMAGE:
             raise ConfigError(
                 f"{name!r} is not a usable image name: lower-case letters, digits, '.', '_', '-'; 'host' is built in"

@@ -105,6 +105,7 @@ from sandrl.sandbox.bwrap.images import ImageStore, MountPlan
 from sandrl.sandbox.bwrap.protocol import AgentConnection
 from sandrl.sandbox.bwrap.sandbox import BwrapSandbox
 from sandrl.sandbox.bwrap.state import STORE_UID_BASE, Slot, StateDir
+from sandrl.sandbox.entrypoint import start_entrypoint
 
 DEFAULT_STATE_DIR = Path(os.environ.get("SANDRL_STATE_DIR", "/var/lib/sandrl"))
 # Docker's default capability set: what root in a container normally has.
@@ -238,9 +239,16 @@ class BwrapProvider:
         self._admit()
         self._creating += 1
         try:
-            return await self._create(spec, image.env, image.plan)
+            sandbox = await self._create(spec, image.env, image.plan)
         finally:
             self._creating -= 1
+        if spec.entrypoint and image.entrypoint:
+            try:
+                await start_entrypoint(sandbox, image.entrypoint)
+            except BaseException:
+                await sandbox.close()
+                raise
+        return sandbox
 
     async def _create(self, spec: SandboxSpec, image_env: dict[str, str], plan: MountPlan) -> BwrapSandbox:
         sid = "sb-" + uuid.uuid4().hex[:12]

@@ -91,6 +91,7 @@ class SpecBody(BaseModel):
     workdir: str = _from_spec("workdir", "Default exec directory.", pattern=WORKDIR_PATTERN, max_length=4096)
     env: MetadataDict = _from_spec("env", "Environment of every exec.")
     require_limits: bool = _from_spec("require_limits", "Fail rather than run without a limit the host cannot enforce.")
+    entrypoint: bool = _from_spec("entrypoint", "Start the image's ENTRYPOINT after create (Docker's semantics).")
 
     def to_spec(self) -> SandboxSpec:
         return SandboxSpec(**self.model_dump(include=set(_SPEC_FIELDS)))

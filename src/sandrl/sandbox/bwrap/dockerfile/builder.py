@@ -6,16 +6,20 @@
     result = await builder.build(Path("environment/Dockerfile"), context=Path("environment"))
     spec = SandboxSpec(image=result.image)
 
-Supported: ``FROM`` (an image of the store: ``host``, ``debian`` made by ``sandrl images build
-debian``, or an image built before; ``debian:bookworm`` and friends mean ``debian``), ``RUN``,
-``COPY`` and ``ADD`` of build-context files (``ADD`` unpacks local tar archives; URLs are
-refused), ``WORKDIR``, ``ENV``, ``ARG``, ``USER``, ``SHELL``. ``CMD``, ``ENTRYPOINT``, ``EXPOSE``,
-``LABEL``, ``VOLUME``, ``HEALTHCHECK``, ``STOPSIGNAL``, ``MAINTAINER`` and ``ONBUILD`` are kept as
-metadata and otherwise ignored. Anything else (multi-stage builds, ``COPY --from``, ``RUN
---mount``, heredocs) is an :class:`~sandrl.errors.ImageBuildError` naming the file and line.
+Supported: ``FROM`` (an image of the store: ``host``, one built before, ``debian`` made by
+``sandrl images build debian`` for the ``debian:bookworm`` family; anything else is a registry
+reference, pulled on first use and cached by digest, :mod:`sandrl.sandbox.bwrap.pulled`;
+``--platform`` chooses the platform), ``RUN``, ``COPY`` and ``ADD`` of build-context files
+(``ADD`` unpacks local tar archives; URLs are refused), ``WORKDIR``, ``ENV``, ``ARG``, ``USER``,
+``SHELL``; ``ENTRYPOINT``, ``CMD``, ``EXPOSE`` and ``HEALTHCHECK`` go into the image's config as
+Docker's do (a sandbox of the image starts its ``ENTRYPOINT``, :mod:`sandrl.sandbox.entrypoint`),
+and ``LABEL``, ``VOLUME``, ``STOPSIGNAL``, ``MAINTAINER`` and ``ONBUILD`` are kept as metadata.
+Anything else (multi-stage builds, ``COPY --from``, ``RUN --mount``, heredocs) is an
+:class:`~sandrl.errors.ImageBuildError` naming the file and line.
 
 Each ``RUN``, ``COPY`` and ``ADD`` runs in a fresh build sandbox started from the image so far
-(network off unless the build asks for it); what the step changed is exported
+(with the network, as Docker builds have it, unless the build turns it off or ``RUN
+--network=none``); what the step changed is exported
 (:func:`sandrl.sandbox.bwrap.export.export_changes`) as a read-only layer, and the image so far plus
 that layer is registered in the store as ``build-<key>``. The key hashes the parent's key, the
 instruction and the state it runs in (environment, working directory, user, shell) and, for
@@ -42,7 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
-from sandrl.errors import ImageBuildError, ImageNotFoundError
+from sandrl.errors import ConfigError, ImageBuildError, ImageError, ImageNotFoundError
+from sandrl.images.manifest import Platform
 from sandrl.sandbox.base import ExecResult, SandboxSpec
 from sandrl.sandbox.bwrap.dockerfile.context_copy import (
     copy_args,
@@ -57,16 +62,20 @@ from sandrl.sandbox.bwrap.dockerfile.context_copy import (
 from sandrl.sandbox.bwrap.dockerfile.instructions import Instruction, expand, key_values, parse_dockerfile, words
 from sandrl.sandbox.bwrap.export import export_changes, is_empty_layer
 from sandrl.sandbox.bwrap.images import HOST_IMAGE, ImageStore
+from sandrl.sandbox.bwrap.pulled import pull_into_store
 from sandrl.sandbox.bwrap.sandbox import BwrapSandbox
 
 BUILD_PREFIX = "build-"
 """Images the builder registers for its cache: ``build-<key>``."""
 CACHE_VERSION = "sandrl-build-1"
 """Part of every cache key: bump it when the way a step is built changes."""
-MAX_BUILD_LAYERS = 24
-"""Layers one image may stack over its base (the sandbox helper mounts at most 32 in all)."""
+MAX_BUILD_LAYERS = 120
+"""Layers one image may have, its base's included (the sandbox helper mounts at most 128 in all;
+Docker allows 127)."""
 DEFAULT_SHELL = ("/bin/sh", "-c")
 METADATA_ONLY = {"CMD", "ENTRYPOINT", "EXPOSE", "LABEL", "VOLUME", "HEALTHCHECK", "STOPSIGNAL", "MAINTAINER", "ONBUILD"}
+RUNTIME_KEYS = ("entrypoint", "cmd", "exposed_ports", "healthcheck")
+"""The parts of an image's config a sandbox of it uses, inherited from ``FROM`` as Docker does."""
 _DEBIAN_ALIASES = {"debian", "debian:bookworm", "debian:12", "debian:bookworm-slim", "debian:12-slim", "debian:stable"}
 _TAIL_LINES = 25
 
@@ -79,8 +88,11 @@ class BuildOptions:
 
     timeout_s: float = 600.0
     """The whole build (every step) must finish within this; Harbor's ``build_timeout_sec``."""
-    network: bool = False
-    """Give ``RUN`` steps the host's network (``RUN --network=none`` turns it off for one step)."""
+    network: bool = True
+    """Give ``RUN`` steps the host's network, as Docker builds have it (``RUN --network=none`` turns
+    it off for one step). Independent of the network of the image's sandboxes."""
+    platform: str | None = None
+    """The platform of registry images ``FROM`` names (``linux/arm64``...); default this host's."""
     cpus: float = float(min(2, os.cpu_count() or 1))
     memory_mb: int = 4096
     """Memory of a build sandbox; its writable layer (the step's changes) counts against it."""
@@ -139,6 +151,8 @@ class _State:
     args: dict[str, str] = field(default_factory=dict)
     declared_args: set[str] = field(default_factory=set)
     metadata: dict[str, object] = field(default_factory=dict)
+    runtime: dict[str, object] = field(default_factory=dict)
+    """ENTRYPOINT, CMD, EXPOSE, HEALTHCHECK as the image's config will hold them (:data:`RUNTIME_KEYS`)."""
 
     def expansion_env(self) -> dict[str, str]:
         return {**self.args, **self.env}
@@ -237,7 +251,12 @@ class ImageBuilder:
                     "is not an instruction sandrl's builder supports (FROM, RUN, COPY, ADD, WORKDIR, ENV, "
                     "ARG, USER, SHELL; CMD, ENTRYPOINT, EXPOSE, LABEL, VOLUME... are kept as metadata)"
                 )
-            allowed = {"RUN": {"network"}, "COPY": {"chown", "chmod", "link"}, "ADD": {"chown", "chmod", "link"}}
+            allowed = {
+                "FROM": {"platform"},
+                "RUN": {"network"},
+                "COPY": {"chown", "chmod", "link"},
+                "ADD": {"chown", "chmod", "link"},
+            }
             for flag in inst.flags:
                 if inst.keyword in ("COPY", "ADD") and flag == "from":
                     raise inst.error("--from (copying from another stage or image) is not supported")
@@ -272,7 +291,7 @@ class ImageBuilder:
                         if given is not None:
                             global_args[name] = given
                 else:
-                    state = self._from(inst, global_args)
+                    state = await self._from(inst, global_args, options)
             elif inst.keyword in ("RUN", "COPY", "ADD"):
                 status = await self._layer_step(inst, state, context, options, deadline, index, total)
                 cached += status == "cached"
@@ -281,10 +300,11 @@ class ImageBuilder:
                 self._metadata_step(inst, state, options, global_args)
             self._emit(StepEvent(index, total, inst, "done", status, time.monotonic() - step_start))
         assert state is not None  # _check_supported saw a FROM
-        final_key = _hash(state.key, "final", state.env, state.workdir, state.user, state.metadata)
+        final_key = _hash(state.key, "final", state.env, state.workdir, state.user, state.metadata, state.runtime)
         name = tag or image_name_for(final_key)
         config: dict[str, object] = {"key": final_key, "user": state.user, "shell": list(state.shell)}
         config.update(state.metadata)
+        config.update(state.runtime)
         self.store.add_image(
             name, list(state.layers), env=state.env, workdir=state.workdir, base=state.base, config=config
         )
@@ -304,20 +324,12 @@ class ImageBuilder:
         if self.on_event is not None:
             self.on_event(event)
 
-    def _from(self, inst: Instruction, global_args: dict[str, str]) -> _State:
+    async def _from(self, inst: Instruction, global_args: dict[str, str], options: BuildOptions) -> _State:
         parts = words(inst.args, global_args, inst.where)
         if not parts or (len(parts) not in (1, 3)) or (len(parts) == 3 and parts[1].lower() != "as"):
             raise inst.error("write FROM <image> [AS <name>]")
-        if "platform" in inst.flags:
-            raise inst.error("--platform is not supported")
-        wanted = parts[0]
-        name = "debian" if wanted.lower() in _DEBIAN_ALIASES else wanted
-        if not self.store.exists(name):
-            hint = " (make it with `sandrl images build debian`)" if name == "debian" else ""
-            raise inst.error(
-                f"{wanted!r} is not an image in the store {self.store.root}{hint}; sandrl builds without Docker "
-                f"and cannot pull images: use FROM host, or one of: {', '.join(self.store.names())}"
-            )
+        platform_text = expand(inst.flags["platform"], global_args, inst.where) if "platform" in inst.flags else None
+        name = await self._base_image(inst, parts[0], platform_text or options.platform)
         meta = self.store.meta(name)
         image = self.store.get(name)
         if name == HOST_IMAGE:
@@ -333,6 +345,9 @@ class ImageBuilder:
         raw_layers = meta.get("layers", [])
         layers = [str(x) for x in raw_layers] if isinstance(raw_layers, list) else []
         base = meta.get("base")
+        config = meta.get("config")
+        runtime = {k: config[k] for k in RUNTIME_KEYS if config.get(k)} if isinstance(config, dict) else {}
+        user = config.get("user") if isinstance(config, dict) else None
         key = _hash(CACHE_VERSION, "from", name, layers, base, meta.get("created"))
         return _State(
             key=key,
@@ -341,7 +356,26 @@ class ImageBuilder:
             layers=layers,
             env=dict(image.env),
             workdir=image.workdir,
+            user=str(user) if isinstance(user, str) and user else None,
+            runtime=runtime,
         )
+
+    async def _base_image(self, inst: Instruction, wanted: str, platform_text: str | None) -> str:
+        """The store image ``FROM wanted`` starts from: an image of the store by name, the local
+        ``debian`` for the Debian family, else the registry image (pulled once, then cached)."""
+        if wanted.lower() == "scratch":
+            raise inst.error("FROM scratch is not supported: start from an image with a shell")
+        if platform_text is None and self.store.exists(wanted):
+            return wanted
+        if platform_text is None and wanted.lower() in _DEBIAN_ALIASES and self.store.exists("debian"):
+            return "debian"
+        try:
+            platform = Platform.parse(platform_text) if platform_text else None
+            return await pull_into_store(self.store, wanted, platform=platform)
+        except ConfigError as exc:
+            raise inst.error(f"{wanted!r} is not an image of the store nor a registry reference ({exc})") from exc
+        except ImageError as exc:
+            raise inst.error(f"cannot pull {wanted!r}: {exc}") from exc
 
     def _metadata_step(
         self, inst: Instruction, state: _State, options: BuildOptions, global_args: Mapping[str, str]
@@ -373,13 +407,13 @@ class ImageBuilder:
             if inst.exec_form is None or not inst.exec_form:
                 raise inst.error('must be a JSON array, e.g. SHELL ["/bin/bash", "-c"]')
             state.shell = inst.exec_form
-        else:  # CMD, ENTRYPOINT, EXPOSE, LABEL...: recorded, not acted on
+        elif inst.keyword in ("ENTRYPOINT", "CMD", "EXPOSE", "HEALTHCHECK"):
+            _runtime_step(inst, state, env)
+        else:  # LABEL, VOLUME, STOPSIGNAL...: recorded, not acted on
             recorded: object = list(inst.exec_form) if inst.exec_form is not None else inst.args
             ignored = state.metadata.setdefault("ignored", [])
             assert isinstance(ignored, list)
             ignored.append({"instruction": inst.keyword, "value": recorded, "line": inst.line})
-            if inst.keyword in ("CMD", "ENTRYPOINT"):
-                state.metadata[inst.keyword.lower()] = recorded
         # ARG values count only where they are used (as Docker): in RUN's environment, in
         # what ENV, WORKDIR, USER and COPY expand to; not in the ARG line itself.
         state.key = _hash(state.key, inst.keyword, inst.flags, inst.args, state.env, state.workdir, state.user)
@@ -440,6 +474,7 @@ class ImageBuilder:
                 ttl_s=max(remaining, 1.0) + 120.0,
                 workdir=state.workdir or "/",
                 env={k: v for k, v in env.items() if _valid_env_name(k)},
+                entrypoint=False,
             )
             layer_dir = self.store.root / "layers" / f".build-{uuid.uuid4().hex}"
             try:
@@ -526,6 +561,55 @@ class ImageBuilder:
 
 
 # -- helpers
+
+
+def _command(inst: Instruction, text: str, state: _State) -> list[str]:
+    """A CMD/ENTRYPOINT/HEALTHCHECK command as Docker stores it: the JSON form as written, the
+    shell form through the current ``SHELL``."""
+    if inst.exec_form is not None:
+        return list(inst.exec_form)
+    if not text.strip():
+        raise inst.error("needs a command")
+    return [*state.shell, text]
+
+
+def _runtime_step(inst: Instruction, state: _State, env: Mapping[str, str]) -> None:
+    """ENTRYPOINT, CMD, EXPOSE, HEALTHCHECK: the image config's fields, with Docker's rules."""
+    if inst.keyword == "ENTRYPOINT":
+        state.runtime["entrypoint"] = _command(inst, inst.args, state)
+        state.runtime.pop("cmd", None)  # Docker: a new ENTRYPOINT drops the CMD inherited from FROM
+    elif inst.keyword == "CMD":
+        state.runtime["cmd"] = _command(inst, inst.args, state)
+    elif inst.keyword == "EXPOSE":
+        ports = state.runtime.get("exposed_ports")
+        known = list(ports) if isinstance(ports, list) else []
+        for port in words(inst.args, env, inst.where):
+            entry = port if "/" in port else f"{port}/tcp"
+            if entry not in known:
+                known.append(entry)
+        state.runtime["exposed_ports"] = known
+    else:
+        text = inst.args.strip()
+        head, _, rest = text.partition(" ")
+        if head.upper() == "NONE":
+            state.runtime.pop("healthcheck", None)
+        elif head.upper() == "CMD" or inst.exec_form is not None:
+            # Options (--interval...) are not kept: only the command, which is how sandrl uses it.
+            command = rest.strip()
+            form = _json_list(command)
+            state.runtime["healthcheck"] = ["CMD", *form] if form is not None else ["CMD-SHELL", command]
+        else:
+            raise inst.error("write HEALTHCHECK [OPTIONS] CMD <command>, or HEALTHCHECK NONE")
+
+
+def _json_list(text: str) -> list[str] | None:
+    if not text.startswith("["):
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    return value if isinstance(value, list) and all(isinstance(v, str) for v in value) else None
 
 
 def _valid_env_name(name: str) -> bool:

@@ -135,7 +135,7 @@ struct sandrl_mount_attr {
     uint64_t userns_fd;
 };
 
-#define MAX_LAYERS 32
+#define MAX_LAYERS 128
 #define MAX_OVERLAYS 16
 #define STAGE "/tmp/sandrl"
 
@@ -478,7 +478,7 @@ static int launch_main(int argc, char **argv) {
         mkdir_or_die(upper, 0755, root);
         mkdir_or_die(work, 0700, root);
         /* "0,3" -> STAGE/lower/0:STAGE/lower/3 (first = topmost) */
-        char spec[256];
+        char spec[1024];
         snprintf(spec, sizeof spec, "%s", ov_layers[o]);
         for (char *tok = strtok(spec, ","); tok; tok = strtok(NULL, ",")) {
             int idx = atoi(tok);

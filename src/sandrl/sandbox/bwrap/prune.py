@@ -1,0 +1,136 @@
+"""What ``sandrl images prune`` removes: the builder's cache images and layers no image uses.
+
+Images and layers that a live sandbox of this host uses are kept (a sandbox's record names its
+image; its layers are that image's and its bases'), and so are the layers of every image that
+stays. Partial downloads and unpack leftovers of pulls that no longer run go too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandrl.errors import ImageNotFoundError
+from sandrl.sandbox.bwrap.dockerfile.builder import BUILD_PREFIX
+from sandrl.sandbox.bwrap.images import HOST_IMAGE, ImageStore
+from sandrl.sandbox.bwrap.pulled import WORK_DIR
+from sandrl.sandbox.bwrap.state import StateDir
+
+__all__ = ["PrunePlan", "apply_prune", "plan_prune"]
+
+
+@dataclass(frozen=True)
+class PrunePlan:
+    images: tuple[str, ...]
+    """Cache images (``build-*``) to forget."""
+    layers: tuple[str, ...]
+    """Layer directories no remaining image uses."""
+    leftovers: tuple[str, ...]
+    """Files of pulls that are not running any more (partial downloads, unpack trees)."""
+    bytes: int
+    """What removing all of it frees on disk."""
+
+
+def _live_images(state: StateDir) -> set[str]:
+    dead = set(state.dead_records())
+    live: set[str] = set()
+    for sid in state.records():
+        if sid in dead:
+            continue
+        meta = state.read_record(sid)
+        spec = meta.get("spec") if meta else None
+        image = spec.get("image") if isinstance(spec, dict) else None
+        if isinstance(image, str):
+            live.add(image)
+    return live
+
+
+def _layers_of(store: ImageStore, name: str) -> set[str]:
+    """Layer ids of ``name`` and of the images it is stacked on."""
+    found: set[str] = set()
+    for _ in range(16):
+        if name == HOST_IMAGE:
+            break
+        try:
+            meta = store.meta(name)
+        except ImageNotFoundError:
+            break
+        layers = meta.get("layers")
+        if isinstance(layers, list):
+            found.update(str(x) for x in layers)
+        base = meta.get("base")
+        if not isinstance(base, str):
+            break
+        name = base
+    return found
+
+
+def _size(path: Path) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+    return total
+
+
+def plan_prune(store: ImageStore, state: StateDir, *, build_cache: bool = True) -> PrunePlan:
+    live = _live_images(state)
+    names = [n for n in store.names() if n != HOST_IMAGE]
+    doomed = [n for n in names if build_cache and n.startswith(BUILD_PREFIX) and n not in live]
+    kept_layers: set[str] = set()
+    for name in names:
+        if name not in doomed:
+            kept_layers |= _layers_of(store, name)
+    layers_dir = store.root / "layers"
+    layers = sorted(
+        d.name
+        for d in (layers_dir.iterdir() if layers_dir.is_dir() else [])
+        if d.is_dir() and not d.name.startswith(".") and d.name not in kept_layers
+    )
+    leftovers = sorted(p.name for p in _idle_pull_files(layers_dir / WORK_DIR))
+    total = sum(_size(layers_dir / lid) for lid in layers)
+    for name in leftovers:
+        path = layers_dir / WORK_DIR / name
+        total += _size(path) if path.is_dir() else path.stat().st_size
+    return PrunePlan(images=tuple(doomed), layers=tuple(layers), leftovers=tuple(leftovers), bytes=total)
+
+
+def _idle_pull_files(work: Path) -> list[Path]:
+    """Blobs and trees of ``work`` whose layer lock nobody holds (no pull is working on them)."""
+    if not work.is_dir():
+        return []
+    idle: list[Path] = []
+    for entry in work.iterdir():
+        if entry.suffix == ".lock":
+            continue
+        stem = entry.name.split(".", 1)[0]
+        lock = work / f"{stem}.lock"
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            idle.append(entry)
+        except BlockingIOError:
+            pass
+        finally:
+            os.close(fd)
+    return idle
+
+
+def apply_prune(store: ImageStore, plan: PrunePlan) -> None:
+    for name in plan.images:
+        if store.exists(name):
+            store.remove(name)
+    layers_dir = store.root / "layers"
+    for lid in plan.layers:
+        shutil.rmtree(layers_dir / lid, ignore_errors=True)
+    for name in plan.leftovers:
+        path = layers_dir / WORK_DIR / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
