@@ -32,6 +32,7 @@ AUTH_PASSWORD = "s3cret pass:word"  # a space and a colon: basic auth splits at 
 MISSING = [b for b in ("docker-registry", "skopeo") if shutil.which(b) is None]
 REASON = f"{' and '.join(MISSING)} not installed (apt-get install docker-registry skopeo)" if MISSING else ""
 needs_registry = pytest.mark.skipif(bool(MISSING), reason=REASON)
+needs_umoci = pytest.mark.skipif(shutil.which("umoci") is None, reason="umoci not installed (apt-get install umoci)")
 
 
 def _require_tools() -> None:

@@ -3,8 +3,9 @@
 Every request (method, path, query, headers with Authorization and Range, body) is forwarded to the
 upstream registry and its response streamed back byte for byte (``aiter_raw``: no decoding). Told to,
 the proxy answers the next N requests whose path matches a pattern with an error status (429 with a
-``Retry-After``, 503...) instead of forwarding them, or cuts a response after K body bytes by closing
-the connection. It records every request, so a test can assert that a blob was fetched exactly once.
+``Retry-After``, 503...) instead of forwarding them, cuts a response after K body bytes by closing
+the connection, or stalls one for a while after K bytes. It records every request, so a test can
+assert that a blob was fetched exactly once.
 
 It is an ASGI app under uvicorn in a daemon thread (:class:`sandrl.background_server.BackgroundServer`).
 A cut is the app returning before the body is complete: uvicorn then closes the connection (and logs
@@ -16,10 +17,12 @@ rewritten to name the proxy, but request bodies are read whole before they are f
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
 import threading
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
@@ -53,6 +56,8 @@ class _Fault:
     status: int = 0  # answer with this status instead of forwarding
     retry_after: str | None = None
     cut_after: int = -1  # forward, but close the connection after this many body bytes
+    stall_after: int = -1  # forward, but stop sending for stall_s after this many body bytes
+    stall_s: float = 0.0
 
     def matches(self, method: str, path: str) -> bool:
         return self.remaining > 0 and (self.method is None or self.method == method) and bool(self.pattern.search(path))
@@ -70,7 +75,7 @@ class ProxiedRequest:
     status: int = 0
     """The status sent back (0 if none was: the upstream could not be reached and the client saw 502)."""
     fault: str | None = None
-    """``"status 429"``, ``"cut after K bytes"``, or None for a plain forward."""
+    """``"status 429"``, ``"cut after K bytes"``, ``"stalled S s after K bytes"``, or None for a plain forward."""
     body_bytes: int = 0
     """Response body bytes sent to the client."""
 
@@ -84,6 +89,7 @@ class FaultProxy:
         self._faults: list[_Fault] = []
         self._requests: list[ProxiedRequest] = []
         self._client: httpx.AsyncClient | None = None
+        self._stopping = threading.Event()
         self._server = BackgroundServer(self, name="fault proxy")
 
     @property
@@ -100,6 +106,7 @@ class FaultProxy:
         return self
 
     def stop(self) -> None:
+        self._stopping.set()  # a stalled response ends now, not after uvicorn's graceful-shutdown timeout
         self._server.stop()
 
     def __enter__(self) -> FaultProxy:
@@ -135,6 +142,15 @@ class FaultProxy:
         """
         with self._lock:
             self._faults.append(_Fault(re.compile(pattern), method, times, cut_after=after_bytes))
+
+    def stall_next(
+        self, pattern: str, *, seconds: float, after_bytes: int = 0, times: int = 1, method: str | None = "GET"
+    ) -> None:
+        """Forward the next ``times`` matching requests, but send nothing for ``seconds`` after ``after_bytes``
+        body bytes (headers are sent first), then the rest: for a client's read timeout."""
+        with self._lock:
+            fault = _Fault(re.compile(pattern), method, times, stall_after=after_bytes, stall_s=seconds)
+            self._faults.append(fault)
 
     @property
     def requests(self) -> list[ProxiedRequest]:
@@ -230,7 +246,17 @@ class FaultProxy:
             await send({"type": "http.response.start", "status": response.status_code, "headers": self._out(response)})
             record.status = response.status_code
             cut = fault.cut_after if fault is not None else -1
+            stall = fault.stall_after if fault is not None else -1
             async for chunk in response.aiter_raw():
+                if 0 <= stall < record.body_bytes + len(chunk):
+                    part = chunk[: stall - record.body_bytes]
+                    await send({"type": "http.response.body", "body": part, "more_body": True})
+                    record.body_bytes += len(part)
+                    chunk = chunk[len(part) :]
+                    assert fault is not None
+                    record.fault = f"stalled {fault.stall_s:g} s after {stall} bytes"
+                    await self._stall(fault.stall_s)
+                    stall = -1
                 if 0 <= cut < record.body_bytes + len(chunk):
                     part = chunk[: cut - record.body_bytes]
                     await send({"type": "http.response.body", "body": part, "more_body": True})
@@ -243,6 +269,11 @@ class FaultProxy:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             await response.aclose()
+
+    async def _stall(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not self._stopping.is_set():
+            await asyncio.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
 
     def _out(self, response: httpx.Response) -> list[tuple[bytes, bytes]]:
         out = []

@@ -46,10 +46,11 @@ from sandrl.images.oci_layout import (
     symlink,
     tree_entries,
     whiteout,
+    write_rootfs_image,
     write_synthetic_image,
 )
 
-from .conftest import AUTH_PASSWORD, AUTH_USER, PushImage, needs_registry
+from .conftest import AUTH_PASSWORD, AUTH_USER, PushImage, needs_registry, needs_umoci
 from .fault_proxy import FaultProxy
 
 ACCEPT = ", ".join([MANIFEST_MEDIA_TYPE, INDEX_MEDIA_TYPE])
@@ -186,7 +187,27 @@ def test_synthetic_images_are_deterministic_and_compressible(tmp_path: Path) -> 
 # --- the registry, with images pushed by skopeo
 
 
+@needs_umoci
+def test_a_rootfs_image_from_host_directories_unpacks_to_them(tmp_path: Path) -> None:
+    lower, upper = tmp_path / "lower", tmp_path / "upper"
+    (lower / "usr/share").mkdir(parents=True)
+    (lower / "usr/share/a.txt").write_text("lower a")
+    (lower / "usr/share/b.txt").write_text("lower b")
+    (upper / "usr/share").mkdir(parents=True)
+    (upper / "usr/share/b.txt").write_text("upper b")
+    config = ImageConfig(cmd=["/bin/true"])
+    image = write_rootfs_image(tmp_path / "layout", [lower, upper], tag="rootfs", config=config)
+    rootfs = tmp_path / "rootfs"
+    command = ["umoci", "raw", "unpack", "--rootless", "--image", f"{tmp_path / 'layout'}:rootfs", str(rootfs)]
+    subprocess.run(command, check=True, capture_output=True)
+    assert (rootfs / "usr/share/a.txt").read_text() == "lower a"
+    assert (rootfs / "usr/share/b.txt").read_text() == "upper b"
+    manifest = json.loads(OCILayout(tmp_path / "layout").read_blob(image.digest))
+    assert len(manifest["layers"]) == 2
+
+
 @needs_registry
+@needs_umoci
 def test_a_pushed_image_is_served_as_written(push_image: PushImage, tmp_path: Path) -> None:
     image = push_image([base_layer(), top_layer()], CONFIG)
     written = image.manifests[0]
@@ -347,6 +368,14 @@ def test_a_registry_that_cannot_start_shows_its_log(tmp_path: Path) -> None:
     assert registry.pid is None
 
 
+@needs_registry
+def test_a_relative_root_is_the_callers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with LocalRegistry(Path("relative")) as registry:
+        assert registry.root == tmp_path / "relative" and registry.storage.is_dir()
+        assert httpx.get(f"{registry.url}/v2/", timeout=10).status_code == 200
+
+
 def _gone(pid: int, within_s: float = 10.0) -> bool:
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
@@ -437,6 +466,25 @@ def test_the_proxy_forwards_injects_and_counts(fault_proxy: FaultProxy, push_ima
     ]
     fault_proxy.reset()
     assert fault_proxy.requests == []
+
+
+@needs_registry
+def test_the_proxy_stalls_a_response(fault_proxy: FaultProxy, push_image: PushImage) -> None:
+    image = push_image([top_layer()])
+    layer = json.loads(image.layout.read_blob(image.digest))["layers"][0]
+    blob_url = f"{fault_proxy.url}/v2/{image.repository}/blobs/{layer['digest']}"
+    fault_proxy.stall_next(r"/blobs/", seconds=30, after_bytes=10)
+    fault_proxy.stall_next(r"/blobs/", seconds=0.5)
+    with httpx.Client(timeout=httpx.Timeout(10, read=0.3)) as client:
+        with pytest.raises(httpx.ReadTimeout), client.stream("GET", blob_url) as stalled:
+            assert stalled.status_code == 200
+            stalled.read()
+        started = time.monotonic()
+        with httpx.Client(timeout=10) as patient:
+            assert patient.get(blob_url).content == image.layout.read_blob(layer["digest"])
+        assert time.monotonic() - started >= 0.5
+    assert [r.fault for r in fault_proxy.requests] == ["stalled 30 s after 10 bytes", "stalled 0.5 s after 0 bytes"]
+    # stop() ends the first stall at once, not 30 s later (the fixture's teardown would otherwise wait)
 
 
 @needs_registry

@@ -93,11 +93,11 @@ class LocalRegistry:
         start_timeout_s: float = 30.0,
         log_level: str = "warn",
     ) -> None:
-        self.root = root
+        self.root = root.absolute()  # the registry runs in it: relative paths would resolve twice
         self.users: dict[str, str] = dict(users or {})
-        self.storage = root / "storage"
-        self.log_path = root / "registry.log"
-        self.config_path = root / "config.yml"
+        self.storage = self.root / "storage"
+        self.log_path = self.root / "registry.log"
+        self.config_path = self.root / "config.yml"
         self._want_port = port
         self._port = 0
         self._start_timeout_s = start_timeout_s

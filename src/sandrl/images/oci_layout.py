@@ -18,6 +18,7 @@ import io
 import json
 import os
 import random
+import re
 import stat
 import tarfile
 import tempfile
@@ -48,6 +49,8 @@ FIXED_MTIME = 1_600_000_000
 CREATED = "2020-09-13T12:26:40Z"
 """The ``created`` time of configs and history, FIXED_MTIME as RFC 3339."""
 _T = TypeVar("_T")
+_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+"""A registry's tag grammar: what the layout is tagged with is what it is pushed as."""
 DEFAULT_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -457,8 +460,10 @@ class OCILayout:
 
     def tag(self, descriptor: Descriptor, name: str) -> None:
         """Names ``descriptor`` ``name`` in index.json (what ``oci:DIR:name`` finds), replacing an earlier one."""
-        if not name or ":" in name or "/" in name:
-            raise ConfigError(f"{name!r} is not a usable tag for an OCI layout")
+        if not _TAG.fullmatch(name):
+            raise ConfigError(
+                f"{name!r} is not a tag: up to 128 of letters, digits, '_', '.', '-', not starting with '.' or '-'"
+            )
         entry = Descriptor(descriptor.media_type, descriptor.digest, descriptor.size, descriptor.platform)
         ref = entry.to_json() | {"annotations": {REF_NAME: name}}
         self._refs = [r for r in self._refs if r.get("annotations", {}).get(REF_NAME) != name] + [ref]
