@@ -301,6 +301,22 @@ def test_pushing_one_platform_of_an_index_pushes_this_hosts_manifest(registry: L
 
 
 @needs_registry
+def test_skopeo_converts_to_docker_schema_2_on_request(registry: LocalRegistry, tmp_path: Path) -> None:
+    layout = OCILayout(tmp_path / "layout")
+    layout.add_image([base_layer()], CONFIG, tag="gzip")
+    layout.add_image([base_layer(), top_layer()], CONFIG, tag="zstd")
+    digest = registry.push(layout.root, "test/docker-types", tag="gzip", manifest_format="v2s2")
+    docker_manifest = "application/vnd.docker.distribution.manifest.v2+json"
+    with httpx.Client(timeout=10) as client:
+        url = f"{registry.url}/v2/test/docker-types/manifests/gzip"
+        response = client.get(url, headers={"Accept": docker_manifest})
+    assert response.headers["content-type"] == docker_manifest and sha256(response.content) == digest
+    assert response.json()["layers"][0]["mediaType"] == "application/vnd.docker.image.rootfs.diff.tar.gzip"
+    with pytest.raises(RegistryError, match="zstd compression is not supported for docker images"):
+        registry.push(layout.root, "test/docker-types", tag="zstd", manifest_format="v2s2")
+
+
+@needs_registry
 def test_the_registry_serves_ranges_lengths_and_deletes(push_image: PushImage) -> None:
     image = push_image([top_layer()])
     manifest = json.loads(image.layout.read_blob(image.digest))

@@ -11,6 +11,7 @@ the main thread) by the kernel if this process dies without running any of those
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import secrets
@@ -24,6 +25,7 @@ import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
+from typing import Literal
 
 import bcrypt
 import httpx
@@ -70,7 +72,7 @@ def _kill(process: subprocess.Popen[bytes]) -> None:
 
 def htpasswd_line(user: str, password: str) -> str:
     """One htpasswd line; bcrypt is the only scheme the registry's htpasswd backend accepts ($2b$ and $2y$ alike)."""
-    if not user or ":" in user or "\n" in user or "\n" in password:
+    if not user or ":" in user or "\n" in user:
         raise ConfigError(f"{user!r} cannot be an htpasswd user name (empty, or has ':' or a newline)")
     # cost 5, the lowest: every request is checked against it, and these are throwaway test passwords.
     hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=5)).decode()
@@ -236,7 +238,7 @@ class LocalRegistry:
         tag: str,
         all_platforms: bool = False,
         creds: tuple[str, str] | None = None,
-        manifest_format: str | None = None,
+        manifest_format: Literal["oci", "v2s2"] | None = None,
         timeout_s: float = 300.0,
     ) -> str:
         """Copies ``oci:<layout>:<tag>`` to ``<host>/<ref>`` with ``skopeo copy``; returns the pushed manifest's digest.
@@ -261,7 +263,11 @@ class LocalRegistry:
             command = [skopeo, "--insecure-policy", "copy", "--quiet", "--dest-tls-verify=false"]
             command += ["--digestfile", str(digestfile), "--tmpdir", tmp]
             if creds is not None:
-                command += ["--dest-creds", f"{creds[0]}:{creds[1]}"]
+                # An auth file, not --dest-creds: the password stays off command lines (ps, error messages).
+                authfile = Path(tmp) / "auth.json"
+                token = base64.b64encode(f"{creds[0]}:{creds[1]}".encode()).decode()
+                authfile.write_text(json.dumps({"auths": {self.host: {"auth": token}}}))
+                command += ["--dest-authfile", str(authfile)]
             else:
                 command += ["--dest-no-creds"]  # no stray auth.json on the host may change what is tested
             if all_platforms:
@@ -278,8 +284,6 @@ class LocalRegistry:
             if result.returncode != 0:
                 stderr = "\n".join(result.stderr.decode(errors="replace").splitlines()[-15:])
                 shown = " ".join(command)
-                if creds is not None:
-                    shown = shown.replace(f"{creds[0]}:{creds[1]}", f"{creds[0]}:***")
                 raise RegistryError(f"skopeo copy failed (status {result.returncode}): {shown}\n{stderr}")
             return digestfile.read_text().strip()
 
