@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
-from sandrl.errors import LayerError
+from sandrl.errors import LayerError, SandrlError
 from sandrl.images.manifest import (
     MAX_CONFIG_BYTES,
     Descriptor,
@@ -127,9 +127,12 @@ async def pull(
             if await _fetch_layer(ref, desc, diff_id, endpoint, sink, client, emit):
                 downloaded.append(desc.digest)
 
-    async with asyncio.TaskGroup() as group:
-        for desc, diff_id in zip(manifest.layers, config.diff_ids, strict=True):
-            group.create_task(one(desc, diff_id))
+    try:
+        async with asyncio.TaskGroup() as group:
+            for desc, diff_id in zip(manifest.layers, config.diff_ids, strict=True):
+                group.create_task(one(desc, diff_id))
+    except BaseExceptionGroup as group_error:
+        raise _first(group_error) from None
     return PulledImage(
         reference=ref.with_digest(index_digest or digest) if ref.digest is None else ref,
         digest=digest,
@@ -181,6 +184,19 @@ async def _fetch_layer(
             blob.unlink(missing_ok=True)  # unpacked or refused: the compressed copy is not kept
         emit(PullEvent("layer-done", desc.digest, desc.size))
         return True
+
+
+def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The error to report of a pull's layers: the first one sandrl raised on purpose, if any."""
+    leaves: list[BaseException] = []
+    pending: list[BaseException] = [group]
+    while pending:
+        error = pending.pop(0)
+        if isinstance(error, BaseExceptionGroup):
+            pending.extend(error.exceptions)
+        else:
+            leaves.append(error)
+    return next((e for e in leaves if isinstance(e, SandrlError)), leaves[0])
 
 
 def _unpack(blob: Path, tree: Path, policy: LayerPolicy) -> str:

@@ -64,7 +64,14 @@ hostile; this backend protects the host, the provider and other sandboxes from i
   nested user, mount and pid namespaces themselves still work.
 - **Network.** Loopback only by default, in a network namespace of the sandbox's own (its root
   may bind low ports and use raw sockets there, as in Docker). ``network=True`` shares the
-  host's network namespace, loopback services included.
+  host's network namespace, loopback services included. Image builds have the network by
+  default (as Docker builds), so a third-party Dockerfile's ``RUN`` can reach services on the
+  host's loopback: keep unauthenticated services off a build host, or build with
+  ``BuildOptions(network=False)`` / ``sandrl images build --no-network``.
+- **Registry images.** Manifests, configs and layer blobs are checked against their digests
+  before use; layers are unpacked by :mod:`sandrl.images.unpack` into the store's uid range,
+  never through a symlink, never outside the layer (``../``, absolute names), without device
+  files or setuid/setgid bits, within byte and entry bounds.
 - **Side channels.** CPU is a quota, not a pin: caches and memory bandwidth are shared, and
   timing side channels between sandboxes are not addressed.
 - **The provider.** It reads from a sandbox only within bounds (file reads: ``max_bytes``; output:
