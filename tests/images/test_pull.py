@@ -19,6 +19,7 @@ import pytest
 
 from sandrl.errors import ImageError, LayerError, RegistryError
 from sandrl.images.credentials import DockerConfig
+from sandrl.images.host_rootfs import shell_layer
 from sandrl.images.local_registry import LocalRegistry
 from sandrl.images.manifest import Platform
 from sandrl.images.oci_layout import (
@@ -44,7 +45,6 @@ from sandrl.sandbox.bwrap.pulled import layer_id, pull_into_store
 from ..support import REASON as SANDBOX_REASON
 from .conftest import AUTH_PASSWORD, AUTH_USER, PushImage, needs_registry
 from .fault_proxy import FaultProxy
-from .runnable import shell_layer
 
 pytestmark = [needs_registry, pytest.mark.skipif(SANDBOX_REASON is not None, reason=SANDBOX_REASON or "")]
 

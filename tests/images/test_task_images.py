@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from sandrl.images.host_rootfs import shell_layer
 from sandrl.images.local_registry import LocalRegistry
 from sandrl.images.oci_layout import ImageConfig, LayerSpec, regular_file
 from sandrl.sandbox.base import ImageSource, SandboxSpec
@@ -18,7 +19,6 @@ from sandrl.wiring.suite import run_suite
 
 from ..support import REASON as SANDBOX_REASON
 from .conftest import PushImage, needs_registry
-from .runnable import shell_layer
 
 pytestmark = [needs_registry, pytest.mark.skipif(SANDBOX_REASON is not None, reason=SANDBOX_REASON or "")]
 

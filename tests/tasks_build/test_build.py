@@ -17,7 +17,7 @@ from sandrl.sandbox.bwrap.dockerfile.builder import BuildOptions, ImageBuilder, 
 
 def _context(tmp_path: Path, dockerfile: str, files: dict[str, str]) -> Path:
     ctx = tmp_path / "ctx"
-    ctx.mkdir()
+    ctx.mkdir(parents=True)
     for rel, text in files.items():
         path = ctx / rel
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -145,7 +145,11 @@ async def test_build_timeout(provider: BwrapProvider, tmp_path: Path) -> None:
         ("FROM host\nCOPY missing.txt /opt/\n", r"Dockerfile:2: COPY: 'missing.txt' is not in the build context"),
         ("FROM host\nCOPY ../outside /opt/\n", r"Dockerfile:2: COPY: '../outside' is outside the build context"),
         ("FROM host AS a\nFROM a\n", r"Dockerfile:2: FROM: multi-stage"),
-        ("FROM python:3.11\n", r"Dockerfile:1: FROM: 'python:3.11' is not an image in the store"),
+        (
+            "FROM 127.0.0.1:9/python:3.11\n",
+            r"Dockerfile:1: FROM: cannot pull '127.0.0.1:9/python:3.11'.*tried http://127",
+        ),
+        ("FROM scratch\n", r"Dockerfile:1: FROM: FROM scratch is not supported"),
         ("RUN true\n", r"has no FROM"),
         ("FROM host\nRUN --mount=type=cache,target=/x true\n", r"Dockerfile:2: RUN: the option --mount"),
     ],
@@ -169,4 +173,23 @@ async def test_metadata_instructions_are_recorded(provider: BwrapProvider, tmp_p
     config = provider.images.meta("meta-test")["config"]
     assert isinstance(config, dict)
     assert config["cmd"] == ["-c", "true"] and config["entrypoint"] == ["/bin/sh"]
-    assert [item["instruction"] for item in config["ignored"]] == ["LABEL", "EXPOSE", "VOLUME", "ENTRYPOINT", "CMD"]
+    assert config["exposed_ports"] == ["80/tcp"]
+    assert [item["instruction"] for item in config["ignored"]] == ["LABEL", "VOLUME"]
+
+
+async def test_runtime_config_follows_dockers_rules(provider: BwrapProvider, tmp_path: Path) -> None:
+    """A base's ENTRYPOINT/CMD carry over; a new ENTRYPOINT drops the inherited CMD; shell forms use SHELL."""
+    base = _context(tmp_path / "base", 'FROM host\nENTRYPOINT ["/e"]\nCMD ["c"]\nEXPOSE 80 53/udp\n', {})
+    await ImageBuilder(provider).build(base / "Dockerfile", tag="rt-base")
+    child = _context(tmp_path / "child", "FROM rt-base\nHEALTHCHECK --interval=5s CMD test -e /ok\n", {})
+    await ImageBuilder(provider).build(child / "Dockerfile", tag="rt-child")
+    config = provider.images.meta("rt-child")["config"]
+    assert isinstance(config, dict)
+    assert (config["entrypoint"], config["cmd"]) == (["/e"], ["c"])
+    assert config["exposed_ports"] == ["80/tcp", "53/udp"] and config["healthcheck"] == ["CMD-SHELL", "test -e /ok"]
+    reset = _context(tmp_path / "reset", "FROM rt-base\nENTRYPOINT exec /other\nHEALTHCHECK NONE\n", {})
+    await ImageBuilder(provider).build(reset / "Dockerfile", tag="rt-reset")
+    config = provider.images.meta("rt-reset")["config"]
+    assert isinstance(config, dict)
+    assert config["entrypoint"] == ["/bin/sh", "-c", "exec /other"] and "cmd" not in config
+    assert "healthcheck" not in config

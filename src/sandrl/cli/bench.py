@@ -119,6 +119,27 @@ def bench_train(
     emit(asyncio.run(run(settings, console=console)))
 
 
+@app.command("images")
+def bench_images(
+    layers: int = typer.Option(4, help="Layers of the pulled image."),
+    files: int = typer.Option(1500, help="Files per layer."),
+    file_kib: int = typer.Option(16, help="Size of each file in KiB (half random, half text: ~2:1 gzip)."),
+    repeat: int = typer.Option(3, help="Pulls by each tool (alternating)."),
+    n_exec: int = typer.Option(20, help="Cached-FROM and host first execs."),
+    json_only: bool = typer.Option(False, "--json", help="Print only the JSON line."),
+) -> None:
+    """Pull + unpack from a loopback registry: sandrl vs skopeo + umoci; shared layers; cached FROM to first exec."""
+    from sandrl.bench.images import run
+
+    if min(layers, files, file_kib, repeat, n_exec) < 1:
+        raise SandrlError("--layers, --files, --file-kib, --repeat and --n-exec must be at least 1")
+    console = rich_console(quiet=json_only)
+    result = asyncio.run(
+        run(layers=layers, files=files, file_size=file_kib << 10, repeat=repeat, n_exec=n_exec, console=console)
+    )
+    emit(result)
+
+
 @app.command("sandbox")
 def bench_sandbox(
     n: int = typer.Option(200, help="Repetitions of each latency measure."),

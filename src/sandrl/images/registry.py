@@ -248,7 +248,9 @@ class RegistryClient:
                 response = await self._http.send(request, stream=True)
             except httpx.TransportError as exc:
                 attempt += 1
-                if attempt > self.retries:
+                # No answer at all (no such host, refused) rarely changes in seconds: give up sooner.
+                limit = min(self.retries, 2) if isinstance(exc, httpx.ConnectError) else self.retries
+                if attempt > limit:
                     raise _Attempt(_describe(exc)) from exc
                 await asyncio.sleep(self._backoff(attempt))
                 continue

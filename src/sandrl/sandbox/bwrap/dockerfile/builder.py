@@ -253,6 +253,7 @@ class ImageBuilder:
                 )
             allowed = {
                 "FROM": {"platform"},
+                "HEALTHCHECK": {"interval", "timeout", "start-period", "start-interval", "retries"},
                 "RUN": {"network"},
                 "COPY": {"chown", "chmod", "link"},
                 "ADD": {"chown", "chmod", "link"},
@@ -593,7 +594,7 @@ def _runtime_step(inst: Instruction, state: _State, env: Mapping[str, str]) -> N
         head, _, rest = text.partition(" ")
         if head.upper() == "NONE":
             state.runtime.pop("healthcheck", None)
-        elif head.upper() == "CMD" or inst.exec_form is not None:
+        elif head.upper() == "CMD":
             # Options (--interval...) are not kept: only the command, which is how sandrl uses it.
             command = rest.strip()
             form = _json_list(command)

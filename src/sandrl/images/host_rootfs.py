@@ -1,8 +1,8 @@
-"""A small image that runs: the host's ``sh`` and a few tools with the libraries they load.
+"""A small image that runs, made from this host: its ``sh`` and a few tools with the libraries they load.
 
-Registry images in these tests must start real sandboxes, and no base image can be downloaded
-here, so the base layer is made from the host's own binaries (found through ``ldd``): a rootfs
-of a few MB, laid out as a usrmerge'd Debian (``/bin`` -> ``usr/bin``).
+For tests and benchmarks of registry images, which must start real sandboxes on machines that
+can download no base image: the rootfs (a few MB, found through ``ldd``) is laid out as a
+usrmerge'd Debian (``/bin`` -> ``usr/bin``), and :func:`shell_layer` makes it an image layer.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from sandrl.errors import ConfigError
 from sandrl.images.oci_layout import Compression, LayerSpec, tree_entries
 
 TOOLS = (
@@ -65,7 +66,8 @@ def shell_rootfs(root: Path) -> Path:
     libs: set[str] = set()
     for tool in TOOLS:
         found = shutil.which(tool)
-        assert found is not None, f"the host has no {tool}"
+        if found is None:
+            raise ConfigError(f"this host has no {tool}, which the small image is made of; install it")
         real = os.path.realpath(found)
         shutil.copy2(real, tmp / "usr/bin" / tool)
         libs |= _libraries(real)
