@@ -63,15 +63,26 @@ def _shift(value: int, base: int) -> int:
     return store_id(0 if value == 0 else NOBODY)
 
 
-def _excluded(name: str, is_root_overlay: bool) -> bool:
+def _excluded(name: str, is_root_overlay: bool, target: str = "/", skip: frozenset[str] = frozenset()) -> bool:
     parts = posixpath.normpath(name).split("/")
     parts = [p for p in parts if p not in ("", ".")]
-    if not parts or not is_root_overlay:
+    if not parts:
+        return False
+    if posixpath.join(target, *parts) in skip:
+        return True
+    if not is_root_overlay:
         return False
     return parts[0] in _EXCLUDED_TOP or parts[0].startswith(".bubblewrap-")
 
 
-def _reown(source: IO[bytes], sink: IO[bytes], base: int, is_root_overlay: bool) -> int:
+def _reown(
+    source: IO[bytes],
+    sink: IO[bytes],
+    base: int,
+    is_root_overlay: bool,
+    target: str = "/",
+    skip: frozenset[str] = frozenset(),
+) -> int:
     """Copy a tar stream, shifting owners by ``-base``; return the number of members written."""
     count = 0
     with (
@@ -79,7 +90,7 @@ def _reown(source: IO[bytes], sink: IO[bytes], base: int, is_root_overlay: bool)
         tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as writer,
     ):
         for member in reader:
-            if _excluded(member.name, is_root_overlay):
+            if _excluded(member.name, is_root_overlay, target, skip):
                 continue
             if member.isblk() or (member.ischr() and (member.devmajor, member.devminor) != (0, 0)):
                 continue  # a sandbox cannot make real devices; layers are nodev anyway
@@ -96,7 +107,9 @@ def _reown(source: IO[bytes], sink: IO[bytes], base: int, is_root_overlay: bool)
     return count
 
 
-def _export_overlay(host_pid: int, base: int, k: int, target_dir: Path, is_root_overlay: bool) -> int:
+def _export_overlay(
+    host_pid: int, base: int, k: int, target_dir: Path, is_root_overlay: bool, target: str, skip: frozenset[str]
+) -> int:
     """Copy one upper dir into ``target_dir``; return how many entries it held (its root included)."""
     target_dir.mkdir(parents=True, exist_ok=True)
     create = [
@@ -122,7 +135,7 @@ def _export_overlay(host_pid: int, base: int, k: int, target_dir: Path, is_root_
     count = 0
     failure: BaseException | None = None
     try:
-        count = _reown(source, sink, base, is_root_overlay)
+        count = _reown(source, sink, base, is_root_overlay, target, skip)
         while source.read(1 << 16):  # tar pads its stream past the end marker tarfile stops at
             pass
     except (tarfile.TarError, OSError) as exc:
@@ -144,7 +157,7 @@ def _export_overlay(host_pid: int, base: int, k: int, target_dir: Path, is_root_
     return count
 
 
-def _export_sync(host_pid: int, base: int, overlays: list[str], dest: Path) -> None:
+def _export_sync(host_pid: int, base: int, overlays: list[str], dest: Path, skip: frozenset[str]) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     # "/" first, so a nested mount point's directory exists before its own tree goes in.
     for k, target in sorted(enumerate(overlays), key=lambda item: item[1].count("/") if item[1] != "/" else -1):
@@ -156,7 +169,7 @@ def _export_sync(host_pid: int, base: int, overlays: list[str], dest: Path) -> N
                 target_dir.unlink()
             staging = dest.parent / f".{dest.name}.{k}.part"
             shutil.rmtree(staging, ignore_errors=True)
-            count = _export_overlay(host_pid, base, k, staging, False)
+            count = _export_overlay(host_pid, base, k, staging, False, target, skip)
             if count <= 1:  # only the upper dir itself: nothing changed under this mount point
                 shutil.rmtree(staging)
                 continue
@@ -165,7 +178,7 @@ def _export_sync(host_pid: int, base: int, overlays: list[str], dest: Path) -> N
             _store_owned_dirs(dest, target_dir.parent)
             os.rename(staging, target_dir)
         else:
-            _export_overlay(host_pid, base, k, target_dir, True)
+            _export_overlay(host_pid, base, k, target_dir, True, target, skip)
 
 
 def _store_owned_dirs(dest: Path, path: Path) -> None:
@@ -180,8 +193,11 @@ def _store_owned_dirs(dest: Path, path: Path) -> None:
         os.chmod(d, 0o755)
 
 
-async def export_changes(sandbox: BwrapSandbox, dest: Path) -> None:
+async def export_changes(sandbox: BwrapSandbox, dest: Path, *, skip: frozenset[str] = frozenset()) -> None:
     """Copy what ``sandbox`` changed into ``dest`` as a layer tree (``dest/<mount point>`` per overlay).
+
+    ``skip``: absolute paths in the sandbox left out of the layer (a build's ``/etc/resolv.conf``,
+    which Docker's builds do not commit either).
 
     ``dest`` is made if missing; it should be on the filesystem of the image store so that the
     store can take it over with a rename. Needs root (``nsenter``) and GNU tar on the host.
@@ -192,7 +208,7 @@ async def export_changes(sandbox: BwrapSandbox, dest: Path) -> None:
     if plan is None or sandbox.uid == 0:
         raise SandboxError(f"sandbox {sandbox.id} has no mount plan or uid; it was not made by BwrapProvider")
     overlays = [target for target, _ in plan.overlays]
-    await asyncio.to_thread(_export_sync, sandbox.host_pid, sandbox.uid, overlays, Path(dest))
+    await asyncio.to_thread(_export_sync, sandbox.host_pid, sandbox.uid, overlays, Path(dest), skip)
 
 
 def is_empty_layer(layer: Path) -> bool:

@@ -65,9 +65,10 @@ hostile; this backend protects the host, the provider and other sandboxes from i
 - **Network.** Loopback only by default, in a network namespace of the sandbox's own (its root
   may bind low ports and use raw sockets there, as in Docker). ``network=True`` shares the
   host's network namespace, loopback services included. Image builds have the network by
-  default (as Docker builds), so a third-party Dockerfile's ``RUN`` can reach services on the
-  host's loopback: keep unauthenticated services off a build host, or build with
-  ``BuildOptions(network=False)`` / ``sandrl images build --no-network``.
+  default (as Docker builds) through slirp4netns (:mod:`.nat`): their own namespace, the world
+  and the host's other addresses, never the host's loopback; slirp4netns itself runs with its
+  own mount namespace, no capabilities and a seccomp filter, in the sandbox's cgroup. (Without
+  slirp4netns installed a build step shares the host's network, with a warning.)
 - **Registry images.** Manifests, configs and layer blobs are checked against their digests
   before use; layers are unpacked by :mod:`sandrl.images.unpack` into the store's uid range,
   never through a symlink, never outside the layer (``../``, absolute names), without device
@@ -109,6 +110,7 @@ from sandrl.sandbox.bwrap.cgroups import CgroupManager, SandboxCgroup
 from sandrl.sandbox.bwrap.dockerfile.source import image_for
 from sandrl.sandbox.bwrap.helper import helper_path
 from sandrl.sandbox.bwrap.images import ImageStore, MountPlan
+from sandrl.sandbox.bwrap.nat import start_nat
 from sandrl.sandbox.bwrap.protocol import AgentConnection
 from sandrl.sandbox.bwrap.sandbox import BwrapSandbox
 from sandrl.sandbox.bwrap.state import STORE_UID_BASE, Slot, StateDir
@@ -239,25 +241,34 @@ class BwrapProvider:
         unchanged), else its prebuilt image when the store has it, else ``host``."""
         return await image_for(self, source)
 
-    async def create(self, spec: SandboxSpec | None = None) -> BwrapSandbox:
+    async def create(self, spec: SandboxSpec | None = None, *, nat: bool = False) -> BwrapSandbox:
+        """A new sandbox of ``spec``. With ``nat`` (image builds), ``network=True`` is the network
+        through slirp4netns (:mod:`.nat`: out to the world, not to the host's loopback) instead of
+        the host's own network namespace."""
         spec = spec or SandboxSpec()
         self._check_spec(spec)
         image = self.images.get(spec.image)
+        nat = nat and spec.network
         self._admit()
         self._creating += 1
         try:
-            sandbox = await self._create(spec, image.env, image.plan)
+            sandbox = await self._create(spec, image.env, image.plan, own_net=nat or not spec.network)
         finally:
             self._creating -= 1
-        if spec.entrypoint and image.entrypoint:
-            try:
+        try:
+            if nat:
+                handle = await start_nat(sandbox.host_pid, sandbox._group)
+                sandbox.add_close_callback(lambda _sandbox: handle.close())
+            if spec.entrypoint and image.entrypoint:
                 await start_entrypoint(sandbox, image.entrypoint)
-            except BaseException:
-                await sandbox.close()
-                raise
+        except BaseException:
+            await sandbox.close()
+            raise
         return sandbox
 
-    async def _create(self, spec: SandboxSpec, image_env: dict[str, str], plan: MountPlan) -> BwrapSandbox:
+    async def _create(
+        self, spec: SandboxSpec, image_env: dict[str, str], plan: MountPlan, *, own_net: bool
+    ) -> BwrapSandbox:
         sid = "sb-" + uuid.uuid4().hex[:12]
         slot = self.state.acquire_slot()
         group: SandboxCgroup | None = None
@@ -273,7 +284,7 @@ class BwrapProvider:
             parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             child_sock.set_inheritable(True)
             os.set_inheritable(slot.fd, True)
-            argv = self._argv(sid, spec, slot, group, plan, child_sock.fileno())
+            argv = self._argv(sid, spec, slot, group, plan, child_sock.fileno(), own_net=own_net)
             with open(record / "log", "wb") as log:
                 proc = subprocess.Popen(
                     argv,
@@ -330,7 +341,15 @@ class BwrapProvider:
         return sandbox
 
     def _argv(
-        self, sid: str, spec: SandboxSpec, slot: Slot, group: SandboxCgroup, plan: MountPlan, sock_fd: int
+        self,
+        sid: str,
+        spec: SandboxSpec,
+        slot: Slot,
+        group: SandboxCgroup,
+        plan: MountPlan,
+        sock_fd: int,
+        *,
+        own_net: bool,
     ) -> list[str]:
         argv = [str(self.helper), "launch", "--uid", str(slot.uid), "--tmpfs-bytes", str(spec.disk_mb << 20)]
         for procs in group.procs_files:
@@ -342,7 +361,7 @@ class BwrapProvider:
             argv += ["--store-layer" if i in store_layers else "--layer", str(layer)]
         for target, indices in plan.overlays:
             argv += ["--overlay", target, ",".join(str(i) for i in indices)]
-        if not spec.network:
+        if own_net:
             argv.append("--own-net")  # the launcher makes it, owned by the commands' namespace
         argv += ["--bwrap", self.bwrap, "--"]
         argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup"]

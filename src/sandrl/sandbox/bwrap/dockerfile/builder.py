@@ -19,7 +19,8 @@ Anything else (multi-stage builds, ``COPY --from``, ``RUN --mount``, heredocs) i
 
 Each ``RUN``, ``COPY`` and ``ADD`` runs in a fresh build sandbox started from the image so far
 (with the network, as Docker builds have it, unless the build turns it off or ``RUN
---network=none``); what the step changed is exported
+--network=none``: through slirp4netns, :mod:`sandrl.sandbox.bwrap.nat`, so out to the world but
+not to the host's loopback services); what the step changed is exported
 (:func:`sandrl.sandbox.bwrap.export.export_changes`) as a read-only layer, and the image so far plus
 that layer is registered in the store as ``build-<key>``. The key hashes the parent's key, the
 instruction and the state it runs in (environment, working directory, user, shell) and, for
@@ -60,8 +61,10 @@ from sandrl.sandbox.bwrap.dockerfile.context_copy import (
     tar_of,
 )
 from sandrl.sandbox.bwrap.dockerfile.instructions import Instruction, expand, key_values, parse_dockerfile, words
+from sandrl.sandbox.bwrap.dockerfile.runtime import RUNTIME_KEYS, runtime_step
 from sandrl.sandbox.bwrap.export import export_changes, is_empty_layer
 from sandrl.sandbox.bwrap.images import HOST_IMAGE, ImageStore
+from sandrl.sandbox.bwrap.nat import RESOLV_CONF, nat_or_warn, point_dns_at_nat
 from sandrl.sandbox.bwrap.pulled import pull_into_store
 from sandrl.sandbox.bwrap.sandbox import BwrapSandbox
 
@@ -74,8 +77,6 @@ MAX_BUILD_LAYERS = 120
 Docker allows 127)."""
 DEFAULT_SHELL = ("/bin/sh", "-c")
 METADATA_ONLY = {"CMD", "ENTRYPOINT", "EXPOSE", "LABEL", "VOLUME", "HEALTHCHECK", "STOPSIGNAL", "MAINTAINER", "ONBUILD"}
-RUNTIME_KEYS = ("entrypoint", "cmd", "exposed_ports", "healthcheck")
-"""The parts of an image's config a sandbox of it uses, inherited from ``FROM`` as Docker does."""
 _DEBIAN_ALIASES = {"debian", "debian:bookworm", "debian:12", "debian:bookworm-slim", "debian:12-slim", "debian:stable"}
 _TAIL_LINES = 25
 
@@ -183,7 +184,7 @@ class BuildHost(Protocol):
 
     images: ImageStore
 
-    async def create(self, spec: SandboxSpec) -> BwrapSandbox: ...
+    async def create(self, spec: SandboxSpec, *, nat: bool = False) -> BwrapSandbox: ...
 
 
 class ImageBuilder:
@@ -409,7 +410,7 @@ class ImageBuilder:
                 raise inst.error('must be a JSON array, e.g. SHELL ["/bin/bash", "-c"]')
             state.shell = inst.exec_form
         elif inst.keyword in ("ENTRYPOINT", "CMD", "EXPOSE", "HEALTHCHECK"):
-            _runtime_step(inst, state, env)
+            runtime_step(inst, state.runtime, state.shell, env)
         else:  # LABEL, VOLUME, STOPSIGNAL...: recorded, not acted on
             recorded: object = list(inst.exec_form) if inst.exec_form is not None else inst.args
             ignored = state.metadata.setdefault("ignored", [])
@@ -479,13 +480,16 @@ class ImageBuilder:
             )
             layer_dir = self.store.root / "layers" / f".build-{uuid.uuid4().hex}"
             try:
-                sandbox = await self.provider.create(spec)
+                nat = network and nat_or_warn()
+                sandbox = await self.provider.create(spec, nat=nat)
                 try:
+                    if nat:
+                        await point_dns_at_nat(sandbox)
                     if inst.keyword == "RUN":
                         await self._run_step(inst, state, sandbox, remaining, index, total)
                     else:
                         await self._copy_step(inst, state, sandbox, context, env)
-                    await export_changes(sandbox, layer_dir)
+                    await export_changes(sandbox, layer_dir, skip=RESOLV_CONF if nat else frozenset())
                 finally:
                     await sandbox.close()
                 layers = list(state.layers)
@@ -562,55 +566,6 @@ class ImageBuilder:
 
 
 # -- helpers
-
-
-def _command(inst: Instruction, text: str, state: _State) -> list[str]:
-    """A CMD/ENTRYPOINT/HEALTHCHECK command as Docker stores it: the JSON form as written, the
-    shell form through the current ``SHELL``."""
-    if inst.exec_form is not None:
-        return list(inst.exec_form)
-    if not text.strip():
-        raise inst.error("needs a command")
-    return [*state.shell, text]
-
-
-def _runtime_step(inst: Instruction, state: _State, env: Mapping[str, str]) -> None:
-    """ENTRYPOINT, CMD, EXPOSE, HEALTHCHECK: the image config's fields, with Docker's rules."""
-    if inst.keyword == "ENTRYPOINT":
-        state.runtime["entrypoint"] = _command(inst, inst.args, state)
-        state.runtime.pop("cmd", None)  # Docker: a new ENTRYPOINT drops the CMD inherited from FROM
-    elif inst.keyword == "CMD":
-        state.runtime["cmd"] = _command(inst, inst.args, state)
-    elif inst.keyword == "EXPOSE":
-        ports = state.runtime.get("exposed_ports")
-        known = list(ports) if isinstance(ports, list) else []
-        for port in words(inst.args, env, inst.where):
-            entry = port if "/" in port else f"{port}/tcp"
-            if entry not in known:
-                known.append(entry)
-        state.runtime["exposed_ports"] = known
-    else:
-        text = inst.args.strip()
-        head, _, rest = text.partition(" ")
-        if head.upper() == "NONE":
-            state.runtime.pop("healthcheck", None)
-        elif head.upper() == "CMD":
-            # Options (--interval...) are not kept: only the command, which is how sandrl uses it.
-            command = rest.strip()
-            form = _json_list(command)
-            state.runtime["healthcheck"] = ["CMD", *form] if form is not None else ["CMD-SHELL", command]
-        else:
-            raise inst.error("write HEALTHCHECK [OPTIONS] CMD <command>, or HEALTHCHECK NONE")
-
-
-def _json_list(text: str) -> list[str] | None:
-    if not text.startswith("["):
-        return None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        return None
-    return value if isinstance(value, list) and all(isinstance(v, str) for v in value) else None
 
 
 def _valid_env_name(name: str) -> bool:
