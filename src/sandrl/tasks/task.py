@@ -25,7 +25,8 @@ RewardSource = Literal["reward-file", "pytest-summary", "swe-bench"]
 """How the verifier's reward is read.
 
 - ``reward-file``: Harbor; the test command writes ``/logs/verifier/reward.txt`` (one number)
-  or ``/logs/verifier/reward.json`` (an object of named numbers).
+  or ``/logs/verifier/reward.json`` (an object of named numbers; which one is the reward:
+  :func:`sandrl.tasks.verify.reward_of`).
 - ``pytest-summary``: Terminal-Bench 1; the pytest "short test summary info" lines of the test
   command's output, every test passed = reward 1.
 - ``swe-bench``: the SWE-bench harness; the model's diff and the test patch are applied, the tests
@@ -91,6 +92,9 @@ class VerifierSpec:
     """Sandbox path → host file or directory, written in order before the command runs."""
     env: Mapping[str, str] = field(default_factory=_frozen_str)
     """Extra environment of the test command; values may be ``${VAR}`` templates."""
+    reward_key: str | None = None
+    """``reward-file``: the key of a several-key ``reward.json`` that is the reward (``[verifier]
+    reward_key``); None: the key ``reward``, a single key, or else the mean of them all."""
 
 
 @dataclass(frozen=True)

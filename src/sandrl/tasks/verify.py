@@ -105,7 +105,7 @@ async def verify(task: Task, sandbox: Sandbox, *, patch: str | None = None) -> V
         return done(0.0, {}, error=f"the tests did not finish within {task.verifier.timeout_s:g} s")
     if task.verifier.reward == "reward-file":
         try:
-            reward, details, error = await _read_reward_file(sandbox)
+            reward, details, error = await _read_reward_file(sandbox, task.verifier.reward_key)
         except SandboxFileError as exc:
             # A reward file that is there but is no file a test script writes (huge, a link to a device,
             # a FIFO, a directory): something the agent left running in the sandbox made it. Its failure.
@@ -132,7 +132,7 @@ def _count(stdout: str) -> int:
     return int(first) if first.isdigit() else 0
 
 
-async def _read_reward_file(sandbox: Sandbox) -> tuple[float, dict[str, object], str | None]:
+async def _read_reward_file(sandbox: Sandbox, reward_key: str | None) -> tuple[float, dict[str, object], str | None]:
     """Harbor's reward: ``reward.txt`` (one number) first, else ``reward.json`` (named numbers)."""
     text_path, json_path = f"{VERIFIER_LOGS_DIR}/reward.txt", f"{VERIFIER_LOGS_DIR}/reward.json"
     raw = await read_optional(sandbox, text_path, max_bytes=REWARD_MAX_BYTES)
@@ -158,13 +158,31 @@ async def _read_reward_file(sandbox: Sandbox) -> tuple[float, dict[str, object],
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
             return 0.0, {}, f"{json_path}: reward {name!r} is {value!r}, not a number"
         rewards[str(name)] = float(value)
+    reward, rule = reward_of(rewards, reward_key)
+    if reward is None:
+        return 0.0, {"rewards": rewards}, f"{json_path} has no reward {reward_key!r} ([verifier] reward_key): {rule}"
+    return reward, {"rewards": rewards, "reward_rule": rule}, None
+
+
+def reward_of(rewards: Mapping[str, float], key: str | None = None) -> tuple[float | None, str]:
+    """The reward of a set of named rewards, and the rule that chose it (for the record).
+
+    Harbor's own rule comes first: the key ``reward``, else the only key. Harbor has none for
+    several keys without a ``reward`` (it reports each key, and no primary reward); sandrl takes
+    the key the task names in ``[verifier] reward_key``, else the mean of all the values (a task
+    that scores parts of the work, e.g. ``{"tests": 1, "style": 0.5}``, gets partial credit).
+    None when the named key is missing.
+    """
+    if key is not None:
+        if key in rewards:
+            return rewards[key], f"the key {key!r} ([verifier] reward_key)"
+        return None, f"it has {', '.join(sorted(rewards))}"
     if "reward" in rewards:
-        reward = rewards["reward"]
-    elif len(rewards) == 1:
-        reward = next(iter(rewards.values()))
-    else:
-        return 0.0, {"rewards": rewards}, f"{json_path} has several rewards and none is named 'reward'"
-    return reward, {"rewards": rewards}, None
+        return rewards["reward"], "the key 'reward'"
+    if len(rewards) == 1:
+        name, value = next(iter(rewards.items()))
+        return value, f"the only key, {name!r}"
+    return sum(rewards.values()) / len(rewards), f"the mean of {', '.join(sorted(rewards))}"
 
 
 def _read_pytest_summary(output: str, exit_code: int) -> tuple[float, dict[str, object], str | None]:
