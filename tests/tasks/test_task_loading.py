@@ -41,6 +41,7 @@ def test_fixture_suite_loads_completely() -> None:
         ("hello-file", "harbor"),
         ("legacy-descriptions", "terminal-bench"),
         ("odd-but-valid", "harbor"),
+        ("swebench-style", "terminal-bench"),
     ]
     single, problems = load_tasks(FIXTURES / "harbor" / "hello-file")  # a task directory itself
     assert [t.id for t in single] == ["hello-file"] and problems == []

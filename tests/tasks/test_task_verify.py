@@ -20,6 +20,7 @@ HELLO = FIXTURES / "harbor" / "hello-file"
 ODD = FIXTURES / "harbor" / "odd-but-valid"
 COUNT = FIXTURES / "terminal-bench" / "count-lines"
 LEGACY = FIXTURES / "terminal-bench" / "legacy-descriptions"
+SWEBENCH_STYLE = FIXTURES / "terminal-bench" / "swebench-style"
 
 
 async def _sandbox_for(task: Task, make_sandbox: SandboxFactory) -> BwrapSandbox:
@@ -244,6 +245,47 @@ async def test_terminal_bench_legacy_task_with_solution_yaml(make_sandbox: Sandb
     assert (await run_solution(task, sandbox)).exit_code == 0
     result = await verify(task, sandbox)
     assert (result.reward, result.passed) == (1.0, True), result.stdout_tail
+
+
+async def test_terminal_bench_swebench_parser(make_sandbox: SandboxFactory) -> None:
+    task = load_task(SWEBENCH_STYLE)
+    assert task.verifier.reward == "swebench-log"
+    sandbox = await _sandbox_for(task, make_sandbox)
+    shutil.copy(SWEBENCH_STYLE / "calc.py", sandbox.root / "app" / "calc.py")
+    result = await verify(task, sandbox)
+    assert (result.reward, result.passed, result.error) == (0.0, False, None), result.stdout_tail
+    assert result.details == {"swebench": "FAILED"}
+    assert (await run_solution(task, sandbox)).exit_code == 0
+    result = await verify(task, sandbox)
+    assert (result.reward, result.passed, result.error) == (1.0, True, None), result.stdout_tail
+    assert result.details == {"swebench": "PASSED"}
+
+
+@pytest.mark.parametrize(
+    ("script", "reward", "infra"),
+    [
+        # Terminal-Bench reads after the first start marker and before the last end marker.
+        ("echo 'SWEBench results starts here'; echo PASSED; echo 'SWEBench results ends here'", 1.0, False),
+        ("echo 'SWEBench results starts here'; echo ' PASSED '; echo 'SWEBench results ends here'", 1.0, False),
+        ("echo 'SWEBench results starts here'; echo PASSED; echo more; echo 'SWEBench results ends here'", 0.0, False),
+        ("echo 'SWEBench results starts here'; echo FAILED; echo 'SWEBench results ends here'", 0.0, False),
+        # No markers: the harness could not grade (Terminal-Bench: "an issue from the server end").
+        ("echo PASSED", 0.0, True),
+        ("echo 'SWEBench results starts here'; echo PASSED", 0.0, True),
+    ],
+)
+async def test_terminal_bench_swebench_markers(
+    make_sandbox: SandboxFactory, tmp_path: Path, script: str, reward: float, infra: bool
+) -> None:
+    task_dir = tmp_path / "markers"
+    shutil.copytree(SWEBENCH_STYLE, task_dir)
+    (task_dir / "run-tests.sh").write_text(f"#!/bin/bash\n{script}\n")
+    task = load_task(task_dir)
+    result = await verify(task, await _sandbox_for(task, make_sandbox))
+    assert (result.reward, result.infra_error) == (reward, infra)
+    assert (result.error is not None) == infra
+    if infra:
+        assert result.error is not None and "SWEBench results starts here" in result.error
 
 
 async def test_terminal_bench_without_pytest_summary(make_sandbox: SandboxFactory, tmp_path: Path) -> None:

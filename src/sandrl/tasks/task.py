@@ -21,7 +21,7 @@ from sandrl.tasks.envvars import resolve_env
 TaskFormat = Literal["harbor", "terminal-bench", "swe-bench"]
 """The on-disk format a task was loaded from."""
 
-RewardSource = Literal["reward-file", "pytest-summary", "swe-bench"]
+RewardSource = Literal["reward-file", "pytest-summary", "swebench-log", "swe-bench"]
 """How the verifier's reward is read.
 
 - ``reward-file``: Harbor; the test command writes ``/logs/verifier/reward.txt`` (one number)
@@ -29,6 +29,9 @@ RewardSource = Literal["reward-file", "pytest-summary", "swe-bench"]
   :func:`sandrl.tasks.verify.reward_of`).
 - ``pytest-summary``: Terminal-Bench 1; the pytest "short test summary info" lines of the test
   command's output, every test passed = reward 1.
+- ``swebench-log``: Terminal-Bench 1's ``parser_name: swebench``; the test command prints the
+  SWE-bench harness's verdict between ``SWEBench results starts here`` and ``SWEBench results ends
+  here``, and the task passed when that block is exactly ``PASSED``.
 - ``swe-bench``: the SWE-bench harness; the model's diff and the test patch are applied, the tests
   run with a JUnit XML report, resolved when every FAIL_TO_PASS and PASS_TO_PASS test passed.
 """

@@ -103,20 +103,24 @@ async def verify(task: Task, sandbox: Sandbox, *, patch: str | None = None) -> V
 
     if result.timed_out:
         return done(0.0, {}, error=f"the tests did not finish within {task.verifier.timeout_s:g} s")
-    if task.verifier.reward == "reward-file":
-        try:
-            reward, details, error = await _read_reward_file(sandbox, task.verifier.reward_key)
-        except SandboxFileError as exc:
-            # A reward file that is there but is no file a test script writes (huge, a link to a device,
-            # a FIFO, a directory): something the agent left running in the sandbox made it. Its failure.
-            return done(0.0, {}, error=f"the reward file cannot be read: {exc}")
+    if task.verifier.reward in ("reward-file", "swebench-log"):
+        if task.verifier.reward == "swebench-log":
+            reward, details, error = read_swebench_markers(output)
+        else:
+            try:
+                reward, details, error = await _read_reward_file(sandbox, task.verifier.reward_key)
+            except SandboxFileError as exc:
+                # A reward file that is there but is no file a test script writes (huge, a link to a device,
+                # a FIFO, a directory): something the agent left running in the sandbox made it. Its failure.
+                return done(0.0, {}, error=f"the reward file cannot be read: {exc}")
         if error is not None and leftovers:
             # Processes the agent left running could have removed or rewritten the reward file after
             # the test script wrote it: the agent's failure, or a policy could dodge every failing
             # reward by leaving a loop that deletes it.
             error += f" ({leftovers} processes the agent left running were alive when the verifier started)"
             return done(0.0, details, error=error)
-        # No reward at all, from a sandbox with nothing else running: the test script is broken.
+        # No reward at all, from a sandbox with nothing else running: the test script is broken (Terminal-Bench
+        # says of missing SWE-bench markers: "an issue from the server end").
         return done(reward, details, error=error, infra=error is not None)
     reward, details, error = _read_pytest_summary(output, result.exit_code)
     return done(reward, details, error=error)
@@ -183,6 +187,25 @@ def reward_of(rewards: Mapping[str, float], key: str | None = None) -> tuple[flo
         name, value = next(iter(rewards.items()))
         return value, f"the only key, {name!r}"
     return sum(rewards.values()) / len(rewards), f"the mean of {', '.join(sorted(rewards))}"
+
+
+SWEBENCH_START = "SWEBench results starts here"
+SWEBENCH_END = "SWEBench results ends here"
+
+
+def read_swebench_markers(output: str) -> tuple[float, dict[str, object], str | None]:
+    """Terminal-Bench's ``swebench`` parser: the text after the first start marker and before the
+    last end marker, stripped, is ``PASSED`` (reward 1) or anything else (reward 0)."""
+    if SWEBENCH_START not in output or SWEBENCH_END not in output:
+        return (
+            0.0,
+            {},
+            f"the test output has no '{SWEBENCH_START}' ... '{SWEBENCH_END}' block; run-tests.sh must print "
+            "the SWE-bench verdict (PASSED or FAILED) between them",
+        )
+    block = output.split(SWEBENCH_START, 1)[1].rsplit(SWEBENCH_END, 1)[0].strip()
+    passed = block == "PASSED"
+    return (1.0 if passed else 0.0), {"swebench": block[:200]}, None
 
 
 def _read_pytest_summary(output: str, exit_code: int) -> tuple[float, dict[str, object], str | None]:
