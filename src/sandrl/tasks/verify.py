@@ -3,11 +3,13 @@
 ``verify`` runs after the agent has finished. It writes the task's tests into the sandbox only
 then (the agent never sees them), clears the reward directory first (so a reward file the agent
 wrote cannot count), runs the test command with the verifier's timeout and environment, and reads
-the reward the way the task's format defines it.
+the reward the way the task's format defines it. Failed tests that needed the network in a sandbox
+without one are an infrastructure error (:mod:`sandrl.tasks.offline`), not a reward 0.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -18,6 +20,7 @@ from sandrl.errors import SandboxFileError, TaskError
 from sandrl.sandbox.base import ExecResult, Sandbox
 from sandrl.tasks import swebench_eval
 from sandrl.tasks.envvars import resolve_env
+from sandrl.tasks.offline import offline_failure
 from sandrl.tasks.pytest_results import parse_short_summary
 from sandrl.tasks.result import VerifyResult, tail
 from sandrl.tasks.sandbox_io import empty_dir_command, read_optional, run, run_logged, upload_all
@@ -101,9 +104,12 @@ async def verify(task: Task, sandbox: Sandbox, *, patch: str | None = None) -> V
             infra_error=infra,
         )
 
-    if result.timed_out:
-        return done(0.0, {}, error=f"the tests did not finish within {task.verifier.timeout_s:g} s")
-    if task.verifier.reward in ("reward-file", "swebench-log"):
+    async def judge() -> VerifyResult:
+        if result.timed_out:
+            return done(0.0, {}, error=f"the tests did not finish within {task.verifier.timeout_s:g} s")
+        if task.verifier.reward not in ("reward-file", "swebench-log"):
+            reward, details, error = _read_pytest_summary(output, result.exit_code)
+            return done(reward, details, error=error)
         if task.verifier.reward == "swebench-log":
             reward, details, error = read_swebench_markers(output)
         else:
@@ -122,8 +128,14 @@ async def verify(task: Task, sandbox: Sandbox, *, patch: str | None = None) -> V
         # No reward at all, from a sandbox with nothing else running: the test script is broken (Terminal-Bench
         # says of missing SWE-bench markers: "an issue from the server end").
         return done(reward, details, error=error, infra=error is not None)
-    reward, details, error = _read_pytest_summary(output, result.exit_code)
-    return done(reward, details, error=error)
+
+    judged = await judge()
+    if judged.passed or judged.infra_error:
+        return judged
+    offline = await offline_failure(sandbox, output, allow_internet=task.environment.allow_internet)
+    if offline is None:
+        return judged
+    return dataclasses.replace(judged, reward=0.0, error=offline, infra_error=True)
 
 
 LEFTOVERS = 'n=0; for p in /proc/[0-9]*; do p=${p#/proc/}; [ "$p" = 1 ] || [ "$p" = $$ ] || n=$((n + 1)); done; echo $n'
