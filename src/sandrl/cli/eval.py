@@ -1,7 +1,8 @@
 """``sandrl eval TASKS``: an agent over tasks in sandboxes, each episode verified.
 
-The summary and progress go to stderr; the command ends with one JSON line on stdout
-(:func:`sandrl.wiring.evaluate.result_line`).
+The summary, the failed episodes (why each did not pass) and progress go to stderr; the command
+ends with one JSON line on stdout (:func:`sandrl.wiring.evaluate.result_line`), and exits 1 when no
+episode could run at all (every one an infra error), saying why.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def eval_tasks(
 ) -> None:
     """Run an agent over tasks in sandboxes; print a summary, then one JSON line."""
     from sandrl.capacity import parse_capacity
-    from sandrl.wiring.evaluate import EvalConfig, evaluate, result_line
+    from sandrl.wiring.evaluate import EvalConfig, evaluate, nothing_ran, result_line
 
     config = EvalConfig(
         tasks,
@@ -56,3 +57,7 @@ def eval_tasks(
     )
     result = asyncio.run(evaluate(config, console=err_console))
     emit(result_line(config, result))
+    why = nothing_ran(result)
+    if why is not None:
+        err_console.print(f"[bold red]error[/]: {why}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1)

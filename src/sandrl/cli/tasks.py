@@ -142,8 +142,14 @@ def tasks_run(
 
                 def done(task: Task, result: TaskRun) -> None:
                     progress.advance(bar)
-                    if result.error is not None:
-                        progress.console.print(f"[yellow]error[/] {task.id}: {result.error}", highlight=False)
+                    if not result.passed:
+                        # Why, in full, as it happens: the table's column keeps only the start of it.
+                        label = "[yellow]error[/]" if result.error is not None else "[red]fail[/]"
+                        progress.console.print(
+                            f"{label} {task.id} (reward {result.reward:g}): {result.reason}",
+                            highlight=False,
+                            soft_wrap=True,
+                        )
 
                 return await run_suite(tasks, kind, provider, concurrency=concurrency, on_done=done)
         finally:
@@ -151,7 +157,7 @@ def tasks_run(
 
     results = asyncio.run(go())
     elapsed = time.monotonic() - start
-    table = Table("task", "reward", "passed", "build s", "total s", "error")
+    table = Table("task", "reward", "passed", "build s", "total s", "why not passed")
     for r in results:
         table.add_row(
             r.task_id,
@@ -159,7 +165,7 @@ def tasks_run(
             "yes" if r.passed else "no",
             f"{r.build_s:.2f}",
             f"{r.duration_s:.1f}",
-            (r.reason or "")[:80],
+            (r.reason or "")[:120],
         )
     console.print(table)
     passed = sum(r.passed for r in results)

@@ -29,7 +29,7 @@ from sandrl.rollout.agent import Agent
 from sandrl.rollout.jsonl import TrajectoryWriter
 from sandrl.rollout.runner import RunResult
 from sandrl.rollout.scripted import DEFAULT_REPLAY, NullAgent, OracleAgent, ReplayAgent, ThinkTime
-from sandrl.rollout.summary import print_summary
+from sandrl.rollout.summary import print_failures, print_summary
 from sandrl.sandbox.base import SandboxProvider
 from sandrl.wiring.config import ModelConfig, RolloutConfig
 from sandrl.wiring.policy import open_policy
@@ -153,7 +153,23 @@ async def evaluate(
         if writer is not None:
             writer.close()
     print_summary(result.summary, console)
+    print_failures(result.trajectories, console)
     return result
+
+
+def nothing_ran(result: RunResult) -> str | None:
+    """Why no episode could be judged at all (every one an infra error: builds failed, sandboxes
+    could not be made, verifiers broke), for ``sandrl eval``'s exit status; None if any was."""
+    summary = result.summary
+    if summary["episodes"] == 0 or summary["verified"] > 0:
+        return None
+    causes = ", ".join(f"{code} x{count}" for code, count in summary["errors"].items()) or "no reward"
+    first = next((t.error.message for t in result.trajectories if t.error is not None), None)
+    return (
+        f"no episode could run: all {summary['episodes']} ended without a reward ({causes})"
+        + (f"; the first: {first}" if first else "")
+        + "; fix that before reading the pass rate"
+    )
 
 
 def result_line(config: EvalConfig, result: RunResult) -> dict[str, Any]:
