@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from sandrl.cli.output import emit, err_console
+from sandrl.cli.output import SWEBENCH_IMAGES_HELP, emit, err_console
 
 # No name when mounted: `eval` is a command of the root, not a group.
 app = typer.Typer()
@@ -35,6 +35,7 @@ def eval_tasks(
     host_capacity: str | None = typer.Option(
         None, help="Commands at once (the rest queue): a number, or a `sandrl bench contention` result file."
     ),
+    swebench_images: str | None = typer.Option(None, help=SWEBENCH_IMAGES_HELP),
 ) -> None:
     """Run an agent over tasks in sandboxes; print a summary, then one JSON line."""
     from sandrl.capacity import parse_capacity
@@ -54,6 +55,7 @@ def eval_tasks(
         temperature=temperature,
         run_id=run_id,
         host_capacity=parse_capacity(host_capacity, "--host-capacity")[0],
+        swebench_images=swebench_images,
     )
     result = asyncio.run(evaluate(config, console=err_console))
     emit(result_line(config, result))

@@ -21,6 +21,12 @@ from rich.console import Console
 # Errors, warnings and the local `sandbox run`'s notes; `main()` prints SandrlError here.
 err_console = Console(stderr=True)
 
+SWEBENCH_IMAGES_HELP = (
+    "Where SWE-bench instances run: swebench (the published images), epoch (Epoch AI's), an image template "
+    "with {instance_id} or {instance_key} and {arch}; unset or 'local': from local clones (repos/)."
+)
+"""The help of ``--swebench-images``, which every command that loads tasks takes."""
+
 # A piped card's tables would wrap at rich's default of 80 columns.
 _PIPED_WIDTH = 140
 

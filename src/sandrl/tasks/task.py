@@ -36,6 +36,9 @@ RewardSource = Literal["reward-file", "pytest-summary", "swebench-log", "swe-ben
   run with a JUnit XML report, resolved when every FAIL_TO_PASS and PASS_TO_PASS test passed.
 """
 
+TestParser = Literal["junit", "django", "sympy"]
+"""How a SWE-bench test run is read: pytest's JUnit XML report, or Django's or SymPy's runner's log."""
+
 TESTS_DIR = "/tests"
 """Where a task's tests are written at verify time (Harbor's and Terminal-Bench's path)."""
 VERIFIER_LOGS_DIR = "/logs/verifier"
@@ -127,16 +130,24 @@ class SweBenchInstance:
     test_patch: str
     fail_to_pass: tuple[str, ...]
     pass_to_pass: tuple[str, ...]
-    repo_source: Path
-    """A local clone or mirror of ``repo``; nothing is fetched from the internet."""
+    repo_source: Path | None
+    """A local clone or mirror of ``repo``, checked out into the sandbox at ``base_commit``; None when
+    the task's image (:attr:`EnvironmentSpec.docker_image`, SWE-bench's published one) has it at
+    ``repo_dir`` already. Nothing is fetched from the internet."""
     test_command: str
-    """Runs the tests touched by ``test_patch``; a JUnit XML path is appended (or put at ``{junit_xml}``)."""
+    """Runs the tests touched by ``test_patch``; with the ``junit`` parser a JUnit XML path is appended
+    (or put at ``{junit_xml}``)."""
     test_files: tuple[str, ...]
     """Files ``test_patch`` touches; reset to ``base_commit`` before it is applied."""
     environment_setup_commit: str | None = None
     version: str | None = None
     repo_dir: str = "/testbed"
     """Where the repository is checked out in the sandbox (SWE-bench's path)."""
+    test_prelude: str = ""
+    """Shell lines run before ``test_command`` in the same bash (the image's conda environment and the
+    harness's ``eval_commands``); empty in a local clone."""
+    parser: TestParser = "junit"
+    """How the test run's per-test results are read (:mod:`sandrl.tasks.swebench_logs`)."""
 
 
 @dataclass(frozen=True)
