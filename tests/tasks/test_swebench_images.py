@@ -253,3 +253,15 @@ def test_the_sympy_log_parser_and_grading_from_it(calc_repo: CalcRepo, tmp_path:
     assert not resolved
     assert report["FAIL_TO_PASS"] == {"success": [], "failure": {"test_equality": "FAILED"}}
     assert report["PASS_TO_PASS"] == {"success": ["test_structure"], "failure": {"test_absent": "did not run"}}
+
+
+def test_the_tasks_config_path_gives_the_images(calc_repo: CalcRepo, tmp_path: Path) -> None:
+    from sandrl.train.run_config import from_dict
+    from sandrl.wiring.tasks import task_set
+
+    file = calc_repo.write(tmp_path / "set.jsonl", calc_repo.record())
+    config = from_dict({"tasks": {"path": str(file), "swebench_images": "epoch"}})
+    (task,) = task_set(config.tasks, tmp_path / "root")
+    assert task.environment.docker_image == "ghcr.io/epoch-research/swe-bench.eval.x86_64.acme__calc-1"
+    (task,) = task_set(TasksConfig(path=str(file)), tmp_path / "root")  # unset: the local clone
+    assert task.environment.docker_image is None and task.swebench is not None and task.swebench.repo_source

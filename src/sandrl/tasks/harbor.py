@@ -9,6 +9,8 @@
     ├── tests/test.sh           writes /logs/verifier/reward.txt or reward.json
     └── solution/solve.sh       the oracle (optional)
 
+A multi-step task (``[[steps]]`` and ``steps/<name>/``) is read by :mod:`sandrl.tasks.harbor_steps`.
+
 Defaults are Harbor's (timeouts 600 s, 1 CPU, 2048 MB, 10240 MB storage, internet allowed). The
 deprecated spellings ``memory = "4G"`` and ``storage = "10G"`` are read too, and so is
 ``[environment] network_mode`` (``public``, ``no-network``; ``allowlist`` runs with the network, with
@@ -30,12 +32,14 @@ from __future__ import annotations
 
 import re
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 
 from sandrl.errors import InvalidTaskError
 from sandrl.tasks.dockerfile import read_dockerfile
 from sandrl.tasks.fields import Table, warn
+from sandrl.tasks.harbor_steps import load_steps
 from sandrl.tasks.task import TESTS_DIR, EnvironmentSpec, SolutionSpec, Task, VerifierSpec
 
 CONFIG = "task.toml"
@@ -271,25 +275,56 @@ def load_harbor_task(task_dir: Path) -> Task:
 
     environment_table = top.table("environment")
     environment = _environment(task_dir, environment_table, config_file)
-    instruction = _instruction(task_dir)
-
     tests_dir = task_dir / "tests"
-    if not (tests_dir / "test.sh").is_file():
-        raise InvalidTaskError(
-            f"{task_dir}: tests/test.sh is missing; it is the verifier's entry point and writes "
-            "/logs/verifier/reward.txt (a number) or /logs/verifier/reward.json",
-            path=task_dir,
-        )
+    task_verifier = VerifierSpec(
+        # Harbor makes the script executable and runs it, so its shebang picks the shell.
+        command=f"chmod +x {TESTS_DIR}/test.sh && {TESTS_DIR}/test.sh",
+        timeout_s=verifier_timeout,
+        reward="reward-file",
+        reward_key=reward_key,
+        tests_dir=tests_dir,
+        uploads=MappingProxyType({TESTS_DIR: tests_dir}),
+        env=MappingProxyType(verifier_env),
+    )
+    steps = load_steps(
+        task_dir,
+        top,
+        config_file,
+        agent_timeout_s=agent_timeout,
+        verifier=task_verifier,
+        solution_env=solution_env,
+        keys=HARBOR_KEYS,
+    )
 
     solution: SolutionSpec | None = None
-    solve = task_dir / "solution" / "solve.sh"
-    if solve.is_file():
-        solution = SolutionSpec(
-            command="bash /solution/solve.sh",
-            uploads=MappingProxyType({"/solution": task_dir / "solution"}),
-            env=MappingProxyType(solution_env),
-            script=solve,
+    if steps is not None:
+        # Every step's instruction, verifier and solution (harbor_steps); the task-level ones stand for all.
+        instruction = steps.instruction
+        task_verifier = replace(
+            task_verifier,
+            command="\n".join(step.verifier.command for step in steps.steps),
+            timeout_s=steps.verifier_timeout_s,
+            tests_dir=tests_dir if tests_dir.is_dir() else None,
+            uploads=MappingProxyType({}),
         )
+        agent_timeout = steps.agent_timeout_s
+        solution = steps.solution
+    else:
+        instruction = _instruction(task_dir)
+        if not (tests_dir / "test.sh").is_file():
+            raise InvalidTaskError(
+                f"{task_dir}: tests/test.sh is missing; it is the verifier's entry point and writes "
+                "/logs/verifier/reward.txt (a number) or /logs/verifier/reward.json",
+                path=task_dir,
+            )
+        solve = task_dir / "solution" / "solve.sh"
+        if solve.is_file():
+            solution = SolutionSpec(
+                command="bash /solution/solve.sh",
+                uploads=MappingProxyType({"/solution": task_dir / "solution"}),
+                env=MappingProxyType(solution_env),
+                script=solve,
+            )
 
     tables = {
         "task": task_table,
@@ -301,6 +336,7 @@ def load_harbor_task(task_dir: Path) -> Task:
     for key in _DROPPED_TOP:
         top.raw(key)
     extra = top.keep(HARBOR_KEYS[""] - {*tables, "metadata"})
+    extra.update(steps.extra if steps is not None else {})
     for section, table in tables.items():
         extra.update(table.keep(HARBOR_KEYS[section] | SANDRL_KEYS.get(section, frozenset())))
     unknown = top.unknown(extra_known={*tables, "metadata"})
@@ -321,18 +357,11 @@ def load_harbor_task(task_dir: Path) -> Task:
         format="harbor",
         instruction=instruction,
         environment=environment,
-        verifier=VerifierSpec(
-            # Harbor makes the script executable and runs it, so its shebang picks the shell.
-            command=f"chmod +x {TESTS_DIR}/test.sh && {TESTS_DIR}/test.sh",
-            timeout_s=verifier_timeout,
-            reward="reward-file",
-            reward_key=reward_key,
-            tests_dir=tests_dir,
-            uploads=MappingProxyType({TESTS_DIR: tests_dir}),
-            env=MappingProxyType(verifier_env),
-        ),
+        verifier=task_verifier,
         solution=solution,
         agent_timeout_s=agent_timeout,
         metadata=MappingProxyType(metadata),
         extra=MappingProxyType(extra),
+        steps=steps.steps if steps is not None else (),
+        step_reward=steps.strategy if steps is not None else "mean",
     )

@@ -150,6 +150,28 @@ class SweBenchInstance:
     """How the test run's per-test results are read (:mod:`sandrl.tasks.swebench_logs`)."""
 
 
+StepReward = Literal["mean", "final"]
+"""How a multi-step task's reward comes from its steps' (Harbor's ``multi_step_reward_strategy``)."""
+
+
+@dataclass(frozen=True)
+class TaskStep:
+    """One step of a Harbor multi-step task (``[[steps]]`` and ``steps/<name>/``)."""
+
+    name: str
+    instruction: str
+    verifier: VerifierSpec
+    """The step's tests: the task's ``tests/`` with the step's own ``tests/`` over it."""
+    agent_timeout_s: float
+    solution: Path | None = None
+    """The step's ``solution/`` directory, when it has ``solve.sh``."""
+    workdir_files: Path | None = None
+    """``steps/<name>/workdir/``: copied into the working directory before the agent; its
+    ``setup.sh`` is run there."""
+    min_reward: Mapping[str, float] | None = None
+    """Later steps are not verified when a reward of this step is below its threshold (or missing)."""
+
+
 @dataclass(frozen=True)
 class Task:
     """One task, whatever format it came from."""
@@ -171,6 +193,11 @@ class Task:
     extra: Mapping[str, object] = field(default_factory=_frozen)
     """Keys sandrl does not know, kept as read (dotted paths, e.g. ``environment.gpus_per_node``)."""
     swebench: SweBenchInstance | None = None
+    steps: tuple[TaskStep, ...] = ()
+    """A Harbor multi-step task's steps, in order; empty for every other task. The agent is given
+    every step's instruction at once, and :func:`~sandrl.tasks.verify.verify` runs the steps'
+    verifiers in order (:mod:`sandrl.tasks.harbor_steps`)."""
+    step_reward: StepReward = "mean"
 
     @property
     def key(self) -> str:
