@@ -259,7 +259,7 @@ def test_the_tasks_config_path_gives_the_images(calc_repo: CalcRepo, tmp_path: P
     from sandrl.train.run_config import from_dict
     from sandrl.wiring.tasks import task_set
 
-    file = calc_repo.write(tmp_path / "set.jsonl", calc_repo.record())
+    file = calc_repo.write(calc_repo.mirror.parent / "set.jsonl", calc_repo.record())
     config = from_dict({"tasks": {"path": str(file), "swebench_images": "epoch"}})
     (task,) = task_set(config.tasks, tmp_path / "root")
     assert task.environment.docker_image == "ghcr.io/epoch-research/swe-bench.eval.x86_64.acme__calc-1"
