@@ -60,3 +60,42 @@ def test_missing_bwrap_is_one_clear_line(state_dir: Path) -> None:
     assert r.returncode == 2
     assert "bubblewrap is not installed" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_warnings_are_one_line_each(state_dir: Path, tmp_path: Path) -> None:
+    task = tmp_path / "odd"
+    (task / "environment").mkdir(parents=True)
+    (task / "tests").mkdir()
+    (task / "task.toml").write_text('[environment]\ndocker_image = "python:3.12"\nspeling_mistake = 1\n')
+    (task / "instruction.md").write_text("Do it.\n")
+    (task / "tests" / "test.sh").write_text("echo 1 > /logs/verifier/reward.txt\n")
+    r = run(["tasks", "list", str(tmp_path)], state_dir)
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.strip().splitlines()
+    # Python's own format adds the source line of the warnings.warn call under the message.
+    assert lines == [
+        f"warning: {task / 'task.toml'}: unknown keys environment.speling_mistake are kept in Task.extra but "
+        "not acted on; check their spelling against Harbor's task.toml reference"
+    ]
+
+
+def test_another_librarys_warning_keeps_its_category_and_place(capsys: pytest.CaptureFixture[str]) -> None:
+    from sandrl.cli.output import show_warning
+
+    show_warning(DeprecationWarning("old API\nuse the new one"), DeprecationWarning, "/lib/thing.py", 12)
+    assert capsys.readouterr().err == "warning: old API use the new one (DeprecationWarning, /lib/thing.py:12)\n"
+
+
+@needs_sandbox
+def test_eval_with_no_episode_able_to_run_exits_non_zero(state_dir: Path, tmp_path: Path) -> None:
+    task = tmp_path / "unbuildable"
+    (task / "environment").mkdir(parents=True)
+    (task / "tests").mkdir()
+    (task / "task.toml").write_text("")
+    (task / "instruction.md").write_text("Do nothing.\n")
+    (task / "environment" / "Dockerfile").write_text("FROM host\nRUN exit 3\n")
+    (task / "tests" / "test.sh").write_text("echo 1 > /logs/verifier/reward.txt\n")
+    r = run(["eval", str(task), "--agent", "oracle"], state_dir)
+    assert r.returncode == 1, r.stderr
+    assert '"verified": 0' in r.stdout  # the JSON line still ends the output, for scripts
+    assert "error: no episode could run: all 1 ended without a reward (image_build_failed x1)" in r.stderr

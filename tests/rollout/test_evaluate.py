@@ -12,7 +12,7 @@ from sandrl.bench.rollout import run as bench_rollout
 from sandrl.errors import ConfigError
 from sandrl.rollout import read_jsonl
 from sandrl.sandbox.bwrap import BwrapProvider
-from sandrl.wiring.evaluate import EvalConfig, evaluate, result_line
+from sandrl.wiring.evaluate import EvalConfig, evaluate, nothing_ran, result_line
 
 
 async def test_eval_oracle_saves_rollouts(task_root: Path, provider: BwrapProvider, tmp_path: Path) -> None:
@@ -22,6 +22,35 @@ async def test_eval_oracle_saves_rollouts(task_root: Path, provider: BwrapProvid
     assert line["pass_rate"] == 1.0 and line["episodes"] == 12 and line["status"]["completed"] == 12
     saved = {t.episode_id: t for t in read_jsonl(tmp_path / "out.jsonl")}
     assert saved == {t.episode_id: t for t in result.trajectories}
+
+
+async def test_eval_says_why_each_failed_episode_failed(task_root: Path, provider: BwrapProvider) -> None:
+    config = EvalConfig(str(task_root / "echo-0-0000"), agent="null")
+    console = Console(file=io.StringIO(), width=300)
+    result = await evaluate(config, provider=provider, progress=False, console=console)
+    assert nothing_ran(result) is None  # it ran, and failed: a reward 0, not a broken run
+    printed = console.file.getvalue()  # type: ignore[attr-defined]
+    (line,) = [line for line in printed.splitlines() if line.startswith("fail ")]
+    # The task, how the episode ended, its reward, and the verifier's exit code with what it said last.
+    assert line.startswith("fail echo-0-0000 #0 (completed, reward 0): verifier exit ")
+    assert "|" in line or "printed nothing" in line
+
+
+async def test_eval_with_no_episode_able_to_run_says_why(tmp_path: Path, provider: BwrapProvider) -> None:
+    task = tmp_path / "unbuildable"
+    (task / "environment").mkdir(parents=True)
+    (task / "tests").mkdir()
+    (task / "task.toml").write_text("[environment]\nbuild_timeout_sec = 60\n")
+    (task / "instruction.md").write_text("Do nothing.\n")
+    (task / "environment" / "Dockerfile").write_text("FROM host\nRUN echo broken step >&2; exit 3\n")
+    (task / "tests" / "test.sh").write_text("echo 1 > /logs/verifier/reward.txt\n")
+    config = EvalConfig(str(task), agent="oracle", samples=2, max_attempts=1)
+    console = Console(file=io.StringIO(), width=300)
+    result = await evaluate(config, provider=provider, progress=False, console=console)
+    why = nothing_ran(result)
+    assert why is not None and why.startswith("no episode could run: all 2 ended without a reward (image_build_failed")
+    assert "exit" in why  # the build step's failure, as the builder reported it
+    assert "fail unbuildable #0 (infra_error, reward -): infra error in image" in console.file.getvalue()  # type: ignore[attr-defined]
 
 
 async def test_eval_llm_embedded(task_root: Path, provider: BwrapProvider) -> None:

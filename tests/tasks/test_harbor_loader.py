@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
@@ -96,6 +97,109 @@ def test_settings_sandrl_cannot_honour_are_warned_about(tmp_path: Path) -> None:
     assert "os = 'windows'" in messages
     assert "user = 'agent'" in messages
     assert "agent.extra" in messages
+
+
+# Every key of Harbor's task config model (harbor.models.task.config, schema 1.4), as a real task writes them.
+FULL_HARBOR_TOML = """\
+schema_version = "1.4"
+source = "registry"
+artifacts = ["/app/answer.json", { source = "/app/logs", destination = "logs", exclude = ["*.tmp"] }]
+
+[task]
+name = "sandrl/full"
+version = "1.2.0"
+description = "Every key"
+authors = [{ name = "Ada", email = "ada@example.invalid" }]
+keywords = ["keys"]
+
+[metadata]
+difficulty = "easy"
+
+[verifier]
+timeout_sec = 30.0
+env = { A = "b" }
+user = "root"
+environment_mode = "shared"
+network_mode = "no-network"
+collect = [{ command = "echo hi", service = "main", timeout_sec = 5.0 }]
+
+[agent]
+timeout_sec = 60.0
+user = "root"
+network_mode = "public"
+command_timeout_sec = 20
+
+[solution]
+env = { B = "c" }
+
+[environment]
+build_timeout_sec = 100.0
+docker_image = "python:3.12-slim"
+os = "linux"
+cpus = 1
+memory_mb = 1024
+storage_mb = 2048
+gpus = 0
+gpu_types = ["H100"]
+network_mode = "no-network"
+skills_dir = "/skills"
+workdir = "/app"
+env = { C = "d" }
+mcp_servers = [{ name = "docs", transport = "streamable-http", url = "http://mcp.example.invalid/mcp" }]
+healthcheck = { command = "true", interval_sec = 1.0, timeout_sec = 5.0, retries = 2 }
+tpu = { type = "v6e", topology = "2x2" }
+"""
+
+
+def test_harbors_whole_key_set_loads_without_warnings(tmp_path: Path) -> None:
+    task_dir = tmp_path / "full"
+    (task_dir / "tests").mkdir(parents=True)
+    (task_dir / "task.toml").write_text(FULL_HARBOR_TOML)
+    (task_dir / "instruction.md").write_text("Do it.\n")
+    (task_dir / "tests" / "test.sh").write_text("echo 1 > /logs/verifier/reward.txt\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        task = load_harbor_task(task_dir)
+    assert task.environment.allow_internet is False  # network_mode = "no-network"
+    assert (task.agent_timeout_s, task.verifier.timeout_s) == (60.0, 30.0)
+    extra = dict(task.extra)
+    assert extra["artifacts"][0] == "/app/answer.json"
+    assert extra["environment.mcp_servers"][0]["name"] == "docs"
+    assert extra["environment.healthcheck"]["command"] == "true"
+    assert extra["verifier.collect"][0]["command"] == "echo hi"
+    assert extra["agent.command_timeout_sec"] == 20  # sandrl's own key, read by the LLM agent
+    assert extra["task.version"] == "1.2.0"
+    assert {"environment.tpu", "environment.skills_dir", "agent.network_mode", "verifier.environment_mode"} <= set(
+        extra
+    )
+
+
+@pytest.mark.parametrize(
+    ("edit", "warning"),
+    [
+        ('network_mode = "allowlist"\nallowed_hosts = ["pypi.org"]', "cannot limit the network"),
+        ("[verifier.environment]\ndocker_image = 'grader'", "separate verifier environment"),
+    ],
+)
+def test_harbor_keys_sandrl_cannot_honour_warn(tmp_path: Path, edit: str, warning: str) -> None:
+    task_dir = tmp_path / "net"
+    shutil.copytree(HELLO, task_dir)
+    config = task_dir / "task.toml"
+    text = config.read_text().replace("allow_internet = false\n", "")
+    if edit.startswith("["):
+        text += "\n" + edit + "\n"
+    else:
+        text = text.replace("[environment]\n", "[environment]\n" + edit + "\n")
+    config.write_text(text)
+    with pytest.warns(TaskWarning, match=warning):
+        task = load_harbor_task(task_dir)
+    assert task.environment.allow_internet is True
+
+
+def test_network_mode_is_checked(tmp_path: Path) -> None:
+    task_dir = _broken(tmp_path, ("allow_internet = false", 'network_mode = "offline"'))
+    with pytest.raises(InvalidTaskError, match=r"network_mode must be one of public, no-network, allowlist"):
+        load_harbor_task(task_dir)
 
 
 def _broken(tmp_path: Path, *edits: tuple[str, str], remove: str | None = None) -> Path:

@@ -33,14 +33,17 @@ def test_detect_format(tmp_path: Path, calc_repo: CalcRepo) -> None:
 
 
 def test_fixture_suite_loads_completely() -> None:
-    with pytest.warns(TaskWarning, match="odd-but-valid"):
+    with pytest.warns(TaskWarning) as record:
         tasks, problems = load_tasks(FIXTURES)
+    assert sorted(Path(str(w.message).split(":", 1)[0]).parent.name for w in record) == ["multi-step", "odd-but-valid"]
     assert problems == []
     assert [(t.id, t.format) for t in tasks] == [
         ("count-lines", "terminal-bench"),
         ("hello-file", "harbor"),
         ("legacy-descriptions", "terminal-bench"),
+        ("multi-step", "harbor"),
         ("odd-but-valid", "harbor"),
+        ("swebench-style", "terminal-bench"),
     ]
     single, problems = load_tasks(FIXTURES / "harbor" / "hello-file")  # a task directory itself
     assert [t.id for t in single] == ["hello-file"] and problems == []

@@ -20,6 +20,7 @@ HELLO = FIXTURES / "harbor" / "hello-file"
 ODD = FIXTURES / "harbor" / "odd-but-valid"
 COUNT = FIXTURES / "terminal-bench" / "count-lines"
 LEGACY = FIXTURES / "terminal-bench" / "legacy-descriptions"
+SWEBENCH_STYLE = FIXTURES / "terminal-bench" / "swebench-style"
 
 
 async def _sandbox_for(task: Task, make_sandbox: SandboxFactory) -> BwrapSandbox:
@@ -95,7 +96,7 @@ async def test_harbor_reward_json_named_rewards(make_sandbox: SandboxFactory) ->
     (sandbox.root / "workspace" / "count.txt").write_text("3\n")
     result = await verify(task, sandbox)
     assert (result.reward, result.passed) == (1.0, True)
-    assert result.details == {"rewards": {"reward": 1.0, "format": 1.0}}
+    assert result.details == {"rewards": {"reward": 1.0, "format": 1.0}, "reward_rule": "the key 'reward'"}
     (sandbox.root / "workspace" / "count.txt").write_text("4\n")
     assert (await verify(task, sandbox)).reward == 0.0
 
@@ -106,7 +107,8 @@ async def test_harbor_reward_json_named_rewards(make_sandbox: SandboxFactory) ->
         ("echo 0.25 > /logs/verifier/reward.txt", 0.25, None),
         ("echo ' 1.0 ' > /logs/verifier/reward.txt; echo '{\"reward\": 0}' > /logs/verifier/reward.json", 1.0, None),
         ("echo '{\"score\": 0.5}' > /logs/verifier/reward.json", 0.5, None),
-        ('echo \'{"a": 1, "b": 0}\' > /logs/verifier/reward.json', 0.0, "several rewards and none is named"),
+        # Several keys, none named 'reward' (Harbor has no rule for it): their mean.
+        ('echo \'{"a": 1, "b": 0.5, "c": 0}\' > /logs/verifier/reward.json', 0.5, None),
         ('echo \'{"reward": "high"}\' > /logs/verifier/reward.json', 0.0, "not a number"),
         ("echo '[1]' > /logs/verifier/reward.json", 0.0, "must be an object of named rewards"),
         ("echo '{oops' > /logs/verifier/reward.json", 0.0, "is not valid JSON"),
@@ -129,6 +131,35 @@ async def test_harbor_reward_files(
         assert result.error is None
     else:
         assert result.error is not None and error in result.error and result.infra_error
+
+
+async def test_harbor_reward_json_rules_are_recorded(make_sandbox: SandboxFactory, tmp_path: Path) -> None:
+    task_dir = tmp_path / "keys"
+    shutil.copytree(HELLO, task_dir)
+    (task_dir / "tests" / "test.sh").write_text(
+        '#!/bin/sh\necho \'{"tests": 1, "style": 0.5}\' > /logs/verifier/reward.json\n'
+    )
+    task = load_task(task_dir)
+    sandbox = await _sandbox_for(task, make_sandbox)
+    result = await verify(task, sandbox)
+    assert (result.reward, result.error, result.infra_error) == (0.75, None, False)
+    assert result.details == {"rewards": {"tests": 1.0, "style": 0.5}, "reward_rule": "the mean of style, tests"}
+
+    # The task names its reward key in task.toml: that key, all keys still recorded.
+    config = task_dir / "task.toml"
+    config.write_text(config.read_text().replace("[verifier]\n", '[verifier]\nreward_key = "style"\n'))
+    task = load_task(task_dir)
+    assert task.verifier.reward_key == "style"
+    result = await verify(task, sandbox)
+    assert (result.reward, result.passed, result.error) == (0.5, False, None)
+    assert result.details["rewards"] == {"tests": 1.0, "style": 0.5}
+    assert "reward_key" in str(result.details["reward_rule"])
+
+    # A named key the script did not write: the test script and the task disagree, not the agent's doing.
+    config.write_text(config.read_text().replace('reward_key = "style"', 'reward_key = "speed"'))
+    result = await verify(load_task(task_dir), sandbox)
+    assert result.infra_error and result.error is not None
+    assert "no reward 'speed'" in result.error and "it has style, tests" in result.error
 
 
 async def test_harbor_verifier_timeout(make_sandbox: SandboxFactory, tmp_path: Path) -> None:
@@ -214,6 +245,47 @@ async def test_terminal_bench_legacy_task_with_solution_yaml(make_sandbox: Sandb
     assert (await run_solution(task, sandbox)).exit_code == 0
     result = await verify(task, sandbox)
     assert (result.reward, result.passed) == (1.0, True), result.stdout_tail
+
+
+async def test_terminal_bench_swebench_parser(make_sandbox: SandboxFactory) -> None:
+    task = load_task(SWEBENCH_STYLE)
+    assert task.verifier.reward == "swebench-log"
+    sandbox = await _sandbox_for(task, make_sandbox)
+    shutil.copy(SWEBENCH_STYLE / "calc.py", sandbox.root / "app" / "calc.py")
+    result = await verify(task, sandbox)
+    assert (result.reward, result.passed, result.error) == (0.0, False, None), result.stdout_tail
+    assert result.details == {"swebench": "FAILED"}
+    assert (await run_solution(task, sandbox)).exit_code == 0
+    result = await verify(task, sandbox)
+    assert (result.reward, result.passed, result.error) == (1.0, True, None), result.stdout_tail
+    assert result.details == {"swebench": "PASSED"}
+
+
+@pytest.mark.parametrize(
+    ("script", "reward", "infra"),
+    [
+        # Terminal-Bench reads after the first start marker and before the last end marker.
+        ("echo 'SWEBench results starts here'; echo PASSED; echo 'SWEBench results ends here'", 1.0, False),
+        ("echo 'SWEBench results starts here'; echo ' PASSED '; echo 'SWEBench results ends here'", 1.0, False),
+        ("echo 'SWEBench results starts here'; echo PASSED; echo more; echo 'SWEBench results ends here'", 0.0, False),
+        ("echo 'SWEBench results starts here'; echo FAILED; echo 'SWEBench results ends here'", 0.0, False),
+        # No markers: the harness could not grade (Terminal-Bench: "an issue from the server end").
+        ("echo PASSED", 0.0, True),
+        ("echo 'SWEBench results starts here'; echo PASSED", 0.0, True),
+    ],
+)
+async def test_terminal_bench_swebench_markers(
+    make_sandbox: SandboxFactory, tmp_path: Path, script: str, reward: float, infra: bool
+) -> None:
+    task_dir = tmp_path / "markers"
+    shutil.copytree(SWEBENCH_STYLE, task_dir)
+    (task_dir / "run-tests.sh").write_text(f"#!/bin/bash\n{script}\n")
+    task = load_task(task_dir)
+    result = await verify(task, await _sandbox_for(task, make_sandbox))
+    assert (result.reward, result.infra_error) == (reward, infra)
+    assert (result.error is not None) == infra
+    if infra:
+        assert result.error is not None and "SWEBench results starts here" in result.error
 
 
 async def test_terminal_bench_without_pytest_summary(make_sandbox: SandboxFactory, tmp_path: Path) -> None:

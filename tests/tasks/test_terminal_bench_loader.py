@@ -100,7 +100,7 @@ def test_same_shell_and_keystroke_solutions_are_warned(tmp_path: Path) -> None:
         ("instruction: hi\nmax_test_timeout_sec: soon\n", r"max_test_timeout_sec must be a number of seconds > 0"),
         ("instruction: hi\nrun_tests_in_same_shell: maybe\n", r"run_tests_in_same_shell must be true or false"),
         ("instruction: hi\ntags: web\n", r"tags must be a list of strings"),
-        ("instruction: hi\nparser_name: swebench\n", r"parser_name 'swebench' is not supported"),
+        ("instruction: hi\nparser_name: swelancer\n", r"parser_name 'swelancer' is not supported"),
     ],
 )
 def test_malformed_task_yaml_names_the_problem(tmp_path: Path, yaml_text: str, expected: str) -> None:

@@ -57,6 +57,12 @@ def test_tasks_run_scores(cli_state: Path, subset: Path, agent: str, reward: flo
     assert {r["status"] for r in summary["results"]} == {"completed"}
     assert all((r["verify_output_tail"] is None) == r["passed"] for r in summary["results"])
     assert all(isinstance(r["verify_exit_code"], int) for r in summary["results"])
+    # Why each failed task failed, as it finished: the verifier's exit code and the end of what it said.
+    for r in summary["results"]:
+        assert (r["reason"] is None) == r["passed"]
+        if not r["passed"]:
+            assert r["reason"].startswith(f"verifier exit {r['verify_exit_code']}")
+            assert f"fail {r['task']} (reward 0): verifier exit" in output
 
 
 def test_tasks_list(subset: Path) -> None:

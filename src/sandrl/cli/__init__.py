@@ -2,7 +2,8 @@
 
 Thin: each sub-command parses its arguments and calls the component that does the work.
 Errors sandrl raises on purpose (:class:`sandrl.errors.SandrlError`) are printed as one
-line that says what to do, never as a traceback.
+line that says what to do, never as a traceback; warnings as one line each
+(:func:`~sandrl.cli.output.show_warning`).
 
 One module per command group, each with its own ``typer.Typer`` named ``app`` whose commands
 are registered with ``@app.command``; this module only mounts them::
@@ -29,10 +30,18 @@ import typer
 
 from sandrl.cli import bench, demo, images, sandbox, serve, tasks, train
 from sandrl.cli import eval as eval_
-from sandrl.cli.output import err_console
+from sandrl.cli.output import err_console, one_line_warnings
 from sandrl.errors import SandrlError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Agentic RL post-training with fast sandboxes.")
+
+
+@app.callback()
+def _root() -> None:
+    # Before any command: warnings print as one line each (the loaders warn about task settings).
+    one_line_warnings()
+
+
 # eval and train are mounted without a name: their one command joins the root's.
 app.add_typer(eval_.app)
 app.add_typer(train.app)

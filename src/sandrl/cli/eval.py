@@ -1,7 +1,8 @@
 """``sandrl eval TASKS``: an agent over tasks in sandboxes, each episode verified.
 
-The summary and progress go to stderr; the command ends with one JSON line on stdout
-(:func:`sandrl.wiring.evaluate.result_line`).
+The summary, the failed episodes (why each did not pass) and progress go to stderr; the command
+ends with one JSON line on stdout (:func:`sandrl.wiring.evaluate.result_line`), and exits 1 when no
+episode could run at all (every one an infra error), saying why.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from sandrl.cli.output import emit, err_console
+from sandrl.cli.output import SWEBENCH_IMAGES_HELP, emit, err_console
 
 # No name when mounted: `eval` is a command of the root, not a group.
 app = typer.Typer()
@@ -34,10 +35,11 @@ def eval_tasks(
     host_capacity: str | None = typer.Option(
         None, help="Commands at once (the rest queue): a number, or a `sandrl bench contention` result file."
     ),
+    swebench_images: str | None = typer.Option(None, help=SWEBENCH_IMAGES_HELP),
 ) -> None:
     """Run an agent over tasks in sandboxes; print a summary, then one JSON line."""
     from sandrl.capacity import parse_capacity
-    from sandrl.wiring.evaluate import EvalConfig, evaluate, result_line
+    from sandrl.wiring.evaluate import EvalConfig, evaluate, nothing_ran, result_line
 
     config = EvalConfig(
         tasks,
@@ -53,6 +55,11 @@ def eval_tasks(
         temperature=temperature,
         run_id=run_id,
         host_capacity=parse_capacity(host_capacity, "--host-capacity")[0],
+        swebench_images=swebench_images,
     )
     result = asyncio.run(evaluate(config, console=err_console))
     emit(result_line(config, result))
+    why = nothing_ran(result)
+    if why is not None:
+        err_console.print(f"[bold red]error[/]: {why}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1)

@@ -11,14 +11,21 @@ from __future__ import annotations
 import io
 import json
 import sys
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from rich.console import Console
 
 # Errors, warnings and the local `sandbox run`'s notes; `main()` prints SandrlError here.
 err_console = Console(stderr=True)
+
+SWEBENCH_IMAGES_HELP = (
+    "Where SWE-bench instances run: swebench (the published images), epoch (Epoch AI's), an image template "
+    "with {instance_id} or {instance_key} and {arch}; unset or 'local': from local clones (repos/)."
+)
+"""The help of ``--swebench-images``, which every command that loads tasks takes."""
 
 # A piped card's tables would wrap at rich's default of 80 columns.
 _PIPED_WIDTH = 140
@@ -45,3 +52,31 @@ def emit(result: Mapping[str, Any], out: Path | None = None) -> None:
     if out is not None:
         out.write_text(line + "\n")
     print(line)
+
+
+def show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
+    """Print a warning as one line on stderr (Python's own format adds the source line under it).
+
+    sandrl's warnings (a task setting that cannot be honoured...) say all there is to say:
+    ``warning: <message>``. Another library's keep everything but the source line: the message, the
+    category and where it was raised.
+    """
+    text = " ".join(str(message).split("\n"))
+    if category.__module__.split(".")[0] != "sandrl" and not filename.startswith(_SANDRL_DIR):
+        text += f" ({category.__name__}, {filename}:{lineno})"
+    err_console.print(f"warning: {text}", markup=False, highlight=False, soft_wrap=True)
+
+
+_SANDRL_DIR = str(Path(__file__).resolve().parents[1])
+
+
+def one_line_warnings() -> None:
+    """Install :func:`show_warning` for this process (the CLI does, before any command runs)."""
+    warnings.showwarning = show_warning

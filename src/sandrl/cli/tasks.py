@@ -15,18 +15,23 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from sandrl.cli.output import emit, rich_console
+from sandrl.cli.output import SWEBENCH_IMAGES_HELP, emit, rich_console
 from sandrl.errors import ConfigError
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.tasks.loader import TaskProblem, load_tasks
+from sandrl.tasks.swebench_specs import images_setting
 from sandrl.tasks.task import Task
 from sandrl.wiring.suite import AgentKind, TaskRun, TaskValidation, run_suite, validate_suite
 
 app = typer.Typer(no_args_is_help=True, help="Task sets: list, validate, run with the oracle or a null agent.")
 
 
-def _load(path: Path, console: Console) -> tuple[list[Task], list[TaskProblem]]:
-    tasks, problems = load_tasks(path)
+def _load(path: Path, console: Console, swebench_images: str | None) -> tuple[list[Task], list[TaskProblem]]:
+    try:
+        images_setting(swebench_images)
+    except ValueError as exc:
+        raise ConfigError(f"--swebench-images: {exc}") from exc
+    tasks, problems = load_tasks(path, swebench_images=swebench_images)
     for problem in problems:
         console.print(f"[red]problem[/] {problem.path}: {problem.problem}", highlight=False, soft_wrap=True)
     if not tasks and not problems:
@@ -48,10 +53,11 @@ def _progress(console: Console) -> Progress:
 @app.command("list")
 def tasks_list(
     path: Path = typer.Argument(..., help="A task directory, a directory of them, or a SWE-bench file."),
+    swebench_images: str | None = typer.Option(None, help=SWEBENCH_IMAGES_HELP),
 ) -> None:
     """List the tasks under PATH, and the ones that do not load."""
     console = rich_console(stderr=False)
-    tasks, problems = _load(path, console)
+    tasks, problems = _load(path, console, swebench_images)
     table = Table("task", "format", "base image", "workdir", "agent s", "verifier s", "solution")
     for task in tasks:
         table.add_row(
@@ -73,12 +79,13 @@ def tasks_list(
 def tasks_validate(
     path: Path = typer.Argument(..., help="A task directory or a directory of them."),
     concurrency: int = typer.Option(2, help="Tasks validated at once (each uses two sandboxes)."),
+    swebench_images: str | None = typer.Option(None, help=SWEBENCH_IMAGES_HELP),
 ) -> None:
     """For every task: the environment builds, the tests fail without the solution and pass with it."""
     if concurrency < 1:
         raise ConfigError("--concurrency must be at least 1")
     console = rich_console(stderr=False)
-    tasks, problems = _load(path, console)
+    tasks, problems = _load(path, console, swebench_images)
     start = time.monotonic()
 
     async def go() -> list[TaskValidation]:
@@ -123,6 +130,7 @@ def tasks_run(
     agent: str = typer.Option("oracle", help="oracle (the reference solution) or null (does nothing)."),
     concurrency: int = typer.Option(2, help="Tasks run at once."),
     json_out: bool = typer.Option(False, "--json", help="End with one JSON line of the results."),
+    swebench_images: str | None = typer.Option(None, help=SWEBENCH_IMAGES_HELP),
 ) -> None:
     """Run every task with the oracle or the null agent through the real verifier; print the pass rate."""
     if agent not in ("oracle", "null"):
@@ -131,7 +139,7 @@ def tasks_run(
         raise ConfigError("--concurrency must be at least 1")
     kind: AgentKind = "oracle" if agent == "oracle" else "null"
     console = rich_console(stderr=json_out)
-    tasks, problems = _load(path, console)
+    tasks, problems = _load(path, console, swebench_images)
     start = time.monotonic()
 
     async def go() -> list[TaskRun]:
@@ -142,8 +150,14 @@ def tasks_run(
 
                 def done(task: Task, result: TaskRun) -> None:
                     progress.advance(bar)
-                    if result.error is not None:
-                        progress.console.print(f"[yellow]error[/] {task.id}: {result.error}", highlight=False)
+                    if not result.passed:
+                        # Why, in full, as it happens: the table's column keeps only the start of it.
+                        label = "[yellow]error[/]" if result.error is not None else "[red]fail[/]"
+                        progress.console.print(
+                            f"{label} {task.id} (reward {result.reward:g}): {result.reason}",
+                            highlight=False,
+                            soft_wrap=True,
+                        )
 
                 return await run_suite(tasks, kind, provider, concurrency=concurrency, on_done=done)
         finally:
@@ -151,7 +165,7 @@ def tasks_run(
 
     results = asyncio.run(go())
     elapsed = time.monotonic() - start
-    table = Table("task", "reward", "passed", "build s", "total s", "error")
+    table = Table("task", "reward", "passed", "build s", "total s", "why not passed")
     for r in results:
         table.add_row(
             r.task_id,
@@ -159,7 +173,7 @@ def tasks_run(
             "yes" if r.passed else "no",
             f"{r.build_s:.2f}",
             f"{r.duration_s:.1f}",
-            (r.reason or "")[:80],
+            (r.reason or "")[:120],
         )
     console.print(table)
     passed = sum(r.passed for r in results)

@@ -1,9 +1,10 @@
-"""What a set of episodes came to: pass rate, status counts, phase-time percentiles; as a dict and a table."""
+"""What a set of episodes came to: pass rate, status counts, phase-time percentiles, and why the
+failed ones failed; as a dict and a table."""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -86,3 +87,58 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
     for phase, values in summary["phases_s"].items():
         table.add_row(phase, *(f"{values[c]:.3f}" for c in ("p50", "p90", "p99", "max")))
     out.print(table)
+
+
+TAIL_LINES = 5
+"""Lines of the end of the verifier's output a failure shows."""
+FAILURES_SHOWN = 20
+"""Failed episodes :func:`print_failures` lists; the rest are counted."""
+
+
+def verifier_tail(verifier: Mapping[str, Any], lines: int = TAIL_LINES) -> str:
+    """The last ``lines`` lines of the verifier's output, on one line (`` | `` between them)."""
+    return " | ".join(str(verifier.get("stdout_tail") or "").strip().splitlines()[-lines:])
+
+
+def verifier_error(verifier: Mapping[str, Any]) -> str | None:
+    """Why the verifier gave no reward the way the task defines it, with the end of its output; None if it did."""
+    error = verifier.get("error")
+    if error is None:
+        return None
+    said = verifier_tail(verifier)
+    return str(error) + (": " + said if said else "")
+
+
+def failure_reason(t: Trajectory) -> str | None:
+    """Why an episode did not pass, for people; None when it passed.
+
+    The episode's error (an infra or agent failure: its message), else what the verifier said: its
+    error, or its exit code and the last lines of its output (a plain failing test run).
+    """
+    if t.passed:
+        return None
+    broken = verifier_error(t.verifier)
+    if broken is not None:
+        return broken
+    if t.error is not None:
+        return f"{t.error.kind} error in {t.error.phase} ({t.error.error_code}): {t.error.message}"
+    if not t.verifier:
+        return "the verifier did not run"
+    said = verifier_tail(t.verifier)
+    return f"verifier exit {t.verifier.get('exit_code')}" + (f": {said}" if said else " and printed nothing")
+
+
+def print_failures(trajectories: Sequence[Trajectory], console: Console | None = None) -> None:
+    """One line per episode that did not pass (at most :data:`FAILURES_SHOWN`): task, status, reward, why."""
+    out = console or Console(stderr=True)
+    failed = [t for t in trajectories if not t.passed]
+    for t in failed[:FAILURES_SHOWN]:
+        reward = "-" if t.reward is None else f"{t.reward:g}"
+        out.print(
+            f"[red]fail[/] {t.task_id} #{t.sample_index} ({t.status}, reward {reward}): {failure_reason(t)}",
+            highlight=False,
+            markup=True,
+            soft_wrap=True,
+        )
+    if len(failed) > FAILURES_SHOWN:
+        out.print(f"... and {len(failed) - FAILURES_SHOWN} more failed episodes (--out keeps every trajectory)")

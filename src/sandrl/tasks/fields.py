@@ -158,6 +158,16 @@ class Table:
         section = f"{self.section}.{key}" if self.section else key
         return Table({} if value is None else value, file=self.file, section=section, task=self.task)
 
+    def keep(self, keys: Iterable[str]) -> dict[str, object]:
+        """Keys the format defines that the loader does not act on, read (so not unknown) and
+        returned under their dotted path, for :attr:`~sandrl.tasks.task.Task.extra`."""
+        prefix = f"{self.section}." if self.section else ""
+        kept: dict[str, object] = {}
+        for key in keys:
+            if key in self.data and key not in self._read:
+                kept[f"{prefix}{key}"] = self.raw(key)
+        return kept
+
     def unknown(self, extra_known: Iterable[str] = ()) -> dict[str, object]:
         """Keys never read (nor in ``extra_known``), under their dotted path."""
         known = self._read | set(extra_known)

@@ -9,21 +9,37 @@
     ├── tests/test.sh           writes /logs/verifier/reward.txt or reward.json
     └── solution/solve.sh       the oracle (optional)
 
+A multi-step task (``[[steps]]`` and ``steps/<name>/``) is read by :mod:`sandrl.tasks.harbor_steps`.
+
 Defaults are Harbor's (timeouts 600 s, 1 CPU, 2048 MB, 10240 MB storage, internet allowed). The
-deprecated spellings ``memory = "4G"`` and ``storage = "10G"`` are read too. Keys sandrl does not
-know are kept in :attr:`Task.extra` and reported with a :class:`~sandrl.tasks.fields.TaskWarning`.
+deprecated spellings ``memory = "4G"`` and ``storage = "10G"`` are read too, and so is
+``[environment] network_mode`` (``public``, ``no-network``; ``allowlist`` runs with the network, with
+a warning) over the older ``allow_internet``.
+
+Every key of Harbor's task config (:data:`HARBOR_KEYS`, from ``harbor.models.task.config``) is
+accepted. Those sandrl does not act on (``artifacts``, ``[environment] mcp_servers``,
+``healthcheck``, ``[agent] network_mode``...) are kept in :attr:`Task.extra` under their dotted path
+without a warning, unless ignoring them changes what the task measures (``gpus``, a non-root
+``user``, a separate verifier environment), which is warned about. Keys Harbor does not define are
+kept in :attr:`Task.extra` too and reported with a :class:`~sandrl.tasks.fields.TaskWarning`.
+
+sandrl's own keys: ``[agent] command_timeout_sec`` (the LLM agent's per-command timeout) and
+``[verifier] reward_key`` (which key of a several-key ``reward.json`` is the reward; see
+:mod:`sandrl.tasks.verify`).
 """
 
 from __future__ import annotations
 
 import re
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 
 from sandrl.errors import InvalidTaskError
 from sandrl.tasks.dockerfile import read_dockerfile
 from sandrl.tasks.fields import Table, warn
+from sandrl.tasks.harbor_steps import load_steps
 from sandrl.tasks.task import TESTS_DIR, EnvironmentSpec, SolutionSpec, Task, VerifierSpec
 
 CONFIG = "task.toml"
@@ -33,8 +49,61 @@ DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_WORKDIR = "/app"
 """When neither task.toml nor the Dockerfile says: the directory Harbor and Terminal-Bench tasks use."""
 
-# Keys Harbor defines that sandrl reads or can safely ignore, per table. Anything else is "unknown".
-_IGNORED_TOP = {"version", "schema_version", "source"}
+HARBOR_KEYS: dict[str, frozenset[str]] = {
+    "": frozenset(
+        {
+            "schema_version",
+            "version",
+            "source",
+            "task",
+            "metadata",
+            "verifier",
+            "agent",
+            "environment",
+            "solution",
+            "multi_step_reward_strategy",
+            "steps",
+            "artifacts",
+        }
+    ),
+    "task": frozenset({"name", "version", "description", "authors", "keywords"}),
+    "agent": frozenset({"timeout_sec", "user", "network_mode", "allowed_hosts"}),
+    "verifier": frozenset(
+        {"timeout_sec", "env", "user", "environment_mode", "environment", "collect", "network_mode", "allowed_hosts"}
+    ),
+    "solution": frozenset({"env"}),
+    "environment": frozenset(
+        {
+            "build_timeout_sec",
+            "docker_image",
+            "os",
+            "cpus",
+            "memory_mb",
+            "storage_mb",
+            "gpus",
+            "gpu_types",
+            "tpu",
+            "mcp_servers",
+            "env",
+            "skills_dir",
+            "healthcheck",
+            "workdir",
+            "allow_internet",
+            "network_mode",
+            "allowed_hosts",
+            "memory",
+            "storage",
+        }
+    ),
+    "steps": frozenset({"name", "agent", "verifier", "min_reward", "healthcheck", "artifacts"}),
+}
+"""Every key of Harbor's ``task.toml`` per table (``""`` is the top level; ``steps`` one ``[[steps]]``
+entry), as Harbor 0.26's task config model (schema 1.4) defines them."""
+SANDRL_KEYS: dict[str, frozenset[str]] = {"agent": frozenset({"command_timeout_sec"})}
+"""sandrl's own keys, kept in :attr:`Task.extra` for the code that reads them (the LLM agent)."""
+_DROPPED_TOP = ("version", "schema_version", "source")
+"""Harbor keys about the file itself, not the task: read and dropped."""
+NETWORK_MODES = ("public", "no-network", "allowlist")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT])i?B?\s*$", re.IGNORECASE)
 _SIZE_MB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
 
@@ -110,7 +179,6 @@ def _environment(task_dir: Path, table: Table, config_file: Path) -> Environment
         raise table.error(f"[environment] workdir must be an absolute path, got {workdir!r}", fix=None)
 
     gpus = table.integer("gpus", 0, low=0, high=1024)
-    table.raw("gpu_types")
     if gpus:
         warn(config_file, f"[environment] gpus = {gpus} cannot be honoured by sandrl's sandboxes; running without")
     os_name = table.string("os")
@@ -127,17 +195,46 @@ def _environment(task_dir: Path, table: Table, config_file: Path) -> Environment
         cpus=table.number("cpus", 1.0, low=0.01, high=1024),
         memory_mb=_size_mb(table, "memory_mb", "memory", 2048),
         storage_mb=_size_mb(table, "storage_mb", "storage", 10240),
-        allow_internet=table.boolean("allow_internet", True),
+        allow_internet=_network(table, config_file),
         env=MappingProxyType(table.env("env")),
         workdir=workdir,
         build_timeout_s=table.seconds("build_timeout_sec", DEFAULT_TIMEOUT_S),
     )
 
 
+def _network(table: Table, config_file: Path) -> bool:
+    """Whether the sandbox has the network: ``network_mode`` when set (Harbor's current key), else
+    the deprecated ``allow_internet``."""
+    allow = table.boolean("allow_internet", True)
+    mode = table.string("network_mode")
+    if mode is None:
+        return allow
+    if mode not in NETWORK_MODES:
+        raise table.error(
+            f"[{table.section}] network_mode must be one of {', '.join(NETWORK_MODES)}, got {mode!r}", fix=None
+        )
+    if mode == "allowlist":
+        warn(
+            config_file,
+            f"[{table.section}] network_mode = 'allowlist': sandrl's sandboxes cannot limit the network to "
+            "allowed_hosts; running with the network",
+        )
+    return mode != "no-network"
+
+
 def _check_user(table: Table, config_file: Path) -> None:
     user = table.string("user")
     if user not in (None, "root"):
         warn(config_file, f"[{table.section}] user = {user!r}: sandrl runs every command as root")
+
+
+def _check_verifier_environment(table: Table, config_file: Path) -> None:
+    # Looked at, not read: the keys stay in Task.extra as they are.
+    if table.data.get("environment_mode") == "separate" or table.data.get("environment") is not None:
+        warn(
+            config_file,
+            f"[{table.section}] asks for a separate verifier environment: sandrl runs the tests in the agent's sandbox",
+        )
 
 
 def load_harbor_task(task_dir: Path) -> Task:
@@ -169,34 +266,66 @@ def load_harbor_task(task_dir: Path) -> Task:
     verifier = top.table("verifier")
     verifier_timeout = verifier.seconds("timeout_sec", DEFAULT_TIMEOUT_S)
     verifier_env = verifier.env("env")
+    reward_key = verifier.string("reward_key")
     _check_user(verifier, config_file)
+    _check_verifier_environment(verifier, config_file)
 
     solution_table = top.table("solution")
     solution_env = solution_table.env("env")
 
     environment_table = top.table("environment")
     environment = _environment(task_dir, environment_table, config_file)
-    instruction = _instruction(task_dir)
-
     tests_dir = task_dir / "tests"
-    if not (tests_dir / "test.sh").is_file():
-        raise InvalidTaskError(
-            f"{task_dir}: tests/test.sh is missing; it is the verifier's entry point and writes "
-            "/logs/verifier/reward.txt (a number) or /logs/verifier/reward.json",
-            path=task_dir,
-        )
+    task_verifier = VerifierSpec(
+        # Harbor makes the script executable and runs it, so its shebang picks the shell.
+        command=f"chmod +x {TESTS_DIR}/test.sh && {TESTS_DIR}/test.sh",
+        timeout_s=verifier_timeout,
+        reward="reward-file",
+        reward_key=reward_key,
+        tests_dir=tests_dir,
+        uploads=MappingProxyType({TESTS_DIR: tests_dir}),
+        env=MappingProxyType(verifier_env),
+    )
+    steps = load_steps(
+        task_dir,
+        top,
+        config_file,
+        agent_timeout_s=agent_timeout,
+        verifier=task_verifier,
+        solution_env=solution_env,
+        keys=HARBOR_KEYS,
+    )
 
     solution: SolutionSpec | None = None
-    solve = task_dir / "solution" / "solve.sh"
-    if solve.is_file():
-        solution = SolutionSpec(
-            command="bash /solution/solve.sh",
-            uploads=MappingProxyType({"/solution": task_dir / "solution"}),
-            env=MappingProxyType(solution_env),
-            script=solve,
+    if steps is not None:
+        # Every step's instruction, verifier and solution (harbor_steps); the task-level ones stand for all.
+        instruction = steps.instruction
+        task_verifier = replace(
+            task_verifier,
+            command="\n".join(step.verifier.command for step in steps.steps),
+            timeout_s=steps.verifier_timeout_s,
+            tests_dir=tests_dir if tests_dir.is_dir() else None,
+            uploads=MappingProxyType({}),
         )
+        agent_timeout = steps.agent_timeout_s
+        solution = steps.solution
+    else:
+        instruction = _instruction(task_dir)
+        if not (tests_dir / "test.sh").is_file():
+            raise InvalidTaskError(
+                f"{task_dir}: tests/test.sh is missing; it is the verifier's entry point and writes "
+                "/logs/verifier/reward.txt (a number) or /logs/verifier/reward.json",
+                path=task_dir,
+            )
+        solve = task_dir / "solution" / "solve.sh"
+        if solve.is_file():
+            solution = SolutionSpec(
+                command="bash /solution/solve.sh",
+                uploads=MappingProxyType({"/solution": task_dir / "solution"}),
+                env=MappingProxyType(solution_env),
+                script=solve,
+            )
 
-    extra: dict[str, object] = {}
     tables = {
         "task": task_table,
         "agent": agent,
@@ -204,13 +333,20 @@ def load_harbor_task(task_dir: Path) -> Task:
         "solution": solution_table,
         "environment": environment_table,
     }
-    extra.update(top.unknown(extra_known={*tables, "metadata", *_IGNORED_TOP}))
+    for key in _DROPPED_TOP:
+        top.raw(key)
+    extra = top.keep(HARBOR_KEYS[""] - {*tables, "metadata"})
+    extra.update(steps.extra if steps is not None else {})
+    for section, table in tables.items():
+        extra.update(table.keep(HARBOR_KEYS[section] | SANDRL_KEYS.get(section, frozenset())))
+    unknown = top.unknown(extra_known={*tables, "metadata"})
     for table in tables.values():
-        extra.update(table.unknown())
-    if extra:
+        unknown.update(table.unknown())
+    extra.update(unknown)
+    if unknown:
         warn(
             config_file,
-            f"unknown keys {', '.join(sorted(extra))} are kept in Task.extra but not acted on; "
+            f"unknown keys {', '.join(sorted(unknown))} are kept in Task.extra but not acted on; "
             "check their spelling against Harbor's task.toml reference",
         )
 
@@ -221,17 +357,11 @@ def load_harbor_task(task_dir: Path) -> Task:
         format="harbor",
         instruction=instruction,
         environment=environment,
-        verifier=VerifierSpec(
-            # Harbor makes the script executable and runs it, so its shebang picks the shell.
-            command=f"chmod +x {TESTS_DIR}/test.sh && {TESTS_DIR}/test.sh",
-            timeout_s=verifier_timeout,
-            reward="reward-file",
-            tests_dir=tests_dir,
-            uploads=MappingProxyType({TESTS_DIR: tests_dir}),
-            env=MappingProxyType(verifier_env),
-        ),
+        verifier=task_verifier,
         solution=solution,
         agent_timeout_s=agent_timeout,
         metadata=MappingProxyType(metadata),
         extra=MappingProxyType(extra),
+        steps=steps.steps if steps is not None else (),
+        step_reward=steps.strategy if steps is not None else "mean",
     )

@@ -57,10 +57,13 @@ def detect_format(path: Path) -> TaskFormat:
     raise InvalidTaskError(f"{path}: is not a task directory of a known format; {hint}", path=path)
 
 
-def load_task(path: Path, *, repos: Path | None = None, test_command: str | None = None) -> Task:
+def load_task(
+    path: Path, *, repos: Path | None = None, test_command: str | None = None, swebench_images: str | None = None
+) -> Task:
     """Load one task: a Harbor or Terminal-Bench directory, or a file holding one SWE-bench instance.
 
-    ``repos`` and ``test_command`` apply to SWE-bench only (see :func:`load_swebench_instances`).
+    ``repos``, ``test_command`` and ``swebench_images`` apply to SWE-bench only (see
+    :func:`load_swebench_instances`: the published image of each instance, or a local clone).
     """
     path = Path(path)
     kind = detect_format(path)
@@ -68,7 +71,7 @@ def load_task(path: Path, *, repos: Path | None = None, test_command: str | None
         return load_harbor_task(path)
     if kind == "terminal-bench":
         return load_terminal_bench_task(path)
-    tasks, errors = load_swebench_instances(path, repos=repos, test_command=test_command)
+    tasks, errors = load_swebench_instances(path, repos=repos, test_command=test_command, images=swebench_images)
     if errors:
         raise errors[0]
     if len(tasks) != 1:
@@ -110,13 +113,14 @@ def _task_dirs(root: Path, depth: int) -> list[Path]:
 
 
 def load_tasks(
-    path: Path, *, repos: Path | None = None, test_command: str | None = None
+    path: Path, *, repos: Path | None = None, test_command: str | None = None, swebench_images: str | None = None
 ) -> tuple[list[Task], list[TaskProblem]]:
     """Every task under ``path`` (a task directory, a directory of them, or a SWE-bench file).
 
     Returns the tasks that loaded, sorted by id, and a :class:`TaskProblem` for each that did not
     (a duplicate id is a problem too). Task directories are found up to :data:`MAX_DEPTH` levels
-    down; ``.json``/``.jsonl`` files directly in ``path`` are read as SWE-bench instances.
+    down; ``.json``/``.jsonl`` files directly in ``path`` are read as SWE-bench instances (in
+    ``swebench_images``' images, or from local clones; see :func:`load_swebench_instances`).
     """
     path = Path(path)
     tasks: list[Task] = []
@@ -135,7 +139,9 @@ def load_tasks(
     for candidate in candidates:
         try:
             if candidate.is_file() and is_swebench_file(candidate):
-                loaded, errors = load_swebench_instances(candidate, repos=repos, test_command=test_command)
+                loaded, errors = load_swebench_instances(
+                    candidate, repos=repos, test_command=test_command, images=swebench_images
+                )
                 tasks.extend(loaded)
                 problems.extend(TaskProblem(candidate, str(error)) for error in errors)
             else:

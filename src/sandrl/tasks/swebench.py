@@ -1,14 +1,27 @@
 """SWE-bench instances, read from the JSON or JSONL files the dataset is published as.
 
-An instance names a GitHub repository and a commit; sandrl fetches nothing, so the repository
-must be on this machine: a local clone, or a mirror directory holding ``<owner>__<name>``
-(SWE-bench's own spelling), ``<owner>/<name>`` or ``<name>``, bare (``.git``) or not. By default
-the mirror is the ``repos/`` directory next to the instance file.
+An instance names a GitHub repository and a commit, and is graded in one of two environments:
+
+- **its published image** (:mod:`sandrl.tasks.swebench_specs`): SWE-bench's per-instance image
+  (``swebench/sweb.eval.x86_64.<id>:latest``, Epoch AI's ``ghcr.io/epoch-research/...``, or a
+  template of your own) as :attr:`EnvironmentSpec.docker_image`; the repository is at ``/testbed``
+  with its dependencies installed in the conda environment ``testbed``, and the tests run as the
+  harness runs them. This is how real instances run: their tests import the repository's
+  dependencies.
+- **a local clone** (``swebench_images = "local"``): the repository from this machine, checked
+  out at ``base_commit`` into the sandbox; its tests run in whatever Python the sandbox's image
+  has. A local clone is a directory in the mirror holding ``<owner>__<name>`` (SWE-bench's own
+  spelling), ``<owner>/<name>`` or ``<name>``, bare (``.git``) or not; by default the mirror is
+  the ``repos/`` directory next to the instance file.
+
+``swebench_images`` picks one: ``"swebench"`` (Docker Hub, the harness's default namespace),
+``"epoch"`` or a template (``{instance_id}``, ``{instance_key}``, ``{arch}``) for the images;
+unset or ``"local"`` for clones, as before images were supported.
 
 ``FAIL_TO_PASS`` and ``PASS_TO_PASS`` are JSON-encoded strings in the published dataset and real
-lists in many exports; both are read. Grading runs the test files ``test_patch`` touches with
-``pytest -rA`` (SWE-bench's command for pytest repositories) unless the instance or the caller
-gives another ``test_cmd``.
+lists in many exports; both are read. The test command is the instance's own ``test_cmd``, else
+the caller's, else the harness's for the repository and version (images) or ``pytest -rA``
+(clones), on the test files ``test_patch`` touches.
 """
 
 from __future__ import annotations
@@ -22,6 +35,14 @@ from types import MappingProxyType
 
 from sandrl.errors import InvalidTaskError
 from sandrl.tasks.fields import type_name
+from sandrl.tasks.swebench_specs import (
+    eval_prelude,
+    harness_test_command,
+    images_setting,
+    instance_image,
+    parser_for,
+    test_directives,
+)
 from sandrl.tasks.task import EnvironmentSpec, SolutionSpec, SweBenchInstance, Task, VerifierSpec
 
 DEFAULT_TEST_COMMAND = "pytest -rA"
@@ -31,8 +52,6 @@ REPO_DIR = "/testbed"
 
 _REQUIRED = ("instance_id", "repo", "base_commit", "patch", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS")
 _OPTIONAL = ("environment_setup_commit", "version", "problem_statement", "test_cmd")
-# Files that SWE-bench leaves out of the test command (its NON_TEST_EXTS).
-_NON_TEST_SUFFIXES = (".json", ".png", "csv", ".txt", ".md", ".jpg", ".jpeg", ".pkl", ".yml", ".yaml", ".toml")
 _DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
 _REPO_NAME = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
 _SHA = re.compile(r"^[0-9a-f]{7,64}$")
@@ -127,7 +146,13 @@ def _check_commit(source: Path, commit: str, where: str, path: Path) -> None:
 
 
 def _to_task(
-    record: object, where: str, path: Path, repos: Path, test_command: str | None, verify_commits: bool
+    record: object,
+    where: str,
+    path: Path,
+    repos: Path,
+    test_command: str | None,
+    verify_commits: bool,
+    images: str | None,
 ) -> Task:
     if not isinstance(record, Mapping):
         raise InvalidTaskError(f"{where}: an instance must be a JSON object, got {type_name(record)}", path=path)
@@ -156,20 +181,31 @@ def _to_task(
     if not fail_to_pass:
         raise InvalidTaskError(f"{where}: FAIL_TO_PASS is empty, so nothing shows the issue is fixed", path=path)
 
-    source = find_repo(repo, repos)
-    if source is None:
-        owner, name = repo.split("/", 1)
-        raise InvalidTaskError(
-            f"{where}: no local copy of {repo} in {repos} (looked for {owner}__{name}, {owner}/{name}, {name}); "
-            f"sandrl fetches nothing, so clone it first: git clone https://github.com/{repo} {repos}/{owner}__{name}",
-            path=path,
-        )
-    if verify_commits:
-        _check_commit(source, base_commit, where, path)
-
     test_files = patch_files(strings["test_patch"])
-    directives = [f for f in test_files if not f.endswith(_NON_TEST_SUFFIXES)]
-    command = " ".join([strings.get("test_cmd") or test_command or DEFAULT_TEST_COMMAND, *directives])
+    version = strings.get("version")
+    own_command = strings.get("test_cmd") or test_command
+    source: Path | None = None
+    image: str | None = None
+    if images is not None:
+        # The published image: the repository and its environment are in it.
+        image = instance_image(instance_id, images)
+        if own_command:
+            command = " ".join([own_command, *test_directives(repo, test_files)])
+        else:
+            command = harness_test_command(repo, version, test_files)
+    else:
+        source = find_repo(repo, repos)
+        if source is None:
+            owner, name = repo.split("/", 1)
+            raise InvalidTaskError(
+                f"{where}: no local copy of {repo} in {repos} (looked for {owner}__{name}, {owner}/{name}, {name}); "
+                f"sandrl fetches nothing, so clone it first: git clone https://github.com/{repo} "
+                f"{repos}/{owner}__{name}, or grade it in its published image (swebench_images = 'swebench')",
+                path=path,
+            )
+        if verify_commits:
+            _check_commit(source, base_commit, where, path)
+        command = " ".join([own_command or DEFAULT_TEST_COMMAND, *test_directives(repo, test_files)])
     instance = SweBenchInstance(
         instance_id=instance_id,
         repo=repo,
@@ -182,8 +218,10 @@ def _to_task(
         test_command=command,
         test_files=test_files,
         environment_setup_commit=strings.get("environment_setup_commit"),
-        version=strings.get("version"),
+        version=version,
         repo_dir=REPO_DIR,
+        test_prelude=eval_prelude(repo, version) if image is not None else "",
+        parser=parser_for(command),
     )
     metadata = {key: value for key, value in record.items() if key not in (*_REQUIRED, "problem_statement")}
     instruction = strings.get("problem_statement") or ""
@@ -198,6 +236,8 @@ def _to_task(
         format="swe-bench",
         instruction=instruction,
         environment=EnvironmentSpec(
+            docker_image=image,
+            base_image=image,
             cpus=1.0,
             memory_mb=4096,
             storage_mb=10240,
@@ -218,21 +258,28 @@ def load_swebench_instances(
     repos: Path | None = None,
     test_command: str | None = None,
     verify_commits: bool = True,
+    images: str | None = None,
 ) -> tuple[list[Task], list[InvalidTaskError]]:
     """Every instance of a ``.json`` / ``.jsonl`` file, and the errors of those that are malformed.
 
-    ``repos`` is a local clone or a mirror directory (default: ``repos/`` next to the file);
-    ``test_command`` replaces ``pytest -rA`` for instances without their own ``test_cmd``;
-    ``verify_commits`` checks that each base commit is in the clone (one ``git`` call each).
-    A file that cannot be read at all raises :class:`~sandrl.errors.InvalidTaskError`.
+    ``images`` is ``swebench_images`` (see the module docstring; None: local clones); ``repos`` is a
+    local clone or a mirror directory (default: ``repos/`` next to the file); ``test_command``
+    replaces the default test command for instances without their own ``test_cmd``;
+    ``verify_commits`` checks that each base commit is in the clone (one ``git`` call each). A file
+    that cannot be read at all, or an ``images`` that is no image set or template, raises
+    :class:`~sandrl.errors.InvalidTaskError`.
     """
     path = Path(path)
+    try:
+        images = images_setting(images)
+    except ValueError as exc:
+        raise InvalidTaskError(f"{path}: {exc}", path=path) from exc
     mirror = Path(repos) if repos is not None else path.parent / "repos"
     tasks: list[Task] = []
     errors: list[InvalidTaskError] = []
     for where, record in read_records(path):
         try:
-            tasks.append(_to_task(record, where, path, mirror, test_command, verify_commits))
+            tasks.append(_to_task(record, where, path, mirror, test_command, verify_commits, images))
         except InvalidTaskError as exc:
             errors.append(exc)
     return tasks, errors

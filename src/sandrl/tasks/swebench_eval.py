@@ -6,10 +6,17 @@ Grading follows ``swebench.harness``: the model's patch is applied to the reposi
 ``base_commit`` and the test patch applied; the tests run; the instance is resolved when every
 FAIL_TO_PASS and every PASS_TO_PASS test passed (an expected failure counts as a pass).
 
-Where this differs, it is stricter: results come from pytest's JUnit XML report, not from the
-printed log, so no test output can fake a result; a skipped FAIL_TO_PASS or PASS_TO_PASS test is a
-failure (SWE-bench leaves it out of the count); and the repository is reset between two patch
-attempts so that a half-applied ``--reject`` leaves nothing behind.
+In SWE-bench's published image the repository is already at ``/testbed`` and the tests run in
+its conda environment, with the harness's test command for the repository and version
+(:mod:`sandrl.tasks.swebench_specs` says which parts follow the harness exactly); from a local
+clone the repository is checked out here first and the tests run in the sandbox's own Python.
+
+Where this differs, it is stricter: pytest's results come from its JUnit XML report, not from the
+printed log, so no test output can fake a result (Django's and SymPy's runners have no such
+report: their logs are read with the harness's parsers, :mod:`sandrl.tasks.swebench_logs`); a
+skipped FAIL_TO_PASS or PASS_TO_PASS test is a failure (SWE-bench leaves it out of the count); and
+the repository is reset between two patch attempts so that a half-applied ``--reject`` leaves
+nothing behind.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import shlex
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import MappingProxyType
 
@@ -30,6 +38,7 @@ from sandrl.tasks.envvars import resolve_env
 from sandrl.tasks.pytest_results import JunitError, TestStatus, parse_junit_xml, status_of
 from sandrl.tasks.result import VerifyResult, tail
 from sandrl.tasks.sandbox_io import empty_dir_command, extract_tar, read_optional, run, run_logged
+from sandrl.tasks.swebench_logs import parse_django_log, parse_sympy_log
 from sandrl.tasks.task import SweBenchInstance, Task
 
 GIT_APPLY_COMMANDS = ("git apply --verbose", "git apply --verbose --reject", "patch --batch --fuzz=5 -p1 -i")
@@ -96,8 +105,19 @@ def repository_snapshot(source: Path, commit: str) -> Path:
 
 
 async def setup_repository(task: Task, sandbox: Sandbox) -> None:
-    """Put the repository at ``base_commit`` into the sandbox at ``/testbed``."""
+    """Put the repository at ``base_commit`` into the sandbox at ``/testbed`` (from an image: check it is there)."""
     instance = _instance(task)
+    if instance.repo_source is None:
+        base = shlex.quote(f"{instance.base_commit}^{{commit}}")
+        found = await sandbox.exec(f"git cat-file -e {base}", cwd=instance.repo_dir, timeout_s=60.0)
+        if found.exit_code != 0:
+            said = " ".join((found.stderr or found.stdout).split())[-300:]
+            raise TaskError(
+                f"task {task.id}: the image {task.environment.docker_image} has no repository with commit "
+                f"{instance.base_commit} at {instance.repo_dir} ({said}); "
+                "is it SWE-bench's image of this instance? Check swebench_images"
+            )
+        return
     snapshot = await asyncio.to_thread(repository_snapshot, instance.repo_source, instance.base_commit)
     data = await asyncio.to_thread(snapshot.read_bytes)
     await extract_tar(sandbox, data, instance.repo_dir, replace=True)
@@ -146,23 +166,36 @@ def _test_files_command(instance: SweBenchInstance) -> str:
     return "\n".join(lines) or "true"
 
 
-def _test_command(instance: SweBenchInstance, junit: str) -> str:
-    if JUNIT_PLACEHOLDER in instance.test_command:
-        return instance.test_command.replace(JUNIT_PLACEHOLDER, shlex.quote(junit))
-    return f"{instance.test_command} --junitxml={shlex.quote(junit)}"
+def eval_command(instance: SweBenchInstance, junit: str) -> str:
+    """The shell command that runs the instance's tests: in an image, in bash inside its conda
+    environment after the harness's ``eval_commands``; with a JUnit report at ``junit`` for pytest."""
+    command = instance.test_command
+    if instance.parser == "junit":
+        if JUNIT_PLACEHOLDER in command:
+            command = command.replace(JUNIT_PLACEHOLDER, shlex.quote(junit))
+        else:
+            command = f"{command} --junitxml={shlex.quote(junit)}"
+    if not instance.test_prelude:
+        return command
+    # SWE-bench's eval script is bash (conda's activate, `source`); a sandbox's commands run in sh.
+    script = f"{instance.test_prelude}\ncd {shlex.quote(instance.repo_dir)}\n{command}"
+    return f"bash -c {shlex.quote(script)}"
 
 
 def grade_statuses(
-    instance: SweBenchInstance, statuses: dict[tuple[str, str], TestStatus]
+    instance: SweBenchInstance, status_of_test: Callable[[str], TestStatus | None]
 ) -> tuple[bool, dict[str, object]]:
-    """Resolved or not, and the per-group lists SWE-bench's report has."""
+    """Resolved or not, and the per-group lists SWE-bench's report has.
+
+    ``status_of_test`` gives a test's status, None for one that did not run.
+    """
     report: dict[str, object] = {}
     resolved = True
     for group, tests in (("FAIL_TO_PASS", instance.fail_to_pass), ("PASS_TO_PASS", instance.pass_to_pass)):
         success: list[str] = []
         failure: dict[str, str] = {}
         for test in tests:
-            status = status_of(test, statuses)
+            status = status_of_test(test)
             if status is not None and status.ok:
                 success.append(test)
             else:
@@ -245,11 +278,12 @@ async def grade(task: Task, sandbox: Sandbox, *, patch: str | None = None) -> Ve
         )
 
     junit = f"{WORK_DIR}/junit.xml"
+    log = f"{WORK_DIR}/test-output.txt"
     env = resolve_env(task.verifier.env, where=f"task {task.id}: verifier env")
     tests, log_tail = await run_logged(
         sandbox,
-        _test_command(instance, junit),
-        log=f"{WORK_DIR}/test-output.txt",
+        eval_command(instance, junit),
+        log=log,
         timeout_s=task.verifier.timeout_s,
         cwd=repo,
         env=env,
@@ -261,23 +295,46 @@ async def grade(task: Task, sandbox: Sandbox, *, patch: str | None = None) -> Ve
             output=log_tail,
             exit_code=tests.exit_code,
         )
-    try:
-        report_bytes = await read_optional(sandbox, junit, max_bytes=JUNIT_MAX_BYTES)
-    except SandboxFileError as exc:
-        # pytest writes a regular file of a size in proportion to the tests: this one was tampered with.
-        return result(error=f"the JUnit report cannot be read: {exc}", output=log_tail, exit_code=tests.exit_code)
-    if report_bytes is None:
-        return result(
-            error=f"the test command wrote no JUnit report (exit {tests.exit_code}); pytest did not run to the end",
-            infra_error=tests.exit_code in (126, 127),  # the command itself is missing: the environment's fault
-            output=log_tail,
-            exit_code=tests.exit_code,
-        )
-    try:
-        statuses = parse_junit_xml(report_bytes)
-    except JunitError as exc:
-        return result(error=f"the JUnit report is unreadable: {exc}", output=log_tail, exit_code=tests.exit_code)
-    resolved, report = grade_statuses(instance, statuses)
+    if instance.parser != "junit":
+        lookup = await _log_statuses(sandbox, instance, log)
+        if lookup is None:
+            return result(error="the test log cannot be read", output=log_tail, exit_code=tests.exit_code)
+        if not lookup:
+            return result(
+                error=f"the test run reported no test (exit {tests.exit_code}); its runner did not start",
+                infra_error=tests.exit_code in (126, 127),
+                output=log_tail,
+                exit_code=tests.exit_code,
+            )
+        resolved, report = grade_statuses(instance, lookup.get)
+    else:
+        try:
+            report_bytes = await read_optional(sandbox, junit, max_bytes=JUNIT_MAX_BYTES)
+        except SandboxFileError as exc:
+            # pytest writes a regular file of a size in proportion to the tests: this one was tampered with.
+            return result(error=f"the JUnit report cannot be read: {exc}", output=log_tail, exit_code=tests.exit_code)
+        if report_bytes is None:
+            return result(
+                error=f"the test command wrote no JUnit report (exit {tests.exit_code}); pytest did not run to the end",
+                infra_error=tests.exit_code in (126, 127),  # the command itself is missing: the environment's fault
+                output=log_tail,
+                exit_code=tests.exit_code,
+            )
+        try:
+            statuses = parse_junit_xml(report_bytes)
+        except JunitError as exc:
+            return result(error=f"the JUnit report is unreadable: {exc}", output=log_tail, exit_code=tests.exit_code)
+        resolved, report = grade_statuses(instance, lambda test: status_of(test, statuses))
     report["patch_applied"] = applied_with
     report["model_patch"] = patch
     return result(1.0 if resolved else 0.0, details=report, output=log_tail, exit_code=tests.exit_code)
+
+
+async def _log_statuses(sandbox: Sandbox, instance: SweBenchInstance, log: str) -> dict[str, TestStatus] | None:
+    """Per-test statuses from the whole test log (the tail is not enough: results are on every line)."""
+    try:
+        data = await sandbox.read_file(log, max_bytes=JUNIT_MAX_BYTES)
+    except SandboxFileError:
+        return None
+    text = data.decode(errors="replace")
+    return parse_django_log(text) if instance.parser == "django" else parse_sympy_log(text)

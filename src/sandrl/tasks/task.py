@@ -21,16 +21,23 @@ from sandrl.tasks.envvars import resolve_env
 TaskFormat = Literal["harbor", "terminal-bench", "swe-bench"]
 """The on-disk format a task was loaded from."""
 
-RewardSource = Literal["reward-file", "pytest-summary", "swe-bench"]
+RewardSource = Literal["reward-file", "pytest-summary", "swebench-log", "swe-bench"]
 """How the verifier's reward is read.
 
 - ``reward-file``: Harbor; the test command writes ``/logs/verifier/reward.txt`` (one number)
-  or ``/logs/verifier/reward.json`` (an object of named numbers).
+  or ``/logs/verifier/reward.json`` (an object of named numbers; which one is the reward:
+  :func:`sandrl.tasks.verify.reward_of`).
 - ``pytest-summary``: Terminal-Bench 1; the pytest "short test summary info" lines of the test
   command's output, every test passed = reward 1.
+- ``swebench-log``: Terminal-Bench 1's ``parser_name: swebench``; the test command prints the
+  SWE-bench harness's verdict between ``SWEBench results starts here`` and ``SWEBench results ends
+  here``, and the task passed when that block is exactly ``PASSED``.
 - ``swe-bench``: the SWE-bench harness; the model's diff and the test patch are applied, the tests
   run with a JUnit XML report, resolved when every FAIL_TO_PASS and PASS_TO_PASS test passed.
 """
+
+TestParser = Literal["junit", "django", "sympy"]
+"""How a SWE-bench test run is read: pytest's JUnit XML report, or Django's or SymPy's runner's log."""
 
 TESTS_DIR = "/tests"
 """Where a task's tests are written at verify time (Harbor's and Terminal-Bench's path)."""
@@ -91,6 +98,9 @@ class VerifierSpec:
     """Sandbox path → host file or directory, written in order before the command runs."""
     env: Mapping[str, str] = field(default_factory=_frozen_str)
     """Extra environment of the test command; values may be ``${VAR}`` templates."""
+    reward_key: str | None = None
+    """``reward-file``: the key of a several-key ``reward.json`` that is the reward (``[verifier]
+    reward_key``); None: the key ``reward``, a single key, or else the mean of them all."""
 
 
 @dataclass(frozen=True)
@@ -120,16 +130,46 @@ class SweBenchInstance:
     test_patch: str
     fail_to_pass: tuple[str, ...]
     pass_to_pass: tuple[str, ...]
-    repo_source: Path
-    """A local clone or mirror of ``repo``; nothing is fetched from the internet."""
+    repo_source: Path | None
+    """A local clone or mirror of ``repo``, checked out into the sandbox at ``base_commit``; None when
+    the task's image (:attr:`EnvironmentSpec.docker_image`, SWE-bench's published one) has it at
+    ``repo_dir`` already. Nothing is fetched from the internet."""
     test_command: str
-    """Runs the tests touched by ``test_patch``; a JUnit XML path is appended (or put at ``{junit_xml}``)."""
+    """Runs the tests touched by ``test_patch``; with the ``junit`` parser a JUnit XML path is appended
+    (or put at ``{junit_xml}``)."""
     test_files: tuple[str, ...]
     """Files ``test_patch`` touches; reset to ``base_commit`` before it is applied."""
     environment_setup_commit: str | None = None
     version: str | None = None
     repo_dir: str = "/testbed"
     """Where the repository is checked out in the sandbox (SWE-bench's path)."""
+    test_prelude: str = ""
+    """Shell lines run before ``test_command`` in the same bash (the image's conda environment and the
+    harness's ``eval_commands``); empty in a local clone."""
+    parser: TestParser = "junit"
+    """How the test run's per-test results are read (:mod:`sandrl.tasks.swebench_logs`)."""
+
+
+StepReward = Literal["mean", "final"]
+"""How a multi-step task's reward comes from its steps' (Harbor's ``multi_step_reward_strategy``)."""
+
+
+@dataclass(frozen=True)
+class TaskStep:
+    """One step of a Harbor multi-step task (``[[steps]]`` and ``steps/<name>/``)."""
+
+    name: str
+    instruction: str
+    verifier: VerifierSpec
+    """The step's tests: the task's ``tests/`` with the step's own ``tests/`` over it."""
+    agent_timeout_s: float
+    solution: Path | None = None
+    """The step's ``solution/`` directory, when it has ``solve.sh``."""
+    workdir_files: Path | None = None
+    """``steps/<name>/workdir/``: copied into the working directory before the agent; its
+    ``setup.sh`` is run there."""
+    min_reward: Mapping[str, float] | None = None
+    """Later steps are not verified when a reward of this step is below its threshold (or missing)."""
 
 
 @dataclass(frozen=True)
@@ -153,6 +193,11 @@ class Task:
     extra: Mapping[str, object] = field(default_factory=_frozen)
     """Keys sandrl does not know, kept as read (dotted paths, e.g. ``environment.gpus_per_node``)."""
     swebench: SweBenchInstance | None = None
+    steps: tuple[TaskStep, ...] = ()
+    """A Harbor multi-step task's steps, in order; empty for every other task. The agent is given
+    every step's instruction at once, and :func:`~sandrl.tasks.verify.verify` runs the steps'
+    verifiers in order (:mod:`sandrl.tasks.harbor_steps`)."""
+    step_reward: StepReward = "mean"
 
     @property
     def key(self) -> str:

@@ -9,10 +9,15 @@
     ├── tests/               written to /tests at verify time, with run-tests.sh
     └── solution.sh          the oracle (or solution.yaml: a list of commands)
 
-The harness runs ``bash /tests/run-tests.sh`` with ``TEST_DIR=/tests`` and parses the pytest
-output ("short test summary info", so run-tests.sh uses ``pytest -rA``); the task passes when
-every test passed. Default timeouts are those Harbor's Terminal-Bench adapter uses (360 s for the
-agent, 60 s for the tests).
+The harness runs ``bash /tests/run-tests.sh`` with ``TEST_DIR=/tests`` and parses its output with
+the task's ``parser_name``: ``pytest`` (the default) reads pytest's "short test summary info", so
+run-tests.sh uses ``pytest -rA``, and the task passes when every test passed; ``swebench`` (the
+SWE-bench adapter's tasks, whose run-tests.sh grades with SWE-bench's harness) reads the block
+between ``SWEBench results starts here`` and ``SWEBench results ends here``, and the task passes
+when it is ``PASSED``. Other parsers (swelancer, mlebench, sweperf) are refused.
+
+Default timeouts are those Harbor's Terminal-Bench adapter uses (360 s for the agent, 60 s for the
+tests).
 """
 
 from __future__ import annotations
@@ -26,12 +31,13 @@ from sandrl.errors import InvalidTaskError
 from sandrl.tasks.dockerfile import read_dockerfile
 from sandrl.tasks.fields import Table, type_name, warn
 from sandrl.tasks.harbor import DEFAULT_WORKDIR
-from sandrl.tasks.task import TESTS_DIR, EnvironmentSpec, SolutionSpec, Task, VerifierSpec
+from sandrl.tasks.task import TESTS_DIR, EnvironmentSpec, RewardSource, SolutionSpec, Task, VerifierSpec
 
 CONFIG = "task.yaml"
 DEFAULT_AGENT_TIMEOUT_S = 360.0
 DEFAULT_TEST_TIMEOUT_S = 60.0
-SUPPORTED_PARSERS = ("pytest",)
+SUPPORTED_PARSERS: dict[str, RewardSource] = {"pytest": "pytest-summary", "swebench": "swebench-log"}
+"""Terminal-Bench's ``parser_name`` values sandrl reads, and how."""
 
 _METADATA_KEYS = (
     "author_name",
@@ -136,7 +142,8 @@ def load_terminal_bench_task(task_dir: Path) -> Task:
 
     instruction = _instruction(top)
     parser = top.string("parser_name", "pytest") or "pytest"
-    if parser not in SUPPORTED_PARSERS:
+    reward = SUPPORTED_PARSERS.get(parser)
+    if reward is None:
         raise top.error(
             f"parser_name {parser!r} is not supported",
             fix=f"sandrl reads {', '.join(SUPPORTED_PARSERS)} output; convert the task to Harbor for another verifier",
@@ -211,7 +218,7 @@ def load_terminal_bench_task(task_dir: Path) -> Task:
         verifier=VerifierSpec(
             command=command,
             timeout_s=test_timeout,
-            reward="pytest-summary",
+            reward=reward,
             tests_dir=tests_dir if tests_dir.is_dir() else None,
             uploads=MappingProxyType(uploads),
             env=MappingProxyType({"TEST_DIR": TESTS_DIR}),

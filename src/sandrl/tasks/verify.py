@@ -3,11 +3,13 @@
 ``verify`` runs after the agent has finished. It writes the task's tests into the sandbox only
 then (the agent never sees them), clears the reward directory first (so a reward file the agent
 wrote cannot count), runs the test command with the verifier's timeout and environment, and reads
-the reward the way the task's format defines it.
+the reward the way the task's format defines it. Failed tests that needed the network in a sandbox
+without one are an infrastructure error (:mod:`sandrl.tasks.offline`), not a reward 0.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -18,13 +20,16 @@ from sandrl.errors import SandboxFileError, TaskError
 from sandrl.sandbox.base import ExecResult, Sandbox
 from sandrl.tasks import swebench_eval
 from sandrl.tasks.envvars import resolve_env
+from sandrl.tasks.offline import offline_failure
 from sandrl.tasks.pytest_results import parse_short_summary
 from sandrl.tasks.result import VerifyResult, tail
-from sandrl.tasks.sandbox_io import empty_dir_command, read_optional, run, run_logged, upload_all
+from sandrl.tasks.sandbox_io import empty_dir_command, extract_tar, read_optional, run, run_logged, tar_path, upload_all
 from sandrl.tasks.task import TESTS_DIR, VERIFIER_LOGS_DIR, Task
 
 TEST_LOG = f"{VERIFIER_LOGS_DIR}/test-output.txt"
 """The test command's interleaved output (Harbor keeps it at test-stdout.txt; the name is ours)."""
+SETUP_TIMEOUT_S = 600.0
+"""A multi-step task's step setup script (Harbor gives it no limit of its own)."""
 REWARD_MAX_BYTES = 64 << 10
 """Most bytes of ``reward.txt`` or ``reward.json`` read: one number, or a few named ones, are far less."""
 
@@ -34,12 +39,26 @@ async def prepare_environment(task: Task, sandbox: Sandbox) -> None:
 
     SWE-bench: the repository at ``base_commit`` in ``/testbed``. Harbor and Terminal-Bench
     environments come from their Dockerfile, which the image builder handles; here only the
-    working directory is made.
+    working directory is made, and a multi-step task's steps' ``workdir/`` files put there (each
+    ``setup.sh`` run) in order.
     """
     if task.swebench is not None:
         await swebench_eval.setup_repository(task, sandbox)
-    else:
-        await run(sandbox, f"mkdir -p {task.environment.workdir}", what="making the working directory")
+        return
+    workdir = task.environment.workdir
+    await run(sandbox, f"mkdir -p {workdir}", what="making the working directory")
+    for step in task.steps:
+        # A multi-step task's steps set up before the agent starts, in order (Harbor: just before each step).
+        if step.workdir_files is None:
+            continue
+        await extract_tar(sandbox, tar_path(step.workdir_files), workdir, replace=False)
+        if (step.workdir_files / "setup.sh").is_file():
+            done = await sandbox.exec("bash ./setup.sh", cwd=workdir, timeout_s=SETUP_TIMEOUT_S)
+            if done.exit_code != 0:
+                raise TaskError(
+                    f"task {task.id}: step {step.name}'s workdir/setup.sh failed (exit {done.exit_code}): "
+                    f"{(done.stderr or done.stdout).strip()[-500:]}"
+                )
 
 
 async def run_solution(task: Task, sandbox: Sandbox) -> ExecResult:
@@ -66,6 +85,8 @@ async def verify(task: Task, sandbox: Sandbox, *, patch: str | None = None) -> V
         return await swebench_eval.grade(task, sandbox, patch=patch)
     if patch is not None:
         raise TaskError(f"task {task.id} is a {task.format} task; only SWE-bench tasks are graded from a patch")
+    if task.steps:
+        return await _verify_steps(task, sandbox)
     start = time.monotonic()
     # One exec: count what the agent left running (before anything of the verifier's starts), then
     # clear the reward's directory.
@@ -101,25 +122,94 @@ async def verify(task: Task, sandbox: Sandbox, *, patch: str | None = None) -> V
             infra_error=infra,
         )
 
-    if result.timed_out:
-        return done(0.0, {}, error=f"the tests did not finish within {task.verifier.timeout_s:g} s")
-    if task.verifier.reward == "reward-file":
-        try:
-            reward, details, error = await _read_reward_file(sandbox)
-        except SandboxFileError as exc:
-            # A reward file that is there but is no file a test script writes (huge, a link to a device,
-            # a FIFO, a directory): something the agent left running in the sandbox made it. Its failure.
-            return done(0.0, {}, error=f"the reward file cannot be read: {exc}")
+    async def judge() -> VerifyResult:
+        if result.timed_out:
+            return done(0.0, {}, error=f"the tests did not finish within {task.verifier.timeout_s:g} s")
+        if task.verifier.reward not in ("reward-file", "swebench-log"):
+            reward, details, error = _read_pytest_summary(output, result.exit_code)
+            return done(reward, details, error=error)
+        if task.verifier.reward == "swebench-log":
+            reward, details, error = read_swebench_markers(output)
+        else:
+            try:
+                reward, details, error = await _read_reward_file(sandbox, task.verifier.reward_key)
+            except SandboxFileError as exc:
+                # A reward file that is there but is no file a test script writes (huge, a link to a device,
+                # a FIFO, a directory): something the agent left running in the sandbox made it. Its failure.
+                return done(0.0, {}, error=f"the reward file cannot be read: {exc}")
         if error is not None and leftovers:
             # Processes the agent left running could have removed or rewritten the reward file after
             # the test script wrote it: the agent's failure, or a policy could dodge every failing
             # reward by leaving a loop that deletes it.
             error += f" ({leftovers} processes the agent left running were alive when the verifier started)"
             return done(0.0, details, error=error)
-        # No reward at all, from a sandbox with nothing else running: the test script is broken.
+        # No reward at all, from a sandbox with nothing else running: the test script is broken (Terminal-Bench
+        # says of missing SWE-bench markers: "an issue from the server end").
         return done(reward, details, error=error, infra=error is not None)
-    reward, details, error = _read_pytest_summary(output, result.exit_code)
-    return done(reward, details, error=error)
+
+    judged = await judge()
+    if judged.passed or judged.infra_error:
+        return judged
+    offline = await offline_failure(sandbox, output, allow_internet=task.environment.allow_internet)
+    if offline is None:
+        return judged
+    return dataclasses.replace(judged, reward=0.0, error=offline, infra_error=True)
+
+
+async def _verify_steps(task: Task, sandbox: Sandbox) -> VerifyResult:
+    """A Harbor multi-step task: each step's verifier in order, Harbor's early stop and reward roll-up.
+
+    A step whose verifier could not give a reward (a broken test script) makes the whole result an
+    infra error; one whose tests failed to finish, or whose rewards miss its ``min_reward``, is the
+    last verified (Harbor aborts the remaining steps). ``mean``: the per-key mean over the verified
+    steps, a key a step lacks counting 0; ``final``: the last verified step's rewards.
+    """
+    start = time.monotonic()
+    records: list[dict[str, object]] = []
+    per_step: list[dict[str, float]] = []
+    last: VerifyResult | None = None
+    for step in task.steps:
+        result = await verify(dataclasses.replace(task, verifier=step.verifier, steps=()), sandbox)
+        found = result.details.get("rewards")
+        rewards = dict(found) if isinstance(found, Mapping) else {"reward": result.reward}
+        records.append(
+            {"step": step.name, "reward": result.reward, "rewards": rewards, "exit_code": result.exit_code}
+            | ({"error": result.error} if result.error else {})
+        )
+        if result.infra_error:
+            return dataclasses.replace(
+                result,
+                duration_s=time.monotonic() - start,
+                details=MappingProxyType({"steps": records}),
+                error=f"step {step.name}: {result.error}",
+            )
+        last = result
+        per_step.append(rewards)
+        thresholds = step.min_reward or {}
+        if result.error is not None or any(rewards.get(k, -math.inf) < v for k, v in thresholds.items()):
+            records[-1]["stopped"] = True  # Harbor runs no further step
+            break
+    assert last is not None  # a multi-step task has a step
+    if task.step_reward == "final":
+        rolled = per_step[-1]
+    else:
+        keys = {key for rewards in per_step for key in rewards}
+        rolled = {key: sum(r.get(key, 0.0) for r in per_step) / len(per_step) for key in sorted(keys)}
+    reward, rule = reward_of(rolled, task.verifier.reward_key)
+    error = None if reward is not None else f"the steps' rewards have no {task.verifier.reward_key!r}: {rule}"
+    return VerifyResult(
+        reward=reward if reward is not None else 0.0,
+        passed=reward is not None and reward >= 1.0,
+        duration_s=time.monotonic() - start,
+        details=MappingProxyType(
+            {"steps": records, "rewards": rolled, "reward_rule": f"{task.step_reward} over the steps; {rule}"}
+        ),
+        stdout_tail=last.stdout_tail,
+        exit_code=last.exit_code,
+        timed_out=last.timed_out,
+        error=error,
+        infra_error=error is not None,
+    )
 
 
 LEFTOVERS = 'n=0; for p in /proc/[0-9]*; do p=${p#/proc/}; [ "$p" = 1 ] || [ "$p" = $$ ] || n=$((n + 1)); done; echo $n'
@@ -132,7 +222,7 @@ def _count(stdout: str) -> int:
     return int(first) if first.isdigit() else 0
 
 
-async def _read_reward_file(sandbox: Sandbox) -> tuple[float, dict[str, object], str | None]:
+async def _read_reward_file(sandbox: Sandbox, reward_key: str | None) -> tuple[float, dict[str, object], str | None]:
     """Harbor's reward: ``reward.txt`` (one number) first, else ``reward.json`` (named numbers)."""
     text_path, json_path = f"{VERIFIER_LOGS_DIR}/reward.txt", f"{VERIFIER_LOGS_DIR}/reward.json"
     raw = await read_optional(sandbox, text_path, max_bytes=REWARD_MAX_BYTES)
@@ -158,13 +248,50 @@ async def _read_reward_file(sandbox: Sandbox) -> tuple[float, dict[str, object],
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
             return 0.0, {}, f"{json_path}: reward {name!r} is {value!r}, not a number"
         rewards[str(name)] = float(value)
+    reward, rule = reward_of(rewards, reward_key)
+    if reward is None:
+        return 0.0, {"rewards": rewards}, f"{json_path} has no reward {reward_key!r} ([verifier] reward_key): {rule}"
+    return reward, {"rewards": rewards, "reward_rule": rule}, None
+
+
+def reward_of(rewards: Mapping[str, float], key: str | None = None) -> tuple[float | None, str]:
+    """The reward of a set of named rewards, and the rule that chose it (for the record).
+
+    Harbor's own rule comes first: the key ``reward``, else the only key. Harbor has none for
+    several keys without a ``reward`` (it reports each key, and no primary reward); sandrl takes
+    the key the task names in ``[verifier] reward_key``, else the mean of all the values (a task
+    that scores parts of the work, e.g. ``{"tests": 1, "style": 0.5}``, gets partial credit).
+    None when the named key is missing.
+    """
+    if key is not None:
+        if key in rewards:
+            return rewards[key], f"the key {key!r} ([verifier] reward_key)"
+        return None, f"it has {', '.join(sorted(rewards))}"
     if "reward" in rewards:
-        reward = rewards["reward"]
-    elif len(rewards) == 1:
-        reward = next(iter(rewards.values()))
-    else:
-        return 0.0, {"rewards": rewards}, f"{json_path} has several rewards and none is named 'reward'"
-    return reward, {"rewards": rewards}, None
+        return rewards["reward"], "the key 'reward'"
+    if len(rewards) == 1:
+        name, value = next(iter(rewards.items()))
+        return value, f"the only key, {name!r}"
+    return sum(rewards.values()) / len(rewards), f"the mean of {', '.join(sorted(rewards))}"
+
+
+SWEBENCH_START = "SWEBench results starts here"
+SWEBENCH_END = "SWEBench results ends here"
+
+
+def read_swebench_markers(output: str) -> tuple[float, dict[str, object], str | None]:
+    """Terminal-Bench's ``swebench`` parser: the text after the first start marker and before the
+    last end marker, stripped, is ``PASSED`` (reward 1) or anything else (reward 0)."""
+    if SWEBENCH_START not in output or SWEBENCH_END not in output:
+        return (
+            0.0,
+            {},
+            f"the test output has no '{SWEBENCH_START}' ... '{SWEBENCH_END}' block; run-tests.sh must print "
+            "the SWE-bench verdict (PASSED or FAILED) between them",
+        )
+    block = output.split(SWEBENCH_START, 1)[1].rsplit(SWEBENCH_END, 1)[0].strip()
+    passed = block == "PASSED"
+    return (1.0 if passed else 0.0), {"swebench": block[:200]}, None
 
 
 def _read_pytest_summary(output: str, exit_code: int) -> tuple[float, dict[str, object], str | None]:

@@ -10,7 +10,7 @@ defaults; these defaults are the only ones.
     inference = "embedded"      # or the URL of a server
 
     [tasks]                     # TasksConfig: a task directory, or a generated family
-    family = "echo"
+    family = "echo"             # or path = "verified.jsonl" with swebench_images = "swebench"
 
     [rollout]                   # RolloutConfig: runner, budget, agent and sampling
     concurrency = 8
@@ -34,6 +34,7 @@ from sandrl.errors import ConfigError
 from sandrl.rollout.episode import EpisodeTimeouts
 from sandrl.rollout.llm_agent import LLMAgentConfig
 from sandrl.tasks.builtin.generated import FAMILIES
+from sandrl.tasks.swebench_specs import images_setting
 
 EMBEDDED = "embedded"
 """``[model] inference`` for the in-process engine."""
@@ -79,8 +80,16 @@ class TasksConfig:
     """Tasks generated of ``family``."""
     seed: int = 0
     """Seed of the generated tasks."""
+    swebench_images: str = ""
+    """Where SWE-bench instances run: ``swebench`` (SWE-bench's published images on Docker Hub),
+    ``epoch`` (Epoch AI's), an image template with ``{instance_id}`` or ``{instance_key}`` and
+    ``{arch}``; empty or ``local``: from local clones (:mod:`sandrl.tasks.swebench`)."""
 
     def __post_init__(self) -> None:
+        try:
+            images_setting(self.swebench_images)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
         if bool(self.path) == bool(self.family):
             raise ConfigError(
                 "give exactly one of path (a task directory or 'builtin') and family "

@@ -29,8 +29,9 @@ from sandrl.rollout.agent import Agent
 from sandrl.rollout.jsonl import TrajectoryWriter
 from sandrl.rollout.runner import RunResult
 from sandrl.rollout.scripted import DEFAULT_REPLAY, NullAgent, OracleAgent, ReplayAgent, ThinkTime
-from sandrl.rollout.summary import print_summary
+from sandrl.rollout.summary import print_failures, print_summary
 from sandrl.sandbox.base import SandboxProvider
+from sandrl.tasks.swebench_specs import images_setting
 from sandrl.wiring.config import ModelConfig, RolloutConfig
 from sandrl.wiring.policy import open_policy
 from sandrl.wiring.runner import build_runner, local_provider
@@ -75,6 +76,8 @@ class EvalConfig:
     """The LLM agent's system prompt (the one the policy was trained with)."""
     host_capacity: int | None = None
     """Commands at once across the sandboxes, the rest queue (``RunnerConfig.host_capacity``)."""
+    swebench_images: str | None = None
+    """Where SWE-bench instances run: :attr:`~sandrl.wiring.config.TasksConfig.swebench_images`."""
 
     def __post_init__(self) -> None:
         if self.host_capacity is not None and self.host_capacity < 1:
@@ -85,6 +88,10 @@ class EvalConfig:
             raise ConfigError("--agent llm needs --inference: 'embedded' or the URL of an inference server")
         if self.samples < 1 or (self.concurrency is not None and self.concurrency < 1):
             raise ConfigError("--samples and --concurrency must be at least 1")
+        try:
+            images_setting(self.swebench_images)
+        except ValueError as exc:
+            raise ConfigError(f"--swebench-images: {exc}") from exc
         self.rollout()  # the rest of the checks
 
     def rollout(self) -> RolloutConfig:
@@ -132,7 +139,7 @@ async def evaluate(
     console: Console | None = None,
 ) -> RunResult:
     """Run the evaluation; print the summary; return every group and the summary."""
-    tasks = load_task_set(config.tasks)
+    tasks = load_task_set(config.tasks, swebench_images=config.swebench_images)
     model = config.model_config()
     writer = TrajectoryWriter(config.out) if config.out is not None else None
     try:
@@ -153,7 +160,23 @@ async def evaluate(
         if writer is not None:
             writer.close()
     print_summary(result.summary, console)
+    print_failures(result.trajectories, console)
     return result
+
+
+def nothing_ran(result: RunResult) -> str | None:
+    """Why no episode could be judged at all (every one an infra error: builds failed, sandboxes
+    could not be made, verifiers broke), for ``sandrl eval``'s exit status; None if any was."""
+    summary = result.summary
+    if summary["episodes"] == 0 or summary["verified"] > 0:
+        return None
+    causes = ", ".join(f"{code} x{count}" for code, count in summary["errors"].items()) or "no reward"
+    first = next((t.error.message for t in result.trajectories if t.error is not None), None)
+    return (
+        f"no episode could run: all {summary['episodes']} ended without a reward ({causes})"
+        + (f"; the first: {first}" if first else "")
+        + "; fix that before reading the pass rate"
+    )
 
 
 def result_line(config: EvalConfig, result: RunResult) -> dict[str, Any]:

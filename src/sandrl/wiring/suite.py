@@ -17,15 +17,16 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from sandrl.aio import gather_all
 from sandrl.rollout.agent import Agent
 from sandrl.rollout.images import TaskImages
 from sandrl.rollout.runner import RolloutRunner
 from sandrl.rollout.scripted import NullAgent, OracleAgent
+from sandrl.rollout.summary import failure_reason, verifier_error, verifier_tail
 from sandrl.rollout.trajectory import EpisodeStatus, Trajectory
 from sandrl.sandbox.base import SandboxProvider
 from sandrl.tasks.task import Task
@@ -33,9 +34,6 @@ from sandrl.wiring.config import RolloutConfig
 from sandrl.wiring.runner import build_runner
 
 AgentKind = Literal["oracle", "null"]
-
-TAIL_LINES = 5
-"""Lines of the end of the verifier's output a failed task shows."""
 
 
 @dataclass(frozen=True)
@@ -58,13 +56,9 @@ class TaskRun:
     verify_output_tail: str | None = None
     """When the task did not pass: the last lines of the verifier's output (what the tests said)."""
 
-    @property
-    def reason(self) -> str | None:
-        """Why the task did not pass, for people: the error, else the verifier's exit code and last lines."""
-        if self.error is not None or self.passed:
-            return self.error
-        said = f": {self.verify_output_tail}" if self.verify_output_tail else ""
-        return f"verifier exit {self.verify_exit_code}{said}"
+    reason: str | None = None
+    """Why the task did not pass, for people (:func:`~sandrl.rollout.summary.failure_reason`): the
+    error, else the verifier's exit code and the last lines of its output."""
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -80,6 +74,7 @@ class TaskRun:
             "solution_exit_code": self.solution_exit_code,
             "verify_exit_code": self.verify_exit_code,
             "verify_output_tail": self.verify_output_tail,
+            "reason": self.reason,
         }
 
 
@@ -116,25 +111,13 @@ class _Images:
             self.seconds.setdefault(task.key, time.monotonic() - start)
 
 
-def _tail(verifier: Mapping[str, Any]) -> str:
-    return " | ".join(str(verifier.get("stdout_tail", "")).strip().splitlines()[-TAIL_LINES:])
-
-
-def _verify_error(verifier: Mapping[str, Any]) -> str | None:
-    error = verifier.get("error")
-    if error is None:
-        return None
-    tail = _tail(verifier)
-    return str(error) + (": " + tail if tail else "")
-
-
 def _built(t: Trajectory) -> bool:
     return t.error is None or t.error.phase != "image"
 
 
 def task_run(agent: AgentKind, t: Trajectory, build_s: float) -> TaskRun:
     """What ``sandrl tasks run`` reports of the episode ``t`` (whose image took ``build_s``)."""
-    error = _verify_error(t.verifier) or (t.error.message if t.error is not None else None)
+    error = verifier_error(t.verifier) or (t.error.message if t.error is not None else None)
     return TaskRun(
         t.task_id,
         agent,
@@ -147,7 +130,8 @@ def task_run(agent: AgentKind, t: Trajectory, build_s: float) -> TaskRun:
         solution_exit_code=t.turns[0].exit_code if agent == "oracle" and t.turns else None,
         verify_exit_code=t.verifier.get("exit_code"),
         status=t.status,
-        verify_output_tail=_tail(t.verifier) if t.verifier and not t.passed else None,
+        verify_output_tail=verifier_tail(t.verifier) if t.verifier and not t.passed else None,
+        reason=failure_reason(t),
     )
 
 
@@ -199,7 +183,7 @@ def _validation(task: Task, null: Trajectory, oracle: Trajectory, build_s: float
         if not _built(t):
             assert t.error is not None
             return TaskValidation(task.id, False, None, None, seconds, problem=t.error.message)
-    broken = _verify_error(null.verifier) or _verify_error(oracle.verifier)
+    broken = verifier_error(null.verifier) or verifier_error(oracle.verifier)
     problem = None
     if broken is not None:
         problem = f"the verifier is broken: {broken}"
@@ -213,7 +197,7 @@ def _validation(task: Task, null: Trajectory, oracle: Trajectory, build_s: float
         solution_exit = oracle.turns[0].exit_code if oracle.turns else None
         problem = (
             f"the tests fail after the solution (reward {with_ or 0.0:g}, solve.sh exit {solution_exit}): "
-            + _tail(oracle.verifier)
+            + verifier_tail(oracle.verifier)
         )
     return TaskValidation(task.id, True, without, with_, seconds, problem)
 

@@ -10,15 +10,18 @@ from sandrl.tasks.task import Task
 from sandrl.wiring.config import TasksConfig
 
 
-def load_task_set(spec: str | Path) -> list[Task]:
-    """The tasks of ``spec`` (``builtin`` or a path); loading problems are a ConfigError listing them."""
+def load_task_set(spec: str | Path, *, swebench_images: str | None = None) -> list[Task]:
+    """The tasks of ``spec`` (``builtin`` or a path); loading problems are a ConfigError listing them.
+
+    ``swebench_images``: where SWE-bench instances run (:attr:`TasksConfig.swebench_images`).
+    """
     if str(spec) == "builtin":
         from sandrl.tasks.builtin import SUITE_DIR
 
         path = SUITE_DIR
     else:
         path = Path(spec)
-    tasks, problems = load_tasks(path)
+    tasks, problems = load_tasks(path, swebench_images=swebench_images or None)
     if problems:
         listed = "\n".join(f"  {p.problem}" for p in problems[:10])
         raise ConfigError(f"{len(problems)} task(s) under {path} did not load:\n{listed}")
@@ -38,4 +41,4 @@ def task_set(tasks: TasksConfig, root: Path) -> list[Task]:
 
         generate_tasks(root, tasks.family, tasks.count, tasks.seed, overwrite=True)
         return load_task_set(root)
-    return load_task_set(tasks.path)
+    return load_task_set(tasks.path, swebench_images=tasks.swebench_images)
