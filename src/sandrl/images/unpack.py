@@ -296,6 +296,7 @@ class _Unpacker:
         self.owner, self.mode, self.keep_xattr = policy.owner, policy.mode, policy.keep_xattr
         self.written = self.consumed = 0
         self.skipped: list[str] = []
+        self.name = ""
         top = policy.owner(0)
         self.dirs: dict[tuple[str, ...], _Dir] = {(): _Dir(top, top, 0o755, None, ino=os.fstat(self.root).st_ino)}
         self._chain: tuple[str, ...] = ()  # the directory last written to, with the fds of it and its parents
@@ -348,8 +349,8 @@ class _Unpacker:
                 raise
             where = "/".join(parts[: i + 1])
             if stat.S_ISLNK(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode):
-                raise _refuse("/".join(parts), f"writes through the symlink {where!r}") from None
-            raise _refuse("/".join(parts), f"{where!r} is not a directory") from None
+                raise _refuse(self.name, f"writes through the symlink {where!r}") from None
+            raise _refuse(self.name, f"{where!r} is not a directory") from None
 
     def finish(self) -> None:
         """Give every directory its metadata, children first (a 0555 directory took entries until now)."""
@@ -368,8 +369,8 @@ class _Unpacker:
                 os.utime(fd, ns=(meta.mtime_ns, meta.mtime_ns))
 
     def entry(self, member: tarfile.TarInfo, read: Callable[[int], bytes]) -> None:
-        name, kind = member.name, member.type
-        parts = _parts(name)
+        self.name = name = member.name  # for what _open_dir refuses
+        kind, parts = member.type, _parts(name)
         if not parts:
             if kind != tarfile.DIRTYPE:
                 raise _refuse(name, "the layer's root is not a directory")
