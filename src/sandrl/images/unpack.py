@@ -3,18 +3,17 @@
 A layer may be hostile; what it can do here is bounded. Nothing is written outside ``target``:
 names are normalized (``a/../b`` is ``b``; absolute names land inside, as Docker has them), one
 that climbs out refuses the layer, and every write is relative to a directory fd opened from the
-root down with ``O_NOFOLLOW``, so no symlink is followed, least of all one the layer planted
-(``x -> /etc`` then ``x/passwd``); symlink targets are stored verbatim for the sandbox to resolve.
-Owners, modes and xattrs go through :class:`LayerPolicy` (files are created 0600, then get their
-owner, then their mode); devices are left out. File content is bounded by ``max_bytes``, entries
-by ``max_entries``, one entry's headers (PAX, long names) by 2 MiB, and decompressed data is held
-1 MiB at a time. On any failure ``target`` is removed (without following symlinks) and
-:class:`LayerError` names the entry and why.
+root down with ``O_NOFOLLOW``, so no symlink is followed (``x -> /etc`` then ``x/passwd``);
+symlink targets are stored verbatim for the sandbox to resolve. Owners, modes and xattrs go
+through :class:`LayerPolicy`; files are made 0600, then get their owner, then their mode; devices
+are left out. Content, entries and each entry's headers (2 MiB) are bounded, and decompressed data
+is held a few MiB at a time. On any failure ``target`` is removed and :class:`LayerError` names
+the entry and why.
 
-Whiteouts become overlayfs's: ``dir/.wh.name`` a character device 0/0, ``dir/.wh..wh..opq``
-``trusted.overlay.opaque=y``. When the layer also holds ``dir/name``, that entry wins (the whiteout
-is about the layers below), and a directory of that name is made opaque (its lower namesake was
-deleted). AUFS metadata (``.wh..wh.plnk``...) is left out.
+Whiteouts become overlayfs's: ``dir/.wh.name`` a character device 0/0, ``dir/.wh..wh..opq`` the
+xattr ``trusted.overlay.opaque=y``. If the layer also holds ``dir/name``, that entry wins (the
+whiteout is about the layers below), and a directory is made opaque (the lower one was deleted).
+AUFS metadata (``.wh..wh.plnk``...) is left out.
 
 The diff_id hashes every byte of the uncompressed stream, what follows the tar's end included. A
 cut gzip stream or tar is refused (a tar must end with its end-of-archive marker; an empty stream
@@ -31,7 +30,9 @@ import shutil
 import stat
 import tarfile
 import zlib
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -46,6 +47,7 @@ __all__ = ["LayerPolicy", "LayerStats", "unpack_layer"]
 _GZIP, _ZSTD = b"\x1f\x8b", b"\x28\xb5\x2f\xfd"
 _CHUNK = 1 << 20  # file content and decompressed data move in chunks of this size
 _IN_CHUNK = 256 << 10  # compressed input is read in chunks of this size
+_AHEAD = 4  # chunks decompressed ahead of the one tarfile reads
 _TAR_BUFSIZE = 16 << 10  # tarfile's stream buffer: each small read copies what is left of it, so it stays small
 _HEADER_BUDGET = 2 << 20  # what tarfile may read for one entry's headers (Go's archive/tar: 1 MiB per PAX header)
 _MAX_NAME, _MAX_DEPTH, _MAX_SKIPPED, _MAX_SECONDS = 4096, 256, 20, 1 << 40
@@ -91,30 +93,29 @@ def unpack_layer(
     and raises :class:`LayerError`. See the module for what a layer may do.
     """
     os.mkdir(target, 0o700)
-    unpacker: _Unpacker | None = None
+    opened: list[_TarStream | _Unpacker] = []
     try:
-        unpacker = _Unpacker(target, policy)
-        stream = _TarStream(source)
+        opened.append(unpacker := _Unpacker(target, policy))
+        opened.append(stream := _TarStream(source))
         entries = _unpack(stream, unpacker, max_bytes, max_entries)
         unpacker.finish()
         stream.drain(max_bytes - unpacker.consumed)
+        stream.close()  # the worker has hashed all there is
         return LayerStats(f"sha256:{stream.sha256.hexdigest()}", entries, unpacker.written, tuple(unpacker.skipped))
     except BaseException as e:
-        if unpacker is not None:
-            unpacker.close()
-        left = _remove(target)
+        left = _remove(target)  # open fds below it are no matter
         if not isinstance(e, (LayerError, OSError, *_CORRUPT)):
             raise
         why = e.message if isinstance(e, LayerError) else _corrupt(e) if isinstance(e, _CORRUPT) else str(e)
         raise LayerError(why + left) from e
     finally:
-        if unpacker is not None:
-            unpacker.close()
+        for part in opened:
+            part.close()
 
 
 def _unpack(stream: _TarStream, unpacker: _Unpacker, max_bytes: int, max_entries: int) -> int:
     """Every entry of the tar stream into ``unpacker``; the number of entries."""
-    if not stream.has_data():
+    if not stream.next_chunk():  # an empty stream: no tar at all
         return 0
     stream.budget = _HEADER_BUDGET
     with tarfile.open(fileobj=cast(BinaryIO, stream), mode="r|", bufsize=_TAR_BUFSIZE, tarinfo=_Member) as archive:
@@ -180,8 +181,6 @@ def _remove(target: Path) -> str:
 class _Member(tarfile.TarInfo):
     """A tar header: a broken one refuses the layer, where tarfile would take it for the archive's end."""
 
-    __slots__ = ()
-
     @classmethod
     def fromtarfile(cls, archive: tarfile.TarFile) -> Self:
         try:
@@ -195,11 +194,7 @@ class _Member(tarfile.TarInfo):
 
 
 class _TarStream:
-    """The layer's uncompressed tar stream as tarfile reads it: decompressed, hashed and bounded.
-
-    ``budget`` is how many more bytes may be read (-1: no bound); a tar header that needs more
-    refuses the layer rather than filling memory.
-    """
+    """The layer's tar stream as tarfile reads it, decompressed and hashed; ``budget`` bytes more (-1: any)."""
 
     def __init__(self, source: BinaryIO) -> None:
         head = b""
@@ -218,6 +213,18 @@ class _TarStream:
         self.sha256 = hashlib.sha256()
         self.budget = -1
         self._buf, self._pos, self._eof = b"", 0, False
+        self._pool = ThreadPoolExecutor(1, "sandrl-layer")  # one worker: chunks are made and hashed in order
+        self._ahead: deque[Future[bytes]] = deque()
+
+    def _produce(self) -> bytes:
+        """The next chunk, decompressed and hashed on the worker (zlib, zstd, sha256 let go of the GIL)."""
+        chunk = self._fill()
+        self.sha256.update(chunk)
+        return chunk
+
+    def close(self) -> None:
+        """Wait for the worker (it may be reading ``source``, which is the caller's again after this)."""
+        self._pool.shutdown(cancel_futures=True)
 
     def _raw(self, size: int = -1, /) -> bytes:
         """The compressed stream: the bytes sniffed for its kind, then the rest of ``source``."""
@@ -246,31 +253,30 @@ class _TarStream:
 
     def read(self, size: int = -1, /) -> bytes:
         """Up to ``size`` bytes (tarfile asks for its buffer size); b'' at the end."""
-        if self._pos >= len(self._buf) and not self._next():
+        if self._pos >= len(self._buf) and not self.next_chunk():
             return b""
         data = self._buf[self._pos : len(self._buf) if size < 0 else self._pos + size]
         self._pos += len(data)
         if self.budget >= 0:
             self.budget -= len(data)
             if self.budget < 0:
-                raise LayerError(f"the layer has a tar header (PAX, long name) of more than 1 MiB: {_REFUSED}")
+                raise LayerError(f"the layer has a tar header (PAX, long name) of more than 2 MiB: {_REFUSED}")
         return data
 
-    def _next(self) -> bool:
+    def next_chunk(self) -> bool:
         if self._eof:
             return False
-        self._buf, self._pos = self._fill(), 0
+        while len(self._ahead) < _AHEAD:
+            self._ahead.append(self._pool.submit(self._produce))
+        self._eof = True  # until the chunk is here: after a failed one, nothing
+        self._buf, self._pos = self._ahead.popleft().result(), 0
         self._eof = not self._buf
-        self.sha256.update(self._buf)
         return not self._eof
-
-    def has_data(self) -> bool:
-        return self._pos < len(self._buf) or self._next()
 
     def drain(self, allowed: int) -> None:
         """Hash what follows the end-of-archive marker, up to ``allowed`` bytes."""
         left = len(self._buf) - self._pos
-        while self._next():
+        while self.next_chunk():
             left += len(self._buf)
             if left > allowed:
                 raise _bound("data after its tar's end that makes more than max_bytes with its content", "max_bytes")
@@ -303,10 +309,8 @@ class _Unpacker:
         self._fds: list[int] = []
 
     def close(self) -> None:
-        fds, self._fds, self._chain = self._fds, [], ()
-        if self.root >= 0:
-            fds.append(self.root)
-            self.root = -1
+        fds = [*self._fds, self.root] if self.root >= 0 else self._fds
+        self._fds, self._chain, self.root = [], (), -1
         for fd in fds:
             os.close(fd)
 
@@ -378,11 +382,9 @@ class _Unpacker:
             return
         if ".wh." in name and self._whiteout(parts):
             return
-        if kind in (tarfile.CHRTYPE, tarfile.BLKTYPE):
-            self.skip(f"{'/'.join(parts)}: {'block' if kind == tarfile.BLKTYPE else 'character'} device left out")
-            return
         if not member.isreg() and kind not in (tarfile.DIRTYPE, tarfile.SYMTYPE, tarfile.LNKTYPE, tarfile.FIFOTYPE):
-            self.skip(f"{'/'.join(parts)}: tar entry of type {kind!r} left out")
+            what = {tarfile.CHRTYPE: "character device", tarfile.BLKTYPE: "block device"}.get(kind, f"type {kind!r}")
+            self.skip(f"{'/'.join(parts)}: {what} left out")  # devices do nothing in a nodev mount anyway
             return
         parent, base = self.directory(parts[:-1]), parts[-1]
         if member.isreg():
@@ -547,11 +549,8 @@ class _Unpacker:
 
     def _set_xattrs(self, where: int | str, xattrs: list[tuple[str, bytes]], name: str) -> None:
         for key, value in xattrs:
-            try:
-                if isinstance(where, int):
-                    os.setxattr(where, key, value)
-                else:  # a path through /proc/self/fd/: its last component is not followed
-                    os.setxattr(where, key, value, follow_symlinks=False)
+            try:  # an fd, or a path through /proc/self/fd/ whose last component is not followed
+                os.setxattr(where, key, value, follow_symlinks=isinstance(where, int))
             except OSError as e:
                 if e.errno not in (errno.EPERM, errno.ENOTSUP):  # not on this file system, or this kind of file
                     raise
