@@ -335,6 +335,18 @@ def test_extended_attributes_are_kept_only_as_the_policy_says(tmp_path: Path) ->
     assert stats.skipped == ()
 
 
+@ROOT
+def test_a_symlinks_extended_attributes_go_on_the_link_never_its_target(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.write_text("x")
+    xattrs = {"SCHILY.xattr.user.a": "1", "SCHILY.xattr.trusted.b": "2"}
+    policy = LayerPolicy(owner=lambda i: -1, mode=_no_setid, keep_xattr=lambda name: True)
+    target, stats = unpack(tmp_path, tar(sym("s", str(outside), pax_headers=xattrs)), policy)
+    assert os.listxattr(target / "s", follow_symlinks=False) == ["trusted.b"]
+    assert stats.skipped == ("s: extended attribute user.a left out (Operation not permitted)",)  # Linux: no user.*
+    assert os.listxattr(outside) == []
+
+
 # -- hostile layers ----------------------------------------------------------------------------
 
 
