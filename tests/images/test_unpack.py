@@ -6,6 +6,7 @@ the others use a policy that keeps the caller's own owner (``-1``: fchown leaves
 
 from __future__ import annotations
 
+import errno
 import gzip
 import hashlib
 import io
@@ -481,6 +482,33 @@ def test_a_decompression_bomb_stops_at_the_byte_bound(tmp_path: Path) -> None:
 
 def test_a_huge_tar_header_is_refused(tmp_path: Path) -> None:
     refused(tmp_path, tar(reg("f", pax_headers={"comment": "x" * (3 << 20)})), "tar header")
+
+
+class _FailingSource(io.BytesIO):
+    """A blob whose reading fails halfway, as a disk or a connection may."""
+
+    def read(self, size: int | None = -1, /) -> bytes:
+        if self.tell() > 100_000:
+            raise OSError(errno.EIO, "Input/output error")
+        return super().read(min(size or 4096, 4096) if size and size > 0 else 4096)
+
+
+def test_a_failing_host_is_said_to_be_the_hosts_fault_not_the_images(tmp_path: Path) -> None:
+    blob = tar(reg("a", os.urandom(50_000)), reg("b", os.urandom(200_000)))
+    target = tmp_path / "layer"
+    with pytest.raises(LayerError, match=r"the host failed unpacking it \(\[Errno 5\] Input/output error\)"):
+        unpack_layer(_FailingSource(gzip.compress(blob)), target, MINE)
+    assert not target.exists()
+    _no_worker_left()
+
+    def full(uid: int) -> int:  # as if writing a's owner found the disk full
+        if uid == 5:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return -1
+
+    blob = tar(reg("a", b"x", uid=5))
+    error = refused(tmp_path, blob, "No space left on device", LayerPolicy(full, _no_setid, lambda name: False))
+    assert error.message.startswith("layer entry 'a': the host failed") and "hostile" not in error.message
 
 
 def test_an_existing_target_is_the_callers_error_and_left_alone(tmp_path: Path) -> None:

@@ -7,18 +7,16 @@ root down with ``O_NOFOLLOW``, so no symlink is followed (``x -> /etc`` then ``x
 symlink targets are stored verbatim for the sandbox to resolve. Owners, modes and xattrs go
 through :class:`LayerPolicy`; files are made 0600, then get their owner, then their mode; devices
 are left out. Content, entries and each entry's headers (2 MiB) are bounded, and decompressed data
-is held a few MiB at a time. On any failure ``target`` is removed and :class:`LayerError` names
-the entry and why.
+is held a few MiB at a time. On any failure ``target`` is removed and :class:`LayerError` says why.
 
 Whiteouts become overlayfs's: ``dir/.wh.name`` a character device 0/0, ``dir/.wh..wh..opq`` the
 xattr ``trusted.overlay.opaque=y``. If the layer also holds ``dir/name``, that entry wins (the
-whiteout is about the layers below), and a directory is made opaque (the lower one was deleted).
-AUFS metadata (``.wh..wh.plnk``...) is left out.
+whiteout is about the layers below) and a directory is made opaque; AUFS metadata is left out.
 
 The diff_id hashes every byte of the uncompressed stream, what follows the tar's end included. A
 cut gzip stream or tar is refused (a tar must end with its end-of-archive marker; an empty stream
-is an empty layer). python-zstandard's reader ends quietly at a cut, so a zstd stream cut inside
-the tar's final padding shows only as a diff_id that is not the image config's (the caller checks).
+is an empty layer); python-zstandard ends quietly at a cut, so a zstd stream cut in the tar's final
+padding shows only as a diff_id that is not the image config's (the caller checks that).
 """
 
 from __future__ import annotations
@@ -56,6 +54,7 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _CORRUPT = (tarfile.TarError, EOFError, zlib.error, zstandard.ZstdError, ValueError, OverflowError, RecursionError)
 """What a broken stream raises: tarfile (also ValueError, and RecursionError on a long header chain), decompressors."""
+_HOST_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.ENOMEM, errno.EMFILE, errno.ENFILE, errno.EROFS}
 _REFUSED = "the image is broken or hostile and nothing of the layer is kept; use another image or ask its publisher"
 _AGAIN = "pull it again; if it stays so, the registry serves a broken blob"
 
@@ -106,7 +105,7 @@ def unpack_layer(
         left = _remove(target)  # open fds below it are no matter
         if not isinstance(e, (LayerError, OSError, *_CORRUPT)):
             raise
-        why = e.message if isinstance(e, LayerError) else _corrupt(e) if isinstance(e, _CORRUPT) else str(e)
+        why = e.message if isinstance(e, LayerError) else _corrupt(e) if isinstance(e, _CORRUPT) else _host(e)
         raise LayerError(why + left) from e
     finally:
         for part in opened:
@@ -140,14 +139,15 @@ def _unpack(stream: _TarStream, unpacker: _Unpacker, max_bytes: int, max_entries
             try:
                 unpacker.entry(member, data.read)
             except (OSError, ValueError, OverflowError) as e:  # not LayerError: that is no OSError
+                if isinstance(e, OSError) and e.errno in _HOST_ERRORS:
+                    raise LayerError(f"layer entry {member.name[:200]!r}: {_host(e)}") from e
                 raise _refuse(member.name, e.strerror if isinstance(e, OSError) and e.strerror else str(e)) from e
             except _CORRUPT as e:
                 raise LayerError(f"layer entry {member.name!r}: {_corrupt(e)}") from e
             pending = max(0, stored - (data.tell() - member.offset_data))
 
 
-def _stored(member: tarfile.TarInfo) -> int:
-    """Bytes of data that follow ``member``'s header in the stream (before padding)."""
+def _stored(member: tarfile.TarInfo) -> int:  # bytes of data after the header in the stream
     sparse = cast("list[tuple[int, int]] | None", member.sparse)
     if sparse is not None:
         return sum(length for _, length in sparse)
@@ -164,13 +164,16 @@ def _refuse(name: str, why: str) -> LayerError:
     return LayerError(f"layer entry {name[:200]!r}: {why}: {_REFUSED}")
 
 
+def _host(e: BaseException) -> str:
+    return f"the host failed unpacking it ({e}); nothing of the layer is kept: fix that and pull again"
+
+
 def _corrupt(e: BaseException) -> str:
     detail = "a header chain too long" if isinstance(e, RecursionError) else f"{type(e).__name__}: {e}"
     return f"the layer is truncated or corrupt ({detail}); {_AGAIN}"
 
 
-def _remove(target: Path) -> str:
-    """Remove the failed ``target`` without following symlinks; '' or what is left to say about it."""
+def _remove(target: Path) -> str:  # without following symlinks; '' or what is left to say
     try:
         shutil.rmtree(target)
     except OSError as e:
@@ -226,8 +229,7 @@ class _TarStream:
         """Wait for the worker (it may be reading ``source``, which is the caller's again after this)."""
         self._pool.shutdown(cancel_futures=True)
 
-    def _raw(self, size: int = -1, /) -> bytes:
-        """The compressed stream: the bytes sniffed for its kind, then the rest of ``source``."""
+    def _raw(self, size: int = -1, /) -> bytes:  # the bytes sniffed for the compression, then the rest
         if self._head:
             head, self._head = self._head, b""
             return head
