@@ -544,7 +544,7 @@ class _Unpacker:
     def _xattrs(self, member: tarfile.TarInfo) -> list[tuple[str, bytes]]:
         keep, n = self.keep_xattr, len(_XATTR)
         return [
-            (key[n:], value.encode("utf-8", "surrogateescape"))  # tarfile decoded the value so
+            (key[n:], value.encode("utf-8", "surrogateescape"))  # the bytes tarfile decoded the value from
             for key, value in member.pax_headers.items()
             if key.startswith(_XATTR) and keep(key[n:])
         ]
