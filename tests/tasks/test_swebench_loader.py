@@ -63,7 +63,6 @@ def test_non_test_files_are_left_out_of_the_test_command() -> None:
         ({"FAIL_TO_PASS": []}, r"FAIL_TO_PASS is empty"),
         ({"test_patch": ""}, r"test_patch is empty"),
         ({"problem_statement": None}, r"problem_statement is missing or empty"),
-        ({"repo": "acme/absent"}, r"no local copy of acme/absent .*git clone https://github.com/acme/absent"),
         ({"base_commit": "0" * 40}, r"commit 0{40} is not in .*acme__calc"),
     ],
 )
@@ -96,3 +95,20 @@ def test_unreadable_files(tmp_path: Path) -> None:
     not_objects.write_text(json.dumps([1]))
     _, errors = load_swebench_instances(not_objects)
     assert "an instance must be a JSON object, got an integer" in str(errors[0])
+
+
+def test_without_a_local_clone_an_instance_runs_in_its_published_image(calc_repo: CalcRepo) -> None:
+    """Unset swebench_images: the clone when there is one, else the image; "local" insists on a clone."""
+    absent = calc_repo.record(instance_id="acme__absent-7", repo="acme/absent")
+    file = calc_repo.write(calc_repo.mirror.parent / "auto.jsonl", calc_repo.record(), absent)
+    tasks, errors = load_swebench_instances(file)
+    assert errors == []
+    by_id = {t.id: t for t in tasks}
+    assert by_id["acme__calc-1"].environment.docker_image is None  # the clone
+    assert by_id["acme__absent-7"].environment.docker_image == "swebench/sweb.eval.x86_64.acme_1776_absent-7:latest"
+    tasks, errors = load_swebench_instances(file, images="local")
+    assert [t.id for t in tasks] == ["acme__calc-1"]
+    with pytest.raises(
+        InvalidTaskError, match=r"no local copy of acme/absent .*git clone https://github.com/acme/absent"
+    ):
+        raise errors[0]

@@ -70,7 +70,7 @@ def _suite(tmp_path: Path, calc_repo: CalcRepo) -> Path:
     # SWE-bench instances at the top level, one of them bad; the mirror must not be searched for tasks.
     shutil.copytree(calc_repo.mirror, suite / "repos")
     calc_repo.write(
-        suite / "swe.jsonl", calc_repo.record(), calc_repo.record(instance_id="acme__calc-2", repo="acme/gone")
+        suite / "swe.jsonl", calc_repo.record(), calc_repo.record(instance_id="acme__calc-2", base_commit="0" * 40)
     )
     (suite / "manifest.json").write_text(json.dumps({"name": "not instances"}))  # not SWE-bench: skipped
     (suite / "docs" / "deep" / "er" / "still" / "hidden").mkdir(parents=True)
@@ -88,7 +88,7 @@ def test_a_set_with_bad_tasks_returns_the_good_ones_and_every_problem(tmp_path: 
     assert "max_agent_timeout_sec must be a number of seconds" in by_name["wrong-type"]
     assert "no task.toml" in by_name["half-written"]
     assert "task id 'hello-file' is also used by" in by_name["hello-file"]
-    assert "no local copy of acme/gone" in by_name["swe.jsonl"]
+    assert "is not in" in by_name["swe.jsonl"]
     for path, problem in problems:  # unpacks as (path, problem); the message names the path
         assert str(path) in problem
 

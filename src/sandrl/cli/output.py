@@ -23,7 +23,8 @@ err_console = Console(stderr=True)
 
 SWEBENCH_IMAGES_HELP = (
     "Where SWE-bench instances run: swebench (the published images), epoch (Epoch AI's), an image template "
-    "with {instance_id} or {instance_key} and {arch}; unset or 'local': from local clones (repos/)."
+    "with {instance_id} or {instance_key} and {arch}; 'local': from local clones (repos/) only; unset: the local "
+    "clone when there is one, else the published image."
 )
 """The help of ``--swebench-images``, which every command that loads tasks takes."""
 

@@ -16,7 +16,8 @@ An instance names a GitHub repository and a commit, and is graded in one of two 
 
 ``swebench_images`` picks one: ``"swebench"`` (Docker Hub, the harness's default namespace),
 ``"epoch"`` or a template (``{instance_id}``, ``{instance_key}``, ``{arch}``) for the images;
-unset or ``"local"`` for clones, as before images were supported.
+``"local"`` for clones only. Unset (``"auto"``): the clone when the mirror has one, else the
+instance's image in the ``swebench`` namespace.
 
 ``FAIL_TO_PASS`` and ``PASS_TO_PASS`` are JSON-encoded strings in the published dataset and real
 lists in many exports; both are read. The test command is the instance's own ``test_cmd``, else
@@ -38,6 +39,7 @@ from sandrl.tasks.fields import type_name
 from sandrl.tasks.swebench_specs import (
     eval_prelude,
     harness_test_command,
+    AUTO,
     images_setting,
     instance_image,
     parser_for,
@@ -186,6 +188,9 @@ def _to_task(
     own_command = strings.get("test_cmd") or test_command
     source: Path | None = None
     image: str | None = None
+    if images == AUTO:
+        # A clone here means the user set one up for this; otherwise the instance's own image.
+        images = None if find_repo(repo, repos) is not None else "swebench"
     if images is not None:
         # The published image: the repository and its environment are in it.
         image = instance_image(instance_id, images)
@@ -258,11 +263,11 @@ def load_swebench_instances(
     repos: Path | None = None,
     test_command: str | None = None,
     verify_commits: bool = True,
-    images: str | None = None,
+    images: str | None = AUTO,
 ) -> tuple[list[Task], list[InvalidTaskError]]:
     """Every instance of a ``.json`` / ``.jsonl`` file, and the errors of those that are malformed.
 
-    ``images`` is ``swebench_images`` (see the module docstring; None: local clones); ``repos`` is a
+    ``images`` is ``swebench_images`` (see the module docstring; None: local clones only); ``repos`` is a
     local clone or a mirror directory (default: ``repos/`` next to the file); ``test_command``
     replaces the default test command for instances without their own ``test_cmd``;
     ``verify_commits`` checks that each base commit is in the clone (one ``git`` call each). A file

@@ -99,11 +99,18 @@ def image_template(images: str) -> str:
     return template
 
 
+AUTO = "auto"
+"""The default: an instance's local clone when the mirror has one, else its published image."""
+
+
 def images_setting(value: str | None) -> str | None:
-    """A ``swebench_images`` setting, checked: None for local clones (unset, empty or ``local``), else
-    the image set or template; ValueError, saying what is valid, for anything else."""
-    if not value or value == LOCAL:
+    """A ``swebench_images`` setting, checked: None for local clones only (``local``), :data:`AUTO`
+    when unset or empty, else the image set or template; ValueError, saying what is valid, for
+    anything else."""
+    if value == LOCAL:
         return None
+    if not value or value == AUTO:
+        return AUTO
     image_template(value)
     return value
 
