@@ -37,9 +37,9 @@ from types import MappingProxyType
 from sandrl.errors import InvalidTaskError
 from sandrl.tasks.fields import type_name
 from sandrl.tasks.swebench_specs import (
+    AUTO,
     eval_prelude,
     harness_test_command,
-    AUTO,
     images_setting,
     instance_image,
     parser_for,
