@@ -45,6 +45,7 @@ from sandrl.sandbox.bwrap.pulled import layer_id, pull_into_store
 from ..support import REASON as SANDBOX_REASON
 from .conftest import AUTH_PASSWORD, AUTH_USER, PushImage, needs_registry
 from .fault_proxy import FaultProxy
+from .token_server import TokenServer
 
 pytestmark = [needs_registry, pytest.mark.skipif(SANDBOX_REASON is not None, reason=SANDBOX_REASON or "")]
 
@@ -290,3 +291,39 @@ async def test_an_index_gives_each_platform_its_manifest(push_image: PushImage, 
     assert host != arm
     platforms = {store.meta(n)["config"]["platform"] for n in (host, arm)}  # type: ignore[index]
     assert platforms == {"linux/amd64", "linux/arm64/v8"}
+
+
+@pytest.fixture(scope="module")
+def token_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalRegistry, TokenServer]]:
+    """A registry with Docker Hub's auth scheme: 401 + a token service, JWTs it verifies itself."""
+    root = tmp_path_factory.mktemp("token-registry")
+    tokens = TokenServer(root / "tokens", {AUTH_USER: AUTH_PASSWORD}).start()
+    registry = LocalRegistry(root / "registry", users={AUTH_USER: AUTH_PASSWORD}, token=tokens.registry_config())
+    with registry:
+        yield registry, tokens
+    tokens.stop()
+
+
+async def test_the_bearer_token_flow_with_credentials_from_docker_config(
+    push_image: PushImage,
+    token_registry: tuple[LocalRegistry, TokenServer],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    registry, tokens = token_registry
+    pushed = push_image([LayerSpec([regular_file("tokened", "t")])], registry=registry)
+    store = ImageStore(tmp_path / "store")
+    async with _client(retries=0) as client:
+        with pytest.raises(RegistryError, match=r"token service .* refused"):
+            await pull_into_store(store, pushed.ref, client=client)  # no credentials: the token is refused
+    auth = base64.b64encode(f"{AUTH_USER}:{AUTH_PASSWORD}".encode()).decode()
+    (tmp_path / "config.json").write_text(json.dumps({"auths": {registry.host: {"auth": auth}}}))
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
+    tokens.requests.clear()
+    async with RegistryClient(mirrors=Mirrors()) as client:
+        name = await pull_into_store(store, pushed.ref, client=client)
+    assert store.exists(name)
+    # One token for the pull's scope, asked with the user's credentials, reused for every blob.
+    assert len(tokens.requests) == 1
+    assert tokens.requests[0]["scope"] == f"repository:{pushed.repository}:pull"
+    assert tokens.requests[0]["authorization"].startswith("Basic ")

@@ -91,12 +91,16 @@ class LocalRegistry:
         root: Path,
         *,
         users: Mapping[str, str] | None = None,
+        token: Mapping[str, str] | None = None,
         port: int = 0,
         start_timeout_s: float = 30.0,
         log_level: str = "warn",
     ) -> None:
         self.root = root.absolute()  # the registry runs in it: relative paths would resolve twice
         self.users: dict[str, str] = dict(users or {})
+        self.token = dict(token) if token is not None else None
+        """Bearer-token auth instead (``realm``, ``service``, ``issuer``, ``rootcertbundle``), as the
+        distribution registry's ``auth.token`` section."""
         self.storage = self.root / "storage"
         self.log_path = self.root / "registry.log"
         self.config_path = self.root / "config.yml"
@@ -145,7 +149,11 @@ class LocalRegistry:
             # A fixed secret: without one the registry makes a random one and warns at every start.
             "http": {"addr": f"127.0.0.1:{port}", "secret": secrets.token_hex(16)},
         }
-        if self.users:
+        if self.token is not None:
+            # Docker Hub's and ghcr.io's scheme: a 401 names a token service; its JWTs are signed by a
+            # key whose certificate the registry trusts.
+            config["auth"] = {"token": dict(self.token)}
+        elif self.users:
             htpasswd = self.root / "htpasswd"
             htpasswd.write_text("".join(htpasswd_line(u, p) + "\n" for u, p in self.users.items()))
             config["auth"] = {"htpasswd": {"realm": "sandrl-test-registry", "path": str(htpasswd)}}
@@ -190,7 +198,7 @@ class LocalRegistry:
 
     def _wait_ready(self) -> None:
         assert self._process is not None
-        expected = 401 if self.users else 200
+        expected = 401 if self.users or self.token else 200
         deadline = time.monotonic() + self._start_timeout_s
         last = "no answer yet"
         with httpx.Client(timeout=2.0, trust_env=False) as client:
