@@ -20,13 +20,14 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TransferSpeedColumn
 from rich.table import Table
 
+import sandrl.sandbox.bwrap.provider
 from sandrl.cli.output import emit, rich_console
 from sandrl.errors import ConfigError, ImageBuildError
 from sandrl.images.manifest import Platform
 from sandrl.images.pull import PullEvent
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.sandbox.bwrap.dockerfile.builder import BUILD_PREFIX, BuildOptions, ImageBuilder, StepEvent
-from sandrl.sandbox.bwrap.images import DEFAULT_PATH, HOST_IMAGE
+from sandrl.sandbox.bwrap.images import DEFAULT_PATH, HOST_IMAGE, ImageStore
 from sandrl.sandbox.bwrap.prune import apply_prune, plan_prune
 from sandrl.sandbox.bwrap.pulled import import_rootfs_tar, pull_into_store
 
@@ -35,6 +36,11 @@ app = typer.Typer(no_args_is_help=True, help="Environment images: build, pull, i
 DEBIAN_IMAGE = "debian"
 DEBIAN_SUITE = "bookworm"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
+
+
+def _store() -> ImageStore:
+    """The default provider's image store, without starting a provider (no helper, no cgroups)."""
+    return ImageStore(sandrl.sandbox.bwrap.provider.DEFAULT_STATE_DIR / "images")
 
 
 @app.command("build")
@@ -134,7 +140,7 @@ def images_pull(
     ),
 ) -> None:
     """Pull an image from its registry (or a mirror: SANDRL_REGISTRY_MIRRORS); print its name and digest."""
-    store = BwrapProvider().images
+    store = _store()
     wanted = Platform.parse(platform) if platform else None
     console = rich_console(stderr=True)
     with Progress(
@@ -167,7 +173,7 @@ def images_import(
     name: str = typer.Argument(..., help="The image's name in the store."),
 ) -> None:
     """Import a root filesystem archive as an image."""
-    store = BwrapProvider().images
+    store = _store()
     with rich_console(stderr=True).status(f"unpacking {rootfs}"):
         import_rootfs_tar(store, rootfs, name)
     emit({"image": name, "source": str(rootfs)})
@@ -179,7 +185,7 @@ def images_ls(
 ) -> None:
     """List the images in the store, with where each came from."""
     console = rich_console(stderr=False)
-    store = BwrapProvider().images
+    store = _store()
     table = Table("image", "source", "digest", "layers", "created")
     for name in store.names():
         if name.startswith(BUILD_PREFIX) and not all_images:
