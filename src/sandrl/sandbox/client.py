@@ -6,7 +6,7 @@ A rollout uses a remote host exactly as a local provider::
         async with await provider.create(SandboxSpec(memory_mb=4096)) as sandbox:
             result = await sandbox.exec("pytest -q", timeout_s=600)
 
-One pooled ``httpx.AsyncClient`` per provider, shared by its sandboxes. Failures are typed:
+One connection pool per provider (:mod:`sandrl.sandbox.http_pool`), shared by its sandboxes. Failures are typed:
 
 - the server cannot be reached (refused, DNS, connect timeout): every call is retried with
   backoff (the request never arrived), then :class:`~sandrl.errors.SandboxUnavailableError`
@@ -36,6 +36,7 @@ from typing import Any, Literal
 
 import httpx
 
+from sandrl import __version__
 from sandrl.errors import (
     CapacityExhaustedError,
     ConfigError,
@@ -63,6 +64,7 @@ from sandrl.sandbox.base import (
     file_too_large,
     prebuilt_image,
 )
+from sandrl.sandbox.http_pool import PooledTransport
 from sandrl.sandbox.service.api import (
     API_PREFIX,
     ExecRequest,
@@ -141,12 +143,11 @@ class RemoteProvider:
         """Labels added to every sandbox this provider creates."""
         token = token if token is not None else (os.environ.get(TOKEN_ENV) or "").strip() or None
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._client = httpx.AsyncClient(
-            base_url=self.url,
-            headers=headers,
-            timeout=httpx.Timeout(cfg.timeout_s, connect=cfg.connect_timeout_s),
-            limits=httpx.Limits(max_connections=cfg.max_connections, max_keepalive_connections=cfg.max_connections),
-            transport=transport,
+        # Requests go straight to the transport: httpx.AsyncClient's redirect, cookie and auth
+        # machinery costs as much per call as the call itself and none of it is used here.
+        self._headers = {"User-Agent": f"sandrl/{__version__}", **headers}
+        self._transport: httpx.AsyncBaseTransport = transport or PooledTransport(
+            max_connections=cfg.max_connections, connect_timeout_s=cfg.connect_timeout_s
         )
 
     # -- the API
@@ -219,11 +220,23 @@ class RemoteProvider:
         url = prefix + path
         for attempt in range(cfg.retries + 1):
             last = attempt == cfg.retries
-            request = self._client.build_request(
-                method, url, json=json, content=content, params=params, timeout=http_timeout, headers=headers
+            request = httpx.Request(
+                method,
+                self.url + url,
+                json=json,
+                content=content,
+                params=params,
+                headers={**self._headers, **headers} if headers else self._headers,
+                extensions={"timeout": http_timeout.as_dict()},
             )
             try:
-                response = await self._client.send(request, stream=stream)
+                response = await self._transport.handle_async_request(request)
+                response.request = request
+                if not stream:
+                    try:
+                        await response.aread()
+                    finally:
+                        await response.aclose()
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 if last:
                     raise SandboxUnavailableError(
@@ -259,7 +272,7 @@ class RemoteProvider:
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._transport.aclose()
 
     async def __aenter__(self) -> RemoteProvider:
         return self

@@ -25,9 +25,9 @@ import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, cast
 
-from fastapi import APIRouter, Depends, Path, Query, Request
-from fastapi.responses import StreamingResponse
-from fastapi.security import HTTPBearer
+from fastapi import APIRouter, Path, Query, Request
+from fastapi.responses import Response, StreamingResponse
+from pydantic import BaseModel
 
 from sandrl.errors import SandboxError, SandboxFileError, SandrlError
 from sandrl.sandbox.base import OutputChunk, SandboxProcess
@@ -71,8 +71,27 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 
 # Documents the scheme in the OpenAPI document; the check itself is auth.BearerAuth.
-_bearer = HTTPBearer(auto_error=False, description="The server's token ($SANDRL_TOKEN or --token-file).")
-router = APIRouter(prefix=API_PREFIX, tags=["sandboxes"], dependencies=[Depends(_bearer)])
+BEARER_SCHEME = {
+    "type": "http",
+    "scheme": "bearer",
+    "description": "The server's token ($SANDRL_TOKEN or --token-file).",
+}
+"""How every route under the API prefix is authenticated, for the OpenAPI document (:func:`document_bearer`).
+The check itself is :class:`~sandrl.sandbox.service.auth.BearerAuth`, in front of the app: a FastAPI
+security dependency here would parse the header again on every request, for the document only."""
+router = APIRouter(prefix=API_PREFIX, tags=["sandboxes"])
+
+
+def document_bearer(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` (an OpenAPI document) with the bearer scheme on every operation under the API prefix."""
+    schema.setdefault("components", {}).setdefault("securitySchemes", {})["HTTPBearer"] = BEARER_SCHEME
+    for path, operations in schema.get("paths", {}).items():
+        if path.startswith(API_PREFIX):
+            for operation in operations.values():
+                operation.setdefault("security", [{"HTTPBearer": []}])
+    return schema
+
+
 SandboxId = Annotated[str, Path(pattern=r"^[A-Za-z0-9_.-]{1,128}$", description="A sandbox id.")]
 FilePath = Annotated[
     str,
@@ -113,12 +132,19 @@ def _parse_metadata(pairs: list[str]) -> dict[str, str]:
     return out
 
 
+def _json(model: BaseModel, status_code: int = 200) -> Response:
+    """``model`` serialized by pydantic-core in one call. The hot routes return this rather than the
+    model: FastAPI would validate it against ``response_model`` again and walk it with
+    ``jsonable_encoder``, which cost as much as the rest of an exec's handling."""
+    return Response(model.model_dump_json(), status_code=status_code, media_type="application/json")
+
+
 @router.post("/sandboxes", status_code=201, response_model=SandboxInfo, responses=_errors(404, 429, 503))
-async def create_sandbox(body: CreateRequest, request: Request) -> SandboxInfo:
+async def create_sandbox(body: CreateRequest, request: Request) -> Response:
     """Create a sandbox. At capacity: 429 capacity_exhausted at once, or after queueing up to ``wait_s``."""
     spec = SpecBody.model_validate(body.model_dump(exclude={"metadata", "wait_s"})).to_spec()
     entry = await service_of(request).create(spec, body.metadata, body.wait_s)
-    return _info(entry)
+    return _json(_info(entry), 201)
 
 
 @router.get("/sandboxes", response_model=SandboxList, responses=_errors())
@@ -175,14 +201,14 @@ def _check_exec(body: ExecRequest) -> None:
 
 
 @router.post("/sandboxes/{sandbox_id}/exec", response_model=ExecResponse, responses=_errors(404, 410, 504))
-async def exec_command(sandbox_id: SandboxId, body: ExecRequest, request: Request) -> ExecResponse:
+async def exec_command(sandbox_id: SandboxId, body: ExecRequest, request: Request) -> Response:
     """Run a command to its end. A failing command is a result with its exit code, not an error."""
     svc = service_of(request)
     entry = svc.get(sandbox_id)
     _check_exec(body)
     stdin = _stdin(body)
     result = await svc.exec(entry, body.command, timeout_s=body.timeout_s, cwd=body.cwd, env=body.env, stdin=stdin)
-    return ExecResponse.of(result)
+    return _json(ExecResponse.of(result))
 
 
 def _event(kind: str, data: dict[str, Any]) -> bytes:

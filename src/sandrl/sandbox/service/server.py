@@ -57,7 +57,7 @@ from sandrl.sandbox.service.api import API_PREFIX, Health
 from sandrl.sandbox.service.auth import BearerAuth, BodyLimit, LoopbackOnly, bind_host, load_token
 from sandrl.sandbox.service.e2b import mount as mount_e2b
 from sandrl.sandbox.service.metrics import CONTENT_TYPE
-from sandrl.sandbox.service.routes import ERRORS, router, service_of
+from sandrl.sandbox.service.routes import ERRORS, document_bearer, router, service_of
 from sandrl.sandbox.service.state import SandboxService, ServiceConfig
 
 log = logging.getLogger("sandrl.service")
@@ -173,6 +173,14 @@ def create_app(service: SandboxService, *, token: str | None) -> FastAPI:
     )
     app.state.service = service
     app.include_router(router)
+    make_schema = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = document_bearer(make_schema())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     @app.get("/healthz", response_model=Health, tags=["service"], responses={503: ERRORS[503]})
     async def healthz(request: Request) -> JSONResponse:

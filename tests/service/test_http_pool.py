@@ -1,0 +1,136 @@
+"""The client's connection pool against a real HTTP/1.1 server on loopback, misbehaving on purpose."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from sandrl.sandbox.http_pool import PooledTransport
+
+
+class Server:
+    """A tiny HTTP/1.1 server: answers ``GET /n`` with a body of n bytes, chunked for ``/chunked``;
+    with ``hang_up_on_second`` it reads a connection's second request and closes without an answer
+    (a keep-alive connection the server dropped just as the client reused it)."""
+
+    def __init__(self, *, hang_up_on_second: bool = False, delay_s: float = 0.0) -> None:
+        self.hang_up_on_second = hang_up_on_second
+        self.delay_s = delay_s
+        self.connections = 0
+        self.open = 0
+        self.most_open = 0
+        self.requests: list[str] = []
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self.open += 1
+        self.most_open = max(self.most_open, self.open)
+        served = 0
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                line = head.split(b"\r\n", 1)[0].decode()
+                length = 0
+                for header in head.split(b"\r\n")[1:]:
+                    if header.lower().startswith(b"content-length:"):
+                        length = int(header.split(b":")[1])
+                if length:
+                    await reader.readexactly(length)
+                self.requests.append(line)
+                served += 1
+                if self.hang_up_on_second and served == 2:
+                    return
+                await asyncio.sleep(self.delay_s)
+                _method, target, _ = line.split(" ")
+                if target == "/chunked":
+                    writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                    for part in (b"hello ", b"chunked ", b"world"):
+                        writer.write(f"{len(part):x}\r\n".encode() + part + b"\r\n")
+                    writer.write(b"0\r\n\r\n")
+                else:
+                    body = b"x" * int(target.strip("/") or 0)
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            self.open -= 1
+            writer.close()
+
+    async def stop(self) -> None:
+        self.server.close()
+
+
+@pytest.fixture
+async def make_server() -> AsyncIterator[type[Server]]:
+    made: list[Server] = []
+
+    class Tracked(Server):
+        def __init__(self, **kw: object) -> None:
+            super().__init__(**kw)  # type: ignore[arg-type]
+            made.append(self)
+
+    yield Tracked
+    for s in made:
+        await s.stop()
+
+
+async def test_connections_are_reused_and_bodies_framed(make_server: type[Server]) -> None:
+    server = make_server()
+    url = await server.start()
+    async with httpx.AsyncClient(transport=PooledTransport(max_connections=4)) as client:
+        for n in (0, 10, 70000, 5):
+            r = await client.get(f"{url}/{n}")
+            assert r.status_code == 200 and r.content == b"x" * n
+        r = await client.get(f"{url}/chunked")
+        assert r.content == b"hello chunked world"
+        r = await client.post(f"{url}/3", content=b"body")
+        assert r.content == b"xxx"
+    assert server.connections == 1  # one keep-alive connection did it all
+
+
+async def test_the_pool_never_opens_more_than_its_limit(make_server: type[Server]) -> None:
+    server = make_server(delay_s=0.05)
+    url = await server.start()
+    async with httpx.AsyncClient(transport=PooledTransport(max_connections=3)) as client:
+        answers = await asyncio.gather(*(client.get(f"{url}/7") for _ in range(20)))
+    assert all(r.content == b"x" * 7 for r in answers)
+    assert server.most_open <= 3 and server.connections <= 3
+
+
+async def test_a_pool_wait_is_bounded(make_server: type[Server]) -> None:
+    server = make_server(delay_s=1.0)
+    url = await server.start()
+    async with httpx.AsyncClient(transport=PooledTransport(max_connections=1)) as client:
+        slow = asyncio.create_task(client.get(f"{url}/1"))
+        await asyncio.sleep(0.1)
+        with pytest.raises(httpx.PoolTimeout):
+            await client.get(f"{url}/1", timeout=httpx.Timeout(5.0, pool=0.2))
+        assert (await slow).content == b"x"
+
+
+async def test_a_dropped_keepalive_connection_is_retried_only_when_safe(make_server: type[Server]) -> None:
+    server = make_server(hang_up_on_second=True)
+    url = await server.start()
+    async with httpx.AsyncClient(transport=PooledTransport(max_connections=4)) as client:
+        assert (await client.get(f"{url}/1")).content == b"x"
+        # The GET meets the hang-up on the reused connection and goes again on a new one.
+        assert (await client.get(f"{url}/2")).content == b"xx"
+        assert server.connections == 2
+        # A POST that met it may have run: the caller hears so instead of a silent second run.
+        with pytest.raises(httpx.RemoteProtocolError):
+            await client.post(f"{url}/3", content=b"once")
+    assert server.requests.count("POST /3 HTTP/1.1") == 1
+
+
+async def test_a_refused_connection_is_a_connect_error() -> None:
+    async with httpx.AsyncClient(transport=PooledTransport(max_connections=2)) as client:
+        with pytest.raises(httpx.ConnectError):
+            await client.get("http://127.0.0.1:9/")
