@@ -23,7 +23,9 @@ import pytest
 
 from sandrl.images.local_registry import LocalRegistry
 from sandrl.images.oci_layout import Descriptor, ImageConfig, LayerSpec, OCILayout
+from sandrl.sandbox.bwrap import BwrapProvider
 
+from ..support import REASON as SANDBOX_REASON
 from .fault_proxy import FaultProxy
 
 AUTH_USER = "sandrl"
@@ -130,3 +132,19 @@ def push_image(registry: LocalRegistry, tmp_path: Path) -> PushImage:
         return PushedImage(target, repository, tag, digest, layout, manifests)
 
     return push
+
+
+@pytest.fixture(scope="session")
+def provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BwrapProvider]:
+    """A bubblewrap provider on a state directory of the session's own (its store takes the pulls)."""
+    if SANDBOX_REASON is not None:
+        pytest.skip(SANDBOX_REASON)
+    p = BwrapProvider(tmp_path_factory.mktemp("images-state"))
+    yield p
+    p._close_all_sync()
+
+
+@pytest.fixture(scope="session")
+def rootfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the small runnable rootfs made from this host goes (made on first use)."""
+    return tmp_path_factory.mktemp("shell") / "rootfs"

@@ -10,6 +10,7 @@ import asyncio
 import base64
 import json
 import os
+import shutil
 import stat
 import tarfile
 from collections.abc import Iterator
@@ -48,18 +49,6 @@ from .fault_proxy import FaultProxy
 from .token_server import TokenServer
 
 pytestmark = [needs_registry, pytest.mark.skipif(SANDBOX_REASON is not None, reason=SANDBOX_REASON or "")]
-
-
-@pytest.fixture(scope="module")
-def provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BwrapProvider]:
-    p = BwrapProvider(tmp_path_factory.mktemp("pull-state"))
-    yield p
-    p._close_all_sync()
-
-
-@pytest.fixture(scope="module")
-def rootfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("shell") / "rootfs"
 
 
 def _client(*, retries: int = 5, backoff_s: float = 0.05) -> RegistryClient:
@@ -327,3 +316,15 @@ async def test_the_bearer_token_flow_with_credentials_from_docker_config(
     assert len(tokens.requests) == 1
     assert tokens.requests[0]["scope"] == f"repository:{pushed.repository}:pull"
     assert tokens.requests[0]["authorization"].startswith("Basic ")
+
+
+async def test_an_image_whose_layer_was_removed_is_pulled_again(push_image: PushImage, tmp_path: Path) -> None:
+    pushed = push_image([LayerSpec([regular_file("again", "a")])])
+    store = ImageStore(tmp_path / "store")
+    async with _client() as client:
+        name = await pull_into_store(store, pushed.ref, client=client)
+        layers = store.meta(name)["layers"]
+        assert isinstance(layers, list)
+        shutil.rmtree(store.root / "layers" / str(layers[0]))
+        assert await pull_into_store(store, pushed.ref, client=client) == name
+    assert (store.root / "layers" / str(layers[0]) / "again").read_text() == "a"

@@ -3,7 +3,6 @@ and an ENTRYPOINT whose service is up when the agent starts."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,18 +28,6 @@ echo "127.0.0.1 db.internal" >> /etc/hosts
 while [ ! -e /run/db.up ]; do sleep 0.05; done
 exec "$@"
 """
-
-
-@pytest.fixture(scope="module")
-def provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BwrapProvider]:
-    p = BwrapProvider(tmp_path_factory.mktemp("task-images-state"))
-    yield p
-    p._close_all_sync()
-
-
-@pytest.fixture(scope="module")
-def rootfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("shell") / "rootfs"
 
 
 @pytest.fixture

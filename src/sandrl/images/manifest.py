@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import platform as host_platform
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from sandrl.errors import ConfigError, LayerError, RegistryError
 
@@ -56,6 +58,12 @@ class Platform:
     def __str__(self) -> str:
         return "/".join(p for p in (self.os, self.architecture, self.variant) if p)
 
+    def to_json(self) -> dict[str, str]:
+        out = {"architecture": self.architecture, "os": self.os}
+        if self.variant:
+            out["variant"] = self.variant
+        return out
+
     @classmethod
     def parse(cls, text: str) -> Platform:
         parts = text.strip().split("/")
@@ -82,10 +90,21 @@ def host_platform_of() -> Platform:
 
 @dataclass(frozen=True)
 class Descriptor:
+    """A content descriptor: what a manifest, an index or ``index.json`` says of a blob."""
+
     media_type: str
     digest: str
     size: int
     platform: Platform | None = None
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"mediaType": self.media_type, "digest": self.digest, "size": self.size}
+        if self.platform is not None:
+            out["platform"] = self.platform.to_json()
+        if self.annotations:
+            out["annotations"] = dict(self.annotations)
+        return out
 
 
 @dataclass(frozen=True)
@@ -148,12 +167,7 @@ def _descriptor(raw: object, where: str) -> Descriptor:
 
 def parse_manifest(body: bytes, media_type: str, where: str) -> Manifest:
     """A manifest or index; ``media_type`` is the response's (the body's own wins when it has one)."""
-    try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise LayerError(f"{where}: the manifest is not JSON ({exc})") from exc
-    if not isinstance(data, dict):
-        raise LayerError(f"{where}: the manifest is not a JSON object")
+    data = _json_object(body, "the manifest", where)
     kind = str(data.get("mediaType") or media_type.split(";")[0].strip())
     if data.get("schemaVersion") == 1 or "signatures" in data:
         raise RegistryError(
@@ -192,12 +206,7 @@ def select_platform(index: Manifest, wanted: Platform, where: str) -> Descriptor
 
 
 def parse_config(body: bytes, where: str) -> ImageConfig:
-    try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise LayerError(f"{where}: the image config is not JSON ({exc})") from exc
-    if not isinstance(data, dict):
-        raise LayerError(f"{where}: the image config is not a JSON object")
+    data = _json_object(body, "the image config", where)
     conf = data.get("config") or {}
     if not isinstance(conf, dict):
         raise LayerError(f"{where}: the image config's config is not an object")
@@ -225,6 +234,16 @@ def parse_config(body: bytes, where: str) -> ImageConfig:
         diff_ids=tuple(diff_ids),
         platform=Platform(str(data.get("os") or "linux"), str(data.get("architecture") or ""), variant or None),
     )
+
+
+def _json_object(body: bytes, what: str, where: str) -> dict[str, Any]:
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise LayerError(f"{where}: {what} is not JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise LayerError(f"{where}: {what} is not a JSON object")
+    return data
 
 
 def _strings(value: object) -> tuple[str, ...] | None:

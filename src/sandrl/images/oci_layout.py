@@ -30,6 +30,7 @@ from typing import Any, Literal, Protocol, TypeVar
 import zstandard
 
 from sandrl.errors import ConfigError
+from sandrl.images.manifest import Descriptor, Platform
 
 Compression = Literal["gzip", "zstd", "none"]
 
@@ -249,38 +250,6 @@ def layer_blob(entries: Iterable[TarEntry], compression: Compression = "none") -
 
 
 @dataclass(frozen=True)
-class Platform:
-    architecture: str = "amd64"
-    os: str = "linux"
-    variant: str | None = None
-
-    def to_json(self) -> dict[str, str]:
-        out = {"architecture": self.architecture, "os": self.os}
-        if self.variant:
-            out["variant"] = self.variant
-        return out
-
-
-@dataclass(frozen=True)
-class Descriptor:
-    """A content descriptor: what a manifest, index or index.json says of a blob."""
-
-    media_type: str
-    digest: str
-    size: int
-    platform: Platform | None = None
-    annotations: Mapping[str, str] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"mediaType": self.media_type, "digest": self.digest, "size": self.size}
-        if self.platform is not None:
-            out["platform"] = self.platform.to_json()
-        if self.annotations:
-            out["annotations"] = dict(self.annotations)
-        return out
-
-
-@dataclass(frozen=True)
 class LayerSpec:
     """A layer to write: its entries (a generator is consumed once) or a directory tree, and how to compress it."""
 
@@ -325,7 +294,7 @@ class ImageConfig:
 
     @property
     def platform(self) -> Platform:
-        return Platform(self.architecture, self.os, self.variant)
+        return Platform(os=self.os, architecture=self.architecture, variant=self.variant)
 
     def to_json(self, layers: Sequence[Layer]) -> dict[str, Any]:
         config: dict[str, Any] = {}

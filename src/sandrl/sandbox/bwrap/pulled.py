@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from sandrl.errors import ConfigError, SandboxError
+from sandrl.errors import ConfigError, ImageNotFoundError, SandboxError
 from sandrl.images.manifest import Platform
 from sandrl.images.pull import PullEvent, pull
 from sandrl.images.reference import parse_reference, store_name
@@ -29,7 +29,7 @@ from sandrl.images.unpack import LayerPolicy, unpack_layer
 from sandrl.sandbox.bwrap.images import DEFAULT_PATH, ImageStore
 from sandrl.sandbox.bwrap.layer_owners import kept_xattr, layer_mode, store_id
 
-__all__ = ["find_pulled", "import_rootfs_tar", "layer_id", "pull_into_store"]
+__all__ = ["import_rootfs_tar", "layer_id", "pull_into_store"]
 
 WORK_DIR = ".pull"
 """Under ``layers/``: downloads, unpack targets and layer locks (the store's filesystem, 0700)."""
@@ -66,12 +66,6 @@ class _StoreLayers:
             raise SandboxError(f"cannot move a pulled layer into the image store at {target} ({exc})") from exc
 
 
-def find_pulled(store: ImageStore, reference: str, platform: Platform | None = None) -> str | None:
-    """The store image of ``reference`` when it was pulled before (no network), else None."""
-    name = store_name(parse_reference(reference), platform)
-    return name if store.exists(name) else None
-
-
 async def pull_into_store(
     store: ImageStore,
     reference: str,
@@ -85,7 +79,11 @@ async def pull_into_store(
     ref = parse_reference(reference)
     name = store_name(ref, platform)
     if store.exists(name) and not refresh:
-        return name
+        try:
+            store.get(name)
+            return name
+        except ImageNotFoundError:
+            pass  # a layer of it was removed (pruned by hand, a disk cleaned): pull it again
     own_client = client is None
     registry = client or RegistryClient()
     try:
