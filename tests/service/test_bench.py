@@ -23,7 +23,15 @@ async def test_bench_service_small_run() -> None:
         for via in ("http", "inproc"):
             r = row[via]
             assert r["errors"] == 0 and r["exec"]["n"] == row["level"] * 2 and r["cycles_per_s"] > 0
+        assert row["http_over_inproc"] == round(row["http"]["cycles_per_s"] / row["inproc"]["cycles_per_s"], 3)
+        # Which side limits: the server process used CPU for the HTTP cycles; none runs in process.
+        assert row["http"]["cpu_ms_per_cycle"]["server"] > 0 and row["inproc"]["cpu_ms_per_cycle"]["server"] is None
     rt = result["exec_round_trip"]
     assert rt["http"]["n"] == rt["inproc"]["n"] == 20 and rt["http"]["p50_ms"] > 0
-    assert set(result["met"]) == {"http_exec_over_inproc_p50_ms", "zero_errors_at_max", "p99_over_p50_exec_at_max"}
+    assert set(result["met"]) == {
+        "http_exec_over_inproc_p50_ms",
+        "zero_errors_at_max",
+        "p99_over_p50_exec_at_max",
+        "http_over_inproc_cycles",
+    }
     assert "sandbox service vs in-process" in out.getvalue()

@@ -2,7 +2,8 @@
 
 (a) exec round trip of ``true`` with one client, in process and over HTTP; (b) at each
 concurrency N, N clients each doing create -> ``execs`` execs -> close at once, over HTTP
-and in process: throughput (cycles/s), create/exec/close latency, errors. The server runs
+and in process: throughput (cycles/s), create/exec/close latency, errors, and the CPU each side
+spent per cycle (the clients' process and the server's), which says which side limits. The server runs
 as its own process (as in production, and so it does not share this process's GIL), on a
 free port of 127.0.0.1 with a fresh state directory and token.
 """
@@ -33,7 +34,7 @@ from sandrl.sandbox.client import ClientConfig, RemoteProvider
 from sandrl.stats import summary_ms
 
 LEVELS = (1, 16, 64, 256)
-TARGETS = {"http_exec_over_inproc_p50_ms": 2.0, "p99_over_p50_exec_at_max": 10.0}
+TARGETS = {"http_exec_over_inproc_p50_ms": 1.0, "p99_over_p50_exec_at_max": 10.0, "http_over_inproc_cycles": 0.8}
 
 
 def _free_port() -> int:
@@ -43,8 +44,8 @@ def _free_port() -> int:
 
 
 @contextlib.asynccontextmanager
-async def server_process(state_dir: Path, max_live: int) -> AsyncIterator[tuple[str, str]]:
-    """A sandbox server as a child process; yields its URL and token."""
+async def server_process(state_dir: Path, max_live: int) -> AsyncIterator[tuple[str, str, int]]:
+    """A sandbox server as a child process; yields its URL, token and pid."""
     port, token = _free_port(), secrets.token_hex(24)
     code = (
         "from sandrl.sandbox.service.server import serve; "
@@ -62,7 +63,7 @@ async def server_process(state_dir: Path, max_live: int) -> AsyncIterator[tuple[
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise SandboxUnavailableError(f"the benchmark's sandbox server did not start (exit {proc.poll()})")
                 await asyncio.sleep(0.05)
-        yield url, token
+        yield url, token, proc.pid
     finally:
         proc.terminate()
         try:
@@ -87,7 +88,20 @@ async def _exec_round_trip(provider: SandboxProvider, n: int) -> list[float]:
         await sandbox.close()
 
 
-async def _cycles(provider: SandboxProvider, clients: int, execs: int) -> dict[str, Any]:
+def _cpu_seconds(server_pid: int | None) -> tuple[float, float]:
+    """CPU time (user + system) so far of this process and of the server process."""
+    mine = time.process_time()
+    if server_pid is None:
+        return mine, 0.0
+    try:
+        with open(f"/proc/{server_pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return mine, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return mine, 0.0
+
+
+async def _cycles(provider: SandboxProvider, clients: int, execs: int, server_pid: int | None = None) -> dict[str, Any]:
     creates: list[float] = []
     runs: list[float] = []
     closes: list[float] = []
@@ -117,11 +131,17 @@ async def _cycles(provider: SandboxProvider, clients: int, execs: int) -> dict[s
                     await sandbox.close()
 
     started = time.perf_counter()
+    cpu = _cpu_seconds(server_pid)
     await asyncio.gather(*(client() for _ in range(clients)))
     wall = time.perf_counter() - started
+    after = _cpu_seconds(server_pid)
+    used = [round((a - b) * 1000 / clients, 2) for b, a in zip(cpu, after, strict=True)]
     return {
         "clients": clients,
         "cycles_per_s": round(clients / wall, 2),
+        # Which side limits: CPU per cycle of this process (the clients, or the in-process provider)
+        # and of the server process (none in process); the sandboxes' own processes are not counted.
+        "cpu_ms_per_cycle": {"this_process": used[0], "server": used[1] if server_pid else None},
         "wall_s": round(wall, 3),
         "create": summary_ms(creates),
         "exec": summary_ms(runs),
@@ -141,7 +161,7 @@ async def run(
         raise SandrlError("concurrency levels, n_exec and execs must be at least 1")
     with tempfile.TemporaryDirectory(prefix="sandrl-bench-service-") as tmp:
         local = BwrapProvider(Path(tmp) / "inproc")
-        async with server_process(Path(tmp) / "server", max_live=levels[-1] + 8) as (url, token):
+        async with server_process(Path(tmp) / "server", max_live=levels[-1] + 8) as (url, token, pid):
             config = ClientConfig(max_connections=max(64, 2 * levels[-1]), timeout_s=300, retries=0)
             async with RemoteProvider(url, token=token, config=config) as remote:
                 console.print(f"exec round trip of `true`, 1 client, {n_exec} times")
@@ -151,7 +171,12 @@ async def run(
                 for n in levels:
                     console.print(f"{n} concurrent clients: create -> {execs} execs -> close")
                     rows.append(
-                        {"level": n, "http": await _cycles(remote, n, execs), "inproc": await _cycles(local, n, execs)}
+                        {
+                            "level": n,
+                            "http": (http := await _cycles(remote, n, execs, pid)),
+                            "inproc": (inproc := await _cycles(local, n, execs)),
+                            "http_over_inproc": round(http["cycles_per_s"] / inproc["cycles_per_s"], 3),
+                        }
                     )
         await local.close_all()
     top = rows[-1]["http"]
@@ -167,6 +192,9 @@ async def run(
             "http_exec_over_inproc_p50_ms": over <= TARGETS["http_exec_over_inproc_p50_ms"],
             "zero_errors_at_max": top["errors"] == 0,
             "p99_over_p50_exec_at_max": tail is not None and tail <= TARGETS["p99_over_p50_exec_at_max"],
+            "http_over_inproc_cycles": all(
+                row["http_over_inproc"] >= TARGETS["http_over_inproc_cycles"] for row in rows if row["level"] >= 16
+            ),
         },
     }
     console.print(render_card(result))
