@@ -313,6 +313,36 @@ class Sandbox(Protocol):
     ) -> None: ...
 
 
+@runtime_checkable
+class Pausable(Protocol):
+    """A sandbox that can stop all its processes and its TTL clock, and go on later."""
+
+    @property
+    def paused(self) -> bool: ...
+
+    async def pause(self) -> None:
+        """Freeze every process (no CPU) and stop the TTL clock; commands and file calls are refused."""
+        ...
+
+    async def resume(self) -> None:
+        """Thaw; the TTL goes on from where it stopped."""
+        ...
+
+
+@runtime_checkable
+class Snapshottable(Protocol):
+    """A sandbox whose filesystem can be captured as an image, and forked into new sandboxes."""
+
+    async def snapshot(self, name: str | None = None) -> str:
+        """An image of the sandbox's files as they are now (processes are not in it); its name."""
+        ...
+
+    async def fork(self, n: int) -> list[Sandbox]:
+        """``n`` new sandboxes starting from the sandbox's current files, each with its limits; the
+        sandbox itself keeps running."""
+        ...
+
+
 class ClosesOnExit:
     """``async with`` for a sandbox: closes it on the way out, even when the block is cancelled,
     so that no sandbox outlives the block that made it. A base for sandbox classes, which define

@@ -140,6 +140,22 @@ class SandboxCgroup:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
 
+    def freeze(self, frozen: bool, timeout_s: float = 5.0) -> None:
+        """Freeze (or thaw) every process of the sandbox at once (cgroup v2's ``cgroup.freeze``, which a
+        hybrid host's unified group has too); returns when the kernel says it is done."""
+        if self.kill_dir is None or not (self.kill_dir / "cgroup.freeze").exists():
+            raise LimitUnsupportedError(
+                "this host's cgroups have no freezer for sandboxes (cgroup v2's cgroup.freeze, or a hybrid "
+                "host's /sys/fs/cgroup/unified): pause and snapshot need it"
+            )
+        _write(self.kill_dir / "cgroup.freeze", "1" if frozen else "0")
+        want = f"frozen {int(frozen)}"
+        deadline = time.monotonic() + timeout_s
+        while want not in (self.kill_dir / "cgroup.events").read_text().splitlines():
+            if time.monotonic() > deadline:
+                raise LimitUnsupportedError(f"the sandbox's cgroup did not become {want!r} within {timeout_s:g} s")
+            time.sleep(0.0005)
+
     def remove(self, timeout_s: float = 5.0) -> bool:
         """Kill what is left and remove the groups; False if some could not be removed in time."""
         deadline = time.monotonic() + timeout_s

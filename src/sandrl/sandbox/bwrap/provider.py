@@ -86,6 +86,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import functools
 import os
 import resource
 import shutil
@@ -113,6 +114,7 @@ from sandrl.sandbox.bwrap.images import ImageStore, MountPlan
 from sandrl.sandbox.bwrap.nat import start_nat
 from sandrl.sandbox.bwrap.protocol import AgentConnection
 from sandrl.sandbox.bwrap.sandbox import BwrapSandbox
+from sandrl.sandbox.bwrap.snapshot import fork_sandbox, snapshot_sandbox
 from sandrl.sandbox.bwrap.state import STORE_UID_BASE, Slot, StateDir
 from sandrl.sandbox.entrypoint import start_entrypoint
 
@@ -337,6 +339,8 @@ class BwrapProvider:
         sandbox.add_close_callback(self._forget)  # first, so its record is gone before anyone hears of the close
         sandbox.uid = slot.uid + 1  # the slot's uid is pid 1's; the sandbox's root is the next one
         sandbox.mount_plan = plan
+        sandbox._snapshotter = functools.partial(snapshot_sandbox, self.images)
+        sandbox._forker = functools.partial(fork_sandbox, self)
         self.live.add(sandbox)
         return sandbox
 

@@ -18,6 +18,7 @@ from sandrl.errors import ImageNotFoundError
 from sandrl.sandbox.bwrap.dockerfile.builder import BUILD_PREFIX
 from sandrl.sandbox.bwrap.images import HOST_IMAGE, ImageStore
 from sandrl.sandbox.bwrap.pulled import WORK_DIR
+from sandrl.sandbox.bwrap.snapshot import FORK_PREFIX
 from sandrl.sandbox.bwrap.state import StateDir
 
 __all__ = ["PrunePlan", "apply_prune", "plan_prune"]
@@ -26,7 +27,7 @@ __all__ = ["PrunePlan", "apply_prune", "plan_prune"]
 @dataclass(frozen=True)
 class PrunePlan:
     images: tuple[str, ...]
-    """Cache images (``build-*``) to forget."""
+    """Cache images (``build-*``) and the images of forks (``fork-*``) to forget."""
     layers: tuple[str, ...]
     """Layer directories no remaining image uses."""
     leftovers: tuple[str, ...]
@@ -81,7 +82,7 @@ def _size(path: Path) -> int:
 def plan_prune(store: ImageStore, state: StateDir, *, build_cache: bool = True) -> PrunePlan:
     live = _live_images(state)
     names = [n for n in store.names() if n != HOST_IMAGE]
-    doomed = [n for n in names if build_cache and n.startswith(BUILD_PREFIX) and n not in live]
+    doomed = [n for n in names if build_cache and n.startswith((BUILD_PREFIX, FORK_PREFIX)) and n not in live]
     kept_layers: set[str] = set()
     for name in names:
         if name not in doomed:

@@ -35,6 +35,8 @@ from sandrl.sandbox.bwrap.process import BwrapProcess
 from sandrl.sandbox.bwrap.protocol import AgentConnection, Frame, Op
 
 REPLY_TIMEOUT_S = 30.0
+PAUSE_HOLD_S = 7 * 24 * 3600.0
+"""How long pid 1's own TTL clock is pushed out while the sandbox is paused (a week)."""
 """Longest wait for the agent to take a request or answer it (a command's start, a file's next
 frame, a TTL change). The agent is one thread serving the whole sandbox: one that does not answer
 for this long is stuck (e.g. blocked by something the sandbox made), and the sandbox is closed
@@ -80,6 +82,11 @@ class BwrapSandbox(ClosesOnExit):
         self.slot_index = slot_index
         self.created_at = time.time()
         self.expires_at = self.created_at + spec.ttl_s
+        self._paused_ttl_s: float | None = None
+        """While paused: the TTL it had left when it was paused."""
+        self._snapshotter: Callable[[BwrapSandbox, str | None], Awaitable[str]] | None = None
+        self._forker: Callable[[BwrapSandbox, int], Awaitable[list[BwrapSandbox]]] | None = None
+        """Set by the provider (which has the image store and makes sandboxes)."""
         self._group = group
         self._proc = proc
         self._conn = conn
@@ -210,6 +217,10 @@ class BwrapSandbox(ClosesOnExit):
 
     async def _cleanup(self) -> None:
         self._ttl_timer.cancel()
+        if self._paused_ttl_s is not None:
+            self._paused_ttl_s = None
+            with contextlib.suppress(Exception):  # a frozen pid 1 could not hear the close
+                await asyncio.to_thread(self._group.freeze, False)
         # Closing the socket makes the agent (pid 1) exit, which kills and reaps everything in its
         # pid namespace; bubblewrap's monitor exits only after that, so once it has exited no
         # process of the sandbox is left. SIGKILL through the cgroup is the fallback.
@@ -253,6 +264,52 @@ class BwrapSandbox(ClosesOnExit):
             raise self.crash or SandboxClosedError(
                 f"sandbox {self.id} is closed: {self.close_reason or self._conn.close_reason}"
             )
+        if self._paused_ttl_s is not None:
+            raise SandboxError(f"sandbox {self.id} is paused: resume it first", error_code="sandbox_paused")
+
+    @property
+    def paused(self) -> bool:
+        return self._paused_ttl_s is not None
+
+    async def snapshot(self, name: str | None = None) -> str:
+        """An image of this sandbox's files as they are now (:mod:`.snapshot`); its name."""
+        self._check_open_or_paused()
+        assert self._snapshotter is not None
+        return await self._snapshotter(self, name)
+
+    async def fork(self, n: int) -> list[BwrapSandbox]:
+        """``n`` new sandboxes from this one's current files (:mod:`.snapshot`); this one runs on."""
+        self._check_open_or_paused()
+        assert self._forker is not None
+        return await self._forker(self, n)
+
+    def _check_open_or_paused(self) -> None:
+        if self._snapshotter is None or self._forker is None:
+            raise SandboxError(f"sandbox {self.id} was not made by a provider that keeps images")
+        if self._paused_ttl_s is None:
+            self._check_open()
+        elif self._closing is not None or self._conn.closed.is_set():
+            raise SandboxClosedError(f"sandbox {self.id} is closed: {self.close_reason}")
+
+    async def pause(self) -> None:
+        """Freeze every process of the sandbox (no CPU until :meth:`resume`) and stop its TTL clock."""
+        self._check_open()
+        remaining = max(self.expires_at - time.time(), 1.0)
+        # Pid 1 keeps its own TTL clock, which freezing does not stop: give it room for the pause
+        # (the provider's timer is off meanwhile; a provider that dies leaves a record to reap).
+        await self.set_ttl(remaining + PAUSE_HOLD_S)
+        self._ttl_timer.cancel()
+        await asyncio.to_thread(self._group.freeze, True)
+        self._paused_ttl_s = remaining
+
+    async def resume(self) -> None:
+        """Thaw the sandbox; its TTL goes on from where :meth:`pause` stopped it."""
+        if self._paused_ttl_s is None:
+            self._check_open()
+            return
+        remaining, self._paused_ttl_s = self._paused_ttl_s, None
+        await asyncio.to_thread(self._group.freeze, False)
+        await self.set_ttl(remaining)
 
     async def set_ttl(self, ttl_s: float) -> None:
         """Give the sandbox ``ttl_s`` more seconds to live, counted from now."""

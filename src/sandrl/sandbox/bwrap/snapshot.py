@@ -1,0 +1,99 @@
+"""Snapshots and forks of live bubblewrap sandboxes: their filesystem, as new images of the store.
+
+A snapshot freezes the sandbox (cgroup freezer: every process stops where it is, so no file is
+half-written in the copy), exports its writable layer as a new read-only layer
+(:func:`~sandrl.sandbox.bwrap.export.export_changes`), thaws it, and registers an image made of
+that layer over the sandbox's own image: the image chain stays shared, only the changes are new.
+Any later create can start from it. A fork is one snapshot and ``n`` sandboxes created from it,
+each with the parent's limits and its own copy-on-write layer; the parent keeps running.
+
+What a snapshot does not hold: processes, memory, open sockets (a filesystem snapshot, like
+``docker commit``). A fork's children start no ``ENTRYPOINT``: they are the parent's files, not a
+new container of the parent's image. Process snapshots with CRIU are not offered: CRIU needs
+``CAP_SYS_ADMIN`` over the sandbox's namespaces and restores into namespaces it creates itself,
+which the sandbox's idmapped, helper-built mounts are not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import uuid
+from dataclasses import replace
+from typing import Protocol
+
+from sandrl.errors import ConfigError
+from sandrl.sandbox.base import SandboxSpec
+from sandrl.sandbox.bwrap.export import export_changes, is_empty_layer
+from sandrl.sandbox.bwrap.images import HOST_IMAGE, ImageStore
+from sandrl.sandbox.bwrap.sandbox import BwrapSandbox
+
+__all__ = ["FORK_PREFIX", "SNAPSHOT_PREFIX", "fork_sandbox", "snapshot_sandbox"]
+
+SNAPSHOT_PREFIX = "snap-"
+FORK_PREFIX = "fork-"
+"""Images made for a fork: ``sandrl images prune`` removes them once no live sandbox uses them."""
+MAX_FORK = 256
+
+
+class Creates(Protocol):
+    images: ImageStore
+
+    async def create(self, spec: SandboxSpec, *, nat: bool = False) -> BwrapSandbox: ...
+
+
+async def snapshot_sandbox(store: ImageStore, sandbox: BwrapSandbox, name: str | None = None) -> str:
+    """The image of ``sandbox``'s filesystem as it is now (see the module); its name."""
+    name = name or f"{SNAPSHOT_PREFIX}{sandbox.id.removeprefix('sb-')}-{uuid.uuid4().hex[:8]}"
+    store.check_name(name)
+    if store.exists(name):
+        raise ConfigError(f"an image named {name!r} exists; give the snapshot another name")
+    layer_dir = store.root / "layers" / f".snapshot-{uuid.uuid4().hex}"
+    was_paused = sandbox.paused
+    if not was_paused:
+        await asyncio.to_thread(sandbox._group.freeze, True)
+    try:
+        await export_changes(sandbox, layer_dir)
+    finally:
+        if not was_paused:
+            await asyncio.to_thread(sandbox._group.freeze, False)
+    try:
+        base_meta = store.meta(sandbox.spec.image)
+        below = base_meta.get("layers")
+        layers = [str(x) for x in below] if isinstance(below, list) else []
+        base = HOST_IMAGE if sandbox.spec.image == HOST_IMAGE else base_meta.get("base")
+        if not is_empty_layer(layer_dir):
+            layers.insert(0, store.add_layer(layer_dir, move=True))
+        config = base_meta.get("config")
+        store.add_image(
+            name,
+            layers,
+            env=store.get(sandbox.spec.image).env if base is None else _own_env(base_meta),
+            workdir=str(base_meta["workdir"]) if base_meta.get("workdir") else None,
+            base=str(base) if base is not None else None,
+            config={**(config if isinstance(config, dict) else {}), "snapshot_of": sandbox.id},
+        )
+    finally:
+        shutil.rmtree(layer_dir, ignore_errors=True)
+    return name
+
+
+def _own_env(meta: dict[str, object]) -> dict[str, str]:
+    """The environment a stacked image adds to its base (the base's own is added back by the store)."""
+    env = meta.get("env")
+    return {str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {}
+
+
+async def fork_sandbox(provider: Creates, sandbox: BwrapSandbox, n: int) -> list[BwrapSandbox]:
+    """``n`` new sandboxes whose filesystems start from ``sandbox``'s current state."""
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_FORK:
+        raise ConfigError(f"a fork makes between 1 and {MAX_FORK} sandboxes, got {n!r}")
+    image = await snapshot_sandbox(provider.images, sandbox, f"{FORK_PREFIX}{uuid.uuid4().hex[:16]}")
+    spec = replace(sandbox.spec, image=image, entrypoint=False)
+    made = await asyncio.gather(*(provider.create(spec) for _ in range(n)), return_exceptions=True)
+    children = [c for c in made if isinstance(c, BwrapSandbox)]
+    failed = [c for c in made if isinstance(c, BaseException)]
+    if failed:
+        await asyncio.gather(*(c.close() for c in children), return_exceptions=True)
+        raise failed[0]
+    return children
