@@ -19,7 +19,9 @@ pytestmark = needs_sandbox
 async def test_pause_stops_the_cpu_and_the_ttl_and_resume_goes_on(provider: BwrapProvider) -> None:
     async with await provider.create(SandboxSpec(ttl_s=6)) as sandbox:
         assert isinstance(sandbox, Pausable)
-        await sandbox.exec("nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/n; done' >/dev/null 2>&1 &")
+        await sandbox.exec(
+            "nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/m; mv /tmp/m /tmp/n; done' >/dev/null 2>&1 &"
+        )
         await asyncio.sleep(0.3)
         await sandbox.pause()
         assert sandbox.paused
