@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from sandrl.bench import snapshots
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider, BwrapSandbox
 from sandrl.sandbox.pool import PooledProvider
@@ -189,6 +190,8 @@ async def run(n: int = 200, live: int = 500, pool_size: int = 8, console: Consol
         warm = await _warm(provider, spec, n, pool_size, lambda: progress.advance(task))
         progress.update(task, completed=0, description="exec round trip")
         rtt = await _exec_rtt(provider, spec, n, lambda: progress.advance(task))
+        progress.update(task, completed=0, total=max(4, n // 10), description="snapshot, fork, pause/resume")
+        live_ops = await snapshots.run(provider, spec, max(4, n // 10), lambda: progress.advance(task))
         progress.update(task, completed=0, total=live, description=f"{live} idle sandboxes")
         footprint = await _footprint(provider, spec, live, lambda: progress.advance(task))
     rows = {
@@ -197,6 +200,7 @@ async def run(n: int = 200, live: int = 500, pool_size: int = 8, console: Consol
         "cold_create_exec": summary_ms(cold),
         "warm_create_exec": summary_ms(warm),
         "exec_true": summary_ms(rtt),
+        **live_ops,
     }
     ratios = {
         "cold_over_bwrap_p50": round(rows["cold_create_exec"]["p50_ms"] / rows["bwrap_true"]["p50_ms"], 3),
@@ -207,6 +211,10 @@ async def run(n: int = 200, live: int = 500, pool_size: int = 8, console: Consol
         "warm_p99": rows["warm_create_exec"]["p99_ms"] <= TARGETS["warm_p99_ms"],
         "cold_ratio": ratios["cold_over_bwrap_p50"] <= TARGETS["cold_over_bwrap_p50"],
         "exec_p50": rows["exec_true"]["p50_ms"] <= TARGETS["exec_p50_ms"],
+        "snapshot_p50": rows["snapshot_10mib"]["p50_ms"] <= snapshots.TARGETS["snapshot_10mib_p50_ms"],
+        "fork16": rows["fork_16_until_exec"]["p50_ms"]
+        <= snapshots.TARGETS["fork16_over_warm_create"] * rows["warm_create_exec"]["p50_ms"],
+        "pause_resume_p50": rows["pause_resume"]["p50_ms"] <= snapshots.TARGETS["pause_resume_p50_ms"],
         "idle_memory": footprint["host_mib_per_sandbox"] <= TARGETS["idle_host_mib_per_sandbox"]
         and footprint["live"] == live
         and footprint["closed_cleanly"],
@@ -220,6 +228,10 @@ async def run(n: int = 200, live: int = 500, pool_size: int = 8, console: Consol
         "cold_create_exec": "(c) cold create -> first exec",
         "warm_create_exec": "(d) warm pool create -> first exec",
         "exec_true": "(e) exec `true` in a live sandbox",
+        "snapshot_10mib": "(g) snapshot, 10 MiB written",
+        "fork_1_until_exec": "(h) fork 1, until it ran true",
+        "fork_16_until_exec": "(i) fork 16, until all ran true",
+        "pause_resume": "(j) pause + resume",
     }
     for key, label in labels.items():
         r = rows[key]
@@ -238,7 +250,7 @@ async def run(n: int = 200, live: int = 500, pool_size: int = 8, console: Consol
         **rows,
         "ratios": ratios,
         "idle": footprint,
-        "targets": TARGETS,
+        "targets": {**TARGETS, **snapshots.TARGETS},
         "checks": checks,
         "pass": all(checks.values()),
     }
