@@ -16,6 +16,7 @@ that says what went wrong *and what to do about it*.
      │    ├── SandboxClosedError        the sandbox is closed (by the caller, TTL, or a crash)
      │    │    └── SandboxCrashedError  it died or hung on its own; says whether its own processes caused it
      │    ├── SandboxNotFoundError      no sandbox with that id
+ │    ├── SandboxPausedError        the sandbox is paused: resume it first
      │    ├── CapacityExhaustedError    the host or pool is full
      │    ├── SandboxFileError          a file operation inside the sandbox failed
      │    │    └── SandboxFileTooLargeError  the file is larger than the read's bound (max_bytes)
@@ -128,6 +129,13 @@ class SandboxNotFoundError(SandboxError):
 
     error_code = "sandbox_not_found"
     http_status = 404
+
+
+class SandboxPausedError(SandboxError):
+    """The sandbox is paused (its processes frozen): commands and file calls wait for a resume."""
+
+    error_code = "sandbox_paused"
+    http_status = 409
 
 
 class CapacityExhaustedError(SandboxError):

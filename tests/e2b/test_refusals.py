@@ -63,8 +63,6 @@ def test_unknown_template(e2b_server: E2BServer) -> None:
 @pytest.mark.parametrize(
     ("method", "path", "body"),
     [
-        ("POST", "/sandboxes/{id}/pause", {}),
-        ("POST", "/sandboxes/{id}/resume", {}),
         ("POST", "/sandboxes/{id}/fork", {}),
         ("POST", "/sandboxes/{id}/snapshots", {}),
         ("PUT", "/sandboxes/{id}/network", {"allowOut": ["1.1.1.1"]}),
@@ -93,8 +91,6 @@ def test_unsupported_calls_say_so(e2b_server: E2BServer, method: str, path: str,
 def test_unsupported_sdk_calls_raise_the_sdk_exception(e2b_server: E2BServer) -> None:
     sb = Sandbox.create(timeout=60)
     try:
-        with pytest.raises(SandboxException, match="not supported yet"):
-            sb.pause()
         with pytest.raises(SandboxException, match="not supported yet"):
             sb.files.watch_dir("/tmp")
         with pytest.raises(SandboxException, match="not supported yet"):

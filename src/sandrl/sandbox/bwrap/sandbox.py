@@ -17,7 +17,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
-from sandrl.errors import SandboxClosedError, SandboxCrashedError, SandboxError, SandboxFileError
+from sandrl.errors import (
+    SandboxClosedError,
+    SandboxCrashedError,
+    SandboxError,
+    SandboxFileError,
+    SandboxPausedError,
+)
 from sandrl.sandbox.base import (
     MAX_READ_BYTES,
     ClosesOnExit,
@@ -265,7 +271,7 @@ class BwrapSandbox(ClosesOnExit):
                 f"sandbox {self.id} is closed: {self.close_reason or self._conn.close_reason}"
             )
         if self._paused_ttl_s is not None:
-            raise SandboxError(f"sandbox {self.id} is paused: resume it first", error_code="sandbox_paused")
+            raise SandboxPausedError(f"sandbox {self.id} is paused: resume it first")
 
     @property
     def paused(self) -> bool:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from sandrl.errors import CapacityExhaustedError, InvalidSpecError, SandboxNotFoundError
-from sandrl.sandbox.base import ExecResult, Sandbox, SandboxProcess, SandboxProvider, SandboxSpec
+from sandrl.sandbox.base import ExecResult, Pausable, Sandbox, SandboxProcess, SandboxProvider, SandboxSpec
 from sandrl.sandbox.service.api import MIN_TTL_S, ServiceError
 from sandrl.sandbox.service.metrics import ServiceMetrics, mem_available_bytes, pressure_avg10
 
@@ -107,6 +107,8 @@ class Entry:
     why: str = ""
     """Why it is being closed: deleted, ttl, died, broken, shutdown."""
     closing: asyncio.Task[None] | None = field(default=None, repr=False)
+    paused_ttl_s: float | None = None
+    """While paused: the TTL it had left (its clock does not run)."""
 
     @property
     def id(self) -> str:
@@ -228,9 +230,12 @@ class SandboxService:
     # -- lifetime
 
     async def extend(self, entry: Entry, ttl_s: float) -> None:
-        """Let the sandbox live ``ttl_s`` more seconds from now."""
+        """Let the sandbox live ``ttl_s`` more seconds from now (a paused one: from its resume)."""
         if ttl_s > self.config.max_ttl_s:
             raise InvalidSpecError(f"ttl_s={ttl_s:g} is over this server's maximum of {self.config.max_ttl_s:g} s")
+        if entry.paused_ttl_s is not None:
+            entry.paused_ttl_s = ttl_s
+            return
         set_ttl = getattr(entry.sandbox, "set_ttl", None)
         if callable(set_ttl):
             await set_ttl(ttl_s)
@@ -238,6 +243,37 @@ class SandboxService:
             entry.timer.cancel()
         entry.timer = asyncio.get_running_loop().call_later(ttl_s, self._expire, entry)
         entry.expires_at = time.time() + ttl_s
+
+    async def pause(self, entry: Entry) -> bool:
+        """Freeze the sandbox and stop its TTL; False if it was paused already."""
+        if entry.paused_ttl_s is not None:
+            return False
+        if not isinstance(entry.sandbox, Pausable):
+            raise ServiceError(
+                f"sandbox {entry.id} cannot be paused on this server's backend",
+                error_code="not_supported",
+                http_status=400,
+            )
+        if entry.busy:
+            raise ServiceError(
+                f"sandbox {entry.id} is running a command or a transfer: pause it when that has finished",
+                error_code="sandbox_busy",
+                http_status=409,
+            )
+        await entry.sandbox.pause()
+        if entry.timer is not None:
+            entry.timer.cancel()
+        entry.paused_ttl_s = max(entry.expires_at - time.time(), 1.0)
+        return True
+
+    async def resume(self, entry: Entry) -> None:
+        """Thaw a paused sandbox; its TTL goes on from where it stopped. Nothing for a running one."""
+        if entry.paused_ttl_s is None or not isinstance(entry.sandbox, Pausable):
+            return
+        remaining, entry.paused_ttl_s = entry.paused_ttl_s, None
+        await entry.sandbox.resume()
+        entry.timer = asyncio.get_running_loop().call_later(remaining, self._expire, entry)
+        entry.expires_at = time.time() + remaining
 
     def _expire(self, entry: Entry) -> None:
         self._start_close(entry, "ttl")

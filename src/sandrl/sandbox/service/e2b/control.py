@@ -1,4 +1,4 @@
-"""The E2B control plane over the sandbox service: create, get, list, kill, timeout, connect.
+"""The E2B control plane over the sandbox service: create, get, list, kill, timeout, connect, pause.
 
 Mounted on the service's app next to the native ``/v1`` router, behind the same auth (E2B's
 ``X-API-Key`` is the service's token, see :mod:`.gateway`), body limits and error handlers:
@@ -9,10 +9,12 @@ errors are ``{"code", "error_code", "message"}``, which is E2B's own error shape
 - ``timeout`` is the sandbox's TTL in seconds; ``metadata`` its labels (the list filter);
   ``envVars`` the environment of every command; ``allow_internet_access=true`` shares the host
   network, as sandrl's ``network=True`` does; by default a sandbox has loopback only.
+- **Pause** freezes the sandbox's processes (memory kept) and stops its TTL; ``connect`` (and the
+  older ``resume``) thaws it, and its TTL goes on. A sandbox running a command is not paused (409).
 - **Not supported yet**, answered 400 ``not_supported`` (as an unenforceable limit is, see
   :class:`~sandrl.errors.LimitUnsupportedError`: a request this server cannot honour, never a
-  server fault) with a message saying so: pause and resume (and ``autoPause``), fork,
-  snapshots, templates built through the SDK, network rules, volumes, MCP, IAM, logs, metrics.
+  server fault) with a message saying so: ``autoPause``/``autoResume``, fork, snapshots,
+  templates built through the SDK, network rules, volumes, MCP, IAM, logs, metrics.
 """
 
 from __future__ import annotations
@@ -141,7 +143,7 @@ def _listed(registry: E2BRegistry, entry: Entry) -> dict[str, Any]:
         "cpuCount": max(1, round(spec.cpus)),
         "memoryMB": spec.memory_mb,
         "diskSizeMB": spec.disk_mb,
-        "state": "running",
+        "state": "paused" if entry.paused_ttl_s is not None else "running",
         "envdVersion": ENVD_VERSION,
         "metadata": dict(entry.metadata),
     }
@@ -261,19 +263,36 @@ async def refresh(sandbox_id: SandboxId, body: RefreshBody, request: Request) ->
 @router.post("/sandboxes/{sandbox_id}/connect", responses={k: ERRORS[k] for k in (400, 401, 404)})
 @router.post("/v2/sandboxes/{sandbox_id}/connect", responses={k: ERRORS[k] for k in (400, 401, 404)})
 async def connect(sandbox_id: SandboxId, body: ConnectBody, request: Request) -> JSONResponse:
-    """Connect to a running sandbox (``Sandbox.connect``); a ``timeout`` only ever lengthens its life."""
+    """Connect to a sandbox (``Sandbox.connect``), resuming it if it is paused; a ``timeout`` only
+    ever lengthens its life. Its memory is always kept (a pause freezes the processes)."""
     import time
 
     registry = registry_of(request)
     entry = registry.service.get(sandbox_id)
+    resumed = entry.paused_ttl_s is not None
+    await registry.service.resume(entry)
     if body.timeout is not None and time.time() + body.timeout > entry.expires_at:
         await _extend(registry.service, entry, body.timeout)
-    return JSONResponse(_sandbox_body(registry, entry), status_code=200)
+    return JSONResponse(_sandbox_body(registry, entry), status_code=201 if resumed else 200)
+
+
+@router.post("/sandboxes/{sandbox_id}/pause", status_code=204, responses={k: ERRORS[k] for k in (400, 401, 404)})
+async def pause(sandbox_id: SandboxId, request: Request) -> Response:
+    """Pause a sandbox (``Sandbox.pause``): its processes freeze where they are, memory kept, its TTL
+    stopped; ``connect`` resumes it. 409 when it is paused already, as E2B's API answers."""
+    svc = registry_of(request).service
+    if not await svc.pause(svc.get(sandbox_id)):
+        raise ServiceError(f"sandbox {sandbox_id} is paused already", error_code="conflict", http_status=409)
+    return Response(status_code=204)
+
+
+@router.post("/sandboxes/{sandbox_id}/resume", status_code=201, responses={k: ERRORS[k] for k in (400, 401, 404)})
+async def resume(sandbox_id: SandboxId, body: ConnectBody, request: Request) -> JSONResponse:
+    """E2B's older resume route: the same as ``connect``."""
+    return await connect(sandbox_id, body, request)
 
 
 _UNSUPPORTED: list[tuple[str, list[str], str, str]] = [
-    ("/sandboxes/{sandbox_id}/pause", ["POST"], "pausing sandboxes", "kill it and create a new one instead"),
-    ("/sandboxes/{sandbox_id}/resume", ["POST"], "resuming paused sandboxes", "sandrl sandboxes are never paused"),
     ("/sandboxes/{sandbox_id}/fork", ["POST"], "forking sandboxes", ""),
     ("/sandboxes/{sandbox_id}/snapshots", ["POST", "GET"], "sandbox snapshots", ""),
     ("/sandboxes/{sandbox_id}/network", ["PUT"], "changing a sandbox's network rules", ""),
