@@ -24,8 +24,9 @@ async def test_bench_service_small_run() -> None:
             r = row[via]
             assert r["errors"] == 0 and r["exec"]["n"] == row["level"] * 2 and r["cycles_per_s"] > 0
         assert row["http_over_inproc"] == round(row["http"]["cycles_per_s"] / row["inproc"]["cycles_per_s"], 3)
-        # Which side limits: the server process used CPU for the HTTP cycles; none runs in process.
-        assert row["http"]["cpu_ms_per_cycle"]["server"] > 0 and row["inproc"]["cpu_ms_per_cycle"]["server"] is None
+        # Which side limits: the server's CPU is measured for HTTP (in clock ticks: a small run may
+        # read 0); in process there is no server.
+        assert row["http"]["cpu_ms_per_cycle"]["server"] >= 0 and row["inproc"]["cpu_ms_per_cycle"]["server"] is None
     rt = result["exec_round_trip"]
     assert rt["http"]["n"] == rt["inproc"]["n"] == 20 and rt["http"]["p50_ms"] > 0
     assert set(result["met"]) == {
