@@ -63,8 +63,7 @@ def test_unknown_template(e2b_server: E2BServer) -> None:
 @pytest.mark.parametrize(
     ("method", "path", "body"),
     [
-        ("POST", "/sandboxes/{id}/fork", {}),
-        ("POST", "/sandboxes/{id}/snapshots", {}),
+        ("GET", "/sandboxes/{id}/snapshots", None),
         ("PUT", "/sandboxes/{id}/network", {"allowOut": ["1.1.1.1"]}),
         ("POST", "/v3/templates", {"name": "t"}),
         ("POST", "/templates/t/builds/b", {}),

@@ -22,16 +22,25 @@ are used when the sandbox has them, and emulated or refused when it does not.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import logging
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
 from sandrl.errors import CapacityExhaustedError, InvalidSpecError, SandboxNotFoundError
-from sandrl.sandbox.base import ExecResult, Pausable, Sandbox, SandboxProcess, SandboxProvider, SandboxSpec
+from sandrl.sandbox.base import (
+    ExecResult,
+    Pausable,
+    Sandbox,
+    SandboxProcess,
+    SandboxProvider,
+    SandboxSpec,
+    Snapshottable,
+)
 from sandrl.sandbox.service.api import MIN_TTL_S, ServiceError
 from sandrl.sandbox.service.metrics import ServiceMetrics, mem_available_bytes, pressure_avg10
 
@@ -180,6 +189,9 @@ class SandboxService:
             self.creating -= 1
             self._room.set()
         self.metrics.create_seconds.observe(time.perf_counter() - started)
+        return self._register(sandbox, spec, metadata)
+
+    def _register(self, sandbox: Sandbox, spec: SandboxSpec, metadata: Mapping[str, str] | None) -> Entry:
         self.metrics.creates.inc()
         now = time.time()
         entry = Entry(sandbox, spec, dict(metadata or {}), now, now + spec.ttl_s)
@@ -189,6 +201,45 @@ class SandboxService:
         if callable(add_callback):
             add_callback(lambda _sb: self._gone(entry))
         return entry
+
+    def _snapshottable(self, entry: Entry) -> Snapshottable:
+        if not isinstance(entry.sandbox, Snapshottable):
+            raise ServiceError(
+                f"sandbox {entry.id} cannot be snapshotted on this server's backend",
+                error_code="not_supported",
+                http_status=400,
+            )
+        if entry.busy:
+            raise ServiceError(
+                f"sandbox {entry.id} is running a command or a transfer: snapshot it when that has finished",
+                error_code="sandbox_busy",
+                http_status=409,
+            )
+        return entry.sandbox
+
+    async def snapshot(self, entry: Entry, name: str | None = None) -> str:
+        """An image of the sandbox's files as they are now (any later create can start from it)."""
+        return await self._snapshottable(entry).snapshot(name)
+
+    async def fork(self, entry: Entry, count: int, ttl_s: float | None = None) -> builtins.list[Entry]:
+        """``count`` new sandboxes from the sandbox's current files, with its limits and labels."""
+        sandbox = self._snapshottable(entry)
+        self._check_not_draining()
+        limit = self.config.max_live
+        if limit is not None and len(self.entries) + self.creating + count > limit:
+            raise CapacityExhaustedError(
+                f"a fork of {count} would take this server over its {self.config.max_live} live sandboxes"
+            )
+        self.creating += count
+        try:
+            children = await sandbox.fork(count)
+        finally:
+            self.creating -= count
+            self._room.set()
+        made = [self._register(child, replace(entry.spec, entrypoint=False), entry.metadata) for child in children]
+        if ttl_s is not None:
+            await asyncio.gather(*(self.extend(e, ttl_s) for e in made))
+        return made
 
     def _check_not_draining(self) -> None:
         if self.draining:

@@ -13,8 +13,10 @@ errors are ``{"code", "error_code", "message"}``, which is E2B's own error shape
   older ``resume``) thaws it, and its TTL goes on. A sandbox running a command is not paused (409).
 - **Not supported yet**, answered 400 ``not_supported`` (as an unenforceable limit is, see
   :class:`~sandrl.errors.LimitUnsupportedError`: a request this server cannot honour, never a
-  server fault) with a message saying so: ``autoPause``/``autoResume``, fork, snapshots,
+  server fault) with a message saying so: ``autoPause``/``autoResume``, listing snapshots,
   templates built through the SDK, network rules, volumes, MCP, IAM, logs, metrics.
+- **Snapshots** (``create_snapshot``) are images of the sandbox's files, usable as templates and
+  deleted with ``delete_snapshot``; **fork** makes ``count`` sandboxes from the current files.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sandrl.errors import ImageNotFoundError, InvalidSpecError
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap.images import HOST_IMAGE
+from sandrl.sandbox.bwrap.snapshot import SNAPSHOT_PREFIX
 from sandrl.sandbox.service.api import MetadataDict, ServiceError
 from sandrl.sandbox.service.e2b.state import CLIENT_ID, DEFAULT_TEMPLATE, ENVD_VERSION, E2BRegistry
 from sandrl.sandbox.service.routes import ERRORS
@@ -292,9 +295,55 @@ async def resume(sandbox_id: SandboxId, body: ConnectBody, request: Request) -> 
     return await connect(sandbox_id, body, request)
 
 
+class SnapshotBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str | None = Field(default=None, max_length=128)
+
+
+class ForkBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    timeout: int | None = Field(default=None, ge=1)
+    count: int = Field(default=1, ge=1, le=256)
+
+
+@router.post("/sandboxes/{sandbox_id}/snapshots", status_code=201, responses={k: ERRORS[k] for k in (400, 401, 404)})
+async def create_snapshot(sandbox_id: SandboxId, body: SnapshotBody, request: Request) -> JSONResponse:
+    """Snapshot a sandbox's files (``Sandbox.create_snapshot``); the snapshot is a template: create
+    from it by its id. Processes are not in it (a filesystem snapshot)."""
+    svc = registry_of(request).service
+    name = await svc.snapshot(svc.get(sandbox_id), body.name)
+    return JSONResponse({"snapshotID": name, "names": [name]}, status_code=201)
+
+
+@router.post("/sandboxes/{sandbox_id}/fork", status_code=201, responses={k: ERRORS[k] for k in (400, 401, 404, 429)})
+async def fork(sandbox_id: SandboxId, body: ForkBody, request: Request) -> JSONResponse:
+    """Fork a sandbox into ``count`` new ones (``Sandbox.fork``): its files as they are now, its
+    limits and labels; it keeps running."""
+    registry = registry_of(request)
+    entry = registry.service.get(sandbox_id)
+    children = await registry.service.fork(entry, body.count, float(body.timeout) if body.timeout else None)
+    template = registry.template_of(entry)
+    results = []
+    for child in children:
+        registry.add(child, template)
+        results.append({"sandbox": _sandbox_body(registry, child)})
+    return JSONResponse(results, status_code=201)
+
+
+@router.delete("/templates/{template_id}", status_code=204, responses={k: ERRORS[k] for k in (400, 401, 404)})
+async def delete_snapshot(template_id: str, request: Request) -> Response:
+    """Delete a snapshot (``Sandbox.delete_snapshot``); other templates are not deleted through this API."""
+    images = getattr(registry_of(request).service.provider, "images", None)
+    if images is None or not template_id.startswith(SNAPSHOT_PREFIX):
+        raise not_supported("deleting templates", "only snapshots made through this API can be deleted here")
+    images.remove(template_id)  # its layers stay while a sandbox uses them; `sandrl images prune` frees them
+    return Response(status_code=204)
+
+
 _UNSUPPORTED: list[tuple[str, list[str], str, str]] = [
-    ("/sandboxes/{sandbox_id}/fork", ["POST"], "forking sandboxes", ""),
-    ("/sandboxes/{sandbox_id}/snapshots", ["POST", "GET"], "sandbox snapshots", ""),
+    ("/sandboxes/{sandbox_id}/snapshots", ["GET"], "listing a sandbox's snapshots", ""),
     ("/sandboxes/{sandbox_id}/network", ["PUT"], "changing a sandbox's network rules", ""),
     ("/sandboxes/{sandbox_id}/metrics", ["GET"], "sandbox metrics", "the server's /metrics has Prometheus metrics"),
     ("/sandboxes/{sandbox_id}/logs", ["GET"], "sandbox logs", ""),
