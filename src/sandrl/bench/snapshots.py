@@ -15,6 +15,7 @@ from typing import Any
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.sandbox.bwrap.sandbox import BwrapSandbox
+from sandrl.sandbox.bwrap.snapshot import FORK_PREFIX
 from sandrl.stats import summary_ms
 
 TARGETS = {"snapshot_10mib_p50_ms": 50.0, "fork16_over_warm_create": 16.0, "pause_resume_p50_ms": 10.0}
@@ -37,6 +38,7 @@ async def run(provider: BwrapProvider, spec: SandboxSpec, n: int, tick: Callable
     forks16: list[float] = []
     pauses: list[float] = []
     made: list[str] = []
+    before = set(provider.images.names())
     async with await provider.create(spec) as sandbox:
         await sandbox.exec("head -c 10485760 /dev/urandom > /tmp/blob")
         for _ in range(n):
@@ -54,7 +56,7 @@ async def run(provider: BwrapProvider, spec: SandboxSpec, n: int, tick: Callable
     for name in made:
         provider.images.remove(name)
     for name in provider.images.names():
-        if name.startswith("fork-"):
+        if name.startswith(FORK_PREFIX) and name not in before:
             provider.images.remove(name)
     return {
         "snapshot_10mib": summary_ms(snaps),
