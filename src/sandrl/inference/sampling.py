@@ -5,7 +5,9 @@ row, from the request's own generator, so a seeded request samples the same toke
 whatever else shares its batch.
 
 The log-prob returned for a token is that of the raw model distribution
-(``log_softmax(logits)``: temperature 1, no top-p), the quantity the trainer recomputes.
+(``log_softmax(logits)``: temperature 1, no top-p), the quantity the trainer recomputes;
+a request's ``logit_bias`` is added to its logits first (so its log-probs are those of the
+biased distribution it samples from).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class RowSampler:
     top_p: float
     generator: torch.Generator
     top_logprobs: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,13 @@ class Sampled:
 def sample_next(logits: torch.Tensor, rows: Sequence[RowSampler]) -> Sampled:
     """Pick one token per row of ``logits`` (shape [batch, vocab]) under that row's parameters."""
     logits = logits.float()
+    biased = [i for i, row in enumerate(rows) if row.logit_bias]
+    if biased:
+        logits = logits.clone()
+        for i in biased:
+            ids = torch.tensor([t for t, _ in rows[i].logit_bias if t < logits.shape[-1]], dtype=torch.long)
+            values = torch.tensor([b for t, b in rows[i].logit_bias if t < logits.shape[-1]], dtype=torch.float32)
+            logits[i].index_add_(0, ids, values)
     logprobs = torch.log_softmax(logits, dim=-1)
     chosen = logprobs.argmax(dim=-1)
     sampled_rows = [i for i, row in enumerate(rows) if row.temperature > 0]
