@@ -320,7 +320,7 @@ class Engine:
         self, input_ids: list[int], params: SamplingParams, rid: str | None, on_token: Callable[[int], None] | None
     ) -> Request:
         self._check_alive()
-        prompt = self._check_prompt(input_ids, params)
+        prompt = self.check_prompt(input_ids, params)
         loop = asyncio.get_running_loop()
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         request = Request(
@@ -370,7 +370,8 @@ class Engine:
         if self._closing or not self._thread.is_alive():
             raise InferenceError("the inference engine is shut down; start a new one (sandrl serve inference)")
 
-    def _check_prompt(self, input_ids: Sequence[int], params: SamplingParams) -> list[int]:
+    def check_prompt(self, input_ids: Sequence[int], params: SamplingParams) -> list[int]:
+        """The prompt as a list of ints, or a ConfigError saying why the engine cannot take it."""
         prompt = [int(t) for t in input_ids]
         if not prompt:
             raise ConfigError("input_ids is empty: a prompt needs at least one token (e.g. the tokenizer's <|bos|>)")
