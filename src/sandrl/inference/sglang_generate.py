@@ -12,7 +12,6 @@ as SGLang sends by default; ``index`` tells a batch's items apart) and ``data: [
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -27,7 +26,7 @@ from sandrl.errors import ConfigError
 from sandrl.inference.base import Generation, SamplingParams
 from sandrl.inference.batch import Partial
 from sandrl.inference.engine import Engine
-from sandrl.inference.serving import engine_of, output_text, reject_unsupported, require_tokenizer
+from sandrl.inference.serving import engine_of, output_text, reject_unsupported, require_tokenizer, sse, stream_all
 
 # SGLang sampling parameters the engine does not implement, with the values that mean "off".
 _UNSUPPORTED_SAMPLING: dict[str, Any] = {
@@ -133,37 +132,20 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
 async def _stream(
     engine: Engine, items: list[_Item], batched: bool, with_text: bool, started: float
 ) -> AsyncIterator[bytes]:
-    queue: asyncio.Queue[tuple[_Item, Partial | Generation] | None] = asyncio.Queue()
-
-    async def pump(item: _Item) -> None:
-        interval = max(1, int(item.raw.get("stream_interval") or 1))
-        async for out in engine.stream(item.prompt, item.params, rid=item.rid):
-            if isinstance(out, Generation) or len(out.output_ids) % interval == 0:
-                await queue.put((item, out))
-
-    errors: list[Exception] = []
-
-    async def run_all() -> None:
-        try:
-            await asyncio.gather(*(pump(item) for item in items))
-        except Exception as exc:  # reported in the stream, as SGLang does: the status line is already sent
-            errors.append(exc)
-        finally:
-            queue.put_nowait(None)
-
-    task = asyncio.ensure_future(run_all())
+    jobs: list[tuple[list[int], SamplingParams, str | None]] = [(i.prompt, i.params, i.rid) for i in items]
     try:
-        while (got := await queue.get()) is not None:
-            item, out = got
+        async for index, out in stream_all(engine, jobs):
+            item = items[index]
+            interval = max(1, int(item.raw.get("stream_interval") or 1))
+            if isinstance(out, Partial) and len(out.output_ids) % interval:
+                continue
             answer = _answer(engine, item, out, with_text, time.perf_counter() - started)
             if batched:
                 answer["index"] = item.index
-            yield b"data: " + json.dumps(answer).encode() + b"\n\n"
-        for exc in errors:
-            yield b"data: " + json.dumps({"error": {"message": str(exc)}}).encode() + b"\n\n"
-        yield b"data: [DONE]\n\n"
-    finally:
-        task.cancel()  # a client that goes away cancels its requests, freeing their batch slots
+            yield sse(answer)
+    except Exception as exc:  # reported in the stream, as SGLang does: the status line is already sent
+        yield sse({"error": {"message": str(exc)}})
+    yield b"data: [DONE]\n\n"
 
 
 def _reject_extra_fields(body: GenerateRequest) -> None:
