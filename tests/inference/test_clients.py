@@ -7,6 +7,7 @@ closed port for "connection refused", httpx.MockTransport for status codes.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 from pathlib import Path
@@ -210,3 +211,16 @@ async def test_update_weights_on_a_server_without_the_route_says_so() -> None:
     async with OpenAIClient("http://vllm.test/v1", "m", http=FAST_RETRY, transport=transport) as client:
         with pytest.raises(ConfigError, match="has no /update_weights_from_disk"):
             await client.update_weights("/ckpt")
+
+
+async def test_sglang_client_carries_the_versions_of_each_token(fresh_served: Any, other_checkpoint: Path) -> None:
+    """Against sandrl's own server the client learns which weights produced each token, across an update."""
+    async with SGLangClient(fresh_served.url) as client:
+        params = SamplingParams(max_new_tokens=300, ignore_eos=True, seed=1)
+        flight = asyncio.ensure_future(client.generate([1, 2, 3], params))
+        while fresh_served.engine.stats.steps < 5:
+            await asyncio.sleep(0.005)
+        await client.update_weights(str(other_checkpoint), version=3)
+        g = await flight
+    versions = g.output_weight_versions
+    assert versions is not None and versions[0] == 0 and versions[-1] == 3 and sorted(versions) == versions

@@ -40,8 +40,9 @@ def _prompts(tok: ByteTokenizer) -> list[list[int]]:
 async def _in_flight(eng: Engine, prompts: list[list[int]], tokens: int = LONG) -> list[asyncio.Future[Generation]]:
     """Start one long generation per prompt and return once all of them are decoding."""
     params = SamplingParams(max_new_tokens=tokens, ignore_eos=True, seed=5, temperature=0.8)
+    steps = eng.stats.steps
     flights = [asyncio.ensure_future(eng.generate(p, params, rid=f"r{i}")) for i, p in enumerate(prompts)]
-    while eng.stats.steps < 5:
+    while eng.running < len(prompts) or eng.stats.steps < steps + 5:
         await asyncio.sleep(0.005)
     assert not any(f.done() for f in flights), "the update must land while requests are decoding"
     return flights
@@ -185,7 +186,9 @@ async def test_stream_yields_the_output_so_far_then_the_generation(engine: Engin
     final = chunks[-1]
     assert isinstance(final, Generation) and all(isinstance(c, Partial) for c in chunks[:-1])
     partial = [c for c in chunks if isinstance(c, Partial)]
-    assert [len(c.output_ids) for c in partial] == list(range(1, len(partial) + 1))
+    # One Partial per token, unless this reader fell behind the engine (then they coalesce to the latest).
+    lengths = [len(c.output_ids) for c in partial] + [len(final.output_ids)]
+    assert lengths == sorted(set(lengths)) and lengths[0] >= 1 and lengths[-1] == 6
     assert all(final.output_ids[: len(c.output_ids)] == c.output_ids for c in partial)
     assert final.output_ids == (await engine.generate(prompt, params)).output_ids
 

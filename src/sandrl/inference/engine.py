@@ -208,6 +208,8 @@ class Engine:
     ) -> AsyncIterator[Partial | Generation]:
         """Like :meth:`generate`, but yield the output so far after each token, then the finished Generation.
 
+        A reader slower than the engine gets the latest output when it asks (tokens coalesce).
+
         Leaving the loop early (a client that disconnects) frees the request's batch slot.
         """
         counts: asyncio.Queue[int] = asyncio.Queue()
@@ -221,6 +223,10 @@ class Engine:
                     waiter.cancel()
                     break
                 n = waiter.result()
+                while not counts.empty():  # a slow reader gets the latest output, not a backlog (as SGLang's)
+                    n = counts.get_nowait()
+                if request.future.done():
+                    break  # the finished Generation follows, with the same tokens
                 top = request.top_logprobs[:n] if request.params.top_logprobs else None
                 yield Partial(request.output_ids[:n], request.output_logprobs[:n], request.weight_versions[:n], top)
             yield await request.future
@@ -550,7 +556,8 @@ class Engine:
             if top is not None:
                 request.top_logprobs.append(top)
             request.check_finished(token, self.tokenizer)
-            request.notify()
+            if request.finish is None:  # the last token comes with the finished Generation instead
+                request.notify()
         self._retire(self._batch.remove_leaving())
 
     def _retire(self, requests: list[Request]) -> None:

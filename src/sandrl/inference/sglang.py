@@ -113,6 +113,8 @@ class SGLangClient:
         if version is not None:
             self._version = version
         top = meta.get("output_top_logprobs")
+        # sandrl's own server says which weights produced each token; SGLang does not.
+        per_token = meta.get("output_token_weight_versions")
         return Generation(
             output_ids=ids,
             output_logprobs=logprobs,
@@ -123,6 +125,7 @@ class SGLangClient:
             matched_stop=finish.get("matched") if isinstance(finish, dict) else None,
             text=answer.get("text") if isinstance(answer.get("text"), str) else None,
             output_top_logprobs=[[(int(e[1]), float(e[0])) for e in row] for row in top] if top else None,
+            output_weight_versions=[int(v) for v in per_token] if isinstance(per_token, list) else None,
         )
 
     def _bad_answer(self, path: str, answer: Any) -> InferenceError:

@@ -133,12 +133,14 @@ async def _stream(
     engine: Engine, items: list[_Item], batched: bool, with_text: bool, started: float
 ) -> AsyncIterator[bytes]:
     jobs: list[tuple[list[int], SamplingParams, str | None]] = [(i.prompt, i.params, i.rid) for i in items]
+    sent = [0] * len(items)
     try:
         async for index, out in stream_all(engine, jobs):
             item = items[index]
             interval = max(1, int(item.raw.get("stream_interval") or 1))
-            if isinstance(out, Partial) and len(out.output_ids) % interval:
+            if isinstance(out, Partial) and len(out.output_ids) - sent[index] < interval:
                 continue
+            sent[index] = len(out.output_ids)
             answer = _answer(engine, item, out, with_text, time.perf_counter() - started)
             if batched:
                 answer["index"] = item.index
