@@ -210,6 +210,21 @@ async def test_weight_update_fields(own: httpx.AsyncClient, other_checkpoint: Pa
     await own.post("/continue_generation")
 
 
+async def test_an_update_waits_for_requests_in_flight_by_default(
+    own: httpx.AsyncClient, other_checkpoint: Path
+) -> None:
+    """SGLang's update holds its writer lock until the running requests finish; so does sandrl's (policy pause)."""
+    sp = {"max_new_tokens": 150, "ignore_eos": True}
+    flight = asyncio.ensure_future(
+        own.post("/generate", json={"input_ids": [1], "sampling_params": sp, "return_logprob": True})
+    )
+    await _until_running(own)
+    body = {"model_path": str(other_checkpoint), "weight_version": "2"}
+    assert (await own.post("/update_weights_from_disk", json=body)).status_code == 200
+    meta = (await flight).json()["meta_info"]
+    assert meta["output_token_weight_versions"] == [0] * 150 and meta["weight_version"] == "0"
+
+
 async def test_update_weight_version(own: httpx.AsyncClient) -> None:
     r = await own.post("/update_weight_version", json={"new_version": "9"})
     assert r.json() == {"success": True, "message": "Weight version updated to 9", "new_version": "9"}

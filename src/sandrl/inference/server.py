@@ -16,7 +16,9 @@ Routes:
   checkpoint is always read off the decode thread and the answer always comes after the swap),
   ``torch_empty_cache``/``recapture_cuda_graph`` no-op (no CUDA); ``manifest`` 400. sandrl's
   ``update_policy`` (``in_place``/``pause``/``abort_and_resume``) picks what the update does to
-  requests in flight; default: the engine's (see :mod:`sandrl.inference.engine`).
+  requests in flight; default ``pause``: like SGLang's, the update waits for the requests in
+  flight (see :mod:`sandrl.inference.engine`). SGLang clients get the other two with
+  ``/pause_generation`` ``in_place`` or ``retract``, the update, then ``/continue_generation``.
 - ``POST /update_weight_version``: served (``new_version``, ``abort_all_requests`` default true).
 - ``POST /pause_generation``: served, ``mode`` ``abort`` (default) / ``retract`` / ``in_place``;
   an empty body (SGLang before 0.5.6) is ``abort``. ``POST /continue_generation``: served.

@@ -19,6 +19,7 @@ import httpx
 
 from sandrl.errors import ConfigError, InferenceError
 from sandrl.inference.base import FinishReason, Generation, SamplingParams
+from sandrl.inference.batch import UPDATE_POLICIES, UpdatePolicy
 from sandrl.inference.tokenizer import Tokenizer
 from sandrl.inference.transport import HTTPConfig, JSONTransport, parse_version
 
@@ -34,7 +35,12 @@ class SGLangClient:
         transport: httpx.AsyncBaseTransport | None = None,
         tokenizer: Tokenizer | None = None,
         max_context: int | None = None,
+        update_policy: UpdatePolicy = "pause",
     ) -> None:
+        if update_policy not in UPDATE_POLICIES:
+            raise ConfigError(f"update_policy must be one of {', '.join(UPDATE_POLICIES)}, got {update_policy!r}")
+        self.update_policy = update_policy
+        """What a weight update does to the server's requests in flight (see :meth:`update_weights`)."""
         self._http = JSONTransport(base_url, http, transport=transport)
         self.base_url = self._http.base_url
         self.tokenizer = tokenizer
@@ -63,11 +69,24 @@ class SGLangClient:
         return self._generation(answer, len(input_ids))
 
     async def update_weights(self, path: str, *, version: int | None = None) -> int:
-        """Load the weights at ``path``; the new version is ``version`` (the trainer's), else the server's + 1."""
+        """Load the weights at ``path``; the new version is ``version`` (the trainer's), else the server's + 1.
+
+        The client's ``update_policy`` says what happens to requests in flight, through SGLang's own
+        routes: ``pause`` is SGLang's plain update (it waits for them); ``in_place`` and
+        ``abort_and_resume`` pause generation in SGLang's ``in_place`` / ``retract`` mode around it.
+        """
         new = version if version is not None else await self.weight_version() + 1
-        answer = await self._http.post(
-            "/update_weights_from_disk", {"model_path": path, "weight_version": str(new), "abort_all_requests": False}
-        )
+        mode = {"in_place": "in_place", "abort_and_resume": "retract"}.get(self.update_policy)
+        if mode is not None:
+            await self._http.post("/pause_generation", {"mode": mode})
+        try:
+            answer = await self._http.post(
+                "/update_weights_from_disk",
+                {"model_path": path, "weight_version": str(new), "abort_all_requests": False},
+            )
+        finally:
+            if mode is not None:
+                await self._http.post("/continue_generation", {})
         if not isinstance(answer, dict) or not answer.get("success", False):
             message = answer.get("message") if isinstance(answer, dict) else answer
             raise InferenceError(f"{self.base_url} could not load the weights in {path}: {message}")

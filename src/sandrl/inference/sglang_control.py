@@ -43,7 +43,7 @@ class UpdateWeightsRequest(BaseModel):
     manifest: dict[str, Any] | None = None
     rid: str | None = None
     update_policy: UpdatePolicy | None = None
-    """sandrl's: what this update does to requests in flight; default: the engine's ``update_policy``."""
+    """sandrl's: what this update does to requests in flight; default ``pause``, SGLang's behaviour."""
 
 
 class UpdateWeightVersionRequest(BaseModel):
@@ -84,7 +84,8 @@ async def update_weights_from_disk(body: UpdateWeightsRequest, request: Request)
         version = _int_version(body.weight_version, "weight_version")
         if body.abort_all_requests:
             engine.abort()
-        new = await engine.update_weights(body.model_path, version=version, policy=body.update_policy)
+        # SGLang's update waits for the requests in flight (its writer lock): "pause" unless told otherwise.
+        new = await engine.update_weights(body.model_path, version=version, policy=body.update_policy or "pause")
         if body.keep_pause:
             await engine.pause("in_place")
     except SandrlError as exc:
