@@ -42,6 +42,11 @@ class SamplingParams:
     """Do not stop at the model's end-of-sequence tokens (``stop_token_ids`` still stop); for benchmarks."""
     top_logprobs: int = 0
     """Also return, for each output position, this many most likely tokens with their log-probs."""
+    scaled_logprobs: bool = False
+    """Which log-probs come back. False: ``log_softmax(logits)``, temperature 1, what the trainer
+    recomputes and what importance ratios need (SGLang with ``SGLANG_RETURN_ORIGINAL_LOGPROB=1``).
+    True: ``log_softmax(logits / temperature)``, the distribution sampled from before top-p (SGLang's
+    default). Greedy requests (temperature 0) always get temperature-1 log-probs."""
     logit_bias: tuple[tuple[int, float], ...] = ()
     """(token id, bias) pairs added to the logits before sampling (OpenAI's and SGLang's ``logit_bias``).
     The returned log-probs are then those of the biased distribution, the one the token was drawn from."""
@@ -78,7 +83,8 @@ class Generation:
 
     ``output_logprobs[i]`` is ``log softmax(logits)[output_ids[i]]`` of the raw model
     distribution (temperature 1, before top-p), which is what the trainer recomputes and
-    what importance correction needs.
+    what importance correction needs; with ``SamplingParams.scaled_logprobs`` it is taken
+    at the sampling temperature instead.
     """
 
     output_ids: list[int]

@@ -60,7 +60,7 @@ from sandrl.inference.batch import (
     deliver,
     deliver_error,
 )
-from sandrl.inference.model import TinyModelConfig, load_model, load_weights
+from sandrl.inference.model import TinyModelConfig, config_eos_ids, load_model, load_weights
 from sandrl.inference.sampling import RowSampler, sample_next
 from sandrl.inference.tokenizer import Tokenizer
 
@@ -129,7 +129,7 @@ class Engine:
         self._model = model.eval()
         self._vocab_size = int(model.config.vocab_size)
         self._max_context = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
-        eos = list(tokenizer.eos_token_ids) if tokenizer is not None else _config_eos(model)
+        eos = list(tokenizer.eos_token_ids) if tokenizer is not None else config_eos_ids(model)
         self._eos_ids = frozenset(eos)
         # transformers 5 renamed the cache argument of forward; support both spellings.
         params = inspect.signature(model.forward).parameters
@@ -339,6 +339,7 @@ class Engine:
                 torch.Generator().manual_seed(seed),
                 params.top_logprobs,
                 params.logit_bias,
+                params.scaled_logprobs,
             ),
             stop_ids=frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self._eos_ids),
             max_new_tokens=min(params.max_new_tokens, self._max_context - len(prompt)),
@@ -591,10 +592,3 @@ class Engine:
         for item in [*updates, *controls]:
             assert isinstance(item, WeightUpdate | Control)
             deliver_error(item.loop, item.future, error)
-
-
-def _config_eos(model: Any) -> list[int]:
-    eos = getattr(model.config, "eos_token_id", None)
-    if eos is None:
-        return []
-    return [int(eos)] if isinstance(eos, int) else [int(e) for e in eos]

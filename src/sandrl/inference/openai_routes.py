@@ -12,8 +12,9 @@ Served as OpenAI defines them: ``n`` (sample i of a seeded request uses seed + i
 ``logprobs`` / ``top_logprobs`` (completions: ``logprobs`` = how many top entries, 0-20; chat:
 ``logprobs`` true and ``top_logprobs``), ``stop`` (a string or a list; cut from the text unless
 ``include_stop_str_in_output``), ``seed``, ``logit_bias`` (token id -> bias added to the logits),
-``temperature``, ``top_p``, ``max_tokens`` / ``max_completion_tokens``. Labels without effect
-(``user``, ``metadata``, ``store``, ``service_tier``) are accepted.
+``temperature``, ``top_p``, ``max_tokens`` / ``max_completion_tokens``. Log-probs are at
+temperature 1 whatever the sampling temperature (vLLM's default ``raw_logprobs``; the trainer's
+scale). Labels without effect (``user``, ``metadata``, ``store``, ``service_tier``) are accepted.
 
 Not served: ``echo``, ``suffix``, ``best_of`` > 1, penalties, tools and tool_choice, response
 formats, audio, reasoning effort, vLLM's ``top_k`` / ``min_p`` / ``repetition_penalty``; asking

@@ -49,7 +49,9 @@ fresh rids), ``logit_bias``, ``sampling_seed``, ``stream_interval``: served; pen
 ``stop_regex``, ``custom_params``: 400 unless off. Answers: ``text``, ``output_ids``, ``meta_info``
 with ``id``, ``finish_reason`` (``{"type": "stop", "matched"}``, ``length``, ``abort``),
 ``prompt_tokens``, ``completion_tokens``, ``weight_version`` (a string), ``output_token_logprobs``
-(``[logprob, id, text or null]``), ``output_top_logprobs``, and sandrl's ``start_weight_version``
+(``[logprob, id, text or null]``; at the sampling temperature unless the server runs with
+``SGLANG_RETURN_ORIGINAL_LOGPROB=1``, as SGLang's, or the request sends sandrl's
+``return_original_logprob``), ``output_top_logprobs``, and sandrl's ``start_weight_version``
 and ``output_token_weight_versions`` (the version of each output token).
 
 OpenAI's routes are in :mod:`sandrl.inference.openai_routes`. Errors are
@@ -61,6 +63,7 @@ runs it in a thread on a free port, for tests and for embedding in one process.
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -113,8 +116,19 @@ async def weight_version(request: Request) -> dict[str, str]:
     return {"weight_version": str(engine_of(request).weight_version)}
 
 
-def create_app(engine: Engine, *, served_model_name: str | None = None, owns_engine: bool = False) -> FastAPI:
-    """The FastAPI app serving ``engine``; with ``owns_engine`` the app's shutdown closes the engine."""
+def create_app(
+    engine: Engine,
+    *,
+    served_model_name: str | None = None,
+    owns_engine: bool = False,
+    return_original_logprob: bool | None = None,
+) -> FastAPI:
+    """The FastAPI app serving ``engine``; with ``owns_engine`` the app's shutdown closes the engine.
+
+    ``return_original_logprob``: whether ``/generate`` log-probs are at temperature 1 (true) or at
+    the sampling temperature (false) when a request does not say; None reads SGLang's switch,
+    the environment variable ``SGLANG_RETURN_ORIGINAL_LOGPROB`` (unset: at the temperature, as SGLang).
+    """
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -127,6 +141,10 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, owns_eng
     app = FastAPI(title="sandrl inference", lifespan=lifespan)
     app.state.engine = engine
     app.state.served_model_name = served_model_name or default_served_name(engine.model_path)
+    if return_original_logprob is None:
+        flag = os.environ.get("SGLANG_RETURN_ORIGINAL_LOGPROB", "").strip().lower()
+        return_original_logprob = flag in ("1", "true", "yes", "on")
+    app.state.return_original_logprob = return_original_logprob
     app.include_router(sglang_router)
     app.include_router(generate_router)
     app.include_router(control_router)

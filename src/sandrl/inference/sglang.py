@@ -36,11 +36,16 @@ class SGLangClient:
         tokenizer: Tokenizer | None = None,
         max_context: int | None = None,
         update_policy: UpdatePolicy = "pause",
+        original_logprobs: bool | None = None,
     ) -> None:
         if update_policy not in UPDATE_POLICIES:
             raise ConfigError(f"update_policy must be one of {', '.join(UPDATE_POLICIES)}, got {update_policy!r}")
         self.update_policy = update_policy
         """What a weight update does to the server's requests in flight (see :meth:`update_weights`)."""
+        self.original_logprobs = original_logprobs
+        """Whether the server returns temperature-1 log-probs (an SGLang started with
+        ``SGLANG_RETURN_ORIGINAL_LOGPROB=1``). None: unknown; sandrl's server is asked per request."""
+        self._sandrl: bool | None = None
         self._http = JSONTransport(base_url, http, transport=transport)
         self.base_url = self._http.base_url
         self.tokenizer = tokenizer
@@ -61,12 +66,40 @@ class SGLangClient:
         }
         if params.top_logprobs:
             body["top_logprobs_num"] = params.top_logprobs
+        body.update(await self._logprob_scale(params))
         answer = await self._http.post("/generate", body)
         if isinstance(answer, list):
             answer = answer[0] if answer else None
         if not isinstance(answer, dict):
             raise self._bad_answer("/generate", answer)
         return self._generation(answer, len(input_ids))
+
+    async def _logprob_scale(self, params: SamplingParams) -> dict[str, Any]:
+        """Fields that get log-probs on the scale ``params`` asks for, or a ConfigError when none can.
+
+        At temperature 0 or 1 both scales agree. Otherwise SGLang returns them at the sampling
+        temperature unless it was started with ``SGLANG_RETURN_ORIGINAL_LOGPROB=1``, a switch no
+        request can flip: sandrl's server takes ``return_original_logprob`` per request instead.
+        """
+        if params.temperature in (0.0, 1.0):
+            return {}
+        if self._sandrl is None:
+            try:
+                info = await self._http.get("/get_server_info")
+            except ConfigError:
+                info = {}
+            self._sandrl = isinstance(info, dict) and info.get("engine") == "sandrl"
+        if self._sandrl:
+            return {"return_original_logprob": not params.scaled_logprobs}
+        if self.original_logprobs is None or self.original_logprobs == params.scaled_logprobs:
+            server = {None: "unknown", True: "temperature 1", False: "the sampling temperature"}[self.original_logprobs]
+            wanted = "the sampling temperature" if params.scaled_logprobs else "temperature 1"
+            raise ConfigError(
+                f"{self.base_url}: log-probs at temperature {params.temperature} are wanted at {wanted}, and the "
+                f"server's scale is {server}. SGLang returns them at the sampling temperature unless started with "
+                "SGLANG_RETURN_ORIGINAL_LOGPROB=1: start it to match and say so (SGLangClient(original_logprobs=...))"
+            )
+        return {}
 
     async def update_weights(self, path: str, *, version: int | None = None) -> int:
         """Load the weights at ``path``; the new version is ``version`` (the trainer's), else the server's + 1.

@@ -204,6 +204,7 @@ async def server_info(request: Request) -> dict[str, Any]:
         "update_policy": engine.config.update_policy,
         "update_policies": list(UPDATE_POLICIES),
         "token_step": getattr(request.app.state, "token_step", 0),
+        "return_original_logprob": request.app.state.return_original_logprob,
         "internal_states": [{"#running_req": engine.running, "paused": engine.paused}],
         "version": __version__,
         "engine": "sandrl",

@@ -94,6 +94,9 @@ class GenerateRequest(BaseModel):
     top_logprobs_num: int | list[int] | None = None
     logprob_start_len: int | list[int] | None = None
     return_text_in_logprobs: bool = False
+    return_original_logprob: bool | None = None
+    """sandrl's: temperature-1 log-probs (true) or at the sampling temperature (false); default: the
+    server's setting, which like SGLang's is SGLANG_RETURN_ORIGINAL_LOGPROB (unset: at the temperature)."""
     stream: bool = False
     rid: str | list[str] | None = None
 
@@ -114,7 +117,10 @@ class _Item:
 async def generate(body: GenerateRequest, request: Request) -> Any:
     engine = engine_of(request)
     _reject_extra_fields(body)
-    items, batched = _normalise(engine, body)
+    original = body.return_original_logprob
+    items, batched = _normalise(
+        engine, body, request.app.state.return_original_logprob if original is None else original
+    )
     started = time.perf_counter()
     if body.stream:
         for item in items:  # a bad prompt is a 400 before the stream starts, not an error event inside it
@@ -172,7 +178,7 @@ def _per_item(value: Any, count: int, name: str, default: Any) -> list[Any]:
     return [value] * count
 
 
-def _normalise(engine: Engine, body: GenerateRequest) -> tuple[list[_Item], bool]:
+def _normalise(engine: Engine, body: GenerateRequest, original_logprob: bool) -> tuple[list[_Item], bool]:
     prompts, batched = _prompts(engine, body)
     count = len(prompts)
     sampling = _per_item(body.sampling_params, count, "sampling_params", {})
@@ -197,7 +203,7 @@ def _normalise(engine: Engine, body: GenerateRequest) -> tuple[list[_Item], bool
         unknown = sorted(set(sampling[i]) - _SAMPLING_FIELDS)
         if unknown:
             raise ConfigError(f"/generate: sampling_params has fields SGLang does not define either: {unknown}")
-        params = _params(sampling[i], int(top[i]) if logprob[i] else 0)
+        params = _params(sampling[i], int(top[i]) if logprob[i] else 0, scaled=not original_logprob)
         for j in range(samples):
             at = i * samples + j
             items.append(_Item(prompts[i], rids[at], at, params, sampling[i], bool(logprob[i])))
@@ -218,7 +224,7 @@ def _rids(rid: str | list[str] | None, count: int, samples: int, batched: bool) 
     return [f"{rid}_{i}" for i in range(count)] if batched else [rid]
 
 
-def _params(sp: dict[str, Any], top_logprobs: int) -> SamplingParams:
+def _params(sp: dict[str, Any], top_logprobs: int, *, scaled: bool) -> SamplingParams:
     def value(name: str, default: Any) -> Any:
         # SGLang treats an explicit null as "use the default".
         found = sp.get(name)
@@ -244,6 +250,7 @@ def _params(sp: dict[str, Any], top_logprobs: int) -> SamplingParams:
         ignore_eos=bool(sp.get("ignore_eos", False)),
         top_logprobs=int(top_logprobs),
         logit_bias=logit_bias,
+        scaled_logprobs=scaled,
     )
 
 
