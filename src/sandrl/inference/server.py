@@ -44,7 +44,8 @@ becomes ``rid_0``, ``rid_1``...; a list must match the batch), ``sampling_params
 routing labels (``priority``, ``routing_key``, ``custom_labels``...): no-op. ``sampling_params``:
 ``max_new_tokens``, ``temperature``, ``top_p``, ``top_k`` (only 1 = greedy, or off), ``stop``,
 ``stop_token_ids``, ``ignore_eos``, ``skip_special_tokens``, ``no_stop_trim``, ``n`` (prompt-major,
-fresh rids), ``logit_bias``, ``sampling_seed``, ``stream_interval``: served; penalties, ``min_p``,
+fresh rids), ``logit_bias``, ``sampling_seed``, ``stream_interval``: served; ``spaces_between_special_tokens``:
+false (what RL clients send) served, true decodes the same (no tokenizer here spaces them); penalties, ``min_p``,
 ``min_new_tokens``, grammars (``json_schema``, ``regex``, ``ebnf``, ``structural_tag``),
 ``stop_regex``, ``custom_params``: 400 unless off. Answers: ``text``, ``output_ids``, ``meta_info``
 with ``id``, ``finish_reason`` (``{"type": "stop", "matched"}``, ``length``, ``abort``),

@@ -42,7 +42,6 @@ _UNSUPPORTED_SAMPLING: dict[str, Any] = {
     "structural_tag": None,
     "stop_regex": (None, [], ""),
     "custom_params": None,
-    "spaces_between_special_tokens": True,
 }
 _SAMPLING_FIELDS = frozenset(_UNSUPPORTED_SAMPLING) | {
     "max_new_tokens",
@@ -58,6 +57,9 @@ _SAMPLING_FIELDS = frozenset(_UNSUPPORTED_SAMPLING) | {
     "sampling_seed",
     "seed",
     "stream_interval",
+    # Text only: sandrl's tokenizers never put spaces between special tokens, which is what the
+    # false RL clients send asks for; the default true decodes the same way.
+    "spaces_between_special_tokens",
 }
 # GenerateReqInput fields that only label or route a request; one CPU engine has nothing to route.
 _METADATA = frozenset(
