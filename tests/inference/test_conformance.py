@@ -48,7 +48,10 @@ class RolloutClient:
         assert info["is_generation"] is True
         return dict((await self.http.get("/get_server_info")).json())
 
-    async def generate(self, prompt: list[int], max_new_tokens: int, rid: str | None = None) -> Sample:
+    async def generate(
+        self, prompt: list[int], max_new_tokens: int, rid: str | None = None, *, to_budget: bool = False
+    ) -> Sample:
+        """Sample ``prompt``; ``to_budget`` runs to ``max_new_tokens`` (no stop tokens), as benchmarks do."""
         payload: dict[str, Any] = {
             "input_ids": prompt,
             "sampling_params": {
@@ -65,6 +68,8 @@ class RolloutClient:
         }
         if rid is not None:
             payload["rid"] = rid
+        if to_budget:
+            payload["sampling_params"].update(ignore_eos=True, stop_token_ids=[])
         r = await self.http.post("/generate", json=payload)
         r.raise_for_status()
         out = r.json()
@@ -86,6 +91,13 @@ class RolloutClient:
             more.status,
             more.weight_version,
         )
+
+    async def until_running(self, count: int) -> None:
+        for _ in range(1000):
+            if (await self.http.get("/get_server_info")).json()["internal_states"][0]["#running_req"] >= count:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"{count} requests never ran at once")
 
     async def abort_all(self) -> None:
         (await self.http.post("/abort_request", json={"abort_all": True})).raise_for_status()
@@ -133,9 +145,11 @@ async def test_a_training_loop_as_slime_drives_sglang(client: RolloutClient, oth
     assert all(len(s.tokens) == len(s.logprobs) > 0 and all(lp <= 0 for lp in s.logprobs) for s in group)
 
     # Over-sampling: the tail still running when enough samples are in is aborted, and kept as partials.
-    tail = [asyncio.ensure_future(client.generate(p, 400, rid=f"tail-{i}")) for i, p in enumerate(prompts[:4])]
-    while (await client.http.get("/get_server_info")).json()["internal_states"][0]["#running_req"] < 4:
-        await asyncio.sleep(0.01)
+    tail = [
+        asyncio.ensure_future(client.generate(p, 400, rid=f"tail-{i}", to_budget=True))
+        for i, p in enumerate(prompts[:4])
+    ]
+    await client.until_running(4)
     await client.abort_all()
     partials = await asyncio.gather(*tail)
     assert all(s.status == "aborted" and len(s.tokens) < 400 for s in partials)
@@ -159,12 +173,11 @@ async def test_a_training_loop_as_slime_drives_sglang(client: RolloutClient, oth
 async def test_weight_sync_while_a_rollout_runs_keeps_it(client: RolloutClient, other_checkpoint: Path) -> None:
     """pause_generation(retract) + update + continue: the requests in flight finish, none is lost."""
     await client.wait_ready()
-    flights = [asyncio.ensure_future(client.generate([1, 65 + i], 200)) for i in range(4)]
-    while (await client.http.get("/get_server_info")).json()["internal_states"][0]["#running_req"] < 4:
-        await asyncio.sleep(0.01)
+    flights = [asyncio.ensure_future(client.generate([1, 65 + i], 200, to_budget=True)) for i in range(4)]
+    await client.until_running(4)
     await client.sync_weights(str(other_checkpoint), version=7)
     samples = await asyncio.gather(*flights)
-    assert all(s.status in ("completed", "truncated") and s.weight_version == "7" for s in samples)
+    assert all(s.status == "truncated" and len(s.tokens) == 200 and s.weight_version == "7" for s in samples)
 
 
 async def test_streaming_as_sglangs_documentation_reads_it(client: RolloutClient) -> None:

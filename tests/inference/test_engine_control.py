@@ -42,7 +42,9 @@ async def _in_flight(eng: Engine, prompts: list[list[int]], tokens: int = LONG) 
     params = SamplingParams(max_new_tokens=tokens, ignore_eos=True, seed=5, temperature=0.8)
     steps = eng.stats.steps
     flights = [asyncio.ensure_future(eng.generate(p, params, rid=f"r{i}")) for i, p in enumerate(prompts)]
-    while eng.running < len(prompts) or eng.stats.steps < steps + 5:
+    for _ in range(4000):
+        if eng.running == len(prompts) and eng.stats.steps >= steps + 5:
+            break
         await asyncio.sleep(0.005)
     assert not any(f.done() for f in flights), "the update must land while requests are decoding"
     return flights
@@ -80,7 +82,7 @@ async def test_pause_lets_running_requests_finish_on_old_weights_and_new_ones_st
         prompts = _prompts(tokenizer)
         flights = await _in_flight(eng, prompts, tokens=120)
         update = asyncio.ensure_future(eng.update_weights(str(other_checkpoint)))
-        while not eng._updates:  # the checkpoint is read; the swap now waits for the running requests
+        while not eng._updates and not update.done():  # the checkpoint is read; the swap waits for the running
             await asyncio.sleep(0.005)
         late = asyncio.ensure_future(eng.generate(prompts[0], SamplingParams(max_new_tokens=20, seed=1)))
         results = await asyncio.gather(*flights)

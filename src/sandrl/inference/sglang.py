@@ -8,6 +8,12 @@ swaps the weights; ``GET /health`` says whether the server is up.
 
 Works with a real SGLang server (``python -m sglang.launch_server``) and with sandrl's own
 (``sandrl serve inference``), which serves the same routes.
+
+A weight update follows the client's ``update_policy`` through SGLang's routes (plain update
+for ``pause``; ``/pause_generation`` ``in_place`` or ``retract`` around it otherwise).
+Log-probs at a temperature other than 0 or 1 come on the scale ``SamplingParams.scaled_logprobs``
+asks for: sandrl's server is told per request; a real SGLang cannot be, so the client must be
+told how it was started (``original_logprobs``) or it refuses rather than mix scales.
 """
 
 from __future__ import annotations
