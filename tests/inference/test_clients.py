@@ -7,6 +7,7 @@ closed port for "connection refused", httpx.MockTransport for status codes.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 
 from sandrl.errors import ConfigError, InferenceError
 from sandrl.inference.base import InferenceClient, SamplingParams
+from sandrl.inference.batch import UpdatePolicy
 from sandrl.inference.openai import OpenAIClient
 from sandrl.inference.sglang import SGLangClient
 from sandrl.inference.tokenizer import ByteTokenizer
@@ -210,3 +212,27 @@ async def test_update_weights_on_a_server_without_the_route_says_so() -> None:
     async with OpenAIClient("http://vllm.test/v1", "m", http=FAST_RETRY, transport=transport) as client:
         with pytest.raises(ConfigError, match="has no /update_weights_from_disk"):
             await client.update_weights("/ckpt")
+
+
+@pytest.mark.parametrize("policy", ["pause", "in_place", "abort_and_resume"])
+async def test_sglang_client_update_policy_and_per_token_versions(
+    policy: UpdatePolicy, fresh_served: Any, other_checkpoint: Path
+) -> None:
+    """Through SGLang's routes (plain update, or pause in_place / retract around it) against sandrl's server,
+    which also tells the client which weights produced each token."""
+    async with SGLangClient(fresh_served.url, update_policy=policy) as client:
+        params = SamplingParams(max_new_tokens=300, ignore_eos=True, seed=1)
+        flight = asyncio.ensure_future(client.generate([1, 2, 3], params))
+        while fresh_served.engine.stats.steps < 5:
+            await asyncio.sleep(0.005)
+        await client.update_weights(str(other_checkpoint), version=3)
+        g = await flight
+        assert not fresh_served.engine.paused
+    versions = g.output_weight_versions
+    assert versions is not None and len(versions) == 300 and g.finish_reason == "length"
+    if policy == "pause":
+        assert set(versions) == {0}  # the update waited for the request
+    else:
+        assert versions[0] == 0 and versions[-1] == 3 and sorted(versions) == versions
+    with pytest.raises(ConfigError, match="update_policy must be one of"):
+        SGLangClient(fresh_served.url, update_policy="soon")  # type: ignore[arg-type]

@@ -80,5 +80,71 @@ async def test_errors_reach_the_openai_package_typed(client: openai.AsyncOpenAI)
         await client.completions.create(model="gpt-4", prompt="x")
     with pytest.raises(openai.BadRequestError, match=r"presence_penalty=0\.5 is not supported"):
         await client.completions.create(model="tiny", prompt="x", presence_penalty=0.5)
-    with pytest.raises(openai.BadRequestError, match=r"stream=True is not supported"):
-        await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], stream=True)
+    with pytest.raises(openai.BadRequestError, match=r"reasoning_effort='high' is not supported"):
+        await client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "x"}], reasoning_effort="high"
+        )
+    with pytest.raises(openai.BadRequestError, match=r"stream_options \['continuous_usage_stats'\]"):
+        await client.completions.create(
+            model="tiny",
+            prompt="x",
+            stream=True,
+            stream_options={"continuous_usage_stats": True},  # type: ignore[typeddict-unknown-key]
+        )
+
+
+async def test_streamed_completion_equals_the_whole_answer(client: openai.AsyncOpenAI) -> None:
+    kwargs: dict[str, Any] = {"model": "tiny", "prompt": ["Hi", "Yo"], "max_tokens": 12, "seed": 5, "n": 2}
+    whole = await client.completions.create(**kwargs, logprobs=1)
+    stream = await client.completions.create(**kwargs, logprobs=1, stream=True, stream_options={"include_usage": True})
+    texts: dict[int, str] = {}
+    logprobs: dict[int, list[float]] = {}
+    finish: dict[int, str] = {}
+    usage = None
+    async for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+            logprobs.setdefault(c.index, []).extend(c.logprobs.token_logprobs or [] if c.logprobs else [])
+            if c.finish_reason is not None:
+                finish[c.index] = c.finish_reason
+    assert sorted(texts) == [0, 1, 2, 3]
+    assert [texts[i] for i in range(4)] == [c.text for c in whole.choices]
+    assert [finish[i] for i in range(4)] == [c.finish_reason for c in whole.choices]
+    for i, c in enumerate(whole.choices):
+        assert c.logprobs is not None and logprobs[i] == pytest.approx(c.logprobs.token_logprobs, abs=1e-6)
+    assert usage is not None and whole.usage is not None and usage.total_tokens == whole.usage.total_tokens
+
+
+async def test_streamed_chat_holds_back_a_stop_string(client: openai.AsyncOpenAI) -> None:
+    messages: Any = [{"role": "user", "content": "Hi"}]
+    free = await client.chat.completions.create(model="tiny", messages=messages, max_tokens=30, seed=2)
+    text = free.choices[0].message.content or ""
+    assert len(text) > 4
+    stop = text[3:5]  # a two-character stop string from the middle of the free answer
+    whole = await client.chat.completions.create(model="tiny", messages=messages, max_tokens=30, seed=2, stop=[stop])
+    assert whole.choices[0].finish_reason == "stop" and stop not in (whole.choices[0].message.content or "")
+    stream = await client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=30, seed=2, stop=[stop], stream=True, logprobs=True
+    )
+    roles, parts, tokens = [], [], 0
+    async for chunk in stream:
+        for c in chunk.choices:
+            roles.append(c.delta.role)
+            parts.append(c.delta.content or "")
+            tokens += len(c.logprobs.content or []) if c.logprobs else 0
+    assert roles[0] == "assistant" and "".join(parts) == whole.choices[0].message.content
+    assert tokens == (whole.usage.completion_tokens if whole.usage else -1)
+
+
+async def test_n_seed_and_logit_bias(client: openai.AsyncOpenAI) -> None:
+    r = await client.completions.create(model="tiny", prompt="x", max_tokens=8, n=3, seed=1)
+    again = await client.completions.create(model="tiny", prompt="x", max_tokens=8, n=3, seed=1)
+    assert [c.text for c in r.choices] == [c.text for c in again.choices]
+    assert len({c.text for c in r.choices}) > 1
+    forced = ord("K")
+    r = await client.completions.create(
+        model="tiny", prompt="x", max_tokens=4, temperature=0, logit_bias={str(forced): 100}
+    )
+    assert r.choices[0].text == "KKKK"

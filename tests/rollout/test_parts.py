@@ -94,3 +94,28 @@ def test_budget_validation() -> None:
     for bad in ({"max_turns": 0}, {"max_total_tokens": 0}, {"wall_time_s": -1.0}):
         with pytest.raises(ConfigError):
             Budget(**bad)  # type: ignore[arg-type]
+
+
+def test_token_weight_versions_are_exact_when_a_turn_spans_an_update() -> None:
+    split = Turn(0, None, 1, 4, 1, "length", 6, 5, output_weight_versions=[5, 5, 6])
+    whole = Turn(1, None, 5, 7, 5, "stop", 6, 6, observation_start=4, observation_end=5)
+    t = Trajectory(
+        episode_id="r/t#0/0",
+        group_id="r/t#0",
+        task_id="t",
+        sample_index=0,
+        agent="llm",
+        status="completed",
+        ids=[1, 2, 3, 4, 9, 7, 8],
+        loss_mask=[0, 1, 1, 1, 0, 1, 1],
+        logprobs=[0.0, -0.1, -0.2, -0.3, 0.0, -0.4, -0.5],
+        prompt_len=1,
+        turns=[split, whole],
+        weight_version=5,
+    )
+    t.check()
+    assert t.token_weight_versions() == [None, 5, 5, 6, None, 6, 6]
+    assert t.weight_versions == [5, 6]
+    assert loads(dumps(t)).token_weight_versions() == t.token_weight_versions()
+    # A record whose per-token list does not match its span falls back to the turn's version.
+    assert Turn(0, None, 1, 3, 1, "stop", 6, 5, output_weight_versions=[5]).token_versions() == [6, 6]

@@ -108,3 +108,12 @@ async def test_open_policy_gives_each_backend_the_models_tokenizer(served_url: s
         assert sglang.max_context is None
     async with open_policy(ModelConfig(inference=served_url, api="openai")) as openai:
         assert isinstance(openai, OpenAIClient) and isinstance(openai.tokenizer, ByteTokenizer)
+
+
+async def test_the_update_policy_reaches_the_engine_and_the_sglang_client(served_url: str) -> None:
+    async with open_policy(ModelConfig(update_policy="abort_and_resume")) as embedded:
+        assert isinstance(embedded, Engine) and embedded.config.update_policy == "abort_and_resume"
+    async with open_policy(ModelConfig(inference=served_url, update_policy="pause")) as sglang:
+        assert isinstance(sglang, SGLangClient) and sglang.update_policy == "pause"
+    with pytest.raises(ConfigError, match="update_policy must be one of in_place, pause, abort_and_resume"):
+        ModelConfig(update_policy="whenever")  # type: ignore[arg-type]

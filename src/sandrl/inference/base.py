@@ -42,6 +42,14 @@ class SamplingParams:
     """Do not stop at the model's end-of-sequence tokens (``stop_token_ids`` still stop); for benchmarks."""
     top_logprobs: int = 0
     """Also return, for each output position, this many most likely tokens with their log-probs."""
+    scaled_logprobs: bool = False
+    """Which log-probs come back. False: ``log_softmax(logits)``, temperature 1, what the trainer
+    recomputes and what importance ratios need (SGLang with ``SGLANG_RETURN_ORIGINAL_LOGPROB=1``).
+    True: ``log_softmax(logits / temperature)``, the distribution sampled from before top-p (SGLang's
+    default). Greedy requests (temperature 0) always get temperature-1 log-probs."""
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(token id, bias) pairs added to the logits before sampling (OpenAI's and SGLang's ``logit_bias``).
+    The returned log-probs are then those of the biased distribution, the one the token was drawn from."""
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.temperature) or self.temperature < 0:
@@ -56,6 +64,10 @@ class SamplingParams:
             raise ConfigError(f"stop strings must be non-empty strings, got {self.stop!r}")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise ConfigError(f"stop_token_ids must be non-negative token ids, got {self.stop_token_ids!r}")
+        bias = tuple((int(t), float(b)) for t, b in self.logit_bias)
+        if any(t < 0 or math.isnan(b) for t, b in bias):
+            raise ConfigError(f"logit_bias must map non-negative token ids to numbers, got {self.logit_bias!r}")
+        object.__setattr__(self, "logit_bias", bias)
         # Lists are accepted for convenience; tuples keep the dataclass hashable and immutable.
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
@@ -71,7 +83,8 @@ class Generation:
 
     ``output_logprobs[i]`` is ``log softmax(logits)[output_ids[i]]`` of the raw model
     distribution (temperature 1, before top-p), which is what the trainer recomputes and
-    what importance correction needs.
+    what importance correction needs; with ``SamplingParams.scaled_logprobs`` it is taken
+    at the sampling temperature instead.
     """
 
     output_ids: list[int]
@@ -92,6 +105,9 @@ class Generation:
     """The output decoded by the server, when it has a tokenizer; informational only."""
     output_top_logprobs: list[list[tuple[int, float]]] | None = field(default=None, repr=False)
     """Per output position, the ``top_logprobs`` most likely (token id, log-prob) pairs, if requested."""
+    output_weight_versions: list[int] | None = field(default=None, repr=False)
+    """Per output token, the version of the weights whose forward pass produced it (and its log-prob):
+    exact when a weight update landed mid-generation. None when the backend does not say."""
 
     def __post_init__(self) -> None:
         if len(self.output_ids) != len(self.output_logprobs):
@@ -99,6 +115,20 @@ class Generation:
                 f"a Generation needs one log-prob per output token: {len(self.output_ids)} ids, "
                 f"{len(self.output_logprobs)} log-probs"
             )
+        if self.output_weight_versions is not None and len(self.output_weight_versions) != len(self.output_ids):
+            raise ValueError(
+                f"a Generation needs one weight version per output token: {len(self.output_ids)} ids, "
+                f"{len(self.output_weight_versions)} versions"
+            )
+
+    def token_weight_versions(self) -> list[int | None]:
+        """Per output token, its weight version: exact when the backend records it, else the start version
+        for all tokens when it equals the final one, else None where it is not known."""
+        if self.output_weight_versions is not None:
+            return list(self.output_weight_versions)
+        if self.start_weight_version in (None, self.weight_version):
+            return [self.weight_version] * len(self.output_ids)
+        return [None] * len(self.output_ids)
 
     @property
     def completion_tokens(self) -> int:

@@ -2,30 +2,42 @@
 
 One background thread owns the model. Each turn of its loop it
 
-1. swaps in new weights if an update is waiting (so an update lands *between* decode
-   steps, and no request in flight is dropped: it goes on with the new weights, keeping
-   the KV cache it already has, as SGLang's in-place update does),
-2. admits waiting requests and prefills their prompts together (left-padded, one forward),
+1. retires aborted requests and applies pause / continue,
+2. swaps in new weights if an update is waiting, as its policy says (below),
+3. admits waiting requests and prefills their prompts together (left-padded, one forward),
    merging their KV cache into the running batch's,
-3. decodes one token for every running request in one forward over the shared,
+4. decodes one token for every running request in one forward over the shared,
    attention-masked KV cache, and
-4. hands finished requests back to their callers' event loops.
+5. hands finished requests back to their callers' event loops.
 
 This is continuous batching: requests join and leave the batch between steps, so a short
 request never waits for a long one. Callers use the async :meth:`Engine.generate`, which
 makes the engine an :class:`~sandrl.inference.base.InferenceClient` in its own right.
+
+Every token records the weight version of the forward pass that produced it
+(``Generation.output_weight_versions``), so a generation that spans a weight update says
+exactly which tokens came from which weights. What an update does to requests in flight is
+the engine's ``update_policy`` (or the update's own), in the words SGLang uses:
+
+- ``in_place``: swap between two decode steps; requests go on with the new weights over the
+  KV cache the old ones built (SGLang's ``pause_generation(mode="in_place")`` + update).
+- ``pause``: admit nothing new, let the running requests finish on the old weights, then swap
+  (SGLang's default: its update waits for in-flight requests).
+- ``abort_and_resume``: retract the running requests (drop their KV cache), swap, and prefill
+  each again from its prompt and the tokens it already has, so it resumes as a continuation
+  under the new weights (SGLang's ``mode="retract"``): a partial rollout, not a lost one.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
 import random
 import threading
+import uuid
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -35,7 +47,20 @@ from transformers import DynamicCache
 
 from sandrl.errors import ConfigError, InferenceError
 from sandrl.inference.base import FinishReason, Generation, SamplingParams
-from sandrl.inference.model import TinyModelConfig, load_model, load_weights
+from sandrl.inference.batch import (
+    PAUSE_MODES,
+    UPDATE_POLICIES,
+    Control,
+    Partial,
+    PauseMode,
+    Request,
+    RunningBatch,
+    UpdatePolicy,
+    WeightUpdate,
+    deliver,
+    deliver_error,
+)
+from sandrl.inference.model import TinyModelConfig, config_eos_ids, load_model, load_weights
 from sandrl.inference.sampling import RowSampler, sample_next
 from sandrl.inference.tokenizer import Tokenizer
 
@@ -58,6 +83,8 @@ class EngineConfig:
     which slow down tenfold when another process competes for the cores), else torch's default."""
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     """The shape of the ``tiny`` model, when that is the model served."""
+    update_policy: UpdatePolicy = "in_place"
+    """What a weight update does to requests in flight (see the module docstring); an update may choose its own."""
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
@@ -66,6 +93,8 @@ class EngineConfig:
             raise ConfigError(f"num_threads must be >= 1, got {self.num_threads}")
         if self.max_prefill_tokens < 1:
             raise ConfigError(f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
+        if self.update_policy not in UPDATE_POLICIES:
+            raise ConfigError(f"update_policy must be one of {', '.join(UPDATE_POLICIES)}, got {self.update_policy!r}")
 
 
 @dataclass
@@ -80,33 +109,6 @@ class EngineStats:
     max_batch: int = 0
     """The largest number of requests decoded in one step."""
     weight_updates: int = 0
-
-
-@dataclass(eq=False)
-class _Request:
-    prompt: list[int]
-    params: SamplingParams
-    sampler: RowSampler
-    stop_ids: frozenset[int]
-    max_new_tokens: int
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[Generation]
-    output_ids: list[int] = field(default_factory=list)
-    output_logprobs: list[float] = field(default_factory=list)
-    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
-    start_weight_version: int | None = None
-    finish: FinishReason | None = None
-    matched: int | str | None = None
-    cancelled: bool = False
-
-
-@dataclass(eq=False)
-class _WeightUpdate:
-    state: dict[str, torch.Tensor]
-    path: str
-    version: int | None
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[int]
 
 
 class Engine:
@@ -127,7 +129,7 @@ class Engine:
         self._model = model.eval()
         self._vocab_size = int(model.config.vocab_size)
         self._max_context = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
-        eos = list(tokenizer.eos_token_ids) if tokenizer is not None else _config_eos(model)
+        eos = list(tokenizer.eos_token_ids) if tokenizer is not None else config_eos_ids(model)
         self._eos_ids = frozenset(eos)
         # transformers 5 renamed the cache argument of forward; support both spellings.
         params = inspect.signature(model.forward).parameters
@@ -138,14 +140,17 @@ class Engine:
         self.num_threads = self.config.num_threads or (1 if small else torch.get_num_threads())
         self._rng = random.Random(self.config.seed)
         self._weight_version = 0
+        # Shared with callers' threads, under the lock.
         self._cv = threading.Condition()
-        self._waiting: deque[_Request] = deque()
-        self._updates: list[_WeightUpdate] = []
+        self._waiting: deque[Request] = deque()
+        self._inflight: set[Request] = set()
+        self._updates: list[WeightUpdate] = []
+        self._controls: list[Control] = []
+        self._paused = False
+        self._wake = False
         self._closing = False
         # Decode state, touched only by the engine thread.
-        self._running: list[_Request] = []
-        self._cache: Any = None
-        self._mask = torch.zeros(0, 0, dtype=torch.long)
+        self._batch = RunningBatch()
         self._thread = threading.Thread(target=self._run, name="sandrl-engine", daemon=True)
         self._thread.start()
 
@@ -184,54 +189,72 @@ class Engine:
     def running(self) -> int:
         """Requests being decoded or waiting to be."""
         with self._cv:
-            return len(self._running) + len(self._waiting)
+            return len(self._inflight)
 
-    async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation:
-        self._check_alive()
-        prompt = self._check_prompt(input_ids, params)
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Generation] = loop.create_future()
-        seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
-        request = _Request(
-            prompt=prompt,
-            params=params,
-            sampler=RowSampler(
-                params.temperature, params.top_p, torch.Generator().manual_seed(seed), params.top_logprobs
-            ),
-            stop_ids=frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self._eos_ids),
-            max_new_tokens=min(params.max_new_tokens, self._max_context - len(prompt)),
-            loop=loop,
-            future=future,
-        )
-        if request.max_new_tokens == 0:
-            request.finish = "length"
-            return self._result(request)
+    @property
+    def paused(self) -> bool:
+        """Whether :meth:`pause` stopped generation (until :meth:`continue_generation`)."""
+        return self._paused
 
-        def on_done(done: asyncio.Future[Generation]) -> None:
-            # The caller went away (a disconnect, a timeout): free its batch slot at the next step.
-            if done.cancelled():
+    async def generate(self, input_ids: list[int], params: SamplingParams, *, rid: str | None = None) -> Generation:
+        """Sample one completion; ``rid`` names the request for :meth:`abort` (default: a fresh id)."""
+        request = self._submit(input_ids, params, rid, None)
+        if request.finish is not None:
+            return request.future.result()
+        return await request.future
+
+    async def stream(
+        self, input_ids: list[int], params: SamplingParams, *, rid: str | None = None
+    ) -> AsyncIterator[Partial | Generation]:
+        """Like :meth:`generate`, but yield the output so far after each token, then the finished Generation.
+
+        A reader slower than the engine gets the latest output when it asks (tokens coalesce).
+
+        Leaving the loop early (a client that disconnects) frees the request's batch slot.
+        """
+        counts: asyncio.Queue[int] = asyncio.Queue()
+        request = self._submit(input_ids, params, rid, counts.put_nowait)
+        try:
+            while not request.future.done():
+                waiter: asyncio.Future[Any] = asyncio.ensure_future(counts.get())
+                pending: set[asyncio.Future[Any]] = {waiter, request.future}
+                await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                if not waiter.done():
+                    waiter.cancel()
+                    break
+                n = waiter.result()
+                while not counts.empty():  # a slow reader gets the latest output, not a backlog (as SGLang's)
+                    n = counts.get_nowait()
+                if request.future.done():
+                    break  # the finished Generation follows, with the same tokens
+                top = request.top_logprobs[:n] if request.params.top_logprobs else None
+                yield Partial(request.output_ids[:n], request.output_logprobs[:n], request.weight_versions[:n], top)
+            yield await request.future
+        finally:
+            if not request.future.done():
                 request.cancelled = True
+                request.future.cancel()
 
-        future.add_done_callback(on_done)
-        with self._cv:
-            self._waiting.append(request)
-            self._cv.notify()
-        return await future
-
-    async def update_weights(self, path: str, *, version: int | None = None) -> int:
+    async def update_weights(self, path: str, *, version: int | None = None, policy: UpdatePolicy | None = None) -> int:
         """Load the checkpoint at ``path`` and swap it in between two decode steps; return the new version.
 
         The checkpoint is read and checked in a worker thread while decoding goes on; only
         the copy into the live model happens on the engine thread, between steps.
         ``version`` sets the new version explicitly (SGLang's ``weight_version``); by
-        default it is the current one plus one.
+        default it is the current one plus one. ``policy`` (default: the engine's
+        ``update_policy``) says what happens to requests in flight; see :data:`UpdatePolicy`.
+        While the engine is paused the swap happens at once whatever the policy: whoever
+        paused it already chose the fate of the requests in flight.
         """
         self._check_alive()
+        chosen = policy or self.config.update_policy
+        if chosen not in UPDATE_POLICIES:
+            raise ConfigError(f"unknown weight-update policy {chosen!r}; use one of {', '.join(UPDATE_POLICIES)}")
         state = await asyncio.to_thread(load_weights, self._model, path)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[int] = loop.create_future()
         with self._cv:
-            self._updates.append(_WeightUpdate(state, path, version, loop, future))
+            self._updates.append(WeightUpdate(state, path, version, chosen, loop, future))
             self._cv.notify()
         return await future
 
@@ -239,6 +262,42 @@ class Engine:
 
     async def health(self) -> None:
         self._check_alive()
+
+    # -- control: abort, pause, continue (SGLang's /abort_request, /pause_generation, ...) ----------
+
+    def abort(self, rid: str | None = None) -> int:
+        """End the request ``rid`` (all requests when None) with finish_reason 'abort' and the tokens it has.
+
+        Returns how many requests were aborted; an unknown or finished ``rid`` aborts nothing.
+        """
+        with self._cv:
+            hit = [r for r in self._inflight if (rid is None or r.rid == rid) and not r.leaving]
+            for request in hit:
+                request.aborted = True
+                if request in self._waiting:
+                    self._waiting.remove(request)
+                    self._finish(request, "abort")
+            self._wake = True
+            self._cv.notify()
+        return len(hit)
+
+    async def pause(self, mode: PauseMode = "abort") -> None:
+        """Stop generating until :meth:`continue_generation`; new requests queue meanwhile (SGLang's pause modes).
+
+        ``abort``: requests in flight end now with finish_reason 'abort'. ``retract``: they drop
+        their KV cache and wait to be prefilled again, with the tokens they have, when generation
+        continues. ``in_place``: they keep their KV cache and go on where they stopped.
+        """
+        if mode not in PAUSE_MODES:
+            raise ConfigError(f"unknown pause mode {mode!r}; use one of {', '.join(PAUSE_MODES)}")
+        await self._control(mode)
+
+    async def continue_generation(self) -> None:
+        await self._control("continue")
+
+    async def set_weight_version(self, version: int) -> None:
+        """Rename the current weights' version (SGLang's /update_weight_version); tokens sampled after it carry it."""
+        await self._control("version", version)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -261,13 +320,65 @@ class Engine:
     ) -> None:
         await self.aclose()
 
-    # -- checks on the caller's side ---------------------------------------------------------------
+    # -- the caller's side ----------------------------------------------------------------------------
+
+    def _submit(
+        self, input_ids: list[int], params: SamplingParams, rid: str | None, on_token: Callable[[int], None] | None
+    ) -> Request:
+        self._check_alive()
+        prompt = self.check_prompt(input_ids, params)
+        loop = asyncio.get_running_loop()
+        seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
+        request = Request(
+            rid=rid or uuid.uuid4().hex,
+            prompt=prompt,
+            params=params,
+            sampler=RowSampler(
+                params.temperature,
+                params.top_p,
+                torch.Generator().manual_seed(seed),
+                params.top_logprobs,
+                params.logit_bias,
+                params.scaled_logprobs,
+            ),
+            stop_ids=frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self._eos_ids),
+            max_new_tokens=min(params.max_new_tokens, self._max_context - len(prompt)),
+            loop=loop,
+            future=loop.create_future(),
+            on_token=on_token,
+        )
+        if request.max_new_tokens == 0:
+            request.finish = "length"
+            request.future.set_result(request.result(self._weight_version, self._text(request)))
+            return request
+
+        def on_done(done: asyncio.Future[Generation]) -> None:
+            # The caller went away (a disconnect, a timeout): free its batch slot at the next step.
+            if done.cancelled():
+                request.cancelled = True
+
+        request.future.add_done_callback(on_done)
+        with self._cv:
+            self._inflight.add(request)
+            self._waiting.append(request)
+            self._cv.notify()
+        return request
+
+    async def _control(self, action: str, value: int | None = None) -> None:
+        self._check_alive()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[int] = loop.create_future()
+        with self._cv:
+            self._controls.append(Control(action, value, loop, future))
+            self._cv.notify()
+        await future
 
     def _check_alive(self) -> None:
         if self._closing or not self._thread.is_alive():
             raise InferenceError("the inference engine is shut down; start a new one (sandrl serve inference)")
 
-    def _check_prompt(self, input_ids: Sequence[int], params: SamplingParams) -> list[int]:
+    def check_prompt(self, input_ids: Sequence[int], params: SamplingParams) -> list[int]:
+        """The prompt as a list of ints, or a ConfigError saying why the engine cannot take it."""
         prompt = [int(t) for t in input_ids]
         if not prompt:
             raise ConfigError("input_ids is empty: a prompt needs at least one token (e.g. the tokenizer's <|bos|>)")
@@ -285,61 +396,112 @@ class Engine:
 
     # -- the engine thread -------------------------------------------------------------------------
 
+    def _has_work(self) -> bool:
+        return bool(
+            self._closing
+            or self._controls
+            or self._updates
+            or self._wake
+            or (not self._paused and (self._waiting or self._batch))
+        )
+
     def _run(self) -> None:
         torch.set_num_threads(self.num_threads)  # per thread: the caller's threads keep their count
         with torch.inference_mode():
             while True:
                 with self._cv:
-                    while not (self._closing or self._waiting or self._updates or self._running):
+                    while not self._has_work():
                         self._cv.wait()
                     if self._closing:
                         break
-                    updates, self._updates = self._updates, []
-                    admitted = self._admit()
+                    self._wake = False
+                    controls, self._controls = self._controls, []
+                admitted: list[Request] = []
                 try:
-                    for update in updates:
-                        self._apply_update(update)
-                    if admitted:
-                        self._prefill(admitted)
-                    if self._running:
+                    self._retire(self._batch.remove_leaving())
+                    for control in controls:
+                        self._apply_control(control)
+                    if self._apply_updates() and not self._paused:
+                        with self._cv:
+                            admitted = self._admit()
+                        if admitted:
+                            self._prefill(admitted)
+                    if self._batch and not self._paused:
                         self._decode()
                 except Exception as exc:
                     # A failed forward loses this batch, not the engine: its requests get the
                     # error, the cache is rebuilt from the next requests.
                     log.exception("inference engine step failed")
                     error = InferenceError(f"the inference engine failed on this batch: {exc!r}")
-                    for request in self._running + admitted:
-                        _deliver_error(request.loop, request.future, error)
-                    self._running, self._cache = [], None
-                    self._mask = torch.zeros(0, 0, dtype=torch.long)
+                    failed = self._batch.clear() + admitted
+                    with self._cv:
+                        self._inflight.difference_update(failed)
+                    for request in failed:
+                        deliver_error(request.loop, request.future, error)
         self._abort_all()
 
-    def _admit(self) -> list[_Request]:
+    def _apply_control(self, control: Control) -> None:
+        if control.action == "abort":
+            with self._cv:
+                waiting, self._waiting = list(self._waiting), deque()
+            for request in self._batch.clear() + waiting:
+                self._finish(request, "abort")
+        elif control.action == "retract":
+            self._retract()
+        elif control.action == "version" and control.value is not None:
+            self._weight_version = control.value
+        self._paused = control.action in PAUSE_MODES or (self._paused and control.action == "version")
+        deliver(control.loop, control.future, 0)
+
+    def _apply_updates(self) -> bool:
+        """Swap in the updates whose policy allows it now; False while one waits for running requests (``pause``)."""
+        while True:
+            with self._cv:
+                if not self._updates:
+                    return True
+                update = self._updates[0]
+                if update.policy == "pause" and self._batch and not self._paused:
+                    return False  # running requests finish on the old weights; nothing new is admitted
+                self._updates.pop(0)
+            if update.policy == "abort_and_resume" and not self._paused:
+                self._retract()
+            self._swap(update)
+
+    def _retract(self) -> None:
+        """Drop the running requests' KV cache and queue them first, to be prefilled again with their output."""
+        requests = self._batch.clear()
+        for request in requests:
+            request.retractions += 1
+        with self._cv:
+            self._waiting.extendleft(reversed(requests))
+
+    def _admit(self) -> list[Request]:
         """Take waiting requests that fit in the batch and the prefill budget (called under the lock)."""
-        admitted: list[_Request] = []
+        admitted: list[Request] = []
         longest = 0
-        while self._waiting and len(self._running) + len(admitted) < self.config.max_batch_size:
+        while self._waiting and len(self._batch) + len(admitted) < self.config.max_batch_size:
             request = self._waiting[0]
             if request.cancelled:
                 self._waiting.popleft()
+                self._inflight.discard(request)
                 continue
-            width = max(longest, len(request.prompt))
+            width = max(longest, len(request.context))
             if admitted and width * (len(admitted) + 1) > self.config.max_prefill_tokens:
                 break
             admitted.append(self._waiting.popleft())
             longest = width
         return admitted
 
-    def _apply_update(self, update: _WeightUpdate) -> None:
+    def _swap(self, update: WeightUpdate) -> None:
         try:
             self._model.load_state_dict(update.state, strict=True)
         except Exception as exc:
-            _deliver_error(update.loop, update.future, InferenceError(f"swapping in {update.path} failed: {exc}"))
+            deliver_error(update.loop, update.future, InferenceError(f"swapping in {update.path} failed: {exc}"))
             return
         self._weight_version = update.version if update.version is not None else self._weight_version + 1
         self.model_path = update.path
         self.stats.weight_updates += 1
-        _deliver(update.loop, update.future, self._weight_version)
+        deliver(update.loop, update.future, self._weight_version)
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
         kwargs: dict[str, Any] = {self._cache_kwarg: cache}
@@ -349,162 +511,84 @@ class Engine:
         logits: torch.Tensor = out.logits[:, -1, :]
         return logits
 
-    def _prefill(self, requests: list[_Request]) -> None:
-        width = max(len(r.prompt) for r in requests)
+    def _prefill(self, requests: list[Request]) -> None:
+        contexts = [r.context for r in requests]
+        width = max(len(c) for c in contexts)
         pad = self.tokenizer.pad_token_id if self.tokenizer is not None else 0
         ids = torch.full((len(requests), width), pad, dtype=torch.long)
         mask = torch.zeros((len(requests), width), dtype=torch.long)
-        for row, request in enumerate(requests):
+        for row, context in enumerate(contexts):
             # Left padding lines up every prompt's last token in the last column.
-            ids[row, width - len(request.prompt) :] = torch.tensor(request.prompt)
-            mask[row, width - len(request.prompt) :] = 1
+            ids[row, width - len(context) :] = torch.tensor(context)
+            mask[row, width - len(context) :] = 1
         positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
         cache = DynamicCache(config=self._model.config)
         logits = self._forward(ids, mask, positions, cache)
         self.stats.prefills += 1
         for request in requests:
-            request.start_weight_version = self._weight_version
-        self._merge(requests, cache, mask)
+            if request.start_weight_version is None:
+                request.start_weight_version = self._weight_version
+        self._batch.merge(requests, cache, mask)
         self._take(requests, logits)
 
     def _decode(self) -> None:
-        rows = len(self._running)
-        ids = torch.tensor([[r.output_ids[-1]] for r in self._running], dtype=torch.long)
-        self._mask = torch.cat([self._mask, torch.ones((rows, 1), dtype=torch.long)], dim=1)
-        positions = self._mask.sum(dim=-1, keepdim=True) - 1
-        logits = self._forward(ids, self._mask, positions, self._cache)
+        batch = self._batch
+        rows = len(batch)
+        ids = torch.tensor([[r.output_ids[-1]] for r in batch.requests], dtype=torch.long)
+        batch.mask = torch.cat([batch.mask, torch.ones((rows, 1), dtype=torch.long)], dim=1)
+        positions = batch.mask.sum(dim=-1, keepdim=True) - 1
+        logits = self._forward(ids, batch.mask, positions, batch.cache)
         self.stats.steps += 1
         self.stats.decoded_tokens += rows
         self.stats.max_batch = max(self.stats.max_batch, rows)
         # The prefilled rows that finished on their first token are already gone; the
         # running list now matches the logits row for row.
-        self._take(list(self._running), logits)
+        self._take(list(batch.requests), logits)
 
-    def _take(self, requests: list[_Request], logits: torch.Tensor) -> None:
+    def _take(self, requests: list[Request], logits: torch.Tensor) -> None:
         """Append each request's next token (row i of ``logits`` is requests[i]) and retire the finished."""
         sampled = sample_next(logits, [r.sampler for r in requests])
         for i, request in enumerate(requests):
             token = sampled.token_ids[i]
             request.output_ids.append(token)
             request.output_logprobs.append(sampled.logprobs[i])
+            request.weight_versions.append(self._weight_version)
             top = sampled.top_logprobs[i]
             if top is not None:
                 request.top_logprobs.append(top)
-            self._check_finished(request, token)
-        done = [r for r in self._running if r.finish is not None or r.cancelled]
-        if not done:
-            return
-        keep = [i for i, r in enumerate(self._running) if r.finish is None and not r.cancelled]
-        self._select(keep)
-        for request in done:
-            if not request.cancelled:
-                _deliver(request.loop, request.future, self._result(request))
+            request.check_finished(token, self.tokenizer)
+            if request.finish is None:  # the last token comes with the finished Generation instead
+                request.notify()
+        self._retire(self._batch.remove_leaving())
 
-    def _check_finished(self, request: _Request, token: int) -> None:
-        if token in request.stop_ids:
-            request.finish, request.matched = "stop", token
-        elif request.params.stop and self.tokenizer is not None:
-            # Only the tail can hold a stop string that this token completed: earlier ones would
-            # have stopped generation already. Every token is at least one byte long.
-            span = max(len(s.encode()) for s in request.params.stop) + 4
-            tail = self.tokenizer.decode(request.output_ids[-span:])
-            matched = next((s for s in request.params.stop if s in tail), None)
-            if matched is not None:
-                request.finish, request.matched = "stop", matched
-        if request.finish is None and len(request.output_ids) >= request.max_new_tokens:
-            request.finish = "length"
+    def _retire(self, requests: list[Request]) -> None:
+        for request in requests:
+            if request.cancelled:
+                with self._cv:
+                    self._inflight.discard(request)
+            else:
+                self._finish(request, request.finish or "abort")
 
-    # -- the shared KV cache -----------------------------------------------------------------------
+    def _finish(self, request: Request, reason: FinishReason) -> None:
+        request.finish = request.finish or reason
+        with self._cv:
+            self._inflight.discard(request)
+        deliver(request.loop, request.future, request.result(self._weight_version, self._text(request)))
 
-    def _merge(self, requests: list[_Request], cache: Any, mask: torch.Tensor) -> None:
-        """Append freshly prefilled rows to the running batch, left-padding the shorter side's cache."""
-        if not self._running:
-            self._running, self._cache, self._mask = list(requests), cache, mask
-            return
-        width = max(self._mask.shape[1], mask.shape[1])
-        for old, new in zip(self._cache.layers, cache.layers, strict=True):
-            old.keys = torch.cat([_pad_left(old.keys, width), _pad_left(new.keys, width)], dim=0)
-            old.values = torch.cat([_pad_left(old.values, width), _pad_left(new.values, width)], dim=0)
-        self._mask = torch.cat([_pad_left(self._mask, width), _pad_left(mask, width)], dim=0)
-        self._running += requests
-
-    def _select(self, keep: list[int]) -> None:
-        """Keep only the rows ``keep`` of the running batch, and drop columns that are padding in every row."""
-        self._running = [self._running[i] for i in keep]
-        if not keep:
-            self._cache, self._mask = None, torch.zeros(0, 0, dtype=torch.long)
-            return
-        index = torch.tensor(keep, dtype=torch.long)
-        mask = self._mask.index_select(0, index)
-        first = int(mask.any(dim=0).nonzero()[0])
-        self._mask = mask[:, first:]
-        for layer in self._cache.layers:
-            layer.keys = layer.keys.index_select(0, index)[:, :, first:]
-            layer.values = layer.values.index_select(0, index)[:, :, first:]
+    def _text(self, request: Request) -> str | None:
+        if self.tokenizer is None:
+            return None
+        return self.tokenizer.decode(request.output_ids, skip_special_tokens=True)
 
     def _abort_all(self) -> None:
         with self._cv:
-            pending = self._running + list(self._waiting)
-            self._running, self._waiting = [], deque()
+            pending = self._batch.clear() + list(self._waiting)
+            self._waiting = deque()
             updates, self._updates = self._updates, []
+            controls, self._controls = self._controls, []
         for request in pending:
-            request.finish = request.finish or "abort"
-            _deliver(request.loop, request.future, self._result(request))
-        for update in updates:
-            _deliver_error(
-                update.loop, update.future, InferenceError("the inference engine shut down before the update")
-            )
-
-    def _result(self, request: _Request) -> Generation:
-        assert request.finish is not None
-        text = None
-        if self.tokenizer is not None:
-            text = self.tokenizer.decode(request.output_ids, skip_special_tokens=True)
-        return Generation(
-            output_ids=list(request.output_ids),
-            output_logprobs=list(request.output_logprobs),
-            finish_reason=request.finish,
-            weight_version=self._weight_version,
-            prompt_tokens=len(request.prompt),
-            start_weight_version=request.start_weight_version,
-            matched_stop=request.matched,
-            text=text,
-            output_top_logprobs=list(request.top_logprobs) if request.params.top_logprobs else None,
-        )
-
-
-def _pad_left(tensor: torch.Tensor, width: int) -> torch.Tensor:
-    """Zero-pad dimension 2 (KV cache [batch, heads, seq, dim]) or 1 (mask [batch, seq]) on the left to ``width``."""
-    dim = 2 if tensor.dim() == 4 else 1
-    missing = width - tensor.shape[dim]
-    if missing == 0:
-        return tensor
-    shape = list(tensor.shape)
-    shape[dim] = missing
-    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
-
-
-def _config_eos(model: Any) -> list[int]:
-    eos = getattr(model.config, "eos_token_id", None)
-    if eos is None:
-        return []
-    return [int(eos)] if isinstance(eos, int) else [int(e) for e in eos]
-
-
-def _deliver(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], value: Any) -> None:
-    def resolve() -> None:
-        if not future.done():
-            future.set_result(value)
-
-    # A closed event loop means nobody waits for this result any more.
-    with contextlib.suppress(RuntimeError):
-        loop.call_soon_threadsafe(resolve)
-
-
-def _deliver_error(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], error: BaseException) -> None:
-    def resolve() -> None:
-        if not future.done():
-            future.set_exception(error)
-
-    with contextlib.suppress(RuntimeError):
-        loop.call_soon_threadsafe(resolve)
+            self._finish(request, "abort")
+        error = InferenceError("the inference engine shut down before this could be done")
+        for item in [*updates, *controls]:
+            assert isinstance(item, WeightUpdate | Control)
+            deliver_error(item.loop, item.future, error)

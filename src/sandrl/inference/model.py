@@ -173,3 +173,11 @@ def _eos_ids(model: Any) -> list[int]:
     if eos is None:
         return []
     return [int(eos)] if isinstance(eos, int) else [int(e) for e in eos]
+
+
+def config_eos_ids(model: Any) -> list[int]:
+    """The end-of-sequence ids a model's config names (for checkpoints without a tokenizer)."""
+    eos = getattr(model.config, "eos_token_id", None)
+    if eos is None:
+        return []
+    return [int(eos)] if isinstance(eos, int) else [int(e) for e in eos]

@@ -7,8 +7,18 @@ OpenAI's shapes, plus the vLLM extensions that keep a client token-exact:
 ``ignore_eos``, ``skip_special_tokens``, ``include_stop_str_in_output``. Each answer also
 carries ``weight_version``, which OpenAI's API lacks and RL needs.
 
-Not served: streaming, ``echo``, ``suffix``, penalties, tools; asking for one is a 400
-that says so rather than an answer that quietly ignores it.
+Served as OpenAI defines them: ``n`` (sample i of a seeded request uses seed + i), ``stream``
+(server-sent chunks, see :mod:`sandrl.inference.openai_stream`; ``stream_options.include_usage``),
+``logprobs`` / ``top_logprobs`` (completions: ``logprobs`` = how many top entries, 0-20; chat:
+``logprobs`` true and ``top_logprobs``), ``stop`` (a string or a list; cut from the text unless
+``include_stop_str_in_output``), ``seed``, ``logit_bias`` (token id -> bias added to the logits),
+``temperature``, ``top_p``, ``max_tokens`` / ``max_completion_tokens``. Log-probs are at
+temperature 1 whatever the sampling temperature (vLLM's default ``raw_logprobs``; the trainer's
+scale). Labels without effect (``user``, ``metadata``, ``store``, ``service_tier``) are accepted.
+
+Not served: ``echo``, ``suffix``, ``best_of`` > 1, penalties, tools and tool_choice, response
+formats, audio, reasoning effort, vLLM's ``top_k`` / ``min_p`` / ``repetition_penalty``; asking
+for one is a 400 that says so rather than an answer that quietly ignores it.
 """
 
 from __future__ import annotations
@@ -20,32 +30,42 @@ from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict
 
 from sandrl.errors import ConfigError
 from sandrl.inference.base import Generation, SamplingParams
 from sandrl.inference.engine import Engine
+from sandrl.inference.openai_stream import StreamSpec, chat_logprobs, completion_logprobs, openai_stream
 from sandrl.inference.serving import (
     engine_of,
     output_text,
     reject_unsupported,
     require_tokenizer,
     served_name,
-    token_bytes,
-    token_text,
 )
 
 _UNSUPPORTED: dict[str, Any] = {
-    "stream": False,
     "echo": False,
     "suffix": None,
     "best_of": (None, 1),
     "presence_penalty": 0.0,
     "frequency_penalty": 0.0,
-    "logit_bias": (None, {}),
     "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "functions": (None, []),
+    "function_call": (None, "none"),
     "response_format": (None, {"type": "text"}),
+    "reasoning_effort": None,
+    "audio": None,
+    "prediction": None,
+    "modalities": (None, ["text"]),
+    "top_k": (None, -1, 0),
+    "min_p": (None, 0.0),
+    "repetition_penalty": (None, 1.0),
+    "min_tokens": (None, 0),
 }
+_STREAM_OPTIONS = frozenset({"include_usage"})
 
 
 class _Common(BaseModel):
@@ -65,6 +85,9 @@ class _Common(BaseModel):
     include_stop_str_in_output: bool = False
     return_tokens_as_token_ids: bool = False
     return_token_ids: bool = False
+    logit_bias: dict[str, float] | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
 
 
 class CompletionRequest(_Common):
@@ -108,10 +131,13 @@ async def models(request: Request) -> dict[str, Any]:
 
 
 @router.post("/completions")
-async def completions(body: CompletionRequest, request: Request) -> dict[str, Any]:
+async def completions(body: CompletionRequest, request: Request) -> Any:
     engine = _checked(body, request, "/v1/completions")
     params = _params(body, body.max_tokens if body.max_tokens is not None else 16, body.logprobs or 0)
     prompts = _completion_prompts(engine, body.prompt)
+    if body.stream:
+        spec = _spec(body, request, chat=False, logprobs=body.logprobs is not None)
+        return _streaming(engine, _jobs(engine, prompts, params, body.n), spec)
     generations = await _run(engine, prompts, params, body.n)
     choices = []
     for index, (g, prompt) in enumerate(generations):
@@ -119,7 +145,7 @@ async def completions(body: CompletionRequest, request: Request) -> dict[str, An
             "index": index,
             "text": _text(engine, g, body),
             "logprobs": (
-                _completion_logprobs(engine, g, body.return_tokens_as_token_ids) if body.logprobs is not None else None
+                completion_logprobs(engine, g, body.return_tokens_as_token_ids) if body.logprobs is not None else None
             ),
             "finish_reason": g.finish_reason,
             "stop_reason": g.matched_stop,
@@ -131,7 +157,7 @@ async def completions(body: CompletionRequest, request: Request) -> dict[str, An
 
 
 @router.post("/chat/completions")
-async def chat_completions(body: ChatCompletionRequest, request: Request) -> dict[str, Any]:
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
     engine = _checked(body, request, "/v1/chat/completions")
     tokenizer = require_tokenizer(engine, "/v1/chat/completions")
     limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
@@ -139,13 +165,16 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> dic
     params = _params(body, limit if limit is not None else engine.max_context, top)
     messages = [{"role": m.role, "content": _content(m)} for m in body.messages]
     prompt = tokenizer.encode_messages(messages, add_generation_prompt=True)
+    if body.stream:
+        spec = _spec(body, request, chat=True, logprobs=body.logprobs)
+        return _streaming(engine, _jobs(engine, [prompt], params, body.n), spec)
     generations = await _run(engine, [prompt], params, body.n)
     choices = []
     for index, (g, _) in enumerate(generations):
         choice: dict[str, Any] = {
             "index": index,
             "message": {"role": "assistant", "content": _text(engine, g, body)},
-            "logprobs": _chat_logprobs(engine, g, body.return_tokens_as_token_ids) if body.logprobs else None,
+            "logprobs": chat_logprobs(engine, g, body.return_tokens_as_token_ids) if body.logprobs else None,
             "finish_reason": g.finish_reason,
             "stop_reason": g.matched_stop,
         }
@@ -170,7 +199,32 @@ def _checked(body: _Common, request: Request, where: str) -> Engine:
     reject_unsupported(body.model_dump(), _UNSUPPORTED, where)
     if not 1 <= body.n <= 16:
         raise ConfigError(f"{where}: n must be between 1 and 16, got {body.n}")
+    options = body.stream_options or {}
+    if options and not body.stream:
+        raise ConfigError(f"{where}: stream_options needs stream=true")
+    unknown = sorted(k for k, v in options.items() if k not in _STREAM_OPTIONS and v)
+    if unknown:
+        raise ConfigError(f"{where}: stream_options {unknown} are not supported (only include_usage)")
     return engine_of(request)
+
+
+def _spec(body: _Common, request: Request, *, chat: bool, logprobs: bool) -> StreamSpec:
+    return StreamSpec(
+        chat=chat,
+        model=served_name(request),
+        logprobs=logprobs,
+        as_ids=body.return_tokens_as_token_ids,
+        skip_special_tokens=body.skip_special_tokens,
+        include_stop=body.include_stop_str_in_output,
+        include_usage=bool((body.stream_options or {}).get("include_usage")),
+        return_token_ids=body.return_token_ids,
+    )
+
+
+def _streaming(engine: Engine, jobs: list[tuple[list[int], SamplingParams, str | None]], spec: StreamSpec) -> Any:
+    for prompt, params, _ in jobs:  # a bad prompt is a 400 before the stream starts
+        engine.check_prompt(prompt, params)
+    return StreamingResponse(openai_stream(engine, jobs, spec), media_type="text/event-stream")
 
 
 def _params(body: _Common, max_new_tokens: int, top_logprobs: int) -> SamplingParams:
@@ -184,20 +238,36 @@ def _params(body: _Common, max_new_tokens: int, top_logprobs: int) -> SamplingPa
         seed=body.seed,
         ignore_eos=body.ignore_eos,
         top_logprobs=top_logprobs,
+        logit_bias=_logit_bias(body.logit_bias),
     )
+
+
+def _logit_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
+    try:
+        return tuple((int(t), float(b)) for t, b in (bias or {}).items())
+    except ValueError:
+        raise ConfigError(f"logit_bias keys must be token ids (as strings), got {sorted(bias or {})[:5]}") from None
+
+
+def _jobs(
+    engine: Engine, prompts: list[list[int]], params: SamplingParams, n: int
+) -> list[tuple[list[int], SamplingParams, str | None]]:
+    """Each prompt n times, prompt-major; sample i of a seeded request uses seed + i."""
+    jobs: list[tuple[list[int], SamplingParams, str | None]] = []
+    for prompt in prompts:
+        for i in range(n):
+            p = params if params.seed is None or i == 0 else replace(params, seed=params.seed + i)
+            jobs.append((prompt, p, None))
+    return jobs
 
 
 async def _run(
     engine: Engine, prompts: list[list[int]], params: SamplingParams, n: int
 ) -> list[tuple[Generation, list[int]]]:
-    """All prompts times n samples at once (they batch); sample i of a seeded request uses seed + i."""
-    jobs = []
-    for prompt in prompts:
-        for i in range(n):
-            p = params if params.seed is None or i == 0 else replace(params, seed=params.seed + i)
-            jobs.append((prompt, p))
-    results = await asyncio.gather(*(engine.generate(prompt, p) for prompt, p in jobs))
-    return [(g, prompt) for g, (prompt, _) in zip(results, jobs, strict=True)]
+    """All prompts times n samples at once (they batch)."""
+    jobs = _jobs(engine, prompts, params, n)
+    results = await asyncio.gather(*(engine.generate(prompt, p) for prompt, p, _ in jobs))
+    return [(g, prompt) for g, (prompt, _, _) in zip(results, jobs, strict=True)]
 
 
 def _completion_prompts(engine: Engine, prompt: str | list[str] | list[int] | list[list[int]]) -> list[list[int]]:
@@ -231,36 +301,6 @@ def _text(engine: Engine, g: Generation, body: _Common) -> str:
     return output_text(
         engine, g, skip_special_tokens=body.skip_special_tokens, keep_stop=body.include_stop_str_in_output
     )
-
-
-def _completion_logprobs(engine: Engine, g: Generation, as_ids: bool) -> dict[str, Any]:
-    tokens = [token_text(engine, t, as_id=as_ids) for t in g.output_ids]
-    offsets, at = [], 0
-    for token in tokens:
-        offsets.append(at)
-        at += len(token)
-    if g.output_top_logprobs is not None:
-        tops = [{token_text(engine, t, as_id=as_ids): lp for t, lp in row} for row in g.output_top_logprobs]
-    else:
-        tops = [{tok: lp} for tok, lp in zip(tokens, g.output_logprobs, strict=True)]
-    return {"tokens": tokens, "token_logprobs": g.output_logprobs, "top_logprobs": tops, "text_offset": offsets}
-
-
-def _chat_logprobs(engine: Engine, g: Generation, as_ids: bool) -> dict[str, Any]:
-    rows = g.output_top_logprobs or [[] for _ in g.output_ids]
-    content = [
-        {
-            "token": token_text(engine, t, as_id=as_ids),
-            "logprob": lp,
-            "bytes": token_bytes(engine, t),
-            "top_logprobs": [
-                {"token": token_text(engine, tt, as_id=as_ids), "logprob": tlp, "bytes": token_bytes(engine, tt)}
-                for tt, tlp in row
-            ],
-        }
-        for t, lp, row in zip(g.output_ids, g.output_logprobs, rows, strict=True)
-    ]
-    return {"content": content, "refusal": None}
 
 
 def _envelope(

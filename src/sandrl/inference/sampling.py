@@ -5,7 +5,10 @@ row, from the request's own generator, so a seeded request samples the same toke
 whatever else shares its batch.
 
 The log-prob returned for a token is that of the raw model distribution
-(``log_softmax(logits)``: temperature 1, no top-p), the quantity the trainer recomputes.
+(``log_softmax(logits)``: temperature 1, no top-p), the quantity the trainer recomputes;
+a request's ``logit_bias`` is added to its logits first (so its log-probs are those of the
+biased distribution it samples from), and a request with ``scaled_logprobs`` gets them at
+its temperature, ``log_softmax(logits / T)`` (SGLang's default).
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ class RowSampler:
     top_p: float
     generator: torch.Generator
     top_logprobs: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    scaled_logprobs: bool = False
+    """Report log-probs at ``temperature`` (log_softmax(logits / T)) rather than at 1."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,13 @@ class Sampled:
 def sample_next(logits: torch.Tensor, rows: Sequence[RowSampler]) -> Sampled:
     """Pick one token per row of ``logits`` (shape [batch, vocab]) under that row's parameters."""
     logits = logits.float()
+    biased = [i for i, row in enumerate(rows) if row.logit_bias]
+    if biased:
+        logits = logits.clone()
+        for i in biased:
+            ids = torch.tensor([t for t, _ in rows[i].logit_bias if t < logits.shape[-1]], dtype=torch.long)
+            values = torch.tensor([b for t, b in rows[i].logit_bias if t < logits.shape[-1]], dtype=torch.float32)
+            logits[i].index_add_(0, ids, values)
     logprobs = torch.log_softmax(logits, dim=-1)
     chosen = logprobs.argmax(dim=-1)
     sampled_rows = [i for i, row in enumerate(rows) if row.temperature > 0]
@@ -47,6 +60,12 @@ def sample_next(logits: torch.Tensor, rows: Sequence[RowSampler]) -> Sampled:
         top_p = torch.tensor([rows[i].top_p for i in sampled_rows], dtype=torch.float32)
         uniform = torch.stack([torch.rand((), generator=rows[i].generator) for i in sampled_rows])
         chosen[index] = _sample(logits[index] / temperature[:, None], top_p, uniform)
+    scaled = [i for i, row in enumerate(rows) if row.scaled_logprobs and row.temperature > 0]
+    if scaled:
+        index = torch.tensor(scaled, dtype=torch.long)
+        temperature = torch.tensor([rows[i].temperature for i in scaled], dtype=torch.float32)
+        logprobs = logprobs.clone()
+        logprobs[index] = torch.log_softmax(logits[index] / temperature[:, None], dim=-1)
     token_logprobs = logprobs.gather(1, chosen[:, None]).squeeze(1)
     top: list[list[tuple[int, float]] | None] = [None] * len(rows)
     for i, row in enumerate(rows):

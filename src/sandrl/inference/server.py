@@ -1,15 +1,59 @@
 """The inference server: the embedded engine behind SGLang's native routes and OpenAI's.
 
-SGLang's routes (what :class:`~sandrl.inference.sglang.SGLangClient` and RL frameworks built
-on SGLang, such as slime, call):
+SGLang's API as training clients (slime, Miles, :class:`~sandrl.inference.sglang.SGLangClient`)
+use it, checked against SGLang's source on main in late 2025 (0.5.x: ``entrypoints/http_server.py``
+at 0025436e, ``managers/io_struct.py`` at 001067ff). Status: **served** (SGLang's meaning),
+**no-op** (accepted; the stated reason why nothing needs doing), **400** (refused with the reason).
 
-- ``POST /generate``: ``input_ids`` or ``text`` (one prompt or a batch), ``sampling_params``,
-  ``return_logprob``; answers ``text``, ``output_ids`` and ``meta_info`` with
-  ``output_token_logprobs`` as ``[logprob, token_id, null]``, ``finish_reason`` as
-  ``{"type": ..., "matched": ...}`` and ``weight_version`` (a string, as SGLang's).
-- ``POST /update_weights_from_disk``: ``model_path`` (+ optional ``weight_version``); answers
-  ``{"success", "message", "num_paused_requests"}``.
-- ``GET /health``, ``/health_generate``, ``/get_model_info``, ``/get_weight_version``.
+Routes:
+
+- ``POST|PUT /generate``: served (:mod:`~sandrl.inference.sglang_generate`); fields below.
+- ``POST /update_weights_from_disk``: served. ``model_path``, ``weight_version`` (an integer in a
+  string: sandrl's versions are the trainer's steps), ``abort_all_requests`` (in-flight requests
+  end with finish_reason abort, then the swap), ``keep_pause`` (stays paused, in place, after),
+  ``load_format`` (``auto``/``safetensors``, else 400), ``token_step`` (recorded, shown by
+  ``/get_server_info``) served; ``flush_cache`` no-op (no prefix cache), ``is_async`` no-op (the
+  checkpoint is always read off the decode thread and the answer always comes after the swap),
+  ``torch_empty_cache``/``recapture_cuda_graph`` no-op (no CUDA); ``manifest`` 400. sandrl's
+  ``update_policy`` (``in_place``/``pause``/``abort_and_resume``) picks what the update does to
+  requests in flight; default ``pause``: like SGLang's, the update waits for the requests in
+  flight (see :mod:`sandrl.inference.engine`). SGLang clients get the other two with
+  ``/pause_generation`` ``in_place`` or ``retract``, the update, then ``/continue_generation``.
+- ``POST /update_weight_version``: served (``new_version``, ``abort_all_requests`` default true).
+- ``POST /pause_generation``: served, ``mode`` ``abort`` (default) / ``retract`` / ``in_place``;
+  an empty body (SGLang before 0.5.6) is ``abort``. ``POST /continue_generation``: served.
+- ``POST /abort_request``: served (``rid``, ``abort_all``); the request ends with finish_reason
+  abort and the tokens it has.
+- ``GET|POST /flush_cache``: no-op, 200 (no prefix cache is kept between requests).
+- ``GET|POST /release_memory_occupation``, ``/resume_memory_occupation``: no-op, 200 (``tags``
+  checked): the CPU engine has no device memory to hand to a colocated trainer.
+- ``POST /update_weights_from_tensor``, ``/update_weights_from_distributed``,
+  ``/init_weights_update_group``, ``/update_weights_from_ipc``: 400 (they pass CUDA IPC / NCCL
+  handles or pickles; save a checkpoint and use ``/update_weights_from_disk``).
+- ``GET /get_server_info`` (``/server_info``), ``/get_model_info``, ``/get_weight_version``,
+  ``/health``, ``/health_generate``: served (server info holds sandrl's settings, not SGLang's
+  ``ServerArgs``).
+- Not served (404): LoRA adapter routes, sessions, ``/encode``, ``/classify``, profiling, ``/get_load``.
+
+``/generate`` fields: ``text`` / ``input_ids`` (one or a batch), ``rid`` (a batch's string rid
+becomes ``rid_0``, ``rid_1``...; a list must match the batch), ``sampling_params`` /
+``return_logprob`` / ``top_logprobs_num`` / ``logprob_start_len`` (a value or one per prompt),
+``return_text_in_logprobs``, ``stream`` (``data: {json}`` per token, cumulative, then
+``data: [DONE]``): served; ``logprob_start_len >= 0`` (prompt log-probs), ``token_ids_logprob``,
+``lora_path``, images/audio/video, ``return_hidden_states`` and any other set field: 400 by name;
+routing labels (``priority``, ``routing_key``, ``custom_labels``...): no-op. ``sampling_params``:
+``max_new_tokens``, ``temperature``, ``top_p``, ``top_k`` (only 1 = greedy, or off), ``stop``,
+``stop_token_ids``, ``ignore_eos``, ``skip_special_tokens``, ``no_stop_trim``, ``n`` (prompt-major,
+fresh rids), ``logit_bias``, ``sampling_seed``, ``stream_interval``: served; ``spaces_between_special_tokens``:
+false (what RL clients send) served, true decodes the same (no tokenizer here spaces them); penalties, ``min_p``,
+``min_new_tokens``, grammars (``json_schema``, ``regex``, ``ebnf``, ``structural_tag``),
+``stop_regex``, ``custom_params``: 400 unless off. Answers: ``text``, ``output_ids``, ``meta_info``
+with ``id``, ``finish_reason`` (``{"type": "stop", "matched"}``, ``length``, ``abort``),
+``prompt_tokens``, ``completion_tokens``, ``weight_version`` (a string), ``output_token_logprobs``
+(``[logprob, id, text or null]``; at the sampling temperature unless the server runs with
+``SGLANG_RETURN_ORIGINAL_LOGPROB=1``, as SGLang's, or the request sends sandrl's
+``return_original_logprob``), ``output_top_logprobs``, and sandrl's ``start_weight_version``
+and ``output_token_weight_versions`` (the version of each output token).
 
 OpenAI's routes are in :mod:`sandrl.inference.openai_routes`. Errors are
 ``{"code", "error_code", "message"}`` everywhere.
@@ -20,9 +64,7 @@ runs it in a thread on a free port, for tests and for embedding in one process.
 
 from __future__ import annotations
 
-import asyncio
-import time
-import uuid
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -32,62 +74,16 @@ import uvicorn
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sandrl.background_server import BackgroundServer as BackgroundServer
-from sandrl.errors import ConfigError, SandrlError
-from sandrl.inference.base import Generation, SamplingParams
+from sandrl.errors import SandrlError
 from sandrl.inference.engine import Engine, EngineConfig
 from sandrl.inference.openai_routes import router as openai_router
-from sandrl.inference.serving import (
-    engine_of,
-    error_body,
-    output_text,
-    reject_unsupported,
-    require_tokenizer,
-)
+from sandrl.inference.serving import engine_of, error_body
+from sandrl.inference.sglang_control import router as control_router
+from sandrl.inference.sglang_generate import router as generate_router
 from sandrl.inference.tokenizer import TINY
-
-# SGLang sampling parameters the engine does not implement, with the values that mean "off".
-_SGLANG_UNSUPPORTED: dict[str, Any] = {
-    "top_k": (-1, 1 << 30),
-    "min_p": 0.0,
-    "frequency_penalty": 0.0,
-    "presence_penalty": 0.0,
-    "repetition_penalty": 1.0,
-    "min_new_tokens": 0,
-    "n": 1,
-    "json_schema": None,
-    "regex": None,
-    "ebnf": None,
-    "stop_regex": None,
-}
-
-
-class GenerateRequest(BaseModel):
-    """The subset of SGLang's ``GenerateReqInput`` the engine serves; other fields are ignored."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    text: str | list[str] | None = None
-    input_ids: list[int] | list[list[int]] | None = None
-    sampling_params: dict[str, Any] | None = None
-    return_logprob: bool = False
-    top_logprobs_num: int = 0
-    logprob_start_len: int = -1
-    stream: bool = False
-    rid: str | list[str] | None = None
-
-
-class UpdateWeightsRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    model_path: str
-    weight_version: str | int | None = None
-    load_format: str | None = None
-    abort_all_requests: bool = False
-
 
 sglang_router = APIRouter()
 
@@ -121,51 +117,19 @@ async def weight_version(request: Request) -> dict[str, str]:
     return {"weight_version": str(engine_of(request).weight_version)}
 
 
-@sglang_router.post("/generate")
-async def generate(body: GenerateRequest, request: Request) -> Any:
-    engine = engine_of(request)
-    if body.stream:
-        raise ConfigError("/generate: stream=true is not supported by sandrl's engine; send stream=false")
-    sp = dict(body.sampling_params or {})
-    reject_unsupported(sp, _SGLANG_UNSUPPORTED, "/generate sampling_params")
-    params = _sglang_params(sp, body.top_logprobs_num if body.return_logprob else 0)
-    prompts, batched = _prompts(engine, body)
-    rids = body.rid if isinstance(body.rid, list) else [body.rid] * len(prompts)
-    started = time.perf_counter()
-    results = await asyncio.gather(*(engine.generate(p, params) for p in prompts))
-    latency = time.perf_counter() - started
-    answers = [
-        _generate_answer(engine, g, rid or uuid.uuid4().hex, body.return_logprob, sp, latency)
-        for g, rid in zip(results, rids, strict=False)
-    ]
-    return answers if batched else answers[0]
+def create_app(
+    engine: Engine,
+    *,
+    served_model_name: str | None = None,
+    owns_engine: bool = False,
+    return_original_logprob: bool | None = None,
+) -> FastAPI:
+    """The FastAPI app serving ``engine``; with ``owns_engine`` the app's shutdown closes the engine.
 
-
-@sglang_router.post("/update_weights_from_disk")
-async def update_weights_from_disk(body: UpdateWeightsRequest, request: Request) -> JSONResponse:
-    engine = engine_of(request)
-    try:
-        if body.abort_all_requests:
-            raise ConfigError(
-                "abort_all_requests=true is not supported: requests in flight continue with the new weights"
-            )
-        version = await engine.update_weights(body.model_path, version=_int_version(body.weight_version))
-    except SandrlError as exc:
-        status = exc.http_status if exc.http_status < 500 else 500
-        content = {"success": False, "message": exc.message, "num_paused_requests": 0}
-        return JSONResponse({**content, "code": status, "error_code": exc.error_code}, status_code=status)
-    return JSONResponse(
-        {
-            "success": True,
-            "message": f"Succeeded to update model weights from {body.model_path}; weight version {version}.",
-            "num_paused_requests": 0,
-            "weight_version": str(version),
-        }
-    )
-
-
-def create_app(engine: Engine, *, served_model_name: str | None = None, owns_engine: bool = False) -> FastAPI:
-    """The FastAPI app serving ``engine``; with ``owns_engine`` the app's shutdown closes the engine."""
+    ``return_original_logprob``: whether ``/generate`` log-probs are at temperature 1 (true) or at
+    the sampling temperature (false) when a request does not say; None reads SGLang's switch,
+    the environment variable ``SGLANG_RETURN_ORIGINAL_LOGPROB`` (unset: at the temperature, as SGLang).
+    """
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -178,7 +142,13 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, owns_eng
     app = FastAPI(title="sandrl inference", lifespan=lifespan)
     app.state.engine = engine
     app.state.served_model_name = served_model_name or default_served_name(engine.model_path)
+    if return_original_logprob is None:
+        flag = os.environ.get("SGLANG_RETURN_ORIGINAL_LOGPROB", "").strip().lower()
+        return_original_logprob = flag in ("1", "true", "yes", "on")
+    app.state.return_original_logprob = return_original_logprob
     app.include_router(sglang_router)
+    app.include_router(generate_router)
+    app.include_router(control_router)
     app.include_router(openai_router)
 
     def is_openai(request: Request) -> bool:
@@ -201,7 +171,7 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, owns_eng
         code = "not_found" if exc.status_code == 404 else "http_error"
         message = f"{request.method} {request.url.path}: {exc.detail}"
         if exc.status_code == 404:
-            message += " (routes: /generate, /update_weights_from_disk, /health, /v1/completions, /v1/chat/completions)"
+            message += " (not an SGLang route sandrl serves: see sandrl.inference.server for the list)"
         return error_body(exc.status_code, code, message, openai=is_openai(request))
 
     @app.exception_handler(Exception)
@@ -231,80 +201,3 @@ def serve(
         uvicorn.run(app, host=host, port=port, log_level=log_level, ws="none")
     finally:
         engine.close()
-
-
-def _sglang_params(sp: dict[str, Any], top_logprobs: int) -> SamplingParams:
-    def value(name: str, default: Any) -> Any:
-        # SGLang treats an explicit null as "use the default".
-        found = sp.get(name)
-        return default if found is None else found
-
-    temperature = float(value("temperature", 1.0))
-    if sp.get("top_k") == 1:
-        temperature = 0.0  # SGLang's other spelling of greedy
-    stop = sp.get("stop") or ()
-    seed = value("sampling_seed", sp.get("seed"))
-    return SamplingParams(
-        temperature=temperature,
-        top_p=float(value("top_p", 1.0)),
-        max_new_tokens=int(value("max_new_tokens", 128)),
-        stop=(stop,) if isinstance(stop, str) else tuple(stop),
-        stop_token_ids=tuple(int(t) for t in sp.get("stop_token_ids") or ()),
-        seed=int(seed) if seed is not None else None,
-        ignore_eos=bool(sp.get("ignore_eos", False)),
-        top_logprobs=int(top_logprobs),
-    )
-
-
-def _prompts(engine: Engine, body: GenerateRequest) -> tuple[list[list[int]], bool]:
-    if body.input_ids is not None:
-        ids = body.input_ids
-        if ids and isinstance(ids[0], list):
-            return [list(map(int, p)) for p in ids if isinstance(p, list)], True
-        return [[int(t) for t in ids if isinstance(t, int)]], False
-    if body.text is not None:
-        tokenizer = require_tokenizer(engine, "/generate with text")
-        if isinstance(body.text, list):
-            return [tokenizer.encode(t) for t in body.text], True
-        return [tokenizer.encode(body.text)], False
-    raise ConfigError("/generate needs input_ids (token ids) or text")
-
-
-def _generate_answer(
-    engine: Engine, g: Generation, rid: str, return_logprob: bool, sp: dict[str, Any], latency: float
-) -> dict[str, Any]:
-    if g.finish_reason == "stop":
-        finish: dict[str, Any] = {"type": "stop", "matched": g.matched_stop}
-    elif g.finish_reason == "length":
-        finish = {"type": "length", "length": g.completion_tokens}
-    else:
-        finish = {"type": "abort", "message": "the engine shut down before this request finished"}
-    meta: dict[str, Any] = {
-        "id": rid,
-        "finish_reason": finish,
-        "prompt_tokens": g.prompt_tokens,
-        "completion_tokens": g.completion_tokens,
-        "cached_tokens": 0,
-        "weight_version": str(g.weight_version),
-        "start_weight_version": None if g.start_weight_version is None else str(g.start_weight_version),
-        "e2e_latency": latency,
-    }
-    if return_logprob:
-        meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(g.output_logprobs, g.output_ids, strict=True)]
-        if g.output_top_logprobs is not None:
-            meta["output_top_logprobs"] = [[[lp, t, None] for t, lp in row] for row in g.output_top_logprobs]
-    text = output_text(
-        engine,
-        g,
-        skip_special_tokens=bool(sp.get("skip_special_tokens", True)),
-        keep_stop=bool(sp.get("no_stop_trim", False)),
-    )
-    return {"text": text, "output_ids": g.output_ids, "meta_info": meta}
-
-
-def _int_version(value: str | int | None) -> int | None:
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.isdigit():
-        return int(value)
-    return None

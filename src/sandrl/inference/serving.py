@@ -1,19 +1,23 @@
 """What the SGLang and OpenAI routes of the inference server share.
 
 The engine behind a request, the error body, sampling parameters the engine cannot honour
-(rejected, never silently ignored), and the output text each API expects.
+(rejected, never silently ignored), the output text each API expects, and the merged
+progress of several streamed generations.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+import json
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, cast
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from sandrl.errors import ConfigError
-from sandrl.inference.base import Generation
+from sandrl.inference.base import Generation, SamplingParams
+from sandrl.inference.batch import Partial
 from sandrl.inference.engine import Engine
 from sandrl.inference.tokenizer import Tokenizer
 
@@ -79,3 +83,41 @@ def token_bytes(engine: Engine, token_id: int) -> list[int]:
     if engine.tokenizer is None:
         return []
     return list(engine.tokenizer.token_bytes(token_id))
+
+
+async def stream_all(
+    engine: Engine, jobs: list[tuple[list[int], SamplingParams, str | None]]
+) -> AsyncIterator[tuple[int, Partial | Generation]]:
+    """Stream every (prompt, params, rid) job at once; yield (job index, progress) as it comes.
+
+    A failure of any job is raised after what was already produced; leaving the loop early
+    cancels every job, freeing their batch slots.
+    """
+    queue: asyncio.Queue[tuple[int, Partial | Generation] | None] = asyncio.Queue()
+    errors: list[Exception] = []
+
+    async def pump(index: int, prompt: list[int], params: SamplingParams, rid: str | None) -> None:
+        async for out in engine.stream(prompt, params, rid=rid):
+            queue.put_nowait((index, out))
+
+    async def run_all() -> None:
+        try:
+            await asyncio.gather(*(pump(i, *job) for i, job in enumerate(jobs)))
+        except Exception as exc:
+            errors.append(exc)
+        finally:
+            queue.put_nowait(None)
+
+    task = asyncio.ensure_future(run_all())
+    try:
+        while (got := await queue.get()) is not None:
+            yield got
+        if errors:
+            raise errors[0]
+    finally:
+        task.cancel()
+
+
+def sse(payload: Any) -> bytes:
+    """One server-sent event, as SGLang and OpenAI frame them."""
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"

@@ -8,6 +8,12 @@ swaps the weights; ``GET /health`` says whether the server is up.
 
 Works with a real SGLang server (``python -m sglang.launch_server``) and with sandrl's own
 (``sandrl serve inference``), which serves the same routes.
+
+A weight update follows the client's ``update_policy`` through SGLang's routes (plain update
+for ``pause``; ``/pause_generation`` ``in_place`` or ``retract`` around it otherwise).
+Log-probs at a temperature other than 0 or 1 come on the scale ``SamplingParams.scaled_logprobs``
+asks for: sandrl's server is told per request; a real SGLang cannot be, so the client must be
+told how it was started (``original_logprobs``) or it refuses rather than mix scales.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import httpx
 
 from sandrl.errors import ConfigError, InferenceError
 from sandrl.inference.base import FinishReason, Generation, SamplingParams
+from sandrl.inference.batch import UPDATE_POLICIES, UpdatePolicy
 from sandrl.inference.tokenizer import Tokenizer
 from sandrl.inference.transport import HTTPConfig, JSONTransport, parse_version
 
@@ -34,7 +41,17 @@ class SGLangClient:
         transport: httpx.AsyncBaseTransport | None = None,
         tokenizer: Tokenizer | None = None,
         max_context: int | None = None,
+        update_policy: UpdatePolicy = "pause",
+        original_logprobs: bool | None = None,
     ) -> None:
+        if update_policy not in UPDATE_POLICIES:
+            raise ConfigError(f"update_policy must be one of {', '.join(UPDATE_POLICIES)}, got {update_policy!r}")
+        self.update_policy = update_policy
+        """What a weight update does to the server's requests in flight (see :meth:`update_weights`)."""
+        self.original_logprobs = original_logprobs
+        """Whether the server returns temperature-1 log-probs (an SGLang started with
+        ``SGLANG_RETURN_ORIGINAL_LOGPROB=1``). None: unknown; sandrl's server is asked per request."""
+        self._sandrl: bool | None = None
         self._http = JSONTransport(base_url, http, transport=transport)
         self.base_url = self._http.base_url
         self.tokenizer = tokenizer
@@ -55,6 +72,7 @@ class SGLangClient:
         }
         if params.top_logprobs:
             body["top_logprobs_num"] = params.top_logprobs
+        body.update(await self._logprob_scale(params))
         answer = await self._http.post("/generate", body)
         if isinstance(answer, list):
             answer = answer[0] if answer else None
@@ -62,12 +80,52 @@ class SGLangClient:
             raise self._bad_answer("/generate", answer)
         return self._generation(answer, len(input_ids))
 
+    async def _logprob_scale(self, params: SamplingParams) -> dict[str, Any]:
+        """Fields that get log-probs on the scale ``params`` asks for, or a ConfigError when none can.
+
+        At temperature 0 or 1 both scales agree. Otherwise SGLang returns them at the sampling
+        temperature unless it was started with ``SGLANG_RETURN_ORIGINAL_LOGPROB=1``, a switch no
+        request can flip: sandrl's server takes ``return_original_logprob`` per request instead.
+        """
+        if params.temperature in (0.0, 1.0):
+            return {}
+        if self._sandrl is None:
+            try:
+                info = await self._http.get("/get_server_info")
+            except ConfigError:
+                info = {}
+            self._sandrl = isinstance(info, dict) and info.get("engine") == "sandrl"
+        if self._sandrl:
+            return {"return_original_logprob": not params.scaled_logprobs}
+        if self.original_logprobs is None or self.original_logprobs == params.scaled_logprobs:
+            server = {None: "unknown", True: "temperature 1", False: "the sampling temperature"}[self.original_logprobs]
+            wanted = "the sampling temperature" if params.scaled_logprobs else "temperature 1"
+            raise ConfigError(
+                f"{self.base_url}: log-probs at temperature {params.temperature} are wanted at {wanted}, and the "
+                f"server's scale is {server}. SGLang returns them at the sampling temperature unless started with "
+                "SGLANG_RETURN_ORIGINAL_LOGPROB=1: start it to match and say so (SGLangClient(original_logprobs=...))"
+            )
+        return {}
+
     async def update_weights(self, path: str, *, version: int | None = None) -> int:
-        """Load the weights at ``path``; the new version is ``version`` (the trainer's), else the server's + 1."""
+        """Load the weights at ``path``; the new version is ``version`` (the trainer's), else the server's + 1.
+
+        The client's ``update_policy`` says what happens to requests in flight, through SGLang's own
+        routes: ``pause`` is SGLang's plain update (it waits for them); ``in_place`` and
+        ``abort_and_resume`` pause generation in SGLang's ``in_place`` / ``retract`` mode around it.
+        """
         new = version if version is not None else await self.weight_version() + 1
-        answer = await self._http.post(
-            "/update_weights_from_disk", {"model_path": path, "weight_version": str(new), "abort_all_requests": False}
-        )
+        mode = {"in_place": "in_place", "abort_and_resume": "retract"}.get(self.update_policy)
+        if mode is not None:
+            await self._http.post("/pause_generation", {"mode": mode})
+        try:
+            answer = await self._http.post(
+                "/update_weights_from_disk",
+                {"model_path": path, "weight_version": str(new), "abort_all_requests": False},
+            )
+        finally:
+            if mode is not None:
+                await self._http.post("/continue_generation", {})
         if not isinstance(answer, dict) or not answer.get("success", False):
             message = answer.get("message") if isinstance(answer, dict) else answer
             raise InferenceError(f"{self.base_url} could not load the weights in {path}: {message}")
@@ -113,6 +171,8 @@ class SGLangClient:
         if version is not None:
             self._version = version
         top = meta.get("output_top_logprobs")
+        # sandrl's own server says which weights produced each token; SGLang does not.
+        per_token = meta.get("output_token_weight_versions")
         return Generation(
             output_ids=ids,
             output_logprobs=logprobs,
@@ -123,6 +183,7 @@ class SGLangClient:
             matched_stop=finish.get("matched") if isinstance(finish, dict) else None,
             text=answer.get("text") if isinstance(answer.get("text"), str) else None,
             output_top_logprobs=[[(int(e[1]), float(e[0])) for e in row] for row in top] if top else None,
+            output_weight_versions=[int(v) for v in per_token] if isinstance(per_token, list) else None,
         )
 
     def _bad_answer(self, path: str, answer: Any) -> InferenceError:

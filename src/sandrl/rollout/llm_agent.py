@@ -156,6 +156,7 @@ class LLMAgent:
                 finish_reason=generation.finish_reason,
                 weight_version=generation.weight_version,
                 start_weight_version=generation.start_weight_version,
+                output_weight_versions=generation.output_weight_versions,
                 model_s=model_s,
                 observation_start=len(conv),
                 observation_end=len(conv),

@@ -221,6 +221,7 @@ class LongTailAgent:
             finish_reason=gen.finish_reason,
             weight_version=gen.weight_version,
             start_weight_version=gen.start_weight_version,
+            output_weight_versions=gen.output_weight_versions,
             exit_code=result.exit_code,
             timed_out=result.timed_out,
             model_s=model_s,

@@ -108,9 +108,19 @@ class Turn:
     """``ids[observation_start:observation_end]`` are the ids appended after the model's output
     (observation turn and next assistant prefix; loss mask 0); equal when nothing was appended."""
     observation_end: int = 0
+    output_weight_versions: list[int] | None = None
+    """Per output token, the weights that produced it, when the server records them (the embedded
+    engine does): exact for a turn that a weight update split; None: only the turn's versions are known."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def token_versions(self) -> list[int | None]:
+        """The weight version of each of this turn's output ids (the exact record, else the turn's version)."""
+        count = self.output_end - self.output_start
+        if self.output_weight_versions is not None and len(self.output_weight_versions) == count:
+            return list(self.output_weight_versions)
+        return [self.weight_version] * count
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Turn:
@@ -214,7 +224,7 @@ class Trajectory:
         """The distinct weight versions its tokens came from, in order of use."""
         seen: dict[int, None] = {}
         for turn in self.turns:
-            for v in (turn.start_weight_version, turn.weight_version):
+            for v in (turn.start_weight_version, *(turn.output_weight_versions or ()), turn.weight_version):
                 if v is not None:
                     seen.setdefault(v, None)
         return list(seen)
@@ -225,11 +235,13 @@ class Trajectory:
         return self.reward is not None and self.status != "infra_error" and any(self.loss_mask)
 
     def token_weight_versions(self) -> list[int | None]:
-        """Per id, the weight version that sampled it (the turn's); None for ids the model did not produce."""
+        """Per id, the weight version that sampled it; None for ids the model did not produce.
+
+        Exact per token when the server recorded it (a turn split by a weight update says which
+        tokens came from which weights); else every token of a turn gets the turn's final version."""
         versions: list[int | None] = [None] * len(self.ids)
         for turn in self.turns:
-            for i in range(turn.output_start, turn.output_end):
-                versions[i] = turn.weight_version
+            versions[turn.output_start : turn.output_end] = turn.token_versions()
         return versions
 
     def completion_ids(self) -> list[int]:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from sandrl.errors import ConfigError
+from sandrl.inference.batch import UPDATE_POLICIES, UpdatePolicy
 from sandrl.rollout.episode import EpisodeTimeouts
 from sandrl.rollout.llm_agent import LLMAgentConfig
 from sandrl.tasks.builtin.generated import FAMILIES
@@ -54,8 +55,15 @@ class ModelConfig:
     api: Api = "sglang"
     """The server's routes: ``sglang`` (native ``/generate``: SGLang, ``sandrl serve inference``) or
     ``openai`` (``/v1/completions``: vLLM and others; weight updates need SGLang's route too)."""
+    update_policy: UpdatePolicy = "in_place"
+    """What a weight update does to generations in flight: ``in_place`` (they go on with the new
+    weights; each token records its version), ``pause`` (they finish on the old weights first;
+    new ones wait) or ``abort_and_resume`` (they stop, and resume from their tokens on the new
+    weights). The embedded engine and SGLang servers (sandrl's included) both honour it."""
 
     def __post_init__(self) -> None:
+        if self.update_policy not in UPDATE_POLICIES:
+            raise ConfigError(f"update_policy must be one of {', '.join(UPDATE_POLICIES)}, got {self.update_policy!r}")
         if not self.name:
             raise ConfigError("name must be 'tiny' or a checkpoint directory")
         if self.inference != EMBEDDED and not self.inference.startswith(("http://", "https://")):

@@ -21,9 +21,9 @@ from sandrl.wiring.config import ModelConfig
 async def open_policy(model: ModelConfig) -> AsyncIterator[InferenceClient]:
     """The policy of ``model``, started (or checked to answer) on entry and closed on exit."""
     if model.embedded:
-        from sandrl.inference.engine import Engine
+        from sandrl.inference.engine import Engine, EngineConfig
 
-        engine = Engine.load(model.name)
+        engine = Engine.load(model.name, EngineConfig(update_policy=model.update_policy))
         try:
             yield engine
         finally:
@@ -40,6 +40,6 @@ async def open_policy(model: ModelConfig) -> AsyncIterator[InferenceClient]:
     else:
         from sandrl.inference.sglang import SGLangClient
 
-        async with SGLangClient(model.inference, tokenizer=tokenizer) as client:
+        async with SGLangClient(model.inference, tokenizer=tokenizer, update_policy=model.update_policy) as client:
             await client.health()
             yield client

@@ -1,0 +1,230 @@
+"""SGLang's control routes on the embedded engine: weights, versions, pause / continue, abort, server info.
+
+Each route takes SGLang's request fields (``io_struct.py``) and answers SGLang's shapes; what
+the engine cannot do is a 400 that says why, and what is meaningless on a CPU engine is an
+accepted no-op whose meaning the table in :mod:`sandrl.inference.server` states.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict
+
+from sandrl import __version__
+from sandrl.errors import ConfigError, SandrlError
+from sandrl.inference.batch import PAUSE_MODES, UPDATE_POLICIES, PauseMode, UpdatePolicy
+from sandrl.inference.serving import engine_of, served_name
+
+# What release/resume_memory_occupation may name (SGLang's GPU memory tags).
+_MEMORY_TAGS = frozenset({"weights", "kv_cache", "cuda_graph"})
+
+router = APIRouter()
+
+
+class UpdateWeightsRequest(BaseModel):
+    """SGLang's ``UpdateWeightFromDiskReqInput``, plus sandrl's ``update_policy``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_path: str
+    load_format: str | None = None
+    abort_all_requests: bool = False
+    weight_version: str | int | None = None
+    is_async: bool = False
+    torch_empty_cache: bool = False
+    keep_pause: bool = False
+    recapture_cuda_graph: bool = False
+    token_step: int = 0
+    flush_cache: bool = True
+    manifest: dict[str, Any] | None = None
+    rid: str | None = None
+    update_policy: UpdatePolicy | None = None
+    """sandrl's: what this update does to requests in flight; default ``pause``, SGLang's behaviour."""
+
+
+class UpdateWeightVersionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    new_version: str | int
+    abort_all_requests: bool = True
+    rid: str | None = None
+
+
+class AbortRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rid: str | None = ""
+    abort_all: bool = False
+    finished_reason: dict[str, Any] | None = None
+    abort_message: str | None = None
+
+
+class MemoryRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tags: list[str] | None = None
+    rid: str | None = None
+
+
+@router.post("/update_weights_from_disk")
+async def update_weights_from_disk(body: UpdateWeightsRequest, request: Request) -> JSONResponse:
+    engine = engine_of(request)
+    try:
+        if body.load_format not in (None, "auto", "safetensors"):
+            raise ConfigError(
+                f"/update_weights_from_disk: load_format={body.load_format!r} is not supported; sandrl loads "
+                "Hugging Face safetensors checkpoints (leave load_format out, or send 'auto')"
+            )
+        if body.manifest is not None:
+            raise ConfigError("/update_weights_from_disk: manifest (tensor metadata) is not supported; leave it out")
+        version = _int_version(body.weight_version, "weight_version")
+        if body.abort_all_requests:
+            engine.abort()
+        # SGLang's update waits for the requests in flight (its writer lock): "pause" unless told otherwise.
+        new = await engine.update_weights(body.model_path, version=version, policy=body.update_policy or "pause")
+        if body.keep_pause:
+            await engine.pause("in_place")
+    except SandrlError as exc:
+        status = exc.http_status if exc.http_status < 500 else 500
+        content = {"success": False, "message": exc.message, "num_paused_requests": 0}
+        return JSONResponse({**content, "code": status, "error_code": exc.error_code}, status_code=status)
+    request.app.state.token_step = body.token_step
+    return JSONResponse(
+        {
+            "success": True,
+            "message": f"Succeeded to update model weights from {body.model_path}. Weight version updated to {new}.",
+            "num_paused_requests": 0,
+            "weight_version": str(new),
+        }
+    )
+
+
+_NOT_SERVED = (
+    "sandrl's CPU engine takes new weights only from a checkpoint directory: {route} hands over tensors "
+    "through {how}, which a CPU process serving HTTP cannot open (and unpickling bytes sent over HTTP would run "
+    "arbitrary code). Save the weights (sandrl.inference.model.save_weights) and POST /update_weights_from_disk."
+)
+
+
+@router.post("/update_weights_from_tensor")
+async def update_weights_from_tensor(request: Request) -> JSONResponse:
+    how = "torch multiprocessing handles (pickled CUDA IPC or shared-memory tensors)"
+    return _refused(_NOT_SERVED.format(route="/update_weights_from_tensor", how=how))
+
+
+@router.post("/init_weights_update_group")
+@router.post("/update_weights_from_distributed")
+@router.post("/update_weights_from_ipc")
+async def update_weights_from_collective(request: Request) -> JSONResponse:
+    route = request.url.path
+    return _refused(_NOT_SERVED.format(route=route, how="an NCCL process group or CUDA IPC handles"))
+
+
+@router.post("/update_weight_version")
+async def update_weight_version(body: UpdateWeightVersionRequest, request: Request) -> JSONResponse:
+    engine = engine_of(request)
+    version = _int_version(body.new_version, "new_version")
+    assert version is not None
+    if body.abort_all_requests:
+        engine.abort()
+    await engine.set_weight_version(version)
+    return JSONResponse(
+        {"success": True, "message": f"Weight version updated to {body.new_version}", "new_version": body.new_version}
+    )
+
+
+@router.post("/pause_generation")
+async def pause_generation(request: Request) -> JSONResponse:
+    # SGLang before 0.5.6 took no body (and aborted); later ones take {"mode": ...}, default "abort".
+    raw = await request.body()
+    body = json.loads(raw) if raw.strip() else {}
+    if not isinstance(body, dict) or set(body) - {"mode", "rid"}:
+        raise ConfigError(f"/pause_generation takes {{'mode': one of {list(PAUSE_MODES)}}}, got {raw[:200]!r}")
+    mode = body.get("mode") or "abort"
+    if mode not in PAUSE_MODES:
+        raise ConfigError(f"/pause_generation: mode={mode!r} is not one of {list(PAUSE_MODES)}")
+    await engine_of(request).pause(_pause_mode(mode))
+    return JSONResponse({"message": "Generation paused successfully.", "status": "ok"})
+
+
+@router.post("/continue_generation")
+async def continue_generation(request: Request) -> JSONResponse:
+    await engine_of(request).continue_generation()
+    return JSONResponse({"message": "Generation continued successfully.", "status": "ok"})
+
+
+@router.post("/abort_request")
+async def abort_request(body: AbortRequest, request: Request) -> Response:
+    engine = engine_of(request)
+    if body.abort_all:
+        engine.abort()
+    elif body.rid:
+        engine.abort(body.rid)
+    return Response(status_code=200)
+
+
+@router.api_route("/flush_cache", methods=["GET", "POST"])
+async def flush_cache() -> Response:
+    return Response(
+        "Cache flushed.\nsandrl's engine keeps no prefix cache between requests, so there was nothing to flush.\n",
+        status_code=200,
+    )
+
+
+@router.api_route("/release_memory_occupation", methods=["GET", "POST"])
+@router.api_route("/resume_memory_occupation", methods=["GET", "POST"])
+async def memory_occupation(request: Request) -> Response:
+    raw = await request.body()
+    body = MemoryRequest.model_validate(json.loads(raw) if raw.strip() else {})
+    unknown = sorted(set(body.tags or ()) - _MEMORY_TAGS)
+    if unknown:
+        raise ConfigError(f"{request.url.path}: unknown tags {unknown}; SGLang's are {sorted(_MEMORY_TAGS)}")
+    # The CPU engine's weights and KV cache live in host memory a colocated trainer shares anyway:
+    # there is no device memory to hand over, so both calls succeed without doing anything.
+    return Response(status_code=200)
+
+
+@router.get("/get_server_info")
+@router.get("/server_info")
+async def server_info(request: Request) -> dict[str, Any]:
+    engine = engine_of(request)
+    return {
+        "model_path": engine.model_path,
+        "tokenizer_path": engine.model_path if engine.tokenizer is not None else None,
+        "served_model_name": served_name(request),
+        "weight_version": str(engine.weight_version),
+        "context_length": engine.max_context,
+        "max_running_requests": engine.config.max_batch_size,
+        "max_prefill_tokens": engine.config.max_prefill_tokens,
+        "random_seed": engine.config.seed,
+        "update_policy": engine.config.update_policy,
+        "update_policies": list(UPDATE_POLICIES),
+        "token_step": getattr(request.app.state, "token_step", 0),
+        "return_original_logprob": request.app.state.return_original_logprob,
+        "internal_states": [{"#running_req": engine.running, "paused": engine.paused}],
+        "version": __version__,
+        "engine": "sandrl",
+    }
+
+
+def _refused(message: str) -> JSONResponse:
+    return JSONResponse(
+        {"success": False, "message": message, "code": 400, "error_code": "not_supported"}, status_code=400
+    )
+
+
+def _pause_mode(mode: str) -> PauseMode:
+    return "retract" if mode == "retract" else "in_place" if mode == "in_place" else "abort"
+
+
+def _int_version(value: str | int | None, field: str) -> int | None:
+    """sandrl's versions are integers (the trainer's step); SGLang's are strings that hold one here."""
+    if value is None or isinstance(value, int):
+        return value
+    if value.strip().lstrip("-").isdigit():
+        return int(value)
+    raise ConfigError(f"{field}={value!r}: sandrl's weight versions are integers (the trainer step); send e.g. '12'")
