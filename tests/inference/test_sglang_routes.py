@@ -107,9 +107,10 @@ async def test_stream_sends_sglang_server_sent_events(http: httpx.AsyncClient) -
     r = await http.post("/generate", json=body)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
     events = _events(r.text)
-    # Cumulative events, one per token unless the reader fell behind (then they coalesce, as SGLang's do).
+    # Cumulative events, one per token unless the reader fell behind (then they coalesce, as SGLang's
+    # do: on a loaded box all five can come as one, so the count is not asserted).
     lengths = [len(e["output_ids"]) for e in events]
-    assert lengths == sorted(set(lengths)) and lengths[-1] == 5 and len(events) >= 2
+    assert lengths == sorted(set(lengths)) and lengths[-1] == 5
     assert all(e["meta_info"]["finish_reason"] is None for e in events[:-1])
     final = events[-1]
     assert all(final["output_ids"][: len(e["output_ids"])] == e["output_ids"] for e in events)
