@@ -45,6 +45,7 @@ from rich.table import Table
 
 from sandrl.cluster.hosts import HostConfig
 from sandrl.errors import ConfigError, SandrlError
+from sandrl.processes import stop_process
 from sandrl.rollout.runner import Group
 from sandrl.rollout.scripted import SOLUTION, ReplayAgent, ThinkTime
 from sandrl.tasks.task import Task
@@ -91,13 +92,7 @@ class LocalHost:
         raise SandrlError(f"sandbox host {self.name} did not start within {timeout_s:g} s; see {self.log}")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, grace_s=60)
 
 
 def _run_config(root: Path, tasks: int) -> RunConfig:

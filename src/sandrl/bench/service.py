@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sandrl.errors import SandboxUnavailableError, SandrlError
+from sandrl.processes import stop_process
 from sandrl.sandbox.base import Sandbox, SandboxProvider, SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.sandbox.client import ClientConfig, RemoteProvider
@@ -65,12 +66,7 @@ async def server_process(state_dir: Path, max_live: int) -> AsyncIterator[tuple[
                 await asyncio.sleep(0.05)
         yield url, token, proc.pid
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, grace_s=60)
 
 
 async def _exec_round_trip(provider: SandboxProvider, n: int) -> list[float]:

@@ -31,6 +31,7 @@ import bcrypt
 import httpx
 
 from sandrl.errors import ConfigError, RegistryError
+from sandrl.processes import stop_process
 
 REGISTRY_BINARY = "docker-registry"
 SKOPEO_BINARY = "skopeo"
@@ -61,13 +62,7 @@ def _free_port() -> int:
 
 def _kill(process: subprocess.Popen[bytes]) -> None:
     """Ends the registry: SIGTERM, then SIGKILL if it lingers. Safe to call twice and at interpreter exit."""
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    stop_process(process, grace_s=5)
 
 
 def htpasswd_line(user: str, password: str) -> str:
