@@ -202,20 +202,27 @@ class SandboxService:
             add_callback(lambda _sb: self._gone(entry))
         return entry
 
-    def _snapshottable(self, entry: Entry) -> Snapshottable:
-        if not isinstance(entry.sandbox, Snapshottable):
+    def _check_idle(self, entry: Entry, supported: bool, verb: str, done: str) -> None:
+        """Refuse to ``verb`` a sandbox whose backend cannot, or in which something runs (a freeze or
+        a snapshot in the middle of a command would catch it half done)."""
+        if not supported:
             raise ServiceError(
-                f"sandbox {entry.id} cannot be snapshotted on this server's backend",
+                f"sandbox {entry.id} cannot be {done} on this server's backend",
                 error_code="not_supported",
                 http_status=400,
             )
         if entry.busy:
             raise ServiceError(
-                f"sandbox {entry.id} is running a command or a transfer: snapshot it when that has finished",
+                f"sandbox {entry.id} is running a command or a transfer: {verb} it when that has finished",
                 error_code="sandbox_busy",
                 http_status=409,
             )
-        return entry.sandbox
+
+    def _snapshottable(self, entry: Entry) -> Snapshottable:
+        sandbox = entry.sandbox
+        self._check_idle(entry, isinstance(sandbox, Snapshottable), "snapshot", "snapshotted")
+        assert isinstance(sandbox, Snapshottable)
+        return sandbox
 
     async def snapshot(self, entry: Entry, name: str | None = None) -> str:
         """An image of the sandbox's files as they are now (any later create can start from it)."""
@@ -299,19 +306,10 @@ class SandboxService:
         """Freeze the sandbox and stop its TTL; False if it was paused already."""
         if entry.paused_ttl_s is not None:
             return False
-        if not isinstance(entry.sandbox, Pausable):
-            raise ServiceError(
-                f"sandbox {entry.id} cannot be paused on this server's backend",
-                error_code="not_supported",
-                http_status=400,
-            )
-        if entry.busy:
-            raise ServiceError(
-                f"sandbox {entry.id} is running a command or a transfer: pause it when that has finished",
-                error_code="sandbox_busy",
-                http_status=409,
-            )
-        await entry.sandbox.pause()
+        sandbox = entry.sandbox
+        self._check_idle(entry, isinstance(sandbox, Pausable), "pause", "paused")
+        assert isinstance(sandbox, Pausable)
+        await sandbox.pause()
         if entry.timer is not None:
             entry.timer.cancel()
         entry.paused_ttl_s = max(entry.expires_at - time.time(), 1.0)
