@@ -1,4 +1,4 @@
-"""Suite-wide: an async test that hangs says where, before pytest-timeout ends it.
+"""Suite-wide: an async test that hangs says where, before pytest-timeout ends it; real model families.
 
 pytest-timeout dumps the threads' stacks, and for an event loop that waits on a future no one
 will complete they show only ``select``. The watchdog prints every asyncio task's stack (what
@@ -10,9 +10,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import pytest
+
+from .chat_families import build_model_dir, build_tokenizer_dir
 
 WATCHDOG_LEAD_S = 15.0
 """How long before pytest-timeout fires the watchdog prints the tasks."""
@@ -57,3 +60,33 @@ async def _asyncio_watchdog(request: pytest.FixtureRequest) -> AsyncIterator[Non
         yield
     finally:
         watchdog.cancel()
+
+
+FamilyDir = Callable[[str], Path]
+"""A family's name (``chat_families.FAMILIES``) to its directory, built on first use."""
+
+
+@pytest.fixture(scope="session")
+def family_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> FamilyDir:
+    """Tokenizer directories of real model families (real chat template, special tokens, eos lists), built once."""
+    built: dict[str, Path] = {}
+
+    def get(family: str) -> Path:
+        if family not in built:
+            built[family] = build_tokenizer_dir(family, tmp_path_factory.mktemp(f"tokenizer-{family}"))
+        return built[family]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def family_model_dir(tmp_path_factory: pytest.TempPathFactory) -> FamilyDir:
+    """Checkpoints of real model families: the family's tokenizer and a tiny random model of its architecture."""
+    built: dict[str, Path] = {}
+
+    def get(family: str) -> Path:
+        if family not in built:
+            built[family] = build_model_dir(family, tmp_path_factory.mktemp(f"model-{family}"))
+        return built[family]
+
+    return get
