@@ -266,6 +266,7 @@ def build_tokenizer_dir(family: str, path: Path) -> Path:
         "eos_token": fam.eos,
         "pad_token": fam.pad,
         "chat_template": fam.template,
+        # Llama 3.1 ships True, which transformers 5 ignores for BPE (with a warning): it would turn " ," into ",".
         "clean_up_tokenization_spaces": False,
         "model_max_length": 131072,
         "tokenizer_class": "PreTrainedTokenizerFast",
