@@ -32,6 +32,6 @@ if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$want" ]]; then
     "$VENV/bin/pip" install -q --upgrade pip
     # torch first and pinned, so nothing later pulls a CUDA build.
     "$VENV/bin/pip" install -q "torch==2.13.0"
-    "$VENV/bin/pip" install -q -e ".[dev,train,cluster]"
+    "$VENV/bin/pip" install -q -e ".[dev,train,cluster,harness]"
     echo "$want" >"$STAMP"
 fi

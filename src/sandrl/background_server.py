@@ -1,14 +1,50 @@
-"""An ASGI app served by uvicorn in a daemon thread: for tests, benchmarks and in-process use."""
+"""An ASGI app served by uvicorn: in a daemon thread (:class:`BackgroundServer`, for tests and
+benchmarks) or on the caller's event loop (:func:`serve_on_loop`, for an app whose handlers await
+objects bound to that loop, such as the session gateway in front of the embedded engine)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import socket
 import threading
 import time
+from collections.abc import AsyncIterator, Iterator
 from types import TracebackType
 from typing import Any
 
 import uvicorn
+
+
+class _LoopServer(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # The process's Ctrl-C belongs to the command running this server, not to uvicorn.
+        yield
+
+
+@contextlib.asynccontextmanager
+async def serve_on_loop(app: Any, host: str = "127.0.0.1", *, name: str = "server") -> AsyncIterator[str]:
+    """Serve ``app`` on this event loop on a free port of ``host``; yields its URL; stops on exit."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_level="warning", ws="none", lifespan="off", access_log=False)
+    server = _LoopServer(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        while not server.started:
+            if task.done():
+                await task
+                raise RuntimeError(f"the {name} on {host}:{port} stopped before it started")
+            await asyncio.sleep(0.005)
+        yield f"http://{host}:{port}"
+    finally:
+        server.should_exit = True
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, timeout=10)
+        sock.close()
 
 
 class BackgroundServer:

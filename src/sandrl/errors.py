@@ -16,7 +16,7 @@ that says what went wrong *and what to do about it*.
      │    ├── SandboxClosedError        the sandbox is closed (by the caller, TTL, or a crash)
      │    │    └── SandboxCrashedError  it died or hung on its own; says whether its own processes caused it
      │    ├── SandboxNotFoundError      no sandbox with that id
- │    ├── SandboxPausedError        the sandbox is paused: resume it first
+     │    ├── SandboxPausedError        the sandbox is paused: resume it first
      │    ├── CapacityExhaustedError    the host or pool is full
      │    ├── SandboxFileError          a file operation inside the sandbox failed
      │    │    └── SandboxFileTooLargeError  the file is larger than the read's bound (max_bytes)
@@ -27,9 +27,10 @@ that says what went wrong *and what to do about it*.
      │    ├── InvalidTaskError       a task directory or instance file that is malformed
      │    └── ImageBuildError        an environment image could not be built (Dockerfile, failed step)
      ├── ImageError                  a registry image could not be had
- │    ├── RegistryError          the registry refused or failed (auth, not found, 429/5xx after retries, unreachable)
- │    └── LayerError             what it served is wrong or hostile (digest mismatch, path escape, over a bound)
- ├── InferenceError              the policy's server failed or answered wrongly
+     │    ├── RegistryError          the registry refused or failed (auth, not found, 429/5xx, unreachable)
+     │    └── LayerError             what it served is wrong or hostile (digest mismatch, path escape, over a bound)
+     ├── InferenceError              the policy's server failed or answered wrongly
+     │    └── SessionNotFoundError   no gateway session with that id
      ├── TrainError                  the trainer could not take a step
      └── ClusterError                the Ray cluster: not reachable, a worker lost too often
 
@@ -243,6 +244,13 @@ class InferenceError(SandrlError):
 
     error_code = "inference_error"
     http_status = 502
+
+
+class SessionNotFoundError(InferenceError):
+    """No session gateway session with that id (never opened, or deleted)."""
+
+    error_code = "session_not_found"
+    http_status = 404
 
 
 class TrainError(SandrlError):

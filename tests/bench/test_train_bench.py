@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sandrl.bench.train import options
-from sandrl.rollout.scripted import CommandTimes
+from sandrl.rollout.agents.scripted import CommandTimes
 
 from ..support import needs_sandbox
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from jinja2 import TemplateError
 
 from sandrl.errors import ConfigError
-from sandrl.inference.tool_calls import (
+from sandrl.inference.toolcalls import (
     PARSERS,
     ParsedReply,
     ToolCall,

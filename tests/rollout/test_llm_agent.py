@@ -12,7 +12,7 @@ from sandrl.inference.engine import Engine
 from sandrl.inference.sglang import SGLangClient
 from sandrl.inference.tokenizer import ByteTokenizer
 from sandrl.rollout import Budget, EpisodeConfig, LLMAgent, LLMAgentConfig, Trajectory, run_episode
-from sandrl.rollout.llm_agent import SYSTEM_PROMPT
+from sandrl.rollout.agents.formats import FENCED_SYSTEM_PROMPT as SYSTEM_PROMPT
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.tasks import Task
 

@@ -7,12 +7,12 @@ import math
 import pytest
 
 from sandrl.errors import ConfigError
+from sandrl.inference.chat import ChatFormat
 from sandrl.inference.tokenizer import ByteTokenizer
 from sandrl.rollout import Budget, EpisodeError, Timings, Trajectory, Turn
-from sandrl.rollout.actions import parse_action
-from sandrl.rollout.chat import ChatFormat
+from sandrl.rollout.agents.fenced import parse_action
+from sandrl.rollout.agents.observation import cut, render, split_budget
 from sandrl.rollout.jsonl import dumps, loads
-from sandrl.rollout.observation import cut, render, split_budget
 from sandrl.sandbox.base import ExecResult
 
 

@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from sandrl.errors import ConfigError, TaskError
+from sandrl.inference.chat import ChatFormat
 from sandrl.inference.model import TinyModelConfig, load_model
 from sandrl.inference.tokenizer import ByteTokenizer
-from sandrl.rollout.actions import parse_action
-from sandrl.rollout.chat import ChatFormat
+from sandrl.rollout.agents.fenced import parse_action
+from sandrl.rollout.agents.formats import FencedFormat
 from sandrl.tasks.builtin.generated import generate_tasks
 from sandrl.tasks.loader import load_task
 from sandrl.tasks.task import Task
@@ -59,8 +60,8 @@ def test_a_task_without_a_solution_is_refused_with_what_to_add(tmp_path: Path) -
 def test_a_demonstration_is_the_agent_prompt_then_the_solution_as_one_bash_block(tmp_path: Path) -> None:
     task = _tasks(tmp_path, 1)[0]
     chat = ChatFormat(ByteTokenizer())
-    sample = demonstration(task, chat, "SYS")
-    prompt = chat.prompt_ids("SYS", task.instruction)
+    sample = demonstration(task, chat, FencedFormat(system_prompt="SYS"))
+    prompt = chat.prompt_ids([{"role": "system", "content": "SYS"}, {"role": "user", "content": task.instruction}])
     assert sample.token_ids[: len(prompt)] == tuple(prompt)
     assert sample.loss_mask == (0,) * len(prompt) + (1,) * (len(sample.token_ids) - len(prompt))
     reply = ByteTokenizer().decode(list(sample.token_ids[len(prompt) :]))

@@ -21,9 +21,9 @@ from rich.console import Console
 
 from sandrl.inference.base import Generation, InferenceClient, SamplingParams
 from sandrl.rollout.agent import AgentResult, Budget
+from sandrl.rollout.agents.scripted import CommandTimes, LongTailAgent
 from sandrl.rollout.jsonl import read_jsonl
 from sandrl.rollout.runner import Group
-from sandrl.rollout.scripted import CommandTimes, LongTailAgent
 from sandrl.rollout.trajectory import Trajectory
 from sandrl.sandbox.base import Sandbox
 from sandrl.sandbox.bwrap import BwrapProvider

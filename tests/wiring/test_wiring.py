@@ -14,8 +14,8 @@ from sandrl.inference.openai import OpenAIClient
 from sandrl.inference.server import BackgroundServer, create_app
 from sandrl.inference.sglang import SGLangClient
 from sandrl.inference.tokenizer import ByteTokenizer, Tokenizer
+from sandrl.rollout.agents.formats import FENCED_SYSTEM_PROMPT as SYSTEM_PROMPT
 from sandrl.rollout.episode import EpisodeTimeouts
-from sandrl.rollout.llm_agent import SYSTEM_PROMPT
 from sandrl.train.run_config import RolloutSection, load_run_config, save_resolved
 from sandrl.wiring import ModelConfig, RolloutConfig, llm_agent, open_policy, runner_config
 from sandrl.wiring.evaluate import EvalConfig
@@ -65,7 +65,7 @@ def test_the_llm_agent_uses_the_policys_tokenizer_and_the_rollout_sampling() -> 
     agent = llm_agent(RolloutConfig(temperature=0.5, max_new_tokens=32), _Policy(tokenizer))  # type: ignore[arg-type]
     assert agent.chat.tokenizer is tokenizer
     assert agent.config.sampling.temperature == 0.5 and agent.config.sampling.max_new_tokens == 32
-    assert agent.config.system_prompt == SYSTEM_PROMPT  # "" in the config: the default prompt
+    assert agent.format.system_prompt == SYSTEM_PROMPT  # "" in the config: the default prompt
     with pytest.raises(ConfigError, match="tokenizer"):
         llm_agent(RolloutConfig(), _Policy(None))  # type: ignore[arg-type]
 

@@ -3,7 +3,7 @@
 The host's capacity is the number of busy sandboxes it holds within the latency bar: measured
 in the same run by a quick contention sweep (``capacity + 1``, the probe included:
 :func:`~sandrl.capacity.admission_slots`), read from a contention result, or given.
-Each episode is a :class:`~sandrl.rollout.scripted.ReplayAgent` whose turns are the benchmark's
+Each episode is a :class:`~sandrl.rollout.agents.scripted.ReplayAgent` whose turns are the benchmark's
 workloads (:mod:`sandrl.bench.workloads`, in a shuffled order per episode, a short fixed model
 time before each), in a task whose image holds the workloads' inputs, with a real verifier (the
 pytest suite). The offered load is ``factor x capacity`` *busy sandboxes*, the unit the capacity
@@ -45,7 +45,7 @@ from sandrl.bench.admission_card import print_card
 from sandrl.bench.workloads import Standalone, Workload
 from sandrl.capacity import admission_slots
 from sandrl.errors import ConfigError
-from sandrl.rollout.scripted import ReplayAgent, ThinkTime
+from sandrl.rollout.agents.scripted import ReplayAgent, ThinkTime
 from sandrl.rollout.trajectory import Trajectory
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.sandbox.idle_cpu import IdleCpus

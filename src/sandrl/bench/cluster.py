@@ -1,6 +1,6 @@
 """``sandrl bench cluster``: the same episodes on one host in-process and on a Ray cluster with two hosts.
 
-Both sides run the same groups of :class:`~sandrl.rollout.scripted.ReplayAgent` episodes on
+Both sides run the same groups of :class:`~sandrl.rollout.agents.scripted.ReplayAgent` episodes on
 generated ``echo`` tasks, every turn preceded by the same fixed emulated model time, all groups
 submitted at once, the same number of episode slots in all:
 
@@ -46,8 +46,8 @@ from rich.table import Table
 from sandrl.cluster.hosts import HostConfig
 from sandrl.errors import ConfigError, SandrlError
 from sandrl.processes import stop_process
+from sandrl.rollout.agents.scripted import SOLUTION, ReplayAgent, ThinkTime
 from sandrl.rollout.runner import Group
-from sandrl.rollout.scripted import SOLUTION, ReplayAgent, ThinkTime
 from sandrl.tasks.task import Task
 from sandrl.train.run_config import RunConfig, from_dict
 from sandrl.wiring import build_runner, task_set

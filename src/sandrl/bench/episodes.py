@@ -3,7 +3,7 @@
 M episodes of built-in tasks run through the :class:`~sandrl.rollout.runner.RolloutRunner`
 with real sandboxes and the real verifier, while N background tasks (the contention sweep's
 :class:`~sandrl.bench.contention.BackgroundLoad`) keep the host busy. The agent is the
-:class:`~sandrl.rollout.scripted.ReplayAgent`: each episode replays the turns an agent takes on
+:class:`~sandrl.rollout.agents.scripted.ReplayAgent`: each episode replays the turns an agent takes on
 the task (:data:`REPLAY_TURNS`: look, read, try the build or the tests, the task's reference
 solution, check again), each after the same emulated model time, so two hosts differ only in
 what their CPUs do. Per episode and averaged: total, model, commands, verifier, sandbox create
@@ -35,7 +35,7 @@ from sandrl.bench.breakdown import EpisodeBreakdown, episodes_section, kv_turns,
 from sandrl.bench.contention import BackgroundLoad
 from sandrl.bench.projection import projection_section
 from sandrl.errors import ConfigError
-from sandrl.rollout.scripted import SOLUTION, ReplayAgent, ThinkTime
+from sandrl.rollout.agents.scripted import SOLUTION, ReplayAgent, ThinkTime
 from sandrl.rollout.trajectory import Trajectory, Turn
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider

@@ -1,6 +1,6 @@
 """``sandrl bench rollout``: many concurrent episodes with the model's time held fixed.
 
-256 :class:`~sandrl.rollout.scripted.ReplayAgent` episodes at once on generated (or built-in)
+256 :class:`~sandrl.rollout.agents.scripted.ReplayAgent` episodes at once on generated (or built-in)
 tasks, each turn preceded by 1-2 s of emulated model time, each episode through the full path
 (image, sandbox create, setup, commands, verifier, close). The point is the sandbox side and the
 orchestrator: zero infra errors, and the orchestrator's own overhead (an episode's total minus
@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sandrl.errors import ConfigError
-from sandrl.rollout.scripted import SOLUTION, ReplayAgent, ThinkTime
+from sandrl.rollout.agents.scripted import SOLUTION, ReplayAgent, ThinkTime
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.tasks.builtin import SUITE_DIR
 from sandrl.tasks.builtin.generated import FAMILIES, generate_tasks

@@ -3,10 +3,10 @@
 Both modes run the same config through :func:`~sandrl.train.command.run_training`, the code path
 of ``sandrl train``: the tiny model built from its config on the embedded CPU engine, the real
 trainer, real bwrap sandboxes and the real verifier on generated ``echo`` tasks. Only the agent
-is the benchmark's, :class:`~sandrl.rollout.scripted.LongTailAgent`: it samples a few tokens
+is the benchmark's, :class:`~sandrl.rollout.agents.scripted.LongTailAgent`: it samples a few tokens
 from the policy (so every episode carries the weight version it was sampled by), runs one
 ``sleep`` whose length is drawn from a seeded lognormal
-(:class:`~sandrl.rollout.scripted.CommandTimes`; agent commands have a long tail: most are
+(:class:`~sandrl.rollout.agents.scripted.CommandTimes`; agent commands have a long tail: most are
 quick, a few are test suites or builds), and solves the task when its first sampled token is
 even, so rewards vary within a group and GRPO has a signal.
 
@@ -38,8 +38,8 @@ from typing import Any, Literal
 from rich.console import Console
 from rich.table import Table
 
+from sandrl.rollout.agents.scripted import CommandTimes, LongTailAgent
 from sandrl.rollout.jsonl import read_jsonl
-from sandrl.rollout.scripted import CommandTimes, LongTailAgent
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.train.command import run_training
 from sandrl.train.run_config import MODES, RunConfig, from_dict

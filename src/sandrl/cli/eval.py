@@ -21,8 +21,16 @@ app = typer.Typer()
 @app.command("eval")
 def eval_tasks(
     tasks: str = typer.Argument(..., help="A task directory, a directory of them, a SWE-bench file, or 'builtin'."),
-    agent: str = typer.Option("oracle", help="llm, oracle, null or replay."),
-    inference: str | None = typer.Option(None, help="'embedded' or the URL of an SGLang-routes server (--agent llm)."),
+    agent: str = typer.Option(
+        "oracle", help="llm, oracle, null, replay, mini-swe-agent, or module:function (a harness; see the README)."
+    ),
+    inference: str | None = typer.Option(
+        None, help="'embedded' or the URL of an inference server (the agents with a model: llm and harnesses)."
+    ),
+    format: str = typer.Option("fenced", "--format", help="The llm agent's actions: 'fenced' bash blocks or 'tools'."),
+    tool_parser: str | None = typer.Option(
+        None, help="Tool-call parser: hermes, glm45, llama3_json (default: detected from the chat template)."
+    ),
     model: str = typer.Option("tiny", help="'tiny' or a checkpoint dir (embedded: the model; URL: its tokenizer)."),
     samples: int = typer.Option(1, help="Episodes per task (a GRPO group)."),
     concurrency: int = typer.Option(8, help="Episodes at once."),
@@ -43,8 +51,10 @@ def eval_tasks(
 
     config = EvalConfig(
         tasks,
-        agent=agent,  # type: ignore[arg-type]
+        agent=agent,
         inference=inference,
+        format=format,
+        tool_parser=tool_parser,
         model=model,
         samples=samples,
         concurrency=concurrency,

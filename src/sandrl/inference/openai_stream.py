@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from sandrl.inference.base import Generation, SamplingParams
+from sandrl.inference.base import Generation, InferenceClient, SamplingParams
 from sandrl.inference.batch import Partial
 from sandrl.inference.engine import Engine
 from sandrl.inference.serving import output_text, sse, stream_all, token_bytes, token_text
@@ -130,7 +130,7 @@ def completion_logprobs(engine: Engine, g: Generation, as_ids: bool) -> dict[str
     return {"tokens": tokens, "token_logprobs": g.output_logprobs, "top_logprobs": tops, "text_offset": offsets}
 
 
-def chat_logprobs(engine: Engine, g: Generation, as_ids: bool) -> dict[str, Any]:
+def chat_logprobs(engine: InferenceClient, g: Generation, as_ids: bool) -> dict[str, Any]:
     rows = g.output_top_logprobs or [[] for _ in g.output_ids]
     content = [
         {

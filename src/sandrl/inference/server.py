@@ -33,7 +33,7 @@ Routes:
 - ``GET /get_server_info`` (``/server_info``), ``/get_model_info``, ``/get_weight_version``,
   ``/health``, ``/health_generate``: served (server info holds sandrl's settings, not SGLang's
   ``ServerArgs``).
-- Not served (404): LoRA adapter routes, sessions, ``/encode``, ``/classify``, profiling, ``/get_load``.
+- Not served (404): LoRA adapter routes, SGLang's sessions, ``/encode``, ``/classify``, profiling, ``/get_load``.
 
 ``/generate`` fields: ``text`` / ``input_ids`` (one or a batch), ``rid`` (a batch's string rid
 becomes ``rid_0``, ``rid_1``...; a list must match the batch), ``sampling_params`` /
@@ -55,7 +55,8 @@ with ``id``, ``finish_reason`` (``{"type": "stop", "matched"}``, ``length``, ``a
 ``return_original_logprob``), ``output_top_logprobs``, and sandrl's ``start_weight_version``
 and ``output_token_weight_versions`` (the version of each output token).
 
-OpenAI's routes are in :mod:`sandrl.inference.openai_routes`. Errors are
+OpenAI's routes are in :mod:`sandrl.inference.openai_routes`; sandrl's session gateway
+(``/v1/sessions``, token-exact OpenAI sessions for agent harnesses) in :mod:`sandrl.inference.gateway`. Errors are
 ``{"code", "error_code", "message"}`` everywhere.
 
 :func:`serve` runs it with uvicorn (``sandrl serve inference``); :class:`BackgroundServer`
@@ -72,15 +73,14 @@ from typing import Any
 
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sandrl.background_server import BackgroundServer as BackgroundServer
-from sandrl.errors import SandrlError
 from sandrl.inference.engine import Engine, EngineConfig
+from sandrl.inference.gateway.gateway import Gateway
+from sandrl.inference.gateway.gateway import router as gateway_router
+from sandrl.inference.http_errors import install_error_handlers
 from sandrl.inference.openai_routes import router as openai_router
-from sandrl.inference.serving import engine_of, error_body
+from sandrl.inference.serving import engine_of
 from sandrl.inference.sglang_control import router as control_router
 from sandrl.inference.sglang_generate import router as generate_router
 from sandrl.inference.tokenizer import TINY
@@ -123,12 +123,14 @@ def create_app(
     served_model_name: str | None = None,
     owns_engine: bool = False,
     return_original_logprob: bool | None = None,
+    tool_parser: str | None = None,
 ) -> FastAPI:
     """The FastAPI app serving ``engine``; with ``owns_engine`` the app's shutdown closes the engine.
 
     ``return_original_logprob``: whether ``/generate`` log-probs are at temperature 1 (true) or at
     the sampling temperature (false) when a request does not say; None reads SGLang's switch,
     the environment variable ``SGLANG_RETURN_ORIGINAL_LOGPROB`` (unset: at the temperature, as SGLang).
+    ``tool_parser``: the session gateway's tool-call parser; None: detected from the chat template.
     """
 
     @asynccontextmanager
@@ -150,34 +152,16 @@ def create_app(
     app.include_router(generate_router)
     app.include_router(control_router)
     app.include_router(openai_router)
+    app.include_router(gateway_router)
+    app.state.gateway = (
+        Gateway(engine, model_name=app.state.served_model_name, tool_parser=tool_parser)
+        if engine.tokenizer is not None
+        else None
+    )
 
-    def is_openai(request: Request) -> bool:
-        return request.url.path.startswith("/v1/")
-
-    @app.exception_handler(SandrlError)
-    async def sandrl_error(request: Request, exc: SandrlError) -> JSONResponse:
-        return error_body(exc.http_status, exc.error_code, exc.message, openai=is_openai(request))
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err.get('loc', ()) if p != 'body') or 'body'}: {err.get('msg')}"
-            for err in exc.errors()
-        )
-        return error_body(400, "invalid_request", f"invalid request: {problems}", openai=is_openai(request))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = "not_found" if exc.status_code == 404 else "http_error"
-        message = f"{request.method} {request.url.path}: {exc.detail}"
-        if exc.status_code == 404:
-            message += " (not an SGLang route sandrl serves: see sandrl.inference.server for the list)"
-        return error_body(exc.status_code, code, message, openai=is_openai(request))
-
-    @app.exception_handler(Exception)
-    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
-        return error_body(500, "internal_error", f"internal error: {exc!r}", openai=is_openai(request))
-
+    install_error_handlers(
+        app, not_found_hint="not an SGLang route sandrl serves: see sandrl.inference.server for the list"
+    )
     return app
 
 

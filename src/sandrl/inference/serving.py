@@ -13,10 +13,9 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any, cast
 
 from fastapi import Request
-from fastapi.responses import JSONResponse
 
 from sandrl.errors import ConfigError
-from sandrl.inference.base import Generation, SamplingParams
+from sandrl.inference.base import Generation, InferenceClient, SamplingParams
 from sandrl.inference.batch import Partial
 from sandrl.inference.engine import Engine
 from sandrl.inference.tokenizer import Tokenizer
@@ -28,15 +27,6 @@ def engine_of(request: Request) -> Engine:
 
 def served_name(request: Request) -> str:
     return cast(str, request.app.state.served_model_name)
-
-
-def error_body(status: int, error_code: str, message: str, *, openai: bool) -> JSONResponse:
-    """sandrl's error body ``{code, error_code, message}``; on OpenAI routes also the ``error`` object
-    the official ``openai`` package reads its message from."""
-    body: dict[str, Any] = {"code": status, "error_code": error_code, "message": message}
-    if openai:
-        body["error"] = {"message": message, "type": error_code, "param": None, "code": error_code}
-    return JSONResponse(body, status_code=status)
 
 
 def reject_unsupported(values: Mapping[str, Any], defaults: Mapping[str, Any], where: str) -> None:
@@ -72,14 +62,14 @@ def output_text(engine: Engine, generation: Generation, *, skip_special_tokens: 
     return text
 
 
-def token_text(engine: Engine, token_id: int, *, as_id: bool) -> str:
+def token_text(engine: InferenceClient, token_id: int, *, as_id: bool) -> str:
     """A token as the OpenAI logprobs show it: ``token_id:N`` (vLLM's return_tokens_as_token_ids) or its text."""
     if as_id or engine.tokenizer is None:
         return f"token_id:{token_id}"
     return engine.tokenizer.decode([token_id])
 
 
-def token_bytes(engine: Engine, token_id: int) -> list[int]:
+def token_bytes(engine: InferenceClient, token_id: int) -> list[int]:
     if engine.tokenizer is None:
         return []
     return list(engine.tokenizer.token_bytes(token_id))

@@ -24,8 +24,12 @@ from typing import Any, Protocol, runtime_checkable
 
 from sandrl.errors import ConfigError
 
-Message = Mapping[str, str]
-"""A chat message: ``{"role": ..., "content": ...}``."""
+Message = Mapping[str, Any]
+"""A chat message in OpenAI's shape: ``{"role", "content"}``, plus ``tool_calls`` on an assistant
+message and ``tool_call_id`` / ``name`` on a ``tool`` message."""
+
+Tools = Sequence[Mapping[str, Any]]
+"""Tool specs in OpenAI's shape: ``[{"type": "function", "function": {"name", "description", "parameters"}}]``."""
 
 TOKENIZER_FILE = "sandrl_tokenizer.json"
 """Marker written next to a checkpoint whose model uses the byte tokenizer."""
@@ -59,8 +63,15 @@ class Tokenizer(Protocol):
         """The bytes one token stands for (its UTF-8 text for a special token)."""
         ...
 
-    def encode_messages(self, messages: Sequence[Message], *, add_generation_prompt: bool = False) -> list[int]:
-        """Render a conversation with the chat template."""
+    def encode_messages(
+        self, messages: Sequence[Message], *, add_generation_prompt: bool = False, tools: Tools | None = None
+    ) -> list[int]:
+        """Render a conversation with the chat template; ``tools`` are offered as the template offers them."""
+        ...
+
+    @property
+    def chat_template(self) -> str | None:
+        """The chat template's source text (what a tool-call format is detected from); None for built-in ones."""
         ...
 
     def save(self, directory: str | Path) -> None:
@@ -158,13 +169,26 @@ class ByteTokenizer:
         """What opens the assistant's turn; the model's output follows and ends with ``<|im_end|>``."""
         return [self.im_start_id, *self.encode("assistant\n")]
 
-    def encode_messages(self, messages: Sequence[Message], *, add_generation_prompt: bool = False) -> list[int]:
+    def encode_messages(
+        self, messages: Sequence[Message], *, add_generation_prompt: bool = False, tools: Tools | None = None
+    ) -> list[int]:
         ids = [self.bos_token_id]
-        for message in messages:
-            ids += self.encode_turn(_field(message, "role"), _field(message, "content"))
+        listed = list(messages)
+        if tools:
+            section = render_tools(tools)
+            if listed and listed[0].get("role") == "system":
+                listed[0] = {**listed[0], "content": _field(listed[0], "content") + "\n\n" + section}
+            else:
+                listed.insert(0, {"role": "system", "content": section})
+        for message in listed:
+            ids += self.encode_turn(_field(message, "role"), message_text(message))
         if add_generation_prompt:
             ids += self.assistant_prefix_ids()
         return ids
+
+    @property
+    def chat_template(self) -> str | None:
+        return None
 
     def parse_messages(self, ids: Sequence[int]) -> tuple[list[dict[str, str]], bool]:
         """Invert :meth:`encode_messages`: the messages, and whether an open assistant turn ends the ids."""
@@ -237,12 +261,28 @@ class HFTokenizer:
     def token_bytes(self, token_id: int) -> bytes:
         return self.decode([token_id]).encode("utf-8")
 
-    def encode_messages(self, messages: Sequence[Message], *, add_generation_prompt: bool = False) -> list[int]:
-        if not getattr(self._tok, "chat_template", None):
+    @property
+    def chat_template(self) -> str | None:
+        template = getattr(self._tok, "chat_template", None)
+        if isinstance(template, dict):  # named templates: the default one, else the tool-use one
+            template = template.get("default") or template.get("tool_use")
+        return template if isinstance(template, str) else None
+
+    def encode_messages(
+        self, messages: Sequence[Message], *, add_generation_prompt: bool = False, tools: Tools | None = None
+    ) -> list[int]:
+        if self.chat_template is None:
             raise ConfigError("this checkpoint's tokenizer has no chat template; use /v1/completions or /generate")
-        ids = self._tok.apply_chat_template(
-            [dict(m) for m in messages], add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False
-        )
+        try:
+            ids = self._tok.apply_chat_template(
+                [dict(m) for m in messages],
+                tools=[dict(t) for t in tools] if tools else None,
+                add_generation_prompt=add_generation_prompt,
+                tokenize=True,
+                return_dict=False,
+            )
+        except Exception as exc:  # jinja's TemplateError and the template's own raise_exception
+            raise ConfigError(f"the chat template cannot render this conversation: {exc}") from exc
         return [int(i) for i in ids]
 
     def save(self, directory: str | Path) -> None:
@@ -260,6 +300,61 @@ def load_tokenizer(directory: str | Path, eos_token_ids: Sequence[int] = ()) -> 
     if (path / "tokenizer.json").is_file() or (path / "tokenizer_config.json").is_file():
         return HFTokenizer.from_dir(path, eos_token_ids)
     return None
+
+
+TOOL_CALL_OPEN = "<tool_call>"
+TOOL_CALL_CLOSE = "</tool_call>"
+
+
+def render_tools(tools: Tools) -> str:
+    """The byte template's tool section: one line per tool, its signature and description.
+
+    Compact on purpose: every character is a token of a small model's context. A call is the
+    Hermes/Qwen format (``<tool_call>{"name", "arguments"}</tool_call>``), parsed by the ``hermes`` parser."""
+    lines = [
+        "# Tools",
+        "Call a tool with:",
+        f'{TOOL_CALL_OPEN}\n{{"name": "<tool>", "arguments": {{...}}}}\n{TOOL_CALL_CLOSE}',
+        "Tools:",
+    ]
+    for tool in tools:
+        function = tool.get("function", tool)
+        name = function.get("name")
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"a tool spec needs a function name, got {dict(tool)!r}")
+        params = function.get("parameters") or {}
+        required = set(params.get("required") or ())
+        args = ", ".join(
+            f"{key}{'' if key in required else '?'}: {spec.get('type', 'any') if isinstance(spec, Mapping) else 'any'}"
+            for key, spec in (params.get("properties") or {}).items()
+        )
+        description = str(function.get("description") or "").strip()
+        lines.append(f"{name}({args})" + (f" - {description}" if description else ""))
+    return "\n".join(lines)
+
+
+def message_text(message: Message) -> str:
+    """What the byte template writes for a message: its content, then its tool calls in the Hermes format."""
+    content = message.get("content")
+    calls = message.get("tool_calls") or ()
+    if content is None and calls:
+        content = ""
+    if not isinstance(content, str):
+        raise ConfigError(f"a chat message needs a string 'content' (or null with tool calls), got {dict(message)!r}")
+    parts = [content] if content else []
+    for call in calls:
+        function = call.get("function", call) if isinstance(call, Mapping) else None
+        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+            raise ConfigError(f"a tool call needs a function name, got {call!r}")
+        arguments = function.get("arguments", {})
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except ValueError as exc:
+                raise ConfigError(f"tool call arguments are not JSON: {arguments[:200]!r}") from exc
+        body = json.dumps({"name": function["name"], "arguments": arguments}, ensure_ascii=False)
+        parts.append(f"{TOOL_CALL_OPEN}\n{body}\n{TOOL_CALL_CLOSE}")
+    return "\n".join(parts)
 
 
 def _field(message: Message, key: str) -> str:

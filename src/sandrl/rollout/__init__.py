@@ -9,11 +9,11 @@
 """
 
 from sandrl.rollout.agent import Agent, AgentResult, Budget
+from sandrl.rollout.agents.llm import LLMAgent, LLMAgentConfig
+from sandrl.rollout.agents.scripted import NullAgent, OracleAgent, ReplayAgent, ThinkTime
 from sandrl.rollout.episode import EpisodeConfig, EpisodeTimeouts, run_episode
 from sandrl.rollout.jsonl import TrajectoryWriter, read_jsonl, write_jsonl
-from sandrl.rollout.llm_agent import LLMAgent, LLMAgentConfig
 from sandrl.rollout.runner import Group, RolloutRunner, RunnerConfig, RunResult
-from sandrl.rollout.scripted import NullAgent, OracleAgent, ReplayAgent, ThinkTime
 from sandrl.rollout.trajectory import EpisodeError, EpisodeStatus, Timings, Trajectory, Turn
 
 __all__ = [

@@ -7,8 +7,8 @@ how it stopped. It does not verify and does not close the sandbox; the episode d
 Errors: an agent raises :class:`~sandrl.errors.SandboxError` or
 :class:`~sandrl.errors.InferenceError` when the machinery under it fails (the episode records
 an ``infra_error``), and returns normally for everything the policy did, even when the model's
-output made no sense. Implementations: :class:`~sandrl.rollout.llm_agent.LLMAgent`, and in
-:mod:`sandrl.rollout.scripted` the oracle, null and replay agents.
+output made no sense. Implementations: :class:`~sandrl.rollout.agents.llm.LLMAgent`, and in
+:mod:`sandrl.rollout.agents.scripted` the oracle, null and replay agents.
 """
 
 from __future__ import annotations
@@ -77,6 +77,9 @@ class AgentResult:
     error_code: str | None = None
     """With ``error``: its :class:`~sandrl.errors.SandrlError` code, e.g. ``sandbox_crashed`` when the
     commands the policy ran brought the sandbox down (the episode is then scored 0); None: ``agent_failed``."""
+
+    segment_starts: list[int] = field(default_factory=lambda: [0])
+    """Where each segment of ``ids`` starts (see :attr:`~sandrl.rollout.trajectory.Trajectory.segment_starts`)."""
 
     @property
     def truncated(self) -> bool:

@@ -255,4 +255,5 @@ async def run_episode(
         sandbox_id=sandbox.id if sandbox is not None else None,
         image=image,
         started_at=started_at,
+        segment_starts=list(agent_result.segment_starts) if agent_result is not None else [0],
     )

@@ -30,6 +30,7 @@ the policy, and it must be dropped (or retried), never trained on as reward 0.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast, get_args
 
@@ -48,7 +49,9 @@ STATUSES: tuple[EpisodeStatus, ...] = get_args(EpisodeStatus)
 
 StopReason = Literal["submitted", "done", "max_turns", "max_tokens", "wall_time", "error"]
 """Why the agent stopped: the model's finish convention (``submitted``), a scripted agent ran
-out of steps (``done``), one of the three budgets, or an error."""
+out of steps or a harness ended on its own (``done``), one of the three budgets, or an error."""
+
+STOP_REASONS: tuple[StopReason, ...] = get_args(StopReason)
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,9 @@ class Turn:
     output_weight_versions: list[int] | None = None
     """Per output token, the weights that produced it, when the server records them (the embedded
     engine does): exact for a turn that a weight update split; None: only the turn's versions are known."""
+    tool_calls: list[dict[str, Any]] | None = None
+    """The tool calls the model made this turn (``{"name", "arguments"}``, or ``{"error"}`` for one
+    it got wrong), in ``tools`` format; None in fenced format or without a model."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -214,6 +220,12 @@ class Trajectory:
     image: str | None = None
     started_at: float = 0.0
     """Unix time the attempt started."""
+    segment_starts: list[int] = field(default_factory=lambda: [0])
+    """Where each *segment* of ``ids`` starts. A segment is one sequence the model saw, complete
+    from its own prompt: usually the whole conversation is one (``[0]``). A harness that re-sent
+    the history in a form that no longer extends the recorded ids (the session gateway's message
+    matcher) starts a new segment; the trainer trains each segment as its own sequence, with the
+    episode's reward (see :meth:`segments`)."""
 
     @property
     def num_turns(self) -> int:
@@ -244,6 +256,12 @@ class Trajectory:
             versions[turn.output_start : turn.output_end] = turn.token_versions()
         return versions
 
+    def segments(self) -> list[tuple[int, int]]:
+        """``(start, end)`` of each segment of ``ids``, in order; one ``(0, len(ids))`` for most episodes."""
+        starts = [s for s in self.segment_starts if 0 < s < len(self.ids)]
+        bounds = [0, *sorted(set(starts)), len(self.ids)]
+        return [(a, b) for a, b in itertools.pairwise(bounds) if b > a] or [(0, 0)]
+
     def completion_ids(self) -> list[int]:
         """The model's own tokens only (loss mask 1), in order."""
         return [t for t, m in zip(self.ids, self.loss_mask, strict=True) if m]
@@ -258,6 +276,7 @@ class Trajectory:
         data["loss_mask"] = list(self.loss_mask)
         data["logprobs"] = list(self.logprobs)
         data["verifier"] = dict(self.verifier)
+        data["segment_starts"] = list(self.segment_starts)
         return data
 
     @classmethod
@@ -289,3 +308,5 @@ class Trajectory:
         for turn in self.turns:
             if not 0 <= turn.output_start <= turn.output_end <= n:
                 raise ValueError(f"trajectory {self.episode_id}: turn {turn.index} output span is out of range")
+        if not self.segment_starts or self.segment_starts[0] != 0 or self.segment_starts != sorted(self.segment_starts):
+            raise ValueError(f"trajectory {self.episode_id}: segment_starts must start at 0 and increase")

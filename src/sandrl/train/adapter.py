@@ -7,13 +7,17 @@
 - an episode without a reward or without a model token (an agent error before any output) is
   left out and counted in ``untrainable``;
 - a group whose remaining rewards are all equal carries no GRPO signal; it is counted (by
-  :func:`~sandrl.train.batch.samples_from_groups`, ``zero_signal_groups``), not trained.
+  :func:`~sandrl.train.batch.samples_from_groups`, ``zero_signal_groups``), not trained;
+- an episode of several *segments* (:attr:`~sandrl.rollout.trajectory.Trajectory.segment_starts`:
+  a harness re-sent its history in a form that did not extend the recorded ids) counts once in its
+  group's advantage, and each segment with model tokens is trained as its own sequence with that
+  advantage: every sequence is exactly what the model saw.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sandrl.rollout.trajectory import Trajectory
 from sandrl.train.batch import Batch, TrainSample, samples_from_groups
@@ -49,10 +53,29 @@ def to_sample(trajectory: Trajectory) -> TrainSample:
     )
 
 
+def segment_samples(trajectory: Trajectory) -> list[TrainSample]:
+    """One sample per segment of a trainable trajectory that holds model tokens (its reward on each)."""
+    whole = to_sample(trajectory)
+    spans = trajectory.segments()
+    if len(spans) == 1:
+        return [whole]
+    return [
+        replace(
+            whole,
+            token_ids=whole.token_ids[a:b],
+            loss_mask=(0, *whole.loss_mask[a + 1 : b]),
+            rollout_logprobs=whole.rollout_logprobs[a:b] if whole.rollout_logprobs is not None else None,
+        )
+        for a, b in spans
+        if b - a >= 2 and any(whole.loss_mask[a + 1 : b])
+    ]
+
+
 def batch_from_groups(groups: Iterable[Sequence[Trajectory]], *, scale_rewards: ScaleRewards = "group") -> Adapted:
     """The GRPO batch of ``groups`` (each the trajectories of one task), with the dropped ones counted."""
     episodes = infra = untrainable = 0
     kept: list[list[TrainSample]] = []
+    segmented: dict[str, list[TrainSample]] = {}
     for group in groups:
         samples = []
         for trajectory in group:
@@ -63,6 +86,15 @@ def batch_from_groups(groups: Iterable[Sequence[Trajectory]], *, scale_rewards: 
                 untrainable += 1
             else:
                 samples.append(to_sample(trajectory))
+                if len(trajectory.segments()) > 1:
+                    segmented[trajectory.episode_id] = segment_samples(trajectory)
         kept.append(samples)
     batch = samples_from_groups(kept, scale_rewards=scale_rewards)
+    if segmented:
+        expanded = [
+            replace(part, advantage=sample.advantage)
+            for sample in batch.samples
+            for part in segmented.get(sample.episode_id, [sample])
+        ]
+        batch = replace(batch, samples=tuple(expanded))
     return Adapted(batch=batch, episodes=episodes, infra_errors=infra, untrainable=untrainable)

@@ -43,7 +43,7 @@ from sandrl.train.adapter import batch_from_groups
 from sandrl.train.batch import Batch
 from sandrl.train.run_config import RunConfig, save_resolved
 from sandrl.train.trainer import ExportedWeights, Metrics, Trainer
-from sandrl.wiring import build_runner, local_provider, open_policy, task_set
+from sandrl.wiring import build_runner, local_provider, open_agent, open_policy, task_set
 
 Item = tuple[int, Group]
 """A group and its data position."""
@@ -387,7 +387,9 @@ async def open_session(
     tasks = task_set(config.tasks, config.output_dir / "tasks")
     writer = TrajectoryWriter(config.output_dir / "rollouts.jsonl", append=True) if config.run.save_rollouts else None
     try:
-        async with open_policy(config.model) as policy:
+        async with open_policy(config.model) as policy, contextlib.AsyncExitStack() as agents:
+            if agent is None:
+                agent = await agents.enter_async_context(open_agent(config.rollout, policy))
             runner = build_runner(
                 config.rollout,
                 provider if provider is not None else local_provider(),

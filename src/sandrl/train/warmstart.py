@@ -6,9 +6,9 @@ reference solution, the agent's exact prompt (system prompt, instruction, assist
 followed by the solution's commands as one ```bash block and the end of the turn. The loss is
 the masked cross-entropy of :meth:`~sandrl.train.trainer.Trainer.sft_step` on the reply only.
 
-The demonstration is the one-turn transcript the :class:`~sandrl.rollout.scripted.OracleAgent`
+The demonstration is the one-turn transcript the :class:`~sandrl.rollout.agents.scripted.OracleAgent`
 would produce if it typed its solution into the shell instead of uploading the script; its
-tokens are built by the same :class:`~sandrl.rollout.chat.ChatFormat` the LLM agent uses, so
+tokens are built by the same :class:`~sandrl.inference.chat.ChatFormat` the LLM agent uses, so
 what the policy learns to continue is byte for byte what it is shown in an episode.
 """
 
@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandrl.errors import ConfigError, TaskError
+from sandrl.inference.chat import ChatFormat
 from sandrl.inference.model import TinyModelConfig, build_tiny_model, save_weights
 from sandrl.inference.tokenizer import Tokenizer
-from sandrl.rollout.chat import ChatFormat
+from sandrl.rollout.agents.formats import ActionFormat, AgentFormat, make_format
 from sandrl.tasks.task import Task
 from sandrl.train.batch import TrainSample
 from sandrl.train.config import TrainConfig
@@ -46,10 +47,13 @@ def solution_command(task: Task) -> str:
     return body
 
 
-def demonstration(task: Task, chat: ChatFormat, system_prompt: str) -> TrainSample:
-    """The one-turn episode that solves ``task``: prompt (mask 0), then the solution as a bash block (mask 1)."""
-    prompt = chat.prompt_ids(system_prompt, task.instruction)
-    reply = chat.encode(f"```bash\n{solution_command(task)}\n```") + chat.close_ids()
+def demonstration(task: Task, chat: ChatFormat, action_format: ActionFormat) -> TrainSample:
+    """The one-turn episode that solves ``task``: prompt (mask 0), then the solution in the format (mask 1):
+    a bash block, or a ``bash`` tool call as the chat template renders one."""
+    prompt = chat.prompt_ids(
+        [{"role": "system", "content": action_format.system_prompt}, {"role": "user", "content": task.instruction}]
+    )
+    reply = chat.reply_ids(action_format.demonstration(solution_command(task)))
     return TrainSample(
         token_ids=(*prompt, *reply),
         loss_mask=(0,) * len(prompt) + (1,) * len(reply),
@@ -144,6 +148,8 @@ def warm_start(
     out: str | Path,
     *,
     system_prompt: str,
+    agent_format: AgentFormat = "fenced",
+    tools: Sequence[str] | None = None,
     config: WarmStartConfig | None = None,
     check_tasks: Sequence[Task] = (),
     on_step: Callable[[int, Metrics], None] | None = None,
@@ -162,8 +168,8 @@ def warm_start(
         )
     model, tokenizer = build_tiny_model(cfg.tiny)
     trainer = Trainer(model, TrainConfig(lr=cfg.lr, warmup_steps=cfg.warmup_steps), tokenizer=tokenizer)
-    samples = demonstrations(tasks, tokenizer, system_prompt)
-    checks = demonstrations(check_tasks, tokenizer, system_prompt)
+    samples = demonstrations(tasks, tokenizer, system_prompt, agent_format, tools)
+    checks = demonstrations(check_tasks, tokenizer, system_prompt, agent_format, tools)
     losses: list[float] = []
     greedy: list[tuple[int, float]] = []
     coverage: list[tuple[int, float]] = []
@@ -203,6 +209,13 @@ def _at_least_once(p: float, n: int) -> float:
     return 1.0 if p >= 1 else -math.expm1(n * math.log1p(-p))
 
 
-def demonstrations(tasks: Sequence[Task], tokenizer: Tokenizer, system_prompt: str) -> list[TrainSample]:
-    chat = ChatFormat(tokenizer)
-    return [demonstration(task, chat, system_prompt) for task in tasks]
+def demonstrations(
+    tasks: Sequence[Task],
+    tokenizer: Tokenizer,
+    system_prompt: str,
+    agent_format: AgentFormat = "fenced",
+    tools: Sequence[str] | None = None,
+) -> list[TrainSample]:
+    action_format = make_format(agent_format, tokenizer, system_prompt=system_prompt or None, tools=tools)
+    chat = ChatFormat(tokenizer, tools=action_format.tools)
+    return [demonstration(task, chat, action_format) for task in tasks]

@@ -22,7 +22,7 @@ A caller with a model::
 
 from sandrl.wiring.config import ModelConfig, RolloutConfig, TasksConfig
 from sandrl.wiring.policy import open_policy
-from sandrl.wiring.runner import build_runner, llm_agent, local_provider, runner_config
+from sandrl.wiring.runner import build_runner, llm_agent, local_provider, open_agent, runner_config
 from sandrl.wiring.tasks import load_task_set, task_set
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "llm_agent",
     "load_task_set",
     "local_provider",
+    "open_agent",
     "open_policy",
     "runner_config",
     "task_set",

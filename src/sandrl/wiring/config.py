@@ -32,8 +32,8 @@ from typing import Literal
 
 from sandrl.errors import ConfigError
 from sandrl.inference.batch import UPDATE_POLICIES, UpdatePolicy
+from sandrl.rollout.agents.llm import LLMAgentConfig
 from sandrl.rollout.episode import EpisodeTimeouts
-from sandrl.rollout.llm_agent import LLMAgentConfig
 from sandrl.tasks.builtin.generated import FAMILIES
 from sandrl.tasks.swebench_specs import images_setting
 
@@ -115,7 +115,7 @@ class RolloutConfig:
 
     :func:`sandrl.wiring.build_runner` turns it into a :class:`~sandrl.rollout.runner.RunnerConfig`
     (with its :class:`~sandrl.rollout.episode.EpisodeConfig`) and an
-    :class:`~sandrl.rollout.llm_agent.LLMAgentConfig`.
+    :class:`~sandrl.rollout.agents.llm.LLMAgentConfig`.
     """
 
     # -- the runner
@@ -148,8 +148,24 @@ class RolloutConfig:
     temperature: float = 1.0
     """0: greedy (evaluation only; a training run samples)."""
     system_prompt: str = ""
-    """The LLM agent's system prompt; empty: :data:`~sandrl.rollout.llm_agent.SYSTEM_PROMPT`. A small
+    """The LLM agent's system prompt; empty: its format's own (:mod:`sandrl.rollout.agents.formats`). A small
     model with a short context trains faster on a short one; it must be the one it was warm-started on."""
+    agent: str = "llm"
+    """Who acts: ``llm`` (sandrl's agent, in ``format``), ``mini-swe-agent`` (the harness, through the
+    session gateway), or ``module:function`` (any Python harness; see :mod:`sandrl.rollout.agents.harness`)."""
+    format: str = "fenced"
+    """The ``llm`` agent's action format: ``fenced`` (one ```bash block per reply) or ``tools`` (tool calls)."""
+    tool_parser: str = ""
+    """The tool-call parser (``hermes``, ``glm45``, ``llama3_json``); empty: detected from the chat template."""
+    tools: str = ""
+    """The sandbox tools offered in ``tools`` format, comma-separated (``"bash,submit"``); empty: all
+    (bash, write_file, edit_file, submit)."""
+
+    def tool_names(self) -> tuple[str, ...] | None:
+        """``tools`` as names; None for all."""
+        names = tuple(n.strip() for n in self.tools.split(",") if n.strip())
+        return names or None
+
     observation_tokens: int = LLMAgentConfig.observation_tokens
     """Most tokens of a command's output shown to the model (head and tail kept)."""
     command_timeout_s: float = LLMAgentConfig.command_timeout_s
@@ -177,6 +193,10 @@ class RolloutConfig:
             raise ConfigError(f"wall_time_s must be a positive number of seconds, got {self.wall_time_s!r}")
         if not math.isfinite(self.temperature) or self.temperature < 0:
             raise ConfigError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
+        if self.format not in ("fenced", "tools"):
+            raise ConfigError(f"format must be 'fenced' or 'tools', got {self.format!r}")
+        if not self.agent:
+            raise ConfigError("agent must be 'llm', 'mini-swe-agent' or 'module:function', got an empty name")
         if self.max_new_tokens > self.max_total_tokens:
             raise ConfigError(
                 f"max_new_tokens ({self.max_new_tokens}) is more than max_total_tokens ({self.max_total_tokens}); "

@@ -26,19 +26,22 @@ from rich.console import Console
 from sandrl.errors import ConfigError
 from sandrl.inference.base import InferenceClient
 from sandrl.rollout.agent import Agent
+from sandrl.rollout.agents.harness import MINI_SWE_AGENT
+from sandrl.rollout.agents.scripted import DEFAULT_REPLAY, NullAgent, OracleAgent, ReplayAgent, ThinkTime
 from sandrl.rollout.jsonl import TrajectoryWriter
 from sandrl.rollout.runner import RunResult
-from sandrl.rollout.scripted import DEFAULT_REPLAY, NullAgent, OracleAgent, ReplayAgent, ThinkTime
 from sandrl.rollout.summary import print_failures, print_summary
 from sandrl.sandbox.base import SandboxProvider
 from sandrl.tasks.swebench_specs import images_setting
 from sandrl.wiring.config import ModelConfig, RolloutConfig
 from sandrl.wiring.policy import open_policy
-from sandrl.wiring.runner import build_runner, local_provider
+from sandrl.wiring.runner import build_runner, local_provider, open_agent
 from sandrl.wiring.tasks import load_task_set
 
 AgentName = Literal["llm", "oracle", "null", "replay"]
 AGENTS: tuple[AgentName, ...] = ("llm", "oracle", "null", "replay")
+"""sandrl's own agents; a harness agent is ``mini-swe-agent`` or ``module:function``
+(see :mod:`sandrl.rollout.agents.harness`)."""
 
 
 @dataclass(frozen=True)
@@ -52,9 +55,14 @@ class EvalConfig:
 
     tasks: str
     """A task directory, a directory of them, a SWE-bench file, or ``builtin`` (the shipped suite)."""
-    agent: AgentName = "oracle"
+    agent: str = "oracle"
+    """One of :data:`AGENTS`, ``mini-swe-agent``, or ``module:function`` (a harness)."""
     inference: str | None = None
-    """``embedded`` or the URL of a server with SGLang's routes; needed by ``--agent llm`` only."""
+    """``embedded`` or the URL of an inference server; needed by the agents with a model (llm, harnesses)."""
+    format: str = "fenced"
+    """The llm agent's action format: ``fenced`` or ``tools``."""
+    tool_parser: str | None = None
+    """The tool-call parser (hermes, glm45, llama3_json); None: detected from the chat template."""
     model: str = "tiny"
     samples: int = 1
     """Episodes per task (a GRPO group)."""
@@ -82,10 +90,12 @@ class EvalConfig:
     def __post_init__(self) -> None:
         if self.host_capacity is not None and self.host_capacity < 1:
             raise ConfigError(f"--host-capacity must be at least 1 command at once, got {self.host_capacity}")
-        if self.agent not in AGENTS:
-            raise ConfigError(f"--agent must be one of {', '.join(AGENTS)}, got {self.agent!r}")
-        if self.agent == "llm" and not self.inference:
-            raise ConfigError("--agent llm needs --inference: 'embedded' or the URL of an inference server")
+        if self.agent not in AGENTS and not self.uses_harness:
+            raise ConfigError(
+                f"--agent must be one of {', '.join(AGENTS)}, {MINI_SWE_AGENT} or module:function, got {self.agent!r}"
+            )
+        if self.uses_model and not self.inference:
+            raise ConfigError(f"--agent {self.agent} needs --inference: 'embedded' or the URL of an inference server")
         if self.samples < 1 or (self.concurrency is not None and self.concurrency < 1):
             raise ConfigError("--samples and --concurrency must be at least 1")
         try:
@@ -93,6 +103,14 @@ class EvalConfig:
         except ValueError as exc:
             raise ConfigError(f"--swebench-images: {exc}") from exc
         self.rollout()  # the rest of the checks
+
+    @property
+    def uses_harness(self) -> bool:
+        return self.agent == MINI_SWE_AGENT or ":" in self.agent
+
+    @property
+    def uses_model(self) -> bool:
+        return self.agent == "llm" or self.uses_harness
 
     def rollout(self) -> RolloutConfig:
         """The episode settings: :class:`RolloutConfig`'s defaults with the options given."""
@@ -105,6 +123,9 @@ class EvalConfig:
             "max_attempts": self.max_attempts,
             "system_prompt": self.system_prompt,
             "host_capacity": self.host_capacity,
+            "agent": self.agent if self.uses_model else "llm",
+            "format": self.format,
+            "tool_parser": self.tool_parser,
         }
         try:
             return RolloutConfig(group_size=self.samples, **{k: v for k, v in given.items() if v is not None})
@@ -112,8 +133,8 @@ class EvalConfig:
             raise ConfigError(f"sandrl eval: {exc.message}") from exc
 
     def model_config(self) -> ModelConfig | None:
-        """The policy ``--agent llm`` samples; None for the agents without a model."""
-        if self.agent != "llm":
+        """The policy the agent samples; None for the agents without a model."""
+        if not self.uses_model:
             return None
         assert self.inference is not None
         return ModelConfig(name=self.model, inference=self.inference)
@@ -145,13 +166,15 @@ async def evaluate(
     try:
         async with contextlib.AsyncExitStack() as stack:
             policy: InferenceClient | None = None
+            agent = scripted_agent(config)
             if model is not None:
                 policy = await stack.enter_async_context(open_policy(model))
+                agent = await stack.enter_async_context(open_agent(config.rollout(), policy))
             runner = build_runner(
                 config.rollout(),
                 provider if provider is not None else local_provider(),
                 policy=policy,
-                agent=scripted_agent(config),
+                agent=agent,
                 run_id=config.run_id,
                 writer=writer,
             )

@@ -8,15 +8,18 @@ all build their runner here, so a setting means the same thing in each.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import cast
 
 from sandrl.errors import ConfigError
 from sandrl.inference.base import InferenceClient, SamplingParams
 from sandrl.rollout.agent import Agent, Budget
+from sandrl.rollout.agents.formats import AgentFormat
+from sandrl.rollout.agents.llm import LLMAgent, LLMAgentConfig
 from sandrl.rollout.episode import EpisodeConfig
 from sandrl.rollout.images import ImageFor
 from sandrl.rollout.jsonl import TrajectoryWriter
-from sandrl.rollout.llm_agent import SYSTEM_PROMPT, LLMAgent, LLMAgentConfig
 from sandrl.rollout.runner import RolloutRunner, RunnerConfig
 from sandrl.rollout.trajectory import Trajectory
 from sandrl.sandbox.base import SandboxProvider
@@ -56,9 +59,43 @@ def llm_agent(rollout: RolloutConfig, policy: InferenceClient) -> LLMAgent:
         sampling=SamplingParams(temperature=rollout.temperature, max_new_tokens=rollout.max_new_tokens),
         observation_tokens=rollout.observation_tokens,
         command_timeout_s=rollout.command_timeout_s,
-        system_prompt=rollout.system_prompt or SYSTEM_PROMPT,
+        system_prompt=rollout.system_prompt or None,
+        format=cast(AgentFormat, rollout.format),
+        tool_parser=rollout.tool_parser or None,
+        tools=rollout.tool_names(),
     )
     return LLMAgent(tokenizer, config)
+
+
+@contextlib.asynccontextmanager
+async def open_agent(rollout: RolloutConfig, policy: InferenceClient) -> AsyncIterator[Agent]:
+    """The model-driven agent of ``[rollout] agent``: sandrl's LLM agent, or a harness behind a session gateway.
+
+    A harness agent (``mini-swe-agent``, ``module:function``) gets a :class:`~sandrl.inference.gateway.Gateway`
+    in front of ``policy``, served on this event loop on a loopback port for as long as the context lasts."""
+    if rollout.agent == "llm":
+        yield llm_agent(rollout, policy)
+        return
+    from sandrl.background_server import serve_on_loop
+    from sandrl.inference.gateway import Gateway, create_gateway_app
+    from sandrl.rollout.agents.harness import HarnessAgent, load_harness
+
+    harness = load_harness(rollout.agent)
+    gateway = Gateway(policy, model_name=GATEWAY_MODEL_NAME, tool_parser=rollout.tool_parser or None)
+    async with serve_on_loop(create_gateway_app(gateway), name="session gateway") as url:
+        yield HarnessAgent(
+            harness,
+            gateway,
+            url,
+            name=rollout.agent,
+            command_timeout_s=rollout.command_timeout_s,
+            temperature=rollout.temperature,
+            max_new_tokens=rollout.max_new_tokens,
+        )
+
+
+GATEWAY_MODEL_NAME = "sandrl-policy"
+"""The model name a harness's client sends to the session gateway (which serves one policy)."""
 
 
 def build_runner(
@@ -80,6 +117,11 @@ def build_runner(
     if agent is None:
         if policy is None:
             raise ConfigError("the LLM agent needs a policy: pass --inference URL or --inference embedded")
+        if rollout.agent != "llm":
+            raise ConfigError(
+                f"the agent {rollout.agent!r} runs behind a session gateway, which this entry point does not start; "
+                "build the runner inside sandrl.wiring.open_agent (sandrl eval and sandrl train do)"
+            )
         agent = llm_agent(rollout, policy)
     config = runner_config(rollout, run_id=run_id, max_context=policy.max_context if policy is not None else None)
     return RolloutRunner(

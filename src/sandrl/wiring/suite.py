@@ -1,7 +1,7 @@
 """Tasks run for real with the oracle or the null agent: ``sandrl tasks run`` and ``sandrl tasks validate``.
 
 The episodes are the ones ``sandrl eval`` and training run (:func:`~sandrl.wiring.runner.build_runner`
-with :class:`~sandrl.rollout.scripted.OracleAgent` or :class:`~sandrl.rollout.scripted.NullAgent`):
+with :class:`~sandrl.rollout.agents.scripted.OracleAgent` or :class:`~sandrl.rollout.agents.scripted.NullAgent`):
 the task's image built, a sandbox from it, the environment set up, the agent, the real verifier,
 each phase under its timeout, and a :class:`~sandrl.rollout.trajectory.Trajectory` recording
 how it ended. A :class:`TaskRun` reports from it what ``sandrl eval`` records: the status, the
@@ -23,9 +23,9 @@ from typing import Literal
 
 from sandrl.aio import gather_all
 from sandrl.rollout.agent import Agent
+from sandrl.rollout.agents.scripted import NullAgent, OracleAgent
 from sandrl.rollout.images import TaskImages
 from sandrl.rollout.runner import RolloutRunner
-from sandrl.rollout.scripted import NullAgent, OracleAgent
 from sandrl.rollout.summary import failure_reason, verifier_error, verifier_tail
 from sandrl.rollout.trajectory import EpisodeStatus, Trajectory
 from sandrl.sandbox.base import SandboxProvider

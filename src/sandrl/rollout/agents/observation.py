@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sandrl.rollout.chat import ChatFormat
+from sandrl.inference.chat import ChatFormat
 from sandrl.sandbox.base import ExecResult
 
 FORMAT_ERROR = (

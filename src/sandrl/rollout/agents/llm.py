@@ -1,19 +1,22 @@
-"""The model-driven agent: generate, run the command, observe, repeat; token-exact throughout.
+"""The model-driven agent: generate, act in the sandbox, observe, repeat; token-exact throughout.
 
 One episode::
 
-    ids = template(system prompt, task instruction) + assistant prefix          loss mask 0
+    ids = template(system prompt, task instruction[, tools]) + assistant prefix      loss mask 0
     loop:
-        output = policy.generate(ids)                                          loss mask 1
-        action = the first ```bash block of the output (``submit`` finishes)
-        result = sandbox.exec(action, timeout = min(command timeout, time left))
-        ids += observation turn (exit code, stdout/stderr head+tail) + prefix  loss mask 0
+        output = policy.generate(ids)                                              loss mask 1
+        step = the action format's reading of the reply: a ```bash block, or tool calls
+               (``submit`` finishes); the commands run in the sandbox
+        ids += [closing token] + the template's continuation: observation / tool
+               results and the next assistant prefix                               loss mask 0
 
-The model's ids are appended exactly as the server returned them, with its log-probs; the
-agent's own additions are rendered from text once, by :class:`~sandrl.rollout.chat.ChatFormat`,
-and never re-tokenized afterwards. A budget reached at turn k ends the episode at turn k: the
-last command still runs (its effect is verified) but no observation is appended after the
-model's last tokens, so the ids end with the model's last output.
+The model's ids are appended exactly as the server returned them, with its log-probs; what
+follows them is rendered once by :class:`~sandrl.inference.chat.ChatFormat` from the
+parsed reply and the new messages, and never re-tokenized afterwards. So the training ids are
+exactly the ids the model saw and produced, for any chat template (Qwen3's, which re-renders
+earlier turns, included: earlier turns are never re-rendered). A budget reached at turn k ends
+the episode at turn k: the last command still runs (its effect is verified) but nothing is
+appended after the model's last tokens, so the ids end with the model's last output.
 """
 
 from __future__ import annotations
@@ -23,37 +26,20 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 
-from sandrl.errors import ConfigError, InferenceError, SandboxCrashedError
+from sandrl.errors import ConfigError, InferenceError
 from sandrl.inference.base import Generation, InferenceClient, SamplingParams
+from sandrl.inference.chat import ChatFormat
 from sandrl.inference.tokenizer import Tokenizer
-from sandrl.rollout.actions import SUBMIT, parse_action
 from sandrl.rollout.agent import AgentResult, Budget, Deadline
-from sandrl.rollout.chat import ChatFormat
-from sandrl.rollout.observation import FORMAT_ERROR, render
+from sandrl.rollout.agents.formats import FORMATS, AgentFormat, StepLimits, make_format
 from sandrl.rollout.trajectory import StopReason, Turn
 from sandrl.sandbox.base import Sandbox
 from sandrl.tasks.task import Task
 
-SYSTEM_PROMPT = f"""You are an agent working in a Linux shell to solve a task.
-Each reply runs one shell command. Put it in a fenced bash block:
-
-```bash
-ls -la
-```
-
-The command runs as root in the task's working directory; you then see its exit code, stdout and stderr.
-Files persist between commands. Long output is cut in the middle.
-When the task is done, reply with a block holding only the word {SUBMIT}:
-
-```bash
-{SUBMIT}
-```"""
-"""What the model is told about its one tool and the finish convention."""
-
 
 @dataclass(frozen=True)
 class LLMAgentConfig:
-    """How the model-driven agent samples, observes and runs commands."""
+    """How the model-driven agent samples, acts, observes and runs commands."""
 
     sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=1.0, max_new_tokens=512))
     """Sampling of each turn; ``max_new_tokens`` is the per-turn limit (the total budget caps it further)."""
@@ -62,14 +48,25 @@ class LLMAgentConfig:
     command_timeout_s: float = 60.0
     """Per-command timeout, further capped by the agent's remaining wall time. A task can set its own
     with ``[agent] command_timeout_sec`` in task.toml."""
-    system_prompt: str = SYSTEM_PROMPT
+    system_prompt: str | None = None
+    """None: the format's own (:data:`~sandrl.rollout.agents.formats.FENCED_SYSTEM_PROMPT` or the tools one)."""
     observation_role: str = "tool"
+    """The role of the observation message in ``fenced`` format (``tools`` answers each call with a tool message)."""
+    format: AgentFormat = "fenced"
+    """``fenced``: one ```bash block per reply; ``tools``: tool calls (bash, write_file, edit_file, submit)."""
+    tool_parser: str | None = None
+    """The tool-call parser (``hermes``, ``glm45``, ``llama3_json``); None: detected from the chat template."""
+    tools: tuple[str, ...] | None = None
+    """The sandbox tools offered in ``tools`` format (bash, write_file, edit_file, submit); None: all.
+    A small model with a short context may be offered ``bash`` alone."""
 
     def __post_init__(self) -> None:
         if self.observation_tokens < 16:
             raise ConfigError(f"observation_tokens must be >= 16, got {self.observation_tokens}")
         if self.command_timeout_s <= 0:
             raise ConfigError(f"command_timeout_s must be positive, got {self.command_timeout_s}")
+        if self.format not in FORMATS:
+            raise ConfigError(f"unknown agent format {self.format!r}: use one of {', '.join(FORMATS)}")
 
 
 def command_timeout(task: Task, default: float) -> float:
@@ -109,10 +106,20 @@ class LLMAgent:
 
     def __init__(self, tokenizer: Tokenizer, config: LLMAgentConfig | None = None) -> None:
         self.config = config or LLMAgentConfig()
-        self.chat = ChatFormat(tokenizer, observation_role=self.config.observation_role)
+        self.format = make_format(
+            self.config.format,
+            tokenizer,
+            tool_parser=self.config.tool_parser,
+            observation_role=self.config.observation_role,
+            system_prompt=self.config.system_prompt,
+            tools=self.config.tools,
+        )
+        self.chat = ChatFormat(tokenizer, tools=self.format.tools)
 
     def prompt_ids(self, task: Task) -> list[int]:
-        return self.chat.prompt_ids(self.config.system_prompt, task.instruction)
+        return self.chat.prompt_ids(
+            [{"role": "system", "content": self.format.system_prompt}, {"role": "user", "content": task.instruction}]
+        )
 
     async def run(self, task: Task, sandbox: Sandbox, policy: InferenceClient | None, budget: Budget) -> AgentResult:
         if policy is None:
@@ -127,7 +134,7 @@ class LLMAgent:
 
         if prompt_len >= budget.max_total_tokens:
             return result("max_tokens")
-        per_command = command_timeout(task, self.config.command_timeout_s)
+        limits = StepLimits(command_timeout(task, self.config.command_timeout_s), self.config.observation_tokens)
         for index in range(budget.max_turns):
             context = len(conv)
             params = dataclasses.replace(
@@ -165,52 +172,45 @@ class LLMAgent:
             if not closed and len(conv) >= budget.max_total_tokens:
                 turns.append(turn)
                 return result("max_tokens")
-            action = parse_action(self.chat.decode(generation.output_ids))
-            if action.kind == "submit":
+            step = await self.format.step(
+                self.chat.reply_text(generation.output_ids), task, sandbox, deadline, self.chat, limits
+            )
+            turn = dataclasses.replace(
+                turn,
+                command=step.command,
+                exit_code=step.exit_code,
+                timed_out=step.timed_out,
+                output_truncated=step.truncated,
+                command_s=step.command_s,
+                sandbox_wait_s=step.sandbox_wait_s,
+                tool_calls=step.tool_calls,
+            )
+            if step.submitted:
                 turns.append(turn)
                 return result("submitted")
-            observation = FORMAT_ERROR
-            if action.command is not None:
-                timeout = min(per_command, deadline.remaining())
-                if timeout <= 0:
-                    turns.append(dataclasses.replace(turn, command=action.command))
-                    return result("wall_time")
-                waited = time.monotonic()
-                try:
-                    executed = await sandbox.exec(action.command, timeout_s=timeout, cwd=task.environment.workdir)
-                except SandboxCrashedError as exc:
-                    if not exc.caused_by_sandbox:
-                        raise
-                    # The policy's command brought the sandbox down: keep its tokens, to be trained as a failure.
-                    turns.append(dataclasses.replace(turn, command=action.command))
-                    ids, mask, logprobs = conv.ids, conv.mask, conv.logprobs
-                    return AgentResult("error", turns, ids, mask, logprobs, prompt_len, exc.message, exc.error_code)
-                shown = render(self.chat, executed, self.config.observation_tokens)
-                observation = shown.text
-                turn = dataclasses.replace(
-                    turn,
-                    command=action.command,
-                    exit_code=executed.exit_code,
-                    timed_out=executed.timed_out,
-                    output_truncated=shown.truncated,
-                    command_s=executed.duration_s,
-                    sandbox_wait_s=time.monotonic() - waited,
-                )
+            if step.crashed is not None:
+                # The policy's command brought the sandbox down: keep its tokens, to be trained as a failure.
+                turns.append(turn)
+                ids, mask, logprobs = conv.ids, conv.mask, conv.logprobs
+                exc = step.crashed
+                return AgentResult("error", turns, ids, mask, logprobs, prompt_len, exc.message, exc.error_code)
+            if step.out_of_time:
+                turns.append(turn)
+                return result("wall_time")
             stop: StopReason | None = None
             if index == budget.max_turns - 1:
                 stop = "max_turns"
             elif deadline.expired:
                 stop = "wall_time"
             if stop is None:
-                added = ([] if closed else self.chat.close_ids()) + self.chat.observation_ids(observation)
+                added = self.chat.append_ids(generation.output_ids, step.assistant, step.appended)
                 if len(conv) + len(added) >= budget.max_total_tokens:
                     stop = "max_tokens"
                 else:
                     start = len(conv)
                     conv.add_context(added)
                     turn = dataclasses.replace(turn, observation_start=start, observation_end=len(conv))
-            if stop is not None:
-                turns.append(turn)
-                return result(stop)
             turns.append(turn)
+            if stop is not None:
+                return result(stop)
         return result("max_turns")  # unreachable: the last turn returns above

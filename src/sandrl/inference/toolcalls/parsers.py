@@ -32,18 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sandrl.errors import ConfigError
-from sandrl.inference.tool_schemas import argument_schema, check_calls, declared_types
-
-__all__ = [
-    "PARSERS",
-    "ParsedReply",
-    "ToolCall",
-    "ToolCallParser",
-    "check_calls",
-    "detect_parser",
-    "get_parser",
-    "split_reasoning",
-]
+from sandrl.inference.toolcalls.schemas import argument_schema, declared_types
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"

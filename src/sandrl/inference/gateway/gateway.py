@@ -1,0 +1,262 @@
+"""The session gateway: an OpenAI-compatible endpoint per session, in front of any policy.
+
+Routes (mounted on ``sandrl serve inference`` and on the gateway ``sandrl eval`` / ``sandrl
+train`` start for harness agents; :func:`create_gateway_app` serves them alone in front of any
+:class:`~sandrl.inference.base.InferenceClient`: the embedded engine, SGLang, vLLM):
+
+- ``POST /v1/sessions`` → ``{"id", "base_url"}``: a harness's OpenAI client takes ``base_url``.
+  An optional body sets the session's budget, ``max_turns`` and ``max_total_tokens``: a call over
+  it is refused (``budget_exhausted``, ``context_length_exceeded``) and the record says which.
+- ``POST {base_url}/chat/completions``: OpenAI's chat completion with ``tools``, ``tool_choice``
+  (``auto``, or ``none``: calls are not parsed), ``n`` = 1, ``temperature``, ``top_p``,
+  ``max_tokens`` / ``max_completion_tokens``, ``stop``, ``stop_token_ids``, ``seed``,
+  ``logprobs`` / ``top_logprobs`` and vLLM's ``return_token_ids``. The answer has ``tool_calls``
+  (parsed by the model family's parser), ``reasoning_content`` where the family thinks,
+  ``usage``, and sandrl's ``weight_version`` and ``session`` (segment, whether this call
+  started one and why). The model name is not checked: a session belongs to one policy.
+  Refused (400, named): ``stream``, ``n`` > 1, ``tool_choice`` ``required`` or a named function
+  (no constrained decoding).
+- ``GET {base_url}/models``: the served model, for clients that look it up.
+- ``GET /v1/sessions/{id}`` → the trajectory so far: ids, loss mask, per-token log-probs,
+  ``segment_starts``, and the turns with their messages and weight versions.
+- ``DELETE /v1/sessions/{id}``: forget it (answers the final record).
+
+How a call becomes ids is :mod:`sandrl.inference.gateway.session`'s job.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+from pydantic import BaseModel, ConfigDict
+
+from sandrl.errors import ConfigError, SessionNotFoundError
+from sandrl.inference.base import InferenceClient, SamplingParams
+from sandrl.inference.chat import ChatFormat, tool_parser_for
+from sandrl.inference.gateway.session import Completion, Session
+from sandrl.inference.http_errors import install_error_handlers
+from sandrl.inference.openai_stream import chat_logprobs
+from sandrl.inference.tokenizer import Tokenizer
+from sandrl.inference.toolcalls import ToolCallParser
+
+
+class Gateway:
+    """The sessions of one policy; see the module docstring."""
+
+    def __init__(
+        self,
+        policy: InferenceClient,
+        *,
+        model_name: str,
+        tool_parser: str | None = None,
+        max_sessions: int = 4096,
+    ) -> None:
+        if policy.tokenizer is None:
+            raise ConfigError(
+                "the session gateway renders chat templates and needs the policy's tokenizer; the model must be "
+                "'tiny' or a checkpoint directory with its tokenizer files"
+            )
+        self.policy = policy
+        self.tokenizer: Tokenizer = policy.tokenizer
+        self.model_name = model_name
+        try:
+            self.parser: ToolCallParser | None = tool_parser_for(self.tokenizer, tool_parser)
+        except ConfigError:
+            if tool_parser is not None:
+                raise
+            self.parser = None  # a template without a tool format: plain chat still works
+        self.max_sessions = max_sessions
+        self.sessions: dict[str, Session] = {}
+        self._chats: dict[str, ChatFormat] = {}
+
+    def open(self, *, max_turns: int | None = None, max_total_tokens: int | None = None) -> Session:
+        if len(self.sessions) >= self.max_sessions:
+            raise ConfigError(
+                f"the gateway holds {self.max_sessions} sessions already: DELETE finished ones",
+                error_code="too_many_sessions",
+            )
+        session = Session.new(max_turns=max_turns, max_total_tokens=max_total_tokens)
+        self.sessions[session.id] = session
+        return session
+
+    def get(self, session_id: str) -> Session:
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise SessionNotFoundError(f"no session {session_id!r}: create one with POST /v1/sessions")
+        return session
+
+    def close(self, session_id: str) -> Session:
+        session = self.get(session_id)
+        del self.sessions[session_id]
+        return session
+
+    def chat(self, tools: Sequence[Mapping[str, Any]] | None) -> ChatFormat:
+        key = repr(tools) if tools else ""
+        chat = self._chats.get(key)
+        if chat is None:
+            if len(self._chats) > 64:
+                self._chats.clear()
+            chat = self._chats[key] = ChatFormat(self.tokenizer, tools=tools)
+        return chat
+
+    async def complete(self, session_id: str, body: ChatRequest) -> dict[str, Any]:
+        """Answer one chat completion of a session, in OpenAI's shape."""
+        session = self.get(session_id)
+        params = _params(body, self.policy.max_context)
+        if body.tools and self.parser is None:
+            raise ConfigError(
+                "this model's chat template shows no tool-call format, so tool calls cannot be parsed; "
+                "name the parser (--tool-parser hermes, glm45 or llama3_json)"
+            )
+        parser = None if body.tool_choice == "none" else self.parser
+        async with session.lock:
+            done = await session.complete(
+                body.messages,
+                body.tools,
+                params,
+                policy=self.policy,
+                chat=self.chat(body.tools),
+                parser=parser,
+                max_context=self.policy.max_context,
+            )
+        return self._answer(session, body, done)
+
+    def _answer(self, session: Session, body: ChatRequest, done: Completion) -> dict[str, Any]:
+        g = done.generation
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": done.reply,
+            "logprobs": chat_logprobs(self.policy, g, False) if body.logprobs else None,
+            "finish_reason": done.finish_reason,
+        }
+        answer: dict[str, Any] = {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.model or self.model_name,
+            "choices": [choice],
+            "usage": {
+                "prompt_tokens": len(done.prompt_ids),
+                "completion_tokens": len(g.output_ids),
+                "total_tokens": len(done.prompt_ids) + len(g.output_ids),
+            },
+            "weight_version": g.weight_version,
+            "session": {
+                "id": session.id,
+                "segment": len(session.segment_starts) - 1,
+                "new_segment": done.turn.new_segment,
+                "segment_reason": done.turn.segment_reason,
+            },
+        }
+        if body.return_token_ids:
+            choice["token_ids"] = g.output_ids
+            answer["prompt_token_ids"] = done.prompt_ids
+        return answer
+
+
+class ChatRequest(BaseModel):
+    """A session's chat completion request (OpenAI's fields; unknown labels are accepted and ignored)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    n: int = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    seed: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    return_token_ids: bool = False
+    stream: bool = False
+
+
+def _params(body: ChatRequest, max_context: int | None) -> SamplingParams:
+    if body.stream:
+        raise ConfigError("stream=true is not served by the session gateway; send stream=false")
+    if body.n != 1:
+        raise ConfigError(f"n must be 1 in a session (one conversation), got {body.n}")
+    if body.tool_choice not in (None, "auto", "none"):
+        raise ConfigError(
+            f"tool_choice={body.tool_choice!r} is not served (it needs constrained decoding); use 'auto' or 'none'"
+        )
+    limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    stop = body.stop or ()
+    return SamplingParams(
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        max_new_tokens=limit if limit is not None else (max_context or 4096),
+        stop=(stop,) if isinstance(stop, str) else tuple(stop),
+        stop_token_ids=tuple(body.stop_token_ids or ()),
+        seed=body.seed,
+        top_logprobs=(body.top_logprobs or 0) if body.logprobs else 0,
+    )
+
+
+router = APIRouter(prefix="/v1/sessions")
+
+
+def gateway_of(request: Request) -> Gateway:
+    gateway = getattr(request.app.state, "gateway", None)
+    if not isinstance(gateway, Gateway):
+        raise ConfigError("this server runs no session gateway (its model has no tokenizer)")
+    return gateway
+
+
+class OpenRequest(BaseModel):
+    """``POST /v1/sessions``'s optional body: the session's budget."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_turns: int | None = None
+    max_total_tokens: int | None = None
+
+
+@router.post("")
+async def open_session(request: Request, body: OpenRequest | None = None) -> dict[str, Any]:
+    limits = body or OpenRequest()
+    session = gateway_of(request).open(max_turns=limits.max_turns, max_total_tokens=limits.max_total_tokens)
+    return {"id": session.id, "base_url": f"{str(request.base_url).rstrip('/')}/v1/sessions/{session.id}"}
+
+
+@router.post("/{session_id}/chat/completions")
+async def chat_completions(session_id: str, body: ChatRequest, request: Request) -> dict[str, Any]:
+    return await gateway_of(request).complete(session_id, body)
+
+
+@router.get("/{session_id}/models")
+async def models(session_id: str, request: Request) -> dict[str, Any]:
+    gateway = gateway_of(request)
+    gateway.get(session_id)
+    entry = {"id": gateway.model_name, "object": "model", "created": 0, "owned_by": "sandrl"}
+    return {"object": "list", "data": [entry]}
+
+
+@router.get("/{session_id}")
+async def session_record(session_id: str, request: Request) -> dict[str, Any]:
+    return gateway_of(request).get(session_id).record()
+
+
+@router.delete("/{session_id}")
+async def close_session(session_id: str, request: Request) -> dict[str, Any]:
+    return gateway_of(request).close(session_id).record()
+
+
+def create_gateway_app(gateway: Gateway) -> FastAPI:
+    """An app serving only the session routes of ``gateway`` (for a policy that is not the embedded engine)."""
+    app = FastAPI(title="sandrl session gateway")
+    app.state.gateway = gateway
+    app.include_router(router)
+    install_error_handlers(app, not_found_hint="the session gateway serves /v1/sessions routes only")
+    return app
