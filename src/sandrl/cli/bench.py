@@ -174,6 +174,21 @@ def bench_inference(
     emit(result)
 
 
+@app.command("gateway")
+def bench_gateway(
+    model: str = typer.Option("tiny", help="'tiny' or a local checkpoint dir."),
+    sessions: int = typer.Option(256, help="Concurrent sessions."),
+    turns: int = typer.Option(4, help="Chat turns per session."),
+    max_tokens: int = typer.Option(4, help="Tokens per reply (few: the gateway's cost is measured)."),
+) -> None:
+    """The session gateway's overhead per chat turn against the same turns sent to the engine directly."""
+    from sandrl.bench.gateway import bench_gateway, render_card
+
+    result = bench_gateway(model, sessions=sessions, turns=turns, max_tokens=max_tokens)
+    err_console.print(render_card(result))
+    emit(result)
+
+
 @app.command("cluster")
 def bench_cluster(
     episodes: int = typer.Option(32, help="Episodes on each side (groups of 2)."),

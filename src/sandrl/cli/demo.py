@@ -19,18 +19,23 @@ def demo(
     seed: int = typer.Option(0, help="Seeds the tasks, the model, the warm start and the RL run."),
     rl_steps: int | None = typer.Option(None, help="GRPO steps (default: the demo's)."),
     family: str | None = typer.Option(None, help="The generated task family (default: the demo's, 'lines')."),
+    format: str = typer.Option("fenced", "--format", help="The policy acts by 'fenced' bash blocks or 'tools' calls."),
 ) -> None:
     """Warm-start a tiny model, train it with GRPO in async mode on real sandboxes, show it learned."""
     if ctx.invoked_subcommand is not None:
         return
-    from sandrl.demo.learn import DemoConfig, run
+    from sandrl.demo.learn import DemoConfig, run, tools_rollout
+    from sandrl.errors import ConfigError
 
+    if format not in ("fenced", "tools"):
+        raise ConfigError(f"--format must be 'fenced' or 'tools', got {format!r}")
     defaults = DemoConfig()
     config = DemoConfig(
         out=out,
         seed=seed,
         rl_steps=defaults.rl_steps if rl_steps is None else rl_steps,
         family=defaults.family if family is None else family,
+        rollout=tools_rollout(defaults.rollout) if format == "tools" else defaults.rollout,
     )
     summary = asyncio.run(run(config))
     emit({k: summary[k] for k in ("improvement_points", "heldout_before", "heldout_after", "wall_s")})

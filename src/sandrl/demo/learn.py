@@ -73,6 +73,20 @@ from sandrl.wiring import (
 SYSTEM_PROMPT = "Solve the task in a Linux shell. Reply with one command in a ```bash block."
 """A short system prompt: the tiny model's every step reads it, and a long one would cost most of its compute."""
 
+TOOLS_SYSTEM_PROMPT = "Solve the task in a Linux shell."
+"""The ``--format tools`` demo's system prompt; the chat template adds the ``bash`` tool and the call format."""
+
+
+def tools_rollout(rollout: RolloutConfig) -> RolloutConfig:
+    """The demo's episodes with tool calls: the ``bash`` tool alone (the context is short), room for the call."""
+    return replace(
+        rollout,
+        format="tools",
+        tools="bash",
+        system_prompt=TOOLS_SYSTEM_PROMPT,
+        max_new_tokens=rollout.max_new_tokens + 64,  # <tool_call>{"name": "bash", "arguments": ...}</tool_call>
+    )
+
 
 @dataclass(frozen=True)
 class DemoConfig:
@@ -230,6 +244,8 @@ def _warm_start(cfg: DemoConfig, tasks: Sequence[Task], checks: Sequence[Task], 
             tasks,
             cfg.out / "warmstart",
             system_prompt=cfg.rollout.system_prompt,
+            agent_format=cfg.rollout.format,  # type: ignore[arg-type]
+            tools=cfg.rollout.tool_names(),
             config=cfg.seeded_warm_start(),
             check_tasks=checks,
             on_step=on_step,

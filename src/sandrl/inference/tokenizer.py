@@ -311,12 +311,7 @@ def render_tools(tools: Tools) -> str:
 
     Compact on purpose: every character is a token of a small model's context. A call is the
     Hermes/Qwen format (``<tool_call>{"name", "arguments"}</tool_call>``), parsed by the ``hermes`` parser."""
-    lines = [
-        "# Tools",
-        "Call a tool with:",
-        f'{TOOL_CALL_OPEN}\n{{"name": "<tool>", "arguments": {{...}}}}\n{TOOL_CALL_CLOSE}',
-        "Tools:",
-    ]
+    lines = ["# Tools", f'{TOOL_CALL_OPEN}\n{{"name": "<tool>", "arguments": {{...}}}}\n{TOOL_CALL_CLOSE}']
     for tool in tools:
         function = tool.get("function", tool)
         name = function.get("name")

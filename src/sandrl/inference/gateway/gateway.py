@@ -105,6 +105,7 @@ class Gateway:
 
     async def complete(self, session_id: str, body: ChatRequest) -> dict[str, Any]:
         """Answer one chat completion of a session, in OpenAI's shape."""
+        entered = time.perf_counter()
         session = self.get(session_id)
         params = _params(body, self.policy.max_context)
         if body.tools and self.parser is None:
@@ -123,7 +124,11 @@ class Gateway:
                 parser=parser,
                 max_context=self.policy.max_context,
             )
-        return self._answer(session, body, done)
+        answer = self._answer(session, body, done)
+        # The gateway's own cost of the turn: rendering, matching, parsing, the answer (the model's time excluded).
+        done.turn.gateway_s = max(0.0, time.perf_counter() - entered - done.turn.model_s)
+        answer["session"]["gateway_ms"] = round(done.turn.gateway_s * 1000, 3)
+        return answer
 
     def _answer(self, session: Session, body: ChatRequest, done: Completion) -> dict[str, Any]:
         g = done.generation

@@ -114,6 +114,8 @@ class SessionTurn:
     """The call's new messages (all of them on a new segment)."""
     reply: dict[str, Any]
     """The assistant message returned."""
+    gateway_s: float = 0.0
+    """The gateway's own time on this call, the model's excluded (its per-turn overhead)."""
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -234,7 +236,7 @@ class Session:
                 self.prompt_len = len(self.ids)
         self.chat_tools_key = tools_key
         prompt = self.ids[segment:]
-        started = time.monotonic()
+        started = time.perf_counter()
         try:
             generation = await policy.generate(list(prompt), params)
         except InferenceError as exc:
@@ -246,7 +248,7 @@ class Session:
                 error_code="inference_aborted",
             )
             raise self.failure
-        model_s = time.monotonic() - started
+        model_s = time.perf_counter() - started
         context = len(self.ids)
         self._add(generation.output_ids, model=True, logprobs=generation.output_logprobs)
         reply, finish = _reply(chat, parser, generation, tools or ())

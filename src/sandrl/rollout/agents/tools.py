@@ -52,7 +52,7 @@ def _spec(name: str, description: str, properties: dict[str, Any], required: lis
 SANDBOX_TOOLS: tuple[dict[str, Any], ...] = (
     _spec(
         "bash",
-        "Run a shell command in the working directory; see its exit code and output.",
+        "Run a shell command.",
         {"command": {"type": "string"}, "timeout_s": {"type": "number"}},
         ["command"],
     ),
@@ -64,11 +64,11 @@ SANDBOX_TOOLS: tuple[dict[str, Any], ...] = (
     ),
     _spec(
         "edit_file",
-        "Replace the one occurrence of old with new in a file.",
+        "Replace the one occurrence of old in a file with new.",
         {"path": {"type": "string"}, "old": {"type": "string"}, "new": {"type": "string"}},
         ["path", "old", "new"],
     ),
-    _spec(SUBMIT_TOOL, "Finish: the task is done.", {}, []),
+    _spec(SUBMIT_TOOL, "The task is done.", {}, []),
 )
 """The tools the LLM agent offers in ``tools`` format."""
 
