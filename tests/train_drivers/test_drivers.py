@@ -175,3 +175,24 @@ async def test_the_llm_agent_with_the_tiny_model_runs_end_to_end(
     assert lines[-1]["total_episodes"] == 8 and lines[-1]["total_infra_errors"] == 0
     assert lines[-1]["total_zero_signal_groups"] + sum(m["groups_trained"] for m in lines) == 4
     assert all(t.agent == "llm" and t.ids for t in read_jsonl(out / "rollouts.jsonl"))
+
+
+async def test_a_harness_agent_trains_through_the_gateway_with_its_segments(
+    tmp_path: Path, provider: BwrapProvider
+) -> None:
+    """``[rollout] agent = "module:function"``: the gateway is started for the run, every episode's two
+    segments reach the trainer, and groups with a reward signal train."""
+    out = tmp_path / "harness"
+    config = run_config(
+        out,
+        run={"steps": 2},
+        rollout={"agent": "tests.train_drivers.harnesses:parity_harness", "max_turns": 2, "group_size": 4},
+    )
+    await run_training(config, mode="sync", provider=provider)
+    lines = _metrics(out)
+    assert [m["step"] for m in lines] == [1, 2] and lines[-1]["total_infra_errors"] == 0
+    trajectories = list(read_jsonl(out / "rollouts.jsonl"))
+    assert trajectories and all(t.agent == "tests.train_drivers.harnesses:parity_harness" for t in trajectories)
+    assert all(len(t.segment_starts) == 2 and t.num_turns == 2 for t in trajectories)
+    assert {t.reward for t in trajectories} == {0.0, 1.0}
+    assert sum(m["groups_trained"] for m in lines) >= 1
