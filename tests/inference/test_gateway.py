@@ -181,3 +181,10 @@ async def test_requests_the_gateway_cannot_serve_are_refused_by_name(
             assert r.status_code == 400 and word in r.json()["message"], r.text
         r = await http.post(f"{url}/v1/sessions/sess-nope/chat/completions", json=base)
         assert r.status_code == 404 and r.json()["error"]["code"] == "session_not_found"
+
+
+def test_idle_sessions_are_forgotten_when_another_opens() -> None:
+    gateway = Gateway(ScriptedReplies(["x"]), model_name="m", idle_ttl_s=0.0)  # type: ignore[arg-type]
+    first = gateway.open()
+    second = gateway.open()
+    assert first.id not in gateway.sessions and second.id in gateway.sessions

@@ -19,7 +19,8 @@ train`` start for harness agents; :func:`create_gateway_app` serves them alone i
 - ``GET {base_url}/models``: the served model, for clients that look it up.
 - ``GET /v1/sessions/{id}`` → the trajectory so far: ids, loss mask, per-token log-probs,
   ``segment_starts``, and the turns with their messages and weight versions.
-- ``DELETE /v1/sessions/{id}``: forget it (answers the final record).
+- ``DELETE /v1/sessions/{id}``: forget it (answers the final record). A session idle for an hour
+  (``idle_ttl_s``) is forgotten when another opens, so a harness that died leaks nothing.
 
 How a call becomes ids is :mod:`sandrl.inference.gateway.session`'s job.
 """
@@ -54,6 +55,7 @@ class Gateway:
         model_name: str,
         tool_parser: str | None = None,
         max_sessions: int = 4096,
+        idle_ttl_s: float = 3600.0,
     ) -> None:
         if policy.tokenizer is None:
             raise ConfigError(
@@ -70,10 +72,12 @@ class Gateway:
                 raise
             self.parser = None  # a template without a tool format: plain chat still works
         self.max_sessions = max_sessions
+        self.idle_ttl_s = idle_ttl_s
         self.sessions: dict[str, Session] = {}
         self._chats: dict[str, ChatFormat] = {}
 
     def open(self, *, max_turns: int | None = None, max_total_tokens: int | None = None) -> Session:
+        self._forget_idle()
         if len(self.sessions) >= self.max_sessions:
             raise ConfigError(
                 f"the gateway holds {self.max_sessions} sessions already: DELETE finished ones",
@@ -82,6 +86,12 @@ class Gateway:
         session = Session.new(max_turns=max_turns, max_total_tokens=max_total_tokens)
         self.sessions[session.id] = session
         return session
+
+    def _forget_idle(self) -> None:
+        # A harness that died never DELETEs its session: one idle past the TTL is forgotten.
+        cutoff = time.monotonic() - self.idle_ttl_s
+        for stale in [sid for sid, s in self.sessions.items() if s.used_at < cutoff and not s.lock.locked()]:
+            del self.sessions[stale]
 
     def get(self, session_id: str) -> Session:
         session = self.sessions.get(session_id)
