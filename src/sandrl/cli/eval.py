@@ -22,7 +22,9 @@ app = typer.Typer()
 def eval_tasks(
     tasks: str = typer.Argument(..., help="A task directory, a directory of them, a SWE-bench file, or 'builtin'."),
     agent: str = typer.Option("oracle", help="llm, oracle, null or replay."),
-    inference: str | None = typer.Option(None, help="'embedded' or the URL of an SGLang-routes server (--agent llm)."),
+    inference: str | None = typer.Option(
+        None, help="'embedded', the URL of an SGLang-routes server, or vllm://HOST:PORT (--agent llm)."
+    ),
     model: str = typer.Option("tiny", help="'tiny' or a checkpoint dir (embedded: the model; URL: its tokenizer)."),
     samples: int = typer.Option(1, help="Episodes per task (a GRPO group)."),
     concurrency: int = typer.Option(8, help="Episodes at once."),
