@@ -27,6 +27,7 @@ ROW_FIELDS = {
     "length_p50",
     "length_p99",
     "length_max",
+    "decode_steps_per_s",
 }
 
 
@@ -55,6 +56,8 @@ def test_one_policy_alone_and_bad_settings() -> None:
     assert result["target_met"] is None  # no in_place row to compare with
     with pytest.raises(ConfigError, match="policies"):
         UpdateBenchConfig(policies=("later",))
+    with pytest.raises(ConfigError, match="rounds"):
+        UpdateBenchConfig(rounds=0)
     with pytest.raises(ConfigError, match="median_tokens"):
         UpdateBenchConfig(median_tokens=2, min_tokens=4)
 

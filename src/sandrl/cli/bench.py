@@ -212,10 +212,9 @@ def _bench_updates(
         duration_s=base.duration_s if duration_s is None else duration_s,
         update_every_s=base.update_every_s if update_every_s is None else update_every_s,
     )
-    console = rich_console(quiet=json_only)
+    console = rich_console(quiet=json_only, wide=True)
     result = run(config, progress=lambda line: console.print(line, highlight=False))
-    if not json_only:
-        err_console.print(render_card(result))
+    console.print(render_card(result), highlight=False)
     emit(result)
 
 
