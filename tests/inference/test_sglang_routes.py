@@ -255,5 +255,6 @@ async def test_server_info_under_both_names(http: httpx.AsyncClient) -> None:
     a = (await http.get("/get_server_info")).json()
     b = (await http.get("/server_info")).json()
     assert a["model_path"] == b["model_path"] == "tiny"
-    assert a["weight_version"] == "0" and a["update_policy"] == "in_place" and a["engine"] == "sandrl"
+    # The policy a plain /update_weights_from_disk follows: the server's, pause unless set (as SGLang).
+    assert a["weight_version"] == "0" and a["update_policy"] == "pause" and a["engine"] == "sandrl"
     assert a["internal_states"][0]["paused"] is False

@@ -28,9 +28,10 @@ from sandrl.rollout.trajectory import Trajectory
 from sandrl.sandbox.base import Sandbox
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.tasks.task import Task
-from sandrl.train.buffer import GroupBuffer, group_version, staleness
+from sandrl.train.buffer import GroupBuffer
 from sandrl.train.command import run_training
 from sandrl.train.driver_common import FileSource, Session, make_trainer
+from sandrl.train.staleness import group_version, staleness
 from sandrl.train.trainer import Trainer
 
 from .conftest import run_config

@@ -7,6 +7,7 @@ Each prints its card on stderr (nothing with ``--json``) and ends with one JSON 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 from typing import Literal, cast
 
@@ -160,11 +161,25 @@ def bench_sandbox(
 @app.command("inference")
 def bench_inference(
     model: str = typer.Option("tiny", help="'tiny' or a local checkpoint dir."),
-    concurrency: int = typer.Option(16, help="Concurrent requests, compared with one at a time."),
+    concurrency: int = typer.Option(16, help="Concurrent requests (--update-policy: episodes generating at once)."),
     max_new_tokens: int = typer.Option(64, help="Tokens generated per request."),
     repeats: int = typer.Option(3, help="Repetitions; the median is reported."),
+    update_policy: str | None = typer.Option(
+        None,
+        help="Instead of throughput: weight updates during async generation under in_place, pause, "
+        "abort_and_resume, or all (the three, plus the abort reference row), on the tiny model.",
+    ),
+    duration_s: float | None = typer.Option(None, help="With --update-policy: seconds per policy (default 40)."),
+    update_every_s: float | None = typer.Option(None, help="With --update-policy: seconds between updates (4)."),
+    quick: bool = typer.Option(False, "--quick", help="With --update-policy: a smoke run of seconds."),
+    seed: int = typer.Option(0, help="With --update-policy: seeds the episodes' lengths and prompts."),
+    json_only: bool = typer.Option(False, "--json", help="Print only the JSON line."),
 ) -> None:
-    """Embedded engine throughput: N concurrent requests against one at a time."""
+    """Embedded engine throughput: N concurrent requests against one at a time; or, with --update-policy,
+    what each weight-update policy costs async generation (episodes/hour, tokens discarded, update latency)."""
+    if update_policy is not None:
+        _bench_updates(update_policy, concurrency, duration_s, update_every_s, quick, seed, json_only)
+        return
     from sandrl.bench.inference import bench_engine, render_card
 
     if concurrency < 1 or max_new_tokens < 1 or repeats < 1:
@@ -186,6 +201,35 @@ def bench_gateway(
 
     result = bench_gateway(model, sessions=sessions, turns=turns, max_tokens=max_tokens)
     err_console.print(render_card(result))
+    emit(result)
+
+
+def _bench_updates(
+    policy: str,
+    concurrency: int,
+    duration_s: float | None,
+    update_every_s: float | None,
+    quick: bool,
+    seed: int,
+    json_only: bool,
+) -> None:
+    from sandrl.bench.inference_updates import UpdateBenchConfig, render_card, run
+    from sandrl.inference.batch import UPDATE_POLICIES
+
+    if policy != "all" and policy not in UPDATE_POLICIES:
+        raise ConfigError(f"--update-policy is one of {', '.join(UPDATE_POLICIES)} or all, not {policy!r}")
+    base = UpdateBenchConfig.quick() if quick else UpdateBenchConfig(concurrency=concurrency)
+    config = dataclasses.replace(
+        base,
+        policies=UPDATE_POLICIES if policy == "all" else (policy,),
+        reference_abort=policy == "all",
+        seed=seed,
+        duration_s=base.duration_s if duration_s is None else duration_s,
+        update_every_s=base.update_every_s if update_every_s is None else update_every_s,
+    )
+    console = rich_console(quiet=json_only, wide=True)
+    result = run(config, progress=lambda line: console.print(line, highlight=False))
+    console.print(render_card(result), highlight=False)
     emit(result)
 
 

@@ -25,7 +25,7 @@ def eval_tasks(
         "oracle", help="llm, oracle, null, replay, mini-swe-agent, or module:function (a harness; see the README)."
     ),
     inference: str | None = typer.Option(
-        None, help="'embedded' or the URL of an inference server (the agents with a model: llm and harnesses)."
+        None, help="'embedded', an SGLang-routes server's URL or vllm://HOST:PORT (agents with a model)."
     ),
     format: str = typer.Option("fenced", "--format", help="The llm agent's actions: 'fenced' bash blocks or 'tools'."),
     tool_parser: str | None = typer.Option(

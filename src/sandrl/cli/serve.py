@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 import typer
+
+from sandrl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from sandrl.inference.batch import UpdatePolicy
 
 app = typer.Typer(no_args_is_help=True, help="Servers: sandboxes, inference.")
 
@@ -28,9 +35,32 @@ def serve_inference(
     port: int = typer.Option(30000, help="Port to bind."),
     max_batch_size: int = typer.Option(64, help="Most requests decoded together."),
     seed: int = typer.Option(0, help="Seed of the tiny model's weights and of sampling."),
+    update_policy: str = typer.Option(
+        "pause",
+        help="What a weight update does to requests in flight: pause (they finish on the old weights; SGLang's "
+        "default), in_place (they go on with the new ones) or abort_and_resume (they resume from their tokens).",
+    ),
+    tool_parser: str | None = typer.Option(
+        None, help="The session gateway's tool-call parser: hermes, glm45, llama3_json (default: from the template)."
+    ),
 ) -> None:
-    """Serve the embedded CPU engine with SGLang's and OpenAI's routes."""
+    """Serve the embedded CPU engine with SGLang's and OpenAI's routes and the session gateway (/v1/sessions)."""
+    from sandrl.inference.batch import UPDATE_POLICIES
     from sandrl.inference.engine import EngineConfig
     from sandrl.inference.server import serve
 
-    serve(model, host, port, engine_config=EngineConfig(max_batch_size=max_batch_size, seed=seed))
+    if update_policy not in UPDATE_POLICIES:
+        raise ConfigError(f"--update-policy must be one of {', '.join(UPDATE_POLICIES)}, got {update_policy!r}")
+    policy = cast("UpdatePolicy", update_policy)
+    if tool_parser is not None:
+        from sandrl.inference.toolcalls import get_parser
+
+        get_parser(tool_parser)  # an unknown name fails before the model loads
+    serve(
+        model,
+        host,
+        port,
+        engine_config=EngineConfig(max_batch_size=max_batch_size, seed=seed),
+        update_policy=policy,
+        tool_parser=tool_parser,
+    )

@@ -2,8 +2,9 @@
 
 A *policy* turns prompt token ids into output token ids with the log-probability of each
 sampled token. Backends: the embedded CPU engine (:mod:`sandrl.inference.engine`), an
-SGLang server (:mod:`sandrl.inference.sglang`) and any OpenAI-compatible server such as
-vLLM (:mod:`sandrl.inference.openai`). The rollout code sees only :class:`InferenceClient`.
+SGLang server (:mod:`sandrl.inference.sglang`), a vLLM server (:mod:`sandrl.inference.vllm`)
+and any OpenAI-compatible server (:mod:`sandrl.inference.openai`). The rollout code sees only
+:class:`InferenceClient`.
 
 Token in, token out: trajectories are token-exact, so nothing here takes or returns text
 that the caller would have to re-tokenize.
@@ -141,6 +142,7 @@ class InferenceClient(Protocol):
 
     Implementations: :class:`~sandrl.inference.engine.Engine` (in process),
     :class:`~sandrl.inference.sglang.SGLangClient`, :class:`~sandrl.inference.openai.OpenAIClient`,
+    :class:`~sandrl.inference.vllm.VLLMClient`,
     :class:`~sandrl.cluster.endpoints.EndpointsClient` (several servers).
     """
 

@@ -12,9 +12,10 @@ Two modes:
   rendering of that template ending in the assistant prefix; the output ids come back the
   same two ways as above.
 
-Log-probs are the ``logprobs`` of each sampled token. Weight updates use the SGLang-style
-``/update_weights_from_disk`` at the server's root (SGLang and sandrl have it; vLLM does not,
-and says so with a 404).
+Log-probs are the ``logprobs`` of each sampled token. Per-token weight versions come from
+vLLM's ``weight_versions`` spans when a server sends them (:mod:`~sandrl.inference.version_spans`).
+Weight updates use the SGLang-style ``/update_weights_from_disk`` at the server's root (SGLang
+and sandrl have it); vLLM has its own routes, which :class:`~sandrl.inference.vllm.VLLMClient` uses.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from sandrl.errors import ConfigError, InferenceError
 from sandrl.inference.base import FinishReason, Generation, SamplingParams
 from sandrl.inference.tokenizer import Tokenizer
 from sandrl.inference.transport import HTTPConfig, JSONTransport, parse_version
+from sandrl.inference.version_spans import from_spans
 
 _TOKEN_PREFIX = "token_id:"
 
@@ -107,6 +109,9 @@ class OpenAIClient:
             body["stop_token_ids"] = list(params.stop_token_ids)
         if params.seed is not None:
             body["seed"] = params.seed
+        if params.logit_bias:
+            body["logit_bias"] = {str(token): bias for token, bias in params.logit_bias}
+        body.update(self._extra_body(params))
         if self.mode == "completions":
             body.update(prompt=list(input_ids), max_tokens=params.max_new_tokens, logprobs=max(1, params.top_logprobs))
             answer = await self._http.post("/completions", body)
@@ -122,6 +127,10 @@ class OpenAIClient:
             body["top_logprobs"] = params.top_logprobs
             answer = await self._http.post("/chat/completions", body)
         return self._generation(answer, len(input_ids), params.top_logprobs)
+
+    def _extra_body(self, params: SamplingParams) -> dict[str, Any]:
+        """Fields a server-specific subclass adds to every request (none here)."""
+        return {}
 
     async def update_weights(self, path: str, *, version: int | None = None) -> int:
         """Load the weights at ``path`` (SGLang's and sandrl's root route); the new version is ``version``, else + 1."""
@@ -191,6 +200,9 @@ class OpenAIClient:
         if len(values) != len(ids) or any(v is None for v in values):
             raise self._bad(f"the answer has {len(ids)} output tokens but {len(values)} log-probs; ask for logprobs")
         version = parse_version(answer.get("weight_version"))
+        per_token = from_spans(choice.get("weight_versions"), len(ids))  # vLLM's spans, when asked for
+        if per_token:
+            version = per_token[-1]
         if version is not None:
             self._version = version
         usage = answer.get("usage") or {}
@@ -201,11 +213,13 @@ class OpenAIClient:
             output_ids=[int(i) for i in ids],
             output_logprobs=[float(v) for v in values],
             finish_reason=finish,
-            weight_version=self._version,
+            weight_version=per_token[-1] if per_token else self._version,
             prompt_tokens=int(usage.get("prompt_tokens", prompt_len)),
+            start_weight_version=per_token[0] if per_token else None,
             matched_stop=stop_reason if isinstance(stop_reason, int | str) else None,
             text=text if isinstance(text, str) else None,
             output_top_logprobs=[t[:top_k] for t in tops] if top_k else None,
+            output_weight_versions=per_token,
         )
 
     def _bad(self, what: str) -> InferenceError:

@@ -4,7 +4,8 @@ What the official ``openai`` package and OpenAI-compatible clients send, answere
 OpenAI's shapes, plus the vLLM extensions that keep a client token-exact:
 ``prompt`` as token ids, ``return_token_ids`` (``choices[i].token_ids``),
 ``return_tokens_as_token_ids`` (logprobs tokens spelled ``token_id:N``), ``stop_token_ids``,
-``ignore_eos``, ``skip_special_tokens``, ``include_stop_str_in_output``. Each answer also
+``ignore_eos``, ``skip_special_tokens``, ``include_stop_str_in_output``, ``return_weight_versions``
+(vLLM 0.34's per-choice ``weight_versions`` spans; not with ``stream``). Each answer also
 carries ``weight_version``, which OpenAI's API lacks and RL needs.
 
 Served as OpenAI defines them: ``n`` (sample i of a seeded request uses seed + i), ``stream``
@@ -44,6 +45,7 @@ from sandrl.inference.serving import (
     require_tokenizer,
     served_name,
 )
+from sandrl.inference.version_spans import to_spans
 
 _UNSUPPORTED: dict[str, Any] = {
     "echo": False,
@@ -85,6 +87,7 @@ class _Common(BaseModel):
     include_stop_str_in_output: bool = False
     return_tokens_as_token_ids: bool = False
     return_token_ids: bool = False
+    return_weight_versions: bool = False
     logit_bias: dict[str, float] | None = None
     stream: bool = False
     stream_options: dict[str, Any] | None = None
@@ -152,6 +155,8 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
         }
         if body.return_token_ids:
             choice["token_ids"], choice["prompt_token_ids"] = g.output_ids, prompt
+        if body.return_weight_versions:
+            choice["weight_versions"] = _spans(g)
         choices.append(choice)
     return _envelope("cmpl", "text_completion", request, generations, choices)
 
@@ -180,6 +185,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
         }
         if body.return_token_ids:
             choice["token_ids"] = g.output_ids
+        if body.return_weight_versions:
+            choice["weight_versions"] = _spans(g)
         choices.append(choice)
     answer = _envelope("chatcmpl", "chat.completion", request, generations, choices)
     if body.return_token_ids:
@@ -202,6 +209,8 @@ def _checked(body: _Common, request: Request, where: str) -> Engine:
     options = body.stream_options or {}
     if options and not body.stream:
         raise ConfigError(f"{where}: stream_options needs stream=true")
+    if body.stream and body.return_weight_versions:
+        raise ConfigError(f"{where}: return_weight_versions is served without stream only; ask without stream")
     unknown = sorted(k for k, v in options.items() if k not in _STREAM_OPTIONS and v)
     if unknown:
         raise ConfigError(f"{where}: stream_options {unknown} are not supported (only include_usage)")
@@ -295,6 +304,10 @@ def _content(message: ChatMessage) -> str:
             raise ConfigError(f"only text message parts are supported, got a {part.get('type')!r} part")
         parts.append(str(part.get("text", "")))
     return "".join(parts)
+
+
+def _spans(g: Generation) -> list[dict[str, Any]]:
+    return to_spans(g.output_weight_versions or [g.weight_version] * len(g.output_ids))
 
 
 def _text(engine: Engine, g: Generation, body: _Common) -> str:

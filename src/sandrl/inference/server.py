@@ -16,8 +16,9 @@ Routes:
   checkpoint is always read off the decode thread and the answer always comes after the swap),
   ``torch_empty_cache``/``recapture_cuda_graph`` no-op (no CUDA); ``manifest`` 400. sandrl's
   ``update_policy`` (``in_place``/``pause``/``abort_and_resume``) picks what the update does to
-  requests in flight; default ``pause``: like SGLang's, the update waits for the requests in
-  flight (see :mod:`sandrl.inference.engine`). SGLang clients get the other two with
+  requests in flight; default: the server's (``create_app(update_policy=...)``, ``sandrl serve
+  inference --update-policy``), ``pause`` unless set: like SGLang's, the update waits for the
+  requests in flight (see :mod:`sandrl.inference.engine`). SGLang clients get the other two with
   ``/pause_generation`` ``in_place`` or ``retract``, the update, then ``/continue_generation``.
 - ``POST /update_weight_version``: served (``new_version``, ``abort_all_requests`` default true).
 - ``POST /pause_generation``: served, ``mode`` ``abort`` (default) / ``retract`` / ``in_place``;
@@ -68,6 +69,7 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +77,8 @@ import uvicorn
 from fastapi import APIRouter, FastAPI, Request
 
 from sandrl.background_server import BackgroundServer as BackgroundServer
+from sandrl.errors import ConfigError
+from sandrl.inference.batch import UPDATE_POLICIES, UpdatePolicy
 from sandrl.inference.engine import Engine, EngineConfig
 from sandrl.inference.gateway.gateway import Gateway
 from sandrl.inference.gateway.gateway import router as gateway_router
@@ -124,6 +128,7 @@ def create_app(
     owns_engine: bool = False,
     return_original_logprob: bool | None = None,
     tool_parser: str | None = None,
+    update_policy: UpdatePolicy = "pause",
 ) -> FastAPI:
     """The FastAPI app serving ``engine``; with ``owns_engine`` the app's shutdown closes the engine.
 
@@ -131,7 +136,11 @@ def create_app(
     the sampling temperature (false) when a request does not say; None reads SGLang's switch,
     the environment variable ``SGLANG_RETURN_ORIGINAL_LOGPROB`` (unset: at the temperature, as SGLang).
     ``tool_parser``: the session gateway's tool-call parser; None: detected from the chat template.
+    ``update_policy``: what ``/update_weights_from_disk`` does to requests in flight when the request
+    does not say (``pause``: it waits for them, as SGLang's).
     """
+    if update_policy not in UPDATE_POLICIES:
+        raise ConfigError(f"update_policy must be one of {', '.join(UPDATE_POLICIES)}, got {update_policy!r}")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -148,6 +157,7 @@ def create_app(
         flag = os.environ.get("SGLANG_RETURN_ORIGINAL_LOGPROB", "").strip().lower()
         return_original_logprob = flag in ("1", "true", "yes", "on")
     app.state.return_original_logprob = return_original_logprob
+    app.state.update_policy = update_policy
     app.include_router(sglang_router)
     app.include_router(generate_router)
     app.include_router(control_router)
@@ -177,10 +187,22 @@ def serve(
     served_model_name: str | None = None,
     engine_config: EngineConfig | None = None,
     log_level: str = "info",
+    update_policy: UpdatePolicy = "pause",
+    tool_parser: str | None = None,
 ) -> None:
-    """Load ``model`` (``tiny`` or a local checkpoint directory) and serve it until interrupted."""
-    engine = Engine.load(model, engine_config)
-    app = create_app(engine, served_model_name=served_model_name, owns_engine=True)
+    """Load ``model`` (``tiny`` or a local checkpoint directory) and serve it until interrupted.
+
+    ``update_policy`` is the weight updates' default, for the engine and the update route alike;
+    ``tool_parser`` the session gateway's (None: detected from the chat template)."""
+    config = replace(engine_config or EngineConfig(), update_policy=update_policy)
+    engine = Engine.load(model, config)
+    app = create_app(
+        engine,
+        served_model_name=served_model_name,
+        owns_engine=True,
+        update_policy=update_policy,
+        tool_parser=tool_parser,
+    )
     try:
         uvicorn.run(app, host=host, port=port, log_level=log_level, ws="none")
     finally:

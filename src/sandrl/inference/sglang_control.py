@@ -8,7 +8,7 @@ accepted no-op whose meaning the table in :mod:`sandrl.inference.server` states.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -43,7 +43,8 @@ class UpdateWeightsRequest(BaseModel):
     manifest: dict[str, Any] | None = None
     rid: str | None = None
     update_policy: UpdatePolicy | None = None
-    """sandrl's: what this update does to requests in flight; default ``pause``, SGLang's behaviour."""
+    """sandrl's: what this update does to requests in flight; default: the server's (``sandrl serve inference
+    --update-policy``; ``pause``, SGLang's behaviour, unless told otherwise)."""
 
 
 class UpdateWeightVersionRequest(BaseModel):
@@ -84,8 +85,10 @@ async def update_weights_from_disk(body: UpdateWeightsRequest, request: Request)
         version = _int_version(body.weight_version, "weight_version")
         if body.abort_all_requests:
             engine.abort()
-        # SGLang's update waits for the requests in flight (its writer lock): "pause" unless told otherwise.
-        new = await engine.update_weights(body.model_path, version=version, policy=body.update_policy or "pause")
+        # SGLang's update waits for the requests in flight (its writer lock): "pause" unless the server or
+        # the request says otherwise.
+        policy = body.update_policy or server_policy(request)
+        new = await engine.update_weights(body.model_path, version=version, policy=policy)
         if body.keep_pause:
             await engine.pause("in_place")
     except SandrlError as exc:
@@ -201,7 +204,7 @@ async def server_info(request: Request) -> dict[str, Any]:
         "max_running_requests": engine.config.max_batch_size,
         "max_prefill_tokens": engine.config.max_prefill_tokens,
         "random_seed": engine.config.seed,
-        "update_policy": engine.config.update_policy,
+        "update_policy": server_policy(request),
         "update_policies": list(UPDATE_POLICIES),
         "token_step": getattr(request.app.state, "token_step", 0),
         "return_original_logprob": request.app.state.return_original_logprob,
@@ -209,6 +212,11 @@ async def server_info(request: Request) -> dict[str, Any]:
         "version": __version__,
         "engine": "sandrl",
     }
+
+
+def server_policy(request: Request) -> UpdatePolicy:
+    """The server's default weight-update policy (``create_app(update_policy=...)``)."""
+    return cast(UpdatePolicy, getattr(request.app.state, "update_policy", "pause"))
 
 
 def _refused(message: str) -> JSONResponse:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from sandrl.rollout.trajectory import Trajectory
 from sandrl.train.batch import Batch, TrainSample, samples_from_groups
 from sandrl.train.losses import ScaleRewards
+from sandrl.train.staleness import oldest_version
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ def to_sample(trajectory: Trajectory) -> TrainSample:
         rollout_logprobs=tuple(trajectory.logprobs),
         reward=trajectory.reward,
         group_id=trajectory.group_id,
-        weight_version=trajectory.weight_version or 0,
+        weight_version=oldest_version(trajectory) or 0,
         episode_id=trajectory.episode_id,
     )
 

@@ -3,8 +3,9 @@
 :meth:`GroupBuffer.fill` keeps ``capacity`` groups rolling out or waiting (a slot is taken before
 a group starts and given back when the trainer takes or drops it), so the rollout side runs at
 most ``capacity`` groups ahead. :meth:`GroupBuffer.take` hands the trainer the oldest ready groups
-whose staleness (the trainer's version minus the oldest weight version in the group) is at most
-``max_staleness``; staler ones go to :meth:`Session.stale` (dropped or regenerated).
+whose staleness (the trainer's version minus the oldest version of any token in the group, judged
+per token: :mod:`sandrl.train.staleness`) is at most ``max_staleness``; staler ones go to
+:meth:`Session.stale` (dropped or regenerated).
 
 Idle times: ``trainer_idle_s`` is how long ``take`` waited for groups; ``rollout_idle_s`` how long
 ``fill`` waited for a free slot (the buffer was full: the trainer is the bottleneck).
@@ -17,21 +18,10 @@ import contextlib
 import time
 from typing import TYPE_CHECKING
 
-from sandrl.rollout.runner import Group
+from sandrl.train.staleness import staleness
 
 if TYPE_CHECKING:
     from sandrl.train.driver_common import Item, Session
-
-
-def group_version(group: Group) -> int | None:
-    """The oldest weight version any sample of the group came from (None: no model tokens)."""
-    versions = [t.weight_version for t in group.trajectories if t.weight_version is not None]
-    return min(versions) if versions else None
-
-
-def staleness(group: Group, version: int) -> int:
-    oldest = group_version(group)
-    return 0 if oldest is None else version - oldest
 
 
 class GroupBuffer:

@@ -8,8 +8,9 @@ A driver only decides *when* groups are collected and *when* weights are pushed
   yet consumed and those above it already consumed, so a resumed run redoes only the groups that
   were in flight, and trains none twice;
 - :meth:`Session.train`: trajectories to a batch (:mod:`sandrl.train.adapter`), then the one
-  :meth:`~sandrl.train.trainer.Trainer.step` both drivers use; metrics to ``metrics.jsonl`` and the
-  progress line; checkpoints every ``checkpoint_every`` steps;
+  :meth:`~sandrl.train.trainer.Trainer.step` both drivers use; metrics to ``metrics.jsonl`` (with
+  staleness per trajectory and per token, :mod:`sandrl.train.staleness`) and the progress line;
+  checkpoints every ``checkpoint_every`` steps;
 - :meth:`Session.push_weights`: export the trainer's weights and load them into the inference
   side, whose next samples then carry the new weight version.
 """
@@ -42,6 +43,7 @@ from sandrl.train import checkpoint
 from sandrl.train.adapter import batch_from_groups
 from sandrl.train.batch import Batch
 from sandrl.train.run_config import RunConfig, save_resolved
+from sandrl.train.staleness import mixed_version, oldest_version, token_staleness_hist
 from sandrl.train.trainer import ExportedWeights, Metrics, Trainer
 from sandrl.wiring import build_runner, local_provider, open_agent, open_policy, task_set
 
@@ -260,8 +262,10 @@ class Session:
         c.untrainable += adapted.untrainable
         c.zero_signal_groups += adapted.batch.zero_signal_groups
         trajectories = [t for g in groups for t in g]
-        sampled_by = [t.weight_version for t in trajectories if t.weight_version is not None]
-        staleness = [self.version - v for v in sampled_by]  # measured against the weights the step starts from
+        # Measured against the weights the step starts from, per trajectory (its oldest token) and per token.
+        sampled_by = [v for v in map(oldest_version, trajectories) if v is not None]
+        staleness = [self.version - v for v in sampled_by]
+        token_hist = token_staleness_hist(trajectories, self.version)
         trained: Metrics = {}
         if self.trainer is not None:
             trained = await asyncio.to_thread(self.trainer.step, adapted.batch)
@@ -285,6 +289,8 @@ class Session:
             "groups_trained": adapted.batch.groups - adapted.batch.zero_signal_groups,
             "samples_trained": len(adapted.batch.samples),
             "staleness_hist": {str(k): v for k, v in sorted(collections.Counter(staleness).items())},
+            "token_staleness_hist": token_hist,
+            "mixed_version_samples": sum(map(mixed_version, trajectories)),
             **{f"total_{k}": v for k, v in vars(c).items()},
             **extra,
             **{f"train/{k}": v for k, v in trained.items()},

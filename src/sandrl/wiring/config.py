@@ -7,7 +7,7 @@ defaults; these defaults are the only ones.
 
     [model]                     # ModelConfig
     name = "tiny"
-    inference = "embedded"      # or the URL of a server
+    inference = "embedded"      # or the URL of a server, or vllm://HOST:PORT
 
     [tasks]                     # TasksConfig: a task directory, or a generated family
     family = "echo"             # or path = "verified.jsonl" with swebench_images = "swebench"
@@ -32,6 +32,8 @@ from typing import Literal
 
 from sandrl.errors import ConfigError
 from sandrl.inference.batch import UPDATE_POLICIES, UpdatePolicy
+from sandrl.inference.vllm import SCHEME as VLLM_SCHEME
+from sandrl.inference.vllm import server_url
 from sandrl.rollout.agents.llm import LLMAgentConfig
 from sandrl.rollout.episode import EpisodeTimeouts
 from sandrl.tasks.builtin.generated import FAMILIES
@@ -40,7 +42,7 @@ from sandrl.tasks.swebench_specs import images_setting
 EMBEDDED = "embedded"
 """``[model] inference`` for the in-process engine."""
 
-Api = Literal["sglang", "openai"]
+Api = Literal["sglang", "openai", "vllm"]
 
 
 @dataclass(frozen=True)
@@ -51,25 +53,35 @@ class ModelConfig:
     """``tiny`` (the built-from-config model) or a local checkpoint directory. With a server, the
     directory of the checkpoint it serves: its tokenizer is read from there."""
     inference: str = EMBEDDED
-    """``embedded`` (the in-process engine on ``name``) or the URL of a server."""
+    """``embedded`` (the in-process engine on ``name``), the URL of a server, or ``vllm://HOST:PORT``
+    (a vLLM server: the same as its http:// URL with ``api = "vllm"``)."""
     api: Api = "sglang"
-    """The server's routes: ``sglang`` (native ``/generate``: SGLang, ``sandrl serve inference``) or
-    ``openai`` (``/v1/completions``: vLLM and others; weight updates need SGLang's route too)."""
+    """The server's routes: ``sglang`` (native ``/generate``: SGLang, ``sandrl serve inference``),
+    ``vllm`` (``vllm serve``: OpenAI's completions with token ids, weights reloaded through its
+    dev-mode routes, :mod:`sandrl.inference.vllm`) or ``openai`` (any other OpenAI-compatible
+    server; weight updates need SGLang's ``/update_weights_from_disk`` too)."""
     update_policy: UpdatePolicy = "in_place"
     """What a weight update does to generations in flight: ``in_place`` (they go on with the new
     weights; each token records its version), ``pause`` (they finish on the old weights first;
     new ones wait) or ``abort_and_resume`` (they stop, and resume from their tokens on the new
-    weights). The embedded engine and SGLang servers (sandrl's included) both honour it."""
+    weights). The embedded engine, SGLang servers (sandrl's included) and vLLM servers honour it."""
 
     def __post_init__(self) -> None:
         if self.update_policy not in UPDATE_POLICIES:
             raise ConfigError(f"update_policy must be one of {', '.join(UPDATE_POLICIES)}, got {self.update_policy!r}")
         if not self.name:
             raise ConfigError("name must be 'tiny' or a checkpoint directory")
-        if self.inference != EMBEDDED and not self.inference.startswith(("http://", "https://")):
-            raise ConfigError(f"inference must be 'embedded' or an http(s):// URL, got {self.inference!r}")
-        if self.api not in ("sglang", "openai"):
-            raise ConfigError(f"api must be 'sglang' or 'openai', got {self.api!r}")
+        if self.inference.startswith(VLLM_SCHEME):
+            if self.api == "openai":
+                raise ConfigError(f"inference {self.inference!r} names a vLLM server, but api is 'openai': drop api")
+            server_url(self.inference)  # a ConfigError if it is not vllm://HOST:PORT
+            object.__setattr__(self, "api", "vllm")
+        elif self.inference != EMBEDDED and not self.inference.startswith(("http://", "https://")):
+            raise ConfigError(
+                f"inference must be 'embedded', an http(s):// URL or vllm://HOST:PORT, got {self.inference!r}"
+            )
+        if self.api not in ("sglang", "openai", "vllm"):
+            raise ConfigError(f"api must be 'sglang', 'openai' or 'vllm', got {self.api!r}")
 
     @property
     def embedded(self) -> bool:

@@ -31,7 +31,13 @@ async def open_policy(model: ModelConfig) -> AsyncIterator[InferenceClient]:
         return
     tokenizer = model_tokenizer(model.name)
     client: InferenceClient
-    if model.api == "openai":
+    if model.api == "vllm":
+        from sandrl.inference.vllm import VLLMClient
+
+        async with VLLMClient(model.inference, tokenizer=tokenizer, update_policy=model.update_policy) as client:
+            await client.health()
+            yield client
+    elif model.api == "openai":
         from sandrl.inference.openai import OpenAIClient
 
         async with OpenAIClient(model.inference, tokenizer=tokenizer) as client:

@@ -1,0 +1,121 @@
+"""A real HTTP server in vLLM's shape, for the VLLMClient's weight-reload tests: sandrl's engine and
+OpenAI routes behind vLLM's dev-mode control routes.
+
+The control routes follow vLLM v0.34.0 (commit 62d4bc3c7, the PyPI sdist), route for route:
+``POST /pause`` (query ``mode`` = ``abort`` | ``wait`` | ``keep``; in ``abort`` and ``wait`` modes new
+requests get 503 until ``/resume``: ``vllm/entrypoints/rl/online/api_router.py``), ``POST /resume``,
+``POST /collective_rpc`` (``{"method", "args", "kwargs", "timeout"}`` -> ``{"results": [...]}``;
+``serve/dev/rpc/api_router.py``), ``reload_weights`` with ``weights_path`` (``v1/worker/gpu_worker.py``:
+the label is not changed), ``POST /reset_prefix_cache`` (query ``reset_running_requests``: running
+requests preempted, recomputed later; ``{"success": bool}``; ``serve/dev/cache/api_router.py`` and
+``v1/core/sched/scheduler.py``), ``POST /update_weight_version`` (``{"new_version"}``) and
+``GET /weight_info``. vLLM's modes map onto the engine's pause modes: ``keep`` is ``in_place``,
+a preempting prefix-cache reset is ``retract``, ``wait`` drains before pausing.
+
+This is the edge of the test, not the code under test: only the routes' shapes are vLLM's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, HTTPException, Request, Response
+from fastapi.responses import JSONResponse
+
+from sandrl.errors import SandrlError
+from sandrl.inference.engine import Engine
+from sandrl.inference.http_errors import error_body
+from sandrl.inference.openai_routes import router as openai_router
+from sandrl.inference.serving import engine_of
+
+router = APIRouter()
+
+
+@router.post("/pause")
+async def pause(request: Request, mode: str = "abort", clear_cache: bool = True) -> dict[str, str]:
+    engine = engine_of(request)
+    if mode not in ("abort", "wait", "keep"):
+        raise HTTPException(400, f"Invalid pause mode: {mode}")
+    request.app.state.rejecting = mode != "keep"
+    if mode == "abort":
+        await engine.pause("abort")
+    elif mode == "wait":
+        while engine.running:
+            await asyncio.sleep(0.005)
+        await engine.pause("in_place")
+    else:
+        await engine.pause("in_place")
+    request.app.state.log.append(f"pause:{mode}")
+    return {"status": "paused"}
+
+
+@router.post("/resume")
+async def resume(request: Request) -> dict[str, str]:
+    await engine_of(request).continue_generation()
+    request.app.state.rejecting = False
+    request.app.state.log.append("resume")
+    return {"status": "resumed"}
+
+
+@router.post("/collective_rpc")
+async def collective_rpc(request: Request) -> dict[str, Any]:
+    body = await request.json()
+    if body.get("method") != "reload_weights":
+        raise HTTPException(400, f"this test server runs only reload_weights, not {body.get('method')!r}")
+    engine = engine_of(request)
+    path = body.get("kwargs", {}).get("weights_path")
+    await engine.update_weights(path, version=engine.weight_version)  # a reload keeps the label
+    request.app.state.log.append("reload_weights")
+    return {"results": [None]}
+
+
+@router.post("/reset_prefix_cache")
+async def reset_prefix_cache(request: Request, reset_running_requests: bool = False) -> dict[str, bool]:
+    engine = engine_of(request)
+    request.app.state.log.append(f"reset_prefix_cache:{reset_running_requests}")
+    if reset_running_requests:
+        paused = engine.paused
+        await engine.pause("retract")
+        if not paused:
+            await engine.continue_generation()
+        return {"success": True}
+    return {"success": engine.running == 0}
+
+
+@router.post("/update_weight_version")
+async def update_weight_version(request: Request) -> dict[str, Any]:
+    new = (await request.json())["new_version"]
+    await engine_of(request).set_weight_version(int(new))
+    request.app.state.log.append(f"version:{new}")
+    return {"success": True, "new_version": new}
+
+
+@router.get("/weight_info")
+async def weight_info(request: Request) -> dict[str, str]:
+    return {"weight_version": str(engine_of(request).weight_version)}
+
+
+def create_vllm_app(engine: Engine, served_model_name: str = "tiny") -> FastAPI:
+    """The app: vLLM's control routes above, sandrl's ``/v1`` routes, 503 on ``/v1`` while pausing."""
+    app = FastAPI()
+    app.state.engine = engine
+    app.state.served_model_name = served_model_name
+    app.state.rejecting = False
+    app.state.log = []
+    app.include_router(router)
+    app.include_router(openai_router)
+
+    @app.middleware("http")
+    async def reject_while_paused(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        if request.url.path.startswith("/v1/completions") and app.state.rejecting:
+            app.state.log.append("503")
+            return JSONResponse({"error": "paused"}, status_code=503)
+        return await call_next(request)
+
+    @app.exception_handler(SandrlError)
+    async def sandrl_error(request: Request, exc: SandrlError) -> JSONResponse:
+        return error_body(exc.http_status, exc.error_code, exc.message, openai=True)
+
+    return app
