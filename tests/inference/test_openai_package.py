@@ -148,3 +148,28 @@ async def test_n_seed_and_logit_bias(client: openai.AsyncOpenAI) -> None:
         model="tiny", prompt="x", max_tokens=4, temperature=0, logit_bias={str(forced): 100}
     )
     assert r.choices[0].text == "KKKK"
+
+
+async def test_chat_renders_tools_and_the_tool_calls_of_the_history(
+    client: openai.AsyncOpenAI, tokenizer: ByteTokenizer
+) -> None:
+    """Tools reach the template and an assistant's tool calls in the history are rendered, never dropped."""
+    tool = {
+        "type": "function",
+        "function": {"name": "bash", "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}},
+    }
+    call = {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}
+    messages: Any = [
+        {"role": "user", "content": "list"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "a.txt"},
+    ]
+    r: Any = await client.chat.completions.create(
+        model="tiny", messages=messages, tools=[tool], max_tokens=4, seed=1, extra_body={"return_token_ids": True}
+    )
+    prompt = tokenizer.decode(r.prompt_token_ids)
+    assert "bash(command?: string)" in prompt  # the tool, as the byte template offers it
+    assert '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>' in prompt
+    assert "<|im_start|>tool\na.txt<|im_end|>" in prompt
+    with pytest.raises(openai.BadRequestError, match="tool_choice"):
+        await client.chat.completions.create(model="tiny", messages=messages, tools=[tool], tool_choice="required")  # type: ignore[arg-type]

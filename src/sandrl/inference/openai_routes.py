@@ -17,7 +17,15 @@ Served as OpenAI defines them: ``n`` (sample i of a seeded request uses seed + i
 temperature 1 whatever the sampling temperature (vLLM's default ``raw_logprobs``; the trainer's
 scale). Labels without effect (``user``, ``metadata``, ``store``, ``service_tier``) are accepted.
 
-Not served: ``echo``, ``suffix``, ``best_of`` > 1, penalties, tools and tool_choice, response
+Chat completions take ``tools`` (rendered by the model's chat template) and ``tool_choice``
+``auto`` / ``none``; the reply's calls come back as ``tool_calls`` (finish reason ``tool_calls``),
+parsed in the model family's format (:mod:`sandrl.inference.toolcalls`), and an assistant
+message's ``tool_calls`` and a tool message's ``tool_call_id`` in the history are rendered, not
+dropped. Each call re-renders the whole history; for token-exact multi-turn use the session
+gateway (``/v1/sessions``, :mod:`sandrl.inference.gateway`).
+
+Not served: ``echo``, ``suffix``, ``best_of`` > 1, penalties, ``tool_choice`` ``required`` or a
+named function, tools with ``stream``, response
 formats, audio, reasoning effort, vLLM's ``top_k`` / ``min_p`` / ``repetition_penalty``; asking
 for one is a 400 that says so rather than an answer that quietly ignores it.
 """
@@ -28,7 +36,7 @@ import asyncio
 import time
 import uuid
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
@@ -36,7 +44,9 @@ from pydantic import BaseModel, ConfigDict
 
 from sandrl.errors import ConfigError
 from sandrl.inference.base import Generation, SamplingParams
+from sandrl.inference.chat import ChatFormat
 from sandrl.inference.engine import Engine
+from sandrl.inference.gateway.session import plain, reply_message
 from sandrl.inference.openai_stream import StreamSpec, chat_logprobs, completion_logprobs, openai_stream
 from sandrl.inference.serving import (
     engine_of,
@@ -45,6 +55,7 @@ from sandrl.inference.serving import (
     require_tokenizer,
     served_name,
 )
+from sandrl.inference.toolcalls import ToolCallParser
 from sandrl.inference.version_spans import to_spans
 
 _UNSUPPORTED: dict[str, Any] = {
@@ -53,8 +64,6 @@ _UNSUPPORTED: dict[str, Any] = {
     "best_of": (None, 1),
     "presence_penalty": 0.0,
     "frequency_penalty": 0.0,
-    "tools": (None, []),
-    "tool_choice": (None, "none"),
     "functions": (None, []),
     "function_call": (None, "none"),
     "response_format": (None, {"type": "text"}),
@@ -107,6 +116,8 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage]
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
@@ -168,19 +179,30 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     top = (body.top_logprobs or 0) if body.logprobs else 0
     params = _params(body, limit if limit is not None else engine.max_context, top)
-    messages = [{"role": m.role, "content": _content(m)} for m in body.messages]
-    prompt = tokenizer.encode_messages(messages, add_generation_prompt=True)
+    if body.tool_choice not in (None, "auto", "none"):
+        raise ConfigError(
+            f"tool_choice={body.tool_choice!r} is not served (it needs constrained decoding); use 'auto' or 'none'"
+        )
+    if body.tools and body.stream:
+        raise ConfigError("tools with stream=true are not served: send stream=false to get parsed tool_calls")
+    messages = [plain(m.model_dump(exclude_none=True)) for m in body.messages]
+    prompt = tokenizer.encode_messages(messages, add_generation_prompt=True, tools=body.tools)
+    parser = tool_parser_of(request) if body.tools and body.tool_choice != "none" else None
     if body.stream:
         spec = _spec(body, request, chat=True, logprobs=body.logprobs)
         return _streaming(engine, _jobs(engine, [prompt], params, body.n), spec)
     generations = await _run(engine, [prompt], params, body.n)
     choices = []
     for index, (g, _) in enumerate(generations):
+        message: dict[str, Any] = {"role": "assistant", "content": _text(engine, g, body)}
+        finish: str = g.finish_reason
+        if parser is not None:
+            message, finish = reply_message(ChatFormat(tokenizer), parser, g, body.tools or ())
         choice: dict[str, Any] = {
             "index": index,
-            "message": {"role": "assistant", "content": _text(engine, g, body)},
+            "message": message,
             "logprobs": chat_logprobs(engine, g, body.return_tokens_as_token_ids) if body.logprobs else None,
-            "finish_reason": g.finish_reason,
+            "finish_reason": finish,
             "stop_reason": g.matched_stop,
         }
         if body.return_token_ids:
@@ -192,6 +214,18 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     if body.return_token_ids:
         answer["prompt_token_ids"] = prompt
     return answer
+
+
+def tool_parser_of(request: Request) -> ToolCallParser:
+    """The served model's tool-call parser (the session gateway's: named at start, or detected from the template)."""
+    gateway = getattr(request.app.state, "gateway", None)
+    parser = getattr(gateway, "parser", None)
+    if parser is None:
+        raise ConfigError(
+            "this model's chat template shows no tool-call format, so tool calls cannot be parsed; start the "
+            "server with --tool-parser hermes, glm45 or llama3_json"
+        )
+    return cast(ToolCallParser, parser)
 
 
 def _checked(body: _Common, request: Request, where: str) -> Engine:
@@ -293,17 +327,6 @@ def _completion_prompts(engine: Engine, prompt: str | list[str] | list[int] | li
     if not out:
         raise ConfigError("/v1/completions: prompt is empty")
     return out
-
-
-def _content(message: ChatMessage) -> str:
-    if message.content is None or isinstance(message.content, str):
-        return message.content or ""
-    parts = []
-    for part in message.content:
-        if part.get("type") != "text":
-            raise ConfigError(f"only text message parts are supported, got a {part.get('type')!r} part")
-        parts.append(str(part.get("text", "")))
-    return "".join(parts)
 
 
 def _spans(g: Generation) -> list[dict[str, Any]]:

@@ -251,7 +251,7 @@ class Session:
         model_s = time.perf_counter() - started
         context = len(self.ids)
         self._add(generation.output_ids, model=True, logprobs=generation.output_logprobs)
-        reply, finish = _reply(chat, parser, generation, tools or ())
+        reply, finish = reply_message(chat, parser, generation, tools or ())
         turn = SessionTurn(
             index=len(self.turns),
             output_start=context,
@@ -289,7 +289,7 @@ class Session:
         }
 
 
-def _reply(
+def reply_message(
     chat: ChatFormat, parser: ToolCallParser | None, generation: Generation, tools: Sequence[Mapping[str, Any]]
 ) -> tuple[dict[str, Any], str]:
     """The assistant message of a generation, and OpenAI's finish reason for it."""
