@@ -73,6 +73,10 @@ async def test_mini_swe_agent_solves_a_task_through_the_gateway(echo_task: Task,
     # mini-swe-agent's own prompt and its tool-result message are in the ids, rendered by the template.
     text = ByteTokenizer().decode(t.ids)
     assert "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT" in text[: t.prompt_len * 2] and '"returncode": 0' in text
+    import litellm  # the episode's cached clients are closed with it (each session is an endpoint of its own)
+
+    cached = litellm.in_memory_llm_clients_cache.cache_dict.values()
+    assert not any("/v1/sessions/" in str(getattr(c, "base_url", "")) for c in cached)
 
 
 async def rewriting_harness(ctx: HarnessContext) -> str:

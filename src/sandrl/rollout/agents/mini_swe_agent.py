@@ -105,6 +105,19 @@ class SandboxEnvironment:
         return {"info": {"config": {"environment": environment, "environment_type": "sandrl"}}}
 
 
+def _drop_cached_clients(litellm: Any, base_url: str) -> None:
+    """Close the clients litellm cached for this episode's session: one per endpoint, each session its own
+    endpoint, so over a training run they would pile up, holding connections to sessions long gone."""
+    cache = litellm.in_memory_llm_clients_cache
+    for key, client in list(cache.cache_dict.items()):
+        url = str(getattr(client, "base_url", ""))
+        if url.rstrip("/").startswith(base_url.rstrip("/")):
+            close = getattr(client, "close", None)
+            if callable(close):
+                close()
+            cache.delete_cache(key)
+
+
 def run(ctx: HarnessContext) -> StopReason:
     """One mini-swe-agent episode (a harness: runs in a worker thread)."""
     context = min(ctx.budget.max_total_tokens, ctx.session.max_total_tokens or ctx.budget.max_total_tokens)
@@ -127,5 +140,8 @@ def run(ctx: HarnessContext) -> StopReason:
     agent_config = {k: v for k, v in config["agent"].items() if k != "mode"}
     agent_config.update(step_limit=ctx.budget.max_turns, cost_limit=0.0)
     agent = DefaultAgent(model, env, **agent_config)
-    outcome = agent.run(ctx.task.instruction)
+    try:
+        outcome = agent.run(ctx.task.instruction)
+    finally:
+        _drop_cached_clients(litellm, ctx.base_url)
     return _EXIT.get(str(outcome.get("exit_status")), "done")  # type: ignore[return-value]
