@@ -214,6 +214,12 @@ class Trajectory:
     image: str | None = None
     started_at: float = 0.0
     """Unix time the attempt started."""
+    forked_from: dict[str, Any] | None = None
+    """With ``fork_groups``, the group's prepared sandbox this episode's sandbox was forked from:
+    ``parent`` (its id), ``snapshot`` (the image the episode's sandbox started from), ``image`` (the
+    task's, the parent's), ``setup_s`` (the group's setup, run once and shared by its episodes, whose
+    own ``timings.setup_s`` is 0), ``parent_create_s``, ``snapshot_s`` and ``attempt`` (of the
+    group's setup). None: the episode set up its own sandbox."""
 
     @property
     def num_turns(self) -> int:
@@ -258,6 +264,7 @@ class Trajectory:
         data["loss_mask"] = list(self.loss_mask)
         data["logprobs"] = list(self.logprobs)
         data["verifier"] = dict(self.verifier)
+        data["forked_from"] = dict(self.forked_from) if self.forked_from is not None else None
         return data
 
     @classmethod
