@@ -114,7 +114,7 @@ from sandrl.sandbox.bwrap.images import ImageStore, MountPlan
 from sandrl.sandbox.bwrap.nat import start_nat
 from sandrl.sandbox.bwrap.protocol import AgentConnection
 from sandrl.sandbox.bwrap.sandbox import BwrapSandbox
-from sandrl.sandbox.bwrap.snapshot import fork_sandbox, snapshot_sandbox
+from sandrl.sandbox.bwrap.snapshot import fork_sandbox, layers_in_use, remove_snapshot, snapshot_sandbox
 from sandrl.sandbox.bwrap.state import STORE_UID_BASE, Slot, StateDir
 from sandrl.sandbox.entrypoint import start_entrypoint
 
@@ -385,6 +385,15 @@ class BwrapProvider:
         argv += ["--", "@AGENT@", "agent", "--fd", str(sock_fd), "--lock-fd", str(slot.fd)]
         argv += ["--inner-userns", "@INNER_USERNS@", "--workdir", spec.workdir, "--ttl-ms", str(ttl_ms)]
         return argv
+
+    snapshots = True
+    """Its sandboxes can be snapshotted and forked (:class:`~sandrl.sandbox.base.SnapshotProvider`)."""
+
+    async def remove_image(self, name: str) -> None:
+        """Remove a snapshot or fork image and the layers only it held (those a live sandbox of this
+        provider has mounted stay, for ``sandrl images prune``)."""
+        in_use = layers_in_use(self.images, self.live)
+        await asyncio.to_thread(remove_snapshot, self.images, name, in_use)
 
     def _forget(self, sandbox: BwrapSandbox) -> None:
         self.state.remove_record(sandbox.id)

@@ -17,21 +17,23 @@ which the sandbox's idmapped, helper-built mounts are not.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import uuid
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import Protocol
 
-from sandrl.errors import ConfigError
-from sandrl.sandbox.base import SandboxSpec
+from sandrl.errors import ConfigError, ImageNotFoundError
+from sandrl.sandbox.base import FORK_IMAGE_PREFIX, SandboxSpec
 from sandrl.sandbox.bwrap.export import export_changes, is_empty_layer
 from sandrl.sandbox.bwrap.images import HOST_IMAGE, ImageStore
 from sandrl.sandbox.bwrap.sandbox import BwrapSandbox
 
-__all__ = ["FORK_PREFIX", "SNAPSHOT_PREFIX", "fork_sandbox", "snapshot_sandbox"]
+__all__ = ["FORK_PREFIX", "SNAPSHOT_PREFIX", "fork_sandbox", "layers_in_use", "remove_snapshot", "snapshot_sandbox"]
 
 SNAPSHOT_PREFIX = "snap-"
-FORK_PREFIX = "fork-"
+FORK_PREFIX = FORK_IMAGE_PREFIX
 """Images made for a fork: ``sandrl images prune`` removes them once no live sandbox uses them."""
 MAX_FORK = 256
 
@@ -97,3 +99,48 @@ async def fork_sandbox(provider: Creates, sandbox: BwrapSandbox, n: int) -> list
         await asyncio.gather(*(c.close() for c in children), return_exceptions=True)
         raise failed[0]
     return children
+
+
+def remove_snapshot(store: ImageStore, name: str, in_use: set[str]) -> list[str]:
+    """Forget the snapshot image ``name`` and delete the layers only it held; return their ids.
+
+    A layer another image lists (a snapshot of a sandbox made from this one) or that a live
+    sandbox has mounted (``in_use``: layer ids, :func:`layers_in_use`) stays; ``sandrl images prune``
+    removes it once nothing uses it. Only snapshot and fork images are removed this way.
+    """
+    if not name.startswith((SNAPSHOT_PREFIX, FORK_PREFIX)):
+        raise ConfigError(
+            f"{name!r} is not an image a snapshot made (those are named {SNAPSHOT_PREFIX}* or {FORK_PREFIX}*): "
+            "remove other images with `sandrl images rm`"
+        )
+    below = store.meta(name).get("layers")
+    own = [str(x) for x in below] if isinstance(below, list) else []
+    store.remove(name)
+    listed: set[str] = set()
+    for other in store.names():
+        layers: object = None
+        if other != HOST_IMAGE:
+            with contextlib.suppress(ImageNotFoundError, ValueError, OSError):
+                layers = store.meta(other).get("layers")
+        if isinstance(layers, list):
+            listed.update(str(x) for x in layers)
+    removed = []
+    for lid in own:
+        path = store.root / "layers" / lid
+        if lid in listed or lid in in_use or not path.is_dir():
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(lid)
+    return removed
+
+
+def layers_in_use(store: ImageStore, sandboxes: Iterable[BwrapSandbox]) -> set[str]:
+    """The ids of the store's layers that ``sandboxes`` have mounted (a stacked layer is mounted by
+    its subdirectories, one per overlay: ``<layer>/usr``)."""
+    layers = store.root / "layers"
+    found: set[str] = set()
+    for sandbox in sandboxes:
+        for path in sandbox.mount_plan.layers if sandbox.mount_plan is not None else ():
+            if path.is_relative_to(layers):
+                found.add(path.relative_to(layers).parts[0])
+    return found
