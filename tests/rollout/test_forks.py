@@ -14,6 +14,7 @@ from sandrl.sandbox.base import SandboxProvider, SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.tasks import Task
 from sandrl.wiring import RolloutConfig, build_runner
+from sandrl.wiring.evaluate import EvalConfig
 
 from .conftest import RecordingProvider
 
@@ -59,6 +60,8 @@ async def test_a_group_sets_up_once_and_its_episodes_start_from_the_snapshot(
     assert first is not None and first["setup_s"] >= 5.0 and first["image"] != first["snapshot"]
     assert all(t.timings.setup_s == 0.0 and t.image == first["snapshot"] for t in group.trajectories)
     assert all(t.timings.total_s < 5.0 for t in group.trajectories)
+    forked = result.summary["forked_groups"]
+    assert forked["groups"] == 1 and forked["setup_s"]["p50"] >= 5.0
     # The snapshot and its layer are gone with the group.
     assert _fork_images(provider) == []
     assert set((provider.images.root / "layers").iterdir()) == layers_before
@@ -110,6 +113,7 @@ def test_a_provider_that_cannot_fork_is_refused_at_start(provider: BwrapProvider
     # The setting reaches the runner through [rollout]; with command admission the provider still forks.
     runner = build_runner(RolloutConfig(fork_groups=True, host_capacity=2), provider, agent=OracleAgent())
     assert runner.config.fork_groups
+    assert EvalConfig("builtin", samples=4, fork_groups=True).rollout().fork_groups  # sandrl eval --fork-groups
     not_a_forker: SandboxProvider = RecordingProvider(provider)
     with pytest.raises(ConfigError, match="set fork_groups = false"):
         build_runner(RolloutConfig(fork_groups=True), not_a_forker, agent=OracleAgent())
