@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
+from sandrl.bench.fork_groups import run as bench_fork_groups
 from sandrl.bench.setup_heavy import load_setup_heavy, write_task
 from sandrl.errors import ConfigError, SandboxCreateError
 from sandrl.rollout import OracleAgent, ReplayAgent, RolloutRunner, RunnerConfig, ThinkTime
@@ -117,3 +120,14 @@ def test_a_provider_that_cannot_fork_is_refused_at_start(provider: BwrapProvider
     not_a_forker: SandboxProvider = RecordingProvider(provider)
     with pytest.raises(ConfigError, match="set fork_groups = false"):
         build_runner(RolloutConfig(fork_groups=True), not_a_forker, agent=OracleAgent())
+
+
+async def test_bench_rollout_fork_groups_small() -> None:
+    result = await bench_fork_groups(
+        1, 3, 3, wait_s=0.5, rounds=1000, data_mb=1, think_s=(0.0, 0.05), console=Console(file=io.StringIO())
+    )
+    assert result["valid"], result
+    per, forked = result["per_episode_setup"], result["fork_groups"]
+    assert (per["setups"], forked["setups"]) == (3, 1)
+    assert per["setup_s_p50"] >= 0.5 and forked["setup_s_p50"] >= 0.5 and forked["episode_total_s_p50"] < 0.5 + 5
+    assert result["speedup"] > 0

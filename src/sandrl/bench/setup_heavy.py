@@ -78,8 +78,12 @@ def chain_digest(seed: str, rounds: int) -> str:
     return h.hex()
 
 
-def write_task(root: Path, name: str, *, wait_s: float = 0.0, rounds: int = 1000, data_mb: int = 1) -> Path:
-    """Write the task ``name`` under ``root`` (see the module); its directory."""
+def write_task(
+    root: Path, name: str, *, wait_s: float = 0.0, rounds: int = 1000, data_mb: int = 1, seed: str | None = None
+) -> Path:
+    """Write the task ``name`` under ``root`` (see the module); its directory. Its chain starts from
+    ``seed`` (default: the name); tasks that share one share their answer, computed here once."""
+    seed = name if seed is None else seed
     task = root / name
     step = task / "steps" / "prepare"
     for d in (task / "environment", task / "tests", step / "workdir", step / "solution"):
@@ -89,10 +93,10 @@ def write_task(root: Path, name: str, *, wait_s: float = 0.0, rounds: int = 1000
         TOML.format(name=name, wait_s=f"{wait_s:g}", rounds=rounds, storage_mb=max(64, 4 * data_mb + 32))
     )
     (task / "tests" / "test.sh").write_text(TEST)
-    (task / "tests" / "expected.txt").write_text(chain_digest(name, rounds) + "\n")
+    (task / "tests" / "expected.txt").write_text(chain_digest(seed, rounds) + "\n")
     (step / "instruction.md").write_text("Write the digest in /workspace/data/digest.txt into /workspace/answer.txt.\n")
     (step / "workdir" / "setup.sh").write_text(
-        SETUP.format(wait_s=f"{wait_s:g}", seed=name, rounds=rounds, data_mb=data_mb)
+        SETUP.format(wait_s=f"{wait_s:g}", seed=seed, rounds=rounds, data_mb=data_mb)
     )
     (step / "solution" / "solve.sh").write_text("#!/bin/bash\ncp /workspace/data/digest.txt /workspace/answer.txt\n")
     return task
