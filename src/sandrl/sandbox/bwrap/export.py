@@ -38,11 +38,9 @@ from typing import IO
 
 from sandrl.errors import SandboxError
 from sandrl.sandbox.bwrap.layer_owners import KEPT_XATTRS, NOBODY, layer_mode, store_id
-from sandrl.sandbox.bwrap.sandbox import BwrapSandbox
+from sandrl.sandbox.bwrap.sandbox import UPPER_DIR, BwrapSandbox
 from sandrl.sandbox.bwrap.state import UID_RANGE
 
-UPPER_DIR = "/tmp/sandrl/upper"
-"""Where the helper keeps the overlays' writable directories (see ``native/sandrl-helper.c``)."""
 EXPORT_TIMEOUT_S = 600.0
 _EXCLUDED_TOP = {".bubblewrap"}
 """Top-level names in the root upper dir that are bubblewrap's scratch, never the sandbox's work."""

@@ -41,13 +41,16 @@ from sandrl.sandbox.bwrap.process import BwrapProcess
 from sandrl.sandbox.bwrap.protocol import AgentConnection, Frame, Op
 
 REPLY_TIMEOUT_S = 30.0
-PAUSE_HOLD_S = 7 * 24 * 3600.0
-"""How long pid 1's own TTL clock is pushed out while the sandbox is paused (a week)."""
 """Longest wait for the agent to take a request or answer it (a command's start, a file's next
 frame, a TTL change). The agent is one thread serving the whole sandbox: one that does not answer
 for this long is stuck (e.g. blocked by something the sandbox made), and the sandbox is closed
 rather than left to hang every caller."""
+PAUSE_HOLD_S = 7 * 24 * 3600.0
+"""How long pid 1's own TTL clock is pushed out while the sandbox is paused (a week)."""
 READ_WINDOW = 4 << 20
+UPPER_DIR = "/tmp/sandrl/upper"
+"""Where the helper keeps the overlays' writable directories, in its mount namespace (see
+``native/sandrl-helper.c``), on the one tmpfs of ``disk_mb``."""
 
 T = TypeVar("T")
 
@@ -60,6 +63,8 @@ class SandboxStats:
     cpu_s: float
     pids: int
     oom_kills: int
+    memory_cache_bytes: int = 0
+    """Reclaimable page cache within ``memory_bytes`` (the writable layer's pages are not)."""
 
 
 class BwrapSandbox(ClosesOnExit):
@@ -349,7 +354,16 @@ class BwrapSandbox(ClosesOnExit):
             cpu_s=float(_safe(g.cpu_seconds)),
             pids=_safe(g.pids_current),
             oom_kills=_safe(g.oom_kills),
+            memory_cache_bytes=_safe(g.memory_cache_bytes),
         )
+
+    def disk_usage(self) -> tuple[int, int]:
+        """Bytes used and the size of the writable layer (its tmpfs, ``disk_mb``); (0, 0) once closed."""
+        try:
+            st = os.statvfs(f"/proc/{self._proc.pid}/root{UPPER_DIR}")
+        except OSError:
+            return 0, 0
+        return (st.f_blocks - st.f_bfree) * st.f_frsize, st.f_blocks * st.f_frsize
 
     # -- commands
 

@@ -21,7 +21,7 @@ import contextlib
 import shutil
 import uuid
 from collections.abc import Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from sandrl.errors import ConfigError, ImageNotFoundError
@@ -30,7 +30,17 @@ from sandrl.sandbox.bwrap.export import export_changes, is_empty_layer
 from sandrl.sandbox.bwrap.images import HOST_IMAGE, ImageStore
 from sandrl.sandbox.bwrap.sandbox import BwrapSandbox
 
-__all__ = ["FORK_PREFIX", "SNAPSHOT_PREFIX", "fork_sandbox", "layers_in_use", "remove_snapshot", "snapshot_sandbox"]
+__all__ = [
+    "FORK_PREFIX",
+    "SNAPSHOT_PREFIX",
+    "SnapshotRecord",
+    "fork_sandbox",
+    "layers_in_use",
+    "list_snapshots",
+    "remove_snapshot",
+    "snapshot_record",
+    "snapshot_sandbox",
+]
 
 SNAPSHOT_PREFIX = "snap-"
 FORK_PREFIX = FORK_IMAGE_PREFIX
@@ -101,18 +111,47 @@ async def fork_sandbox(provider: Creates, sandbox: BwrapSandbox, n: int) -> list
     return children
 
 
+@dataclass(frozen=True)
+class SnapshotRecord:
+    """A snapshot in the store: its image name, the sandbox it was taken of, when."""
+
+    name: str
+    source: str
+    created: float
+
+
+def snapshot_record(store: ImageStore, name: str) -> SnapshotRecord | None:
+    """The record of image ``name`` if a snapshot made it (a fork's image included), else None."""
+    if name == HOST_IMAGE:
+        return None
+    try:
+        meta = store.meta(name)
+    except (ImageNotFoundError, ValueError, OSError):
+        return None
+    config = meta.get("config")
+    source = config.get("snapshot_of") if isinstance(config, dict) else None
+    if not isinstance(source, str):
+        return None
+    created = meta.get("created")
+    return SnapshotRecord(name, source, float(created) if isinstance(created, int | float) else 0.0)
+
+
+def list_snapshots(store: ImageStore) -> list[SnapshotRecord]:
+    """The snapshots in the store, oldest first; the images forks made for themselves are not listed."""
+    found = [snapshot_record(store, name) for name in store.names() if not name.startswith(FORK_PREFIX)]
+    return sorted((r for r in found if r is not None), key=lambda r: (r.created, r.name))
+
+
 def remove_snapshot(store: ImageStore, name: str, in_use: set[str]) -> list[str]:
     """Forget the snapshot image ``name`` and delete the layers only it held; return their ids.
 
     A layer another image lists (a snapshot of a sandbox made from this one) or that a live
     sandbox has mounted (``in_use``: layer ids, :func:`layers_in_use`) stays; ``sandrl images prune``
-    removes it once nothing uses it. Only snapshot and fork images are removed this way.
+    removes it once nothing uses it. Only images snapshots (and forks) made are removed this way.
     """
-    if not name.startswith((SNAPSHOT_PREFIX, FORK_PREFIX)):
-        raise ConfigError(
-            f"{name!r} is not an image a snapshot made (those are named {SNAPSHOT_PREFIX}* or {FORK_PREFIX}*): "
-            "remove other images with `sandrl images rm`"
-        )
+    if snapshot_record(store, name) is None:
+        store.meta(name)  # no such image: ImageNotFoundError
+        raise ConfigError(f"{name!r} is not an image a snapshot made: remove other images with `sandrl images rm`")
     below = store.meta(name).get("layers")
     own = [str(x) for x in below] if isinstance(below, list) else []
     store.remove(name)
