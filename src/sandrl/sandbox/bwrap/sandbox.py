@@ -98,6 +98,9 @@ class BwrapSandbox(ClosesOnExit):
         self._snapshotter: Callable[[BwrapSandbox, str | None], Awaitable[str]] | None = None
         self._forker: Callable[[BwrapSandbox, int], Awaitable[list[BwrapSandbox]]] | None = None
         """Set by the provider (which has the image store and makes sandboxes)."""
+        self.on_pause: Callable[[BwrapSandbox, float | None], None] | None = None
+        """Told the TTL left when the sandbox is about to be paused, None once it runs again (the
+        provider records it, so that a paused sandbox its crash left behind is reaped)."""
         self._group = group
         self._proc = proc
         self._conn = conn
@@ -306,11 +309,18 @@ class BwrapSandbox(ClosesOnExit):
         """Freeze every process of the sandbox (no CPU until :meth:`resume`) and stop its TTL clock."""
         self._check_open()
         remaining = max(self.expires_at - time.time(), 1.0)
-        # Pid 1 keeps its own TTL clock, which freezing does not stop: give it room for the pause
-        # (the provider's timer is off meanwhile; a provider that dies leaves a record to reap).
-        await self.set_ttl(remaining + PAUSE_HOLD_S)
-        self._ttl_timer.cancel()
-        await asyncio.to_thread(self._group.freeze, True)
+        if self.on_pause is not None:  # first: a provider that dies from here on leaves a record to reap
+            self.on_pause(self, remaining)
+        try:
+            # Pid 1 keeps its own TTL clock, which freezing does not stop: give it room for the pause
+            # (the provider's timer is off meanwhile).
+            await self.set_ttl(remaining + PAUSE_HOLD_S)
+            self._ttl_timer.cancel()
+            await asyncio.to_thread(self._group.freeze, True)
+        except BaseException:
+            if self.on_pause is not None and not self.closed:
+                self.on_pause(self, None)
+            raise
         self._paused_ttl_s = remaining
 
     async def resume(self) -> None:
@@ -321,6 +331,8 @@ class BwrapSandbox(ClosesOnExit):
         remaining, self._paused_ttl_s = self._paused_ttl_s, None
         await asyncio.to_thread(self._group.freeze, False)
         await self.set_ttl(remaining)
+        if self.on_pause is not None:
+            self.on_pause(self, None)
 
     async def set_ttl(self, ttl_s: float) -> None:
         """Give the sandbox ``ttl_s`` more seconds to live, counted from now."""
