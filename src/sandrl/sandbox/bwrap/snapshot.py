@@ -9,9 +9,10 @@ each with the parent's limits and its own copy-on-write layer; the parent keeps 
 
 What a snapshot does not hold: processes, memory, open sockets (a filesystem snapshot, like
 ``docker commit``). A fork's children start no ``ENTRYPOINT``: they are the parent's files, not a
-new container of the parent's image. Process snapshots with CRIU are not offered: CRIU needs
-``CAP_SYS_ADMIN`` over the sandbox's namespaces and restores into namespaces it creates itself,
-which the sandbox's idmapped, helper-built mounts are not.
+new container of the parent's image. Process snapshots with CRIU are not offered: the CRIU
+that Debian 12 ships (3.17.1) cannot even start on kernels from 6.13 on (their ``[vvar_vclock]``
+mapping), whatever the namespaces; ``docs/sandbox-limits.md`` has the error and what a newer CRIU
+would still face here.
 """
 
 from __future__ import annotations
