@@ -138,3 +138,51 @@ async def test_200_create_close_cycles_leak_nothing(provider: BwrapProvider) -> 
     assert set(provider.cgroups.stale_groups()) == groups
     assert provider.state.leaked_processes(uids) == []
     assert not provider.live
+
+
+def test_a_paused_sandbox_of_a_crashed_provider_is_reaped(state_dir: Path, provider: BwrapProvider) -> None:
+    script = textwrap.dedent(
+        f"""
+        import asyncio
+        from sandrl.sandbox.base import SandboxSpec
+        from sandrl.sandbox.bwrap import BwrapProvider
+        async def main():
+            p = BwrapProvider({str(state_dir)!r})
+            sb = await p.create(SandboxSpec(ttl_s=30))
+            await sb.exec("nohup sh -c 'while :; do :; done' >/dev/null 2>&1 &")
+            await sb.pause()
+            print(sb.id, sb.uid, flush=True)
+            await asyncio.sleep(1000)
+        asyncio.run(main())
+        """
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    sid, uid = child.stdout.readline().split()
+    meta = provider.state.read_record(sid)
+    assert meta is not None and isinstance(meta["paused"], dict)
+    assert 25 < meta["paused"]["ttl_left_s"] <= 30 and meta["paused"]["deadline"] > time.time() + 25
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    child.stdout.close()
+    time.sleep(0.5)
+    # Frozen, its processes cannot see their provider go: they live on, holding the slot.
+    (slot,) = _slots(provider, [sid])
+    assert provider.state.slot_owner(slot) == sid and provider.state.sandbox_processes({int(uid)})
+    fresh = BwrapProvider(state_dir)
+    assert sid in fresh.reaped
+    deadline = time.monotonic() + 5
+    while provider.state.sandbox_processes({int(uid)}) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert provider.state.sandbox_processes({int(uid)}) == [] and provider.state.slot_owner(slot) is None
+    assert sid not in fresh.cgroups.stale_groups() and not provider.state.record_dir(sid).exists()
+
+
+async def test_a_paused_sandbox_of_a_live_provider_is_not_reaped(state_dir: Path, provider: BwrapProvider) -> None:
+    async with await provider.create(SandboxSpec(ttl_s=30)) as sb:
+        await sb.pause()
+        assert sb.id not in BwrapProvider(state_dir).reaped
+        await sb.resume()
+        meta = provider.state.read_record(sb.id)
+        assert meta is not None and "paused" not in meta  # running again: nothing to reap
+        assert (await sb.exec("echo alive")).stdout == "alive\n"

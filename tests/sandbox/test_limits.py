@@ -25,9 +25,11 @@ async def test_memory_hog_is_oom_killed_inside(provider: BwrapProvider) -> None:
 
 async def test_fork_bomb_is_contained_and_host_stays_responsive(provider: BwrapProvider) -> None:
     async with await provider.create(SandboxSpec(pids=64, cpus=0.5)) as sb:
-        # The root shell starts its sleep before the bomb and then only waits (a builtin): with no
-        # fork left it must still live until the timeout, which then kills the whole tree under it.
-        command = "sleep 30 & s=$!; bomb() { bomb | bomb & }; bomb; wait $s"
+        # The root shell starts its sleep and one subshell for the bomb, then only waits (a builtin):
+        # with no fork left it must still live until the timeout, which then kills the whole tree
+        # under it. (Calling the bomb in the root shell would have it fork the pipeline's second
+        # element itself, racing the first one's children for the last pids on a loaded host.)
+        command = "sleep 30 & s=$!; bomb() { bomb | bomb & }; (bomb) & wait $s"
         bomb = asyncio.create_task(sb.exec(command, timeout_s=4))
         await asyncio.sleep(1.5)
         assert sb.stats().pids <= 64

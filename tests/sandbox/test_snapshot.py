@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import stat
 import time
 
 import pytest
@@ -78,3 +80,41 @@ async def test_fork_refuses_nonsense(provider: BwrapProvider) -> None:
         for n in (0, -1, 1000, True):
             with pytest.raises(Exception, match="between 1 and"):
                 await sandbox.fork(n)  # type: ignore[arg-type]
+
+
+async def test_removing_a_snapshot_frees_its_layer_once_nothing_runs_on_it(provider: BwrapProvider) -> None:
+    assert provider.snapshots  # said before any sandbox exists (SnapshotProvider)
+    layers = provider.images.root / "layers"
+    before = set(layers.iterdir())
+    async with await provider.create(SandboxSpec(ttl_s=60)) as sandbox:
+        await sandbox.exec("echo kept > /workspace/f")
+        image = await sandbox.snapshot("fork-removal-test")
+    (own,) = set(layers.iterdir()) - before
+    child = await provider.create(SandboxSpec(image=image, ttl_s=60))
+    await provider.remove_image(image)  # a live sandbox has the layer mounted: it stays
+    assert not provider.images.exists(image) and own.is_dir()
+    assert (await child.exec("cat /workspace/f")).stdout == "kept\n"
+    await child.close()
+    async with await provider.create(SandboxSpec(ttl_s=60)) as sandbox:
+        again = await sandbox.snapshot("fork-removal-test")
+    await provider.remove_image(again)
+    assert set(layers.iterdir()) == before | {own}  # the first one's layer waits for `sandrl images prune`
+    with pytest.raises(Exception, match="not an image a snapshot made"):
+        await provider.remove_image("host")
+
+
+async def test_a_snapshot_copies_links_as_links_never_their_targets(provider: BwrapProvider) -> None:
+    async with await provider.create(SandboxSpec(ttl_s=60)) as sandbox:
+        await sandbox.exec(
+            "ln -s /etc/shadow /workspace/shadow && ln -s /root /workspace/rootdir && "
+            "echo x > /workspace/a && ln /workspace/a /workspace/hard && mkfifo /workspace/fifo"
+        )
+        image = await sandbox.snapshot("fork-links-test")
+    try:
+        layer = provider.images.root / "layers" / str(provider.images.meta(image)["layers"][0])  # type: ignore[index]
+        work = layer / "workspace"
+        assert os.readlink(work / "shadow") == "/etc/shadow" and os.readlink(work / "rootdir") == "/root"
+        assert (work / "a").stat().st_ino == (work / "hard").stat().st_ino and (work / "a").read_text() == "x\n"
+        assert stat.S_ISFIFO((work / "fifo").lstat().st_mode)
+    finally:
+        await provider.remove_image(image)

@@ -12,7 +12,7 @@ from sandrl.errors import CapacityExhaustedError, SandboxNotFoundError, SandboxU
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.sandbox.client import ClientConfig, RemoteProvider
-from sandrl.sandbox.service.state import ServiceConfig
+from sandrl.sandbox.service.state import SandboxService, ServiceConfig
 
 from ..support import host_mounts, needs_sandbox, sandbox_mounts_added
 from .conftest import Served, serving
@@ -145,3 +145,19 @@ async def _soak(served: Served, cycles: int, concurrency: int = 8) -> None:
 @pytest.mark.slow
 async def test_soak_2000_cycles_leak_nothing(served: Served) -> None:
     await _soak(served, 2000)
+
+
+async def test_a_sandbox_paused_too_long_is_closed(bwrap: BwrapProvider) -> None:
+    service = SandboxService(bwrap, ServiceConfig(max_paused_s=1))
+    entry = await service.create(SandboxSpec(ttl_s=60))
+    assert await service.pause(entry)
+    await asyncio.sleep(0.5)
+    await service.resume(entry)  # a resume stops the paused clock
+    assert await service.pause(entry)
+    await asyncio.sleep(0.8)
+    assert entry.id in service.entries  # 0.8 s paused this time
+    deadline = time.monotonic() + 5
+    while entry.id in service.entries and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    with pytest.raises(SandboxNotFoundError, match="stayed paused for 1 s"):
+        service.get(entry.id)

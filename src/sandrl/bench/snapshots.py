@@ -53,11 +53,9 @@ async def run(provider: BwrapProvider, spec: SandboxSpec, n: int, tick: Callable
         for _ in range(max(2, n // 4)):
             forks1.append(await _fork(sandbox, 1))
             forks16.append(await _fork(sandbox, 16))
-    for name in made:
-        provider.images.remove(name)
-    for name in provider.images.names():
-        if name.startswith(FORK_PREFIX) and name not in before:
-            provider.images.remove(name)
+    forks = [n for n in provider.images.names() if n.startswith(FORK_PREFIX) and n not in before]
+    for name in [*made, *forks]:
+        await provider.remove_image(name)  # with the layers only it held
     return {
         "snapshot_10mib": summary_ms(snaps),
         "fork_1_until_exec": summary_ms(forks1),

@@ -65,11 +65,17 @@ def bench_service(
 
 @app.command("rollout")
 def bench_rollout(
-    episodes: int = typer.Option(256, help="Episodes in all."),
-    concurrency: int = typer.Option(256, help="Episodes at once."),
+    episodes: int | None = typer.Option(None, help="Episodes in all (default 256; --fork-groups: 32)."),
+    concurrency: int | None = typer.Option(None, help="Episodes at once (default 256; --fork-groups: 16)."),
     suite: str = typer.Option("generated", help="'generated' or 'builtin'."),
-    think_min_s: float = typer.Option(1.0, help="Shortest emulated model time per turn."),
-    think_max_s: float = typer.Option(2.0, help="Longest emulated model time per turn."),
+    think_min_s: float | None = typer.Option(None, help="Shortest model time per turn (1; --fork-groups 0.5)."),
+    think_max_s: float | None = typer.Option(None, help="Longest model time per turn (2; --fork-groups 1)."),
+    fork_groups: bool = typer.Option(
+        False,
+        "--fork-groups",
+        help="On setup-heavy tasks: groups forked from one set-up sandbox against a setup per episode, same run.",
+    ),
+    group_size: int = typer.Option(8, help="--fork-groups: episodes per group (--episodes is rounded to groups)."),
     json_only: bool = typer.Option(False, "--json", help="Print only the JSON line."),
 ) -> None:
     """Concurrent replay episodes with the model's time fixed: infra errors and orchestrator overhead."""
@@ -77,9 +83,22 @@ def bench_rollout(
 
     if suite not in ("generated", "builtin"):
         raise SandrlError("--suite must be 'generated' or 'builtin'")
-    if episodes < 1 or concurrency < 1 or not 0 < think_min_s <= think_max_s:
-        raise SandrlError("--episodes and --concurrency must be at least 1, and 0 < --think-min-s <= --think-max-s")
+    episodes = episodes if episodes is not None else (32 if fork_groups else 256)
+    concurrency = concurrency if concurrency is not None else (16 if fork_groups else 256)
+    think_min_s = think_min_s if think_min_s is not None else (0.5 if fork_groups else 1.0)
+    think_max_s = think_max_s if think_max_s is not None else (1.0 if fork_groups else 2.0)
+    if episodes < 1 or concurrency < 1 or group_size < 1 or not 0 < think_min_s <= think_max_s:
+        raise SandrlError(
+            "--episodes, --concurrency and --group-size must be at least 1, and 0 < --think-min-s <= --think-max-s"
+        )
     console = rich_console(quiet=json_only)
+    if fork_groups:
+        from sandrl.bench import fork_groups as forks
+
+        groups = max(1, round(episodes / group_size))
+        think = (think_min_s, think_max_s)
+        emit(asyncio.run(forks.run(groups, group_size, concurrency, think_s=think, console=console)))
+        return
     result = asyncio.run(
         run(
             episodes,

@@ -4,7 +4,8 @@
 
     run_episode(task, provider, agent)
       sandbox_create  provider.create(task.to_sandbox_spec(image=...))
-      setup           prepare_environment(task, sandbox)
+      setup           prepare_environment(task, sandbox); not in a forked group's episodes
+                      (:mod:`sandrl.rollout.forks`: it ran once, in the group's parent)
       agent           agent.run(task, sandbox, policy, budget)
       verifier        verify(task, sandbox): tests/ written only now, then run, reward read
       close           sandbox.close(), always: on errors and on cancellation too
@@ -23,6 +24,7 @@ import logging
 import math
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,11 +138,15 @@ async def run_episode(
     sample_index: int = 0,
     attempt: int = 1,
     queue_s: float = 0.0,
+    forked_from: Mapping[str, Any] | None = None,
 ) -> Trajectory:
     """Run ``agent`` on ``task`` in a new sandbox of ``provider``; see the module docstring.
 
     ``image`` is the image the task's environment was built into (the provider's ``resolve_image`` of
     :meth:`~sandrl.tasks.task.Task.image_source`); ``host`` for a task without a Dockerfile.
+    ``forked_from``: the episode is one of a group prepared once (:mod:`sandrl.rollout.forks`):
+    ``image`` is the snapshot of the group's set-up sandbox, so the setup is not run again; the
+    record (:meth:`~sandrl.rollout.forks.PreparedGroup.provenance`) goes on the trajectory.
     """
     cfg = config or EpisodeConfig()
     limits = cfg.timeouts
@@ -166,8 +172,9 @@ async def run_episode(
     try:
         spec = task.to_sandbox_spec(image=image)
         sandbox = await timed("sandbox_create_s", limits.create_timeout_s, provider.create(spec))
-        phase = "setup"
-        await timed("setup_s", limits.setup_timeout_s, prepare_environment(task, sandbox))
+        if forked_from is None:
+            phase = "setup"
+            await timed("setup_s", limits.setup_timeout_s, prepare_environment(task, sandbox))
         phase = "agent"
         wall = cfg.budget.wall_time_for(task) + limits.agent_grace_s
         agent_result = await timed("agent_s", wall, agent.run(task, sandbox, policy, cfg.budget))
@@ -256,4 +263,5 @@ async def run_episode(
         image=image,
         started_at=started_at,
         segment_starts=list(agent_result.segment_starts) if agent_result is not None else [0],
+        forked_from=dict(forked_from) if forked_from is not None else None,
     )

@@ -14,6 +14,11 @@ that ends in a retryable ``infra_error`` is run again (same ``episode_id``, ``at
 up to ``max_attempts``; the errors of earlier attempts stay on the final trajectory.
 Cancelling a stream or a run cancels its episodes, each of which closes its sandbox.
 
+With ``fork_groups`` a group's setup runs once, in a parent sandbox that is then snapshotted,
+and its episodes start from the snapshot (:mod:`sandrl.rollout.forks`); the parent takes a
+concurrency slot while it sets up, and a failed setup is retried as an episode is, then fails
+every episode of its group with its error.
+
 ``host_capacity`` admits commands, not episodes: at most that many commands (the agents', the
 setup's and the verifiers') run at once across the run's sandboxes, the rest queue
 (:class:`~sandrl.sandbox.pool.CommandAdmission`); episodes waiting on the model hold no slot.
@@ -39,6 +44,7 @@ from sandrl.inference.base import InferenceClient
 from sandrl.rollout.agent import Agent
 from sandrl.rollout.episode import EpisodeConfig, run_episode
 from sandrl.rollout.failures import classify
+from sandrl.rollout.forks import PreparedGroup, check_forks, prepare_group, release_group
 from sandrl.rollout.images import ImageFor, TaskImages
 from sandrl.rollout.jsonl import TrajectoryWriter
 from sandrl.rollout.progress import EpisodeProgress
@@ -73,6 +79,9 @@ class RunnerConfig:
     run_id: str | None = None
     """Prefix of every group and episode id; a fixed one makes ids stable across runs. None: random."""
     episode: EpisodeConfig = field(default_factory=EpisodeConfig)
+    fork_groups: bool = False
+    """Set each group's task up once and start its episodes from a snapshot of that sandbox
+    (:mod:`sandrl.rollout.forks`); the provider must fork (refused at start otherwise)."""
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -87,6 +96,8 @@ class RunnerConfig:
             raise ConfigError(f"host_capacity (commands at once) must be >= 1, got {self.host_capacity}")
         if self.fill_idle_cores is not None and not self.fill_idle_cores > 0:
             raise ConfigError(f"fill_idle_cores must be a positive number of cores, got {self.fill_idle_cores}")
+        if not isinstance(self.fork_groups, bool):
+            raise ConfigError(f"fork_groups must be true or false, got {self.fork_groups!r}")
 
 
 @dataclass(frozen=True)
@@ -136,6 +147,8 @@ class RolloutRunner:
         self.agent = agent
         self.policy = policy
         self.config = config or RunnerConfig()
+        if self.config.fork_groups:
+            check_forks(provider)
         self.run_id = self.config.run_id or uuid.uuid4().hex[:12]
         self.image_for = image_for or TaskImages(provider)
         self.writer = writer
@@ -212,16 +225,55 @@ class RolloutRunner:
             error = classify(exc, "image")
             trajectories = [self._failed(task, group_id, i, error) for i in range(self.config.group_size)]
         else:
-            submitted = time.monotonic()
-            trajectories = await gather_all(
-                *(self._episode(task, group_id, i, image, submitted) for i in range(self.config.group_size))
-            )
+            if self.config.fork_groups:
+                trajectories = await self._forked_group(task, group_id, image)
+            else:
+                submitted = time.monotonic()
+                trajectories = await gather_all(
+                    *(self._episode(task, group_id, i, image, submitted) for i in range(self.config.group_size))
+                )
         group = Group(group_id, task.id, trajectories)
         if self.writer is not None:
             self.writer.write_all(group.trajectories)
         return group
 
-    def _failed(self, task: Task, group_id: str, index: int, error: EpisodeError) -> Trajectory:
+    async def _forked_group(self, task: Task, group_id: str, image: str) -> list[Trajectory]:
+        """The group's episodes, started from one set-up sandbox's snapshot (:mod:`.forks`)."""
+        prepared, earlier = await self._prepare(task, image)
+        if isinstance(prepared, EpisodeError):
+            return [self._failed(task, group_id, i, prepared, earlier) for i in range(self.config.group_size)]
+        provenance = prepared.provenance()
+        try:
+            submitted = time.monotonic()
+            return await gather_all(
+                *(
+                    self._episode(task, group_id, i, prepared.snapshot, submitted, provenance)
+                    for i in range(self.config.group_size)
+                )
+            )
+        finally:
+            await asyncio.shield(release_group(self._episode_provider, prepared))
+
+    async def _prepare(self, task: Task, image: str) -> tuple[PreparedGroup | EpisodeError, list[EpisodeError]]:
+        """The group's setup, retried as an episode is; with the errors of the attempts before."""
+        earlier: list[EpisodeError] = []
+        backoff = self.config.retry_backoff_s
+        attempt = 1
+        while True:
+            async with self._slots:
+                result = await prepare_group(
+                    task, self._episode_provider, image, self.config.episode.timeouts, attempt=attempt
+                )
+            if isinstance(result, PreparedGroup) or not result.retryable or attempt >= self.config.max_attempts:
+                return result, earlier
+            earlier.append(result)
+            attempt += 1
+            await asyncio.sleep(backoff)
+            backoff *= 2
+
+    def _failed(
+        self, task: Task, group_id: str, index: int, error: EpisodeError, earlier: Sequence[EpisodeError] = ()
+    ) -> Trajectory:
         trajectory = Trajectory(
             episode_id=f"{group_id}/{index}",
             group_id=group_id,
@@ -231,6 +283,7 @@ class RolloutRunner:
             status="infra_error" if error.kind == "infra" else "agent_error",
             stop_reason="error",
             error=error,
+            retried_errors=list(earlier),
             started_at=time.time(),
         )
         self._finished(trajectory)
@@ -240,7 +293,15 @@ class RolloutRunner:
         for listener in self._listeners:
             listener(trajectory)
 
-    async def _episode(self, task: Task, group_id: str, index: int, image: str, submitted: float) -> Trajectory:
+    async def _episode(
+        self,
+        task: Task,
+        group_id: str,
+        index: int,
+        image: str,
+        submitted: float,
+        forked_from: dict[str, Any] | None = None,
+    ) -> Trajectory:
         episode_id = f"{group_id}/{index}"
         earlier: list[EpisodeError] = []
         backoff = self.config.retry_backoff_s
@@ -260,6 +321,7 @@ class RolloutRunner:
                     sample_index=index,
                     attempt=attempt,
                     queue_s=queue_s,
+                    forked_from=forked_from,
                 )
             error = trajectory.error
             retry = (

@@ -48,7 +48,7 @@ def summarize(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
     total = sum(t.timings.total_s for t in trajectories)
     overhead = sum(t.timings.overhead_s for t in trajectories)
     errors = Counter(t.error.error_code for t in trajectories if t.error is not None)
-    return {
+    out: dict[str, Any] = {
         "episodes": len(trajectories),
         "status": {s: statuses.get(s, 0) for s in STATUSES},
         "verified": len(verified),
@@ -59,6 +59,23 @@ def summarize(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
         "turns_mean": round(sum(t.num_turns for t in trajectories) / len(trajectories), 3) if trajectories else None,
         "overhead_share": round(overhead / total, 6) if total > 0 else None,
         "phases_s": {p: percentiles([_phase(t, p) for t in trajectories]) for p in PHASES} if trajectories else {},
+    }
+    forked = forked_groups(trajectories)
+    if forked:
+        out["forked_groups"] = forked
+    return out
+
+
+def forked_groups(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
+    """With ``fork_groups``: how many groups were set up once, and what that took (each group counted
+    once, not once per episode); empty when no episode was forked."""
+    parents = {t.forked_from["parent"]: t.forked_from for t in trajectories if t.forked_from is not None}
+    if not parents:
+        return {}
+    return {
+        "groups": len(parents),
+        "setup_s": percentiles([float(p["setup_s"]) for p in parents.values()]),
+        "snapshot_s": percentiles([float(p["snapshot_s"]) for p in parents.values()]),
     }
 
 
@@ -74,6 +91,12 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
     )
     if summary["errors"]:
         out.print("errors: " + ", ".join(f"{k} x{v}" for k, v in summary["errors"].items()))
+    if "forked_groups" in summary:
+        f = summary["forked_groups"]
+        out.print(
+            f"forked groups: {f['groups']}, each set up once (setup p50 {f['setup_s']['p50']:.3f} s, "
+            f"snapshot p50 {f['snapshot_s']['p50']:.3f} s); episodes started from the snapshot"
+        )
     if "admission" in summary:
         a = summary["admission"]
         out.print(

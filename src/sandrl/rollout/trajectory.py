@@ -226,6 +226,12 @@ class Trajectory:
     the history in a form that no longer extends the recorded ids (the session gateway's message
     matcher) starts a new segment; the trainer trains each segment as its own sequence, with the
     episode's reward (see :meth:`segments`)."""
+    forked_from: dict[str, Any] | None = None
+    """With ``fork_groups``, the group's prepared sandbox this episode's sandbox was forked from:
+    ``parent`` (its id), ``snapshot`` (the image the episode's sandbox started from), ``image`` (the
+    task's, the parent's), ``setup_s`` (the group's setup, run once and shared by its episodes, whose
+    own ``timings.setup_s`` is 0), ``parent_create_s``, ``snapshot_s`` and ``attempt`` (of the
+    group's setup). None: the episode set up its own sandbox."""
 
     @property
     def num_turns(self) -> int:
@@ -277,6 +283,7 @@ class Trajectory:
         data["logprobs"] = list(self.logprobs)
         data["verifier"] = dict(self.verifier)
         data["segment_starts"] = list(self.segment_starts)
+        data["forked_from"] = dict(self.forked_from) if self.forked_from is not None else None
         return data
 
     @classmethod

@@ -343,6 +343,35 @@ class Snapshottable(Protocol):
         ...
 
 
+FORK_IMAGE_PREFIX = "fork-"
+"""Names of images made only to start forks from: nothing but the forks uses them, and a provider
+removes them once no sandbox does (``sandrl images prune`` removes any a crash left)."""
+
+
+@runtime_checkable
+class SnapshotProvider(Protocol):
+    """A provider that says, before it has made any sandbox, whether its sandboxes are
+    :class:`Snapshottable`, and removes the images their snapshots made.
+
+    A plan that needs forks (GRPO groups from one prepared sandbox) asks at its start
+    (:func:`snapshots_of`), so a backend that cannot fork fails there, not in every episode. A
+    wrapping provider answers for what it wraps."""
+
+    @property
+    def snapshots(self) -> bool:
+        """Whether this provider's sandboxes can be snapshotted and forked."""
+        ...
+
+    async def remove_image(self, name: str) -> None:
+        """Remove an image a snapshot made, and the files only it held; once no sandbox runs on it."""
+        ...
+
+
+def snapshots_of(provider: object) -> bool:
+    """Whether ``provider``'s sandboxes are :class:`Snapshottable` (False for a provider that does not say)."""
+    return isinstance(provider, SnapshotProvider) and bool(provider.snapshots)
+
+
 class ClosesOnExit:
     """``async with`` for a sandbox: closes it on the way out, even when the block is cancelled,
     so that no sandbox outlives the block that made it. A base for sandbox classes, which define

@@ -28,8 +28,17 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Literal
 
-from sandrl.errors import CapacityExhaustedError, ConfigError, SandrlError
-from sandrl.sandbox.base import ExecResult, ImageSource, Sandbox, SandboxProvider, SandboxSpec
+from sandrl.errors import CapacityExhaustedError, ConfigError, SandboxError, SandrlError
+from sandrl.sandbox.base import (
+    ExecResult,
+    ImageSource,
+    Sandbox,
+    SandboxProvider,
+    SandboxSpec,
+    SnapshotProvider,
+    Snapshottable,
+    snapshots_of,
+)
 from sandrl.sandbox.bwrap import BwrapProvider, BwrapSandbox
 from sandrl.sandbox.delegating import DelegatingSandbox
 from sandrl.sandbox.idle_cpu import IdleCpus
@@ -382,6 +391,19 @@ class AdmittedSandbox(DelegatingSandbox[Sandbox]):
         async with self.admission.slot():
             return await run()
 
+    def _snapshottable(self) -> Snapshottable:
+        if not isinstance(self.inner, Snapshottable):
+            raise SandboxError(f"sandbox {self.id} cannot be snapshotted or forked: its backend does not keep images")
+        return self.inner
+
+    async def snapshot(self, name: str | None = None) -> str:
+        """The inner sandbox's snapshot (no command runs in the sandbox, so none is admitted)."""
+        return await self._snapshottable().snapshot(name)
+
+    async def fork(self, n: int) -> list[Sandbox]:
+        """The inner sandbox's forks, their commands admitted through the same admission."""
+        return [AdmittedSandbox(child, self.admission) for child in await self._snapshottable().fork(n)]
+
 
 class AdmittedProvider:
     """Any provider, with every command of its sandboxes admitted through one :class:`CommandAdmission`."""
@@ -395,3 +417,13 @@ class AdmittedProvider:
 
     async def resolve_image(self, source: ImageSource) -> str:
         return await self.provider.resolve_image(source)
+
+    @property
+    def snapshots(self) -> bool:
+        """Whether the wrapped provider's sandboxes can be snapshotted and forked."""
+        return snapshots_of(self.provider)
+
+    async def remove_image(self, name: str) -> None:
+        if not isinstance(self.provider, SnapshotProvider):
+            raise ConfigError(f"this provider ({type(self.provider).__name__}) makes no snapshot images to remove")
+        await self.provider.remove_image(name)

@@ -144,6 +144,9 @@ class RolloutConfig:
     """Or the host capacity from a ``sandrl bench contention`` result (relative to the config file)."""
     fill_idle_cores: float | None = None
     """With a host capacity: also admit a command while this many cores sit idle (``RunnerConfig.fill_idle_cores``)."""
+    fork_groups: bool = False
+    """Set each group's task up once, in one sandbox, and start its episodes from a snapshot of it
+    (:mod:`sandrl.rollout.forks`): for tasks whose setup is expensive. Needs a provider that forks."""
 
     # -- the budget of one episode
     max_turns: int = 4
@@ -198,6 +201,8 @@ class RolloutConfig:
             raise ConfigError(f"host_capacity must be >= 1 command at once, got {self.host_capacity}")
         if self.fill_idle_cores is not None and not self.fill_idle_cores > 0:
             raise ConfigError(f"fill_idle_cores must be a positive number of cores, got {self.fill_idle_cores}")
+        if not isinstance(self.fork_groups, bool):
+            raise ConfigError(f"fork_groups must be true or false, got {self.fork_groups!r}")
         for name in ("group_size", "concurrency", "max_turns", "max_total_tokens", "max_new_tokens", "max_attempts"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")

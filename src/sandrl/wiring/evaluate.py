@@ -86,6 +86,8 @@ class EvalConfig:
     """Commands at once across the sandboxes, the rest queue (``RunnerConfig.host_capacity``)."""
     swebench_images: str | None = None
     """Where SWE-bench instances run: :attr:`~sandrl.wiring.config.TasksConfig.swebench_images`."""
+    fork_groups: bool = False
+    """Set each task up once per group and fork its episodes from it (``--fork-groups``; ``[rollout] fork_groups``)."""
 
     def __post_init__(self) -> None:
         if self.host_capacity is not None and self.host_capacity < 1:
@@ -128,7 +130,11 @@ class EvalConfig:
             "tool_parser": self.tool_parser,
         }
         try:
-            return RolloutConfig(group_size=self.samples, **{k: v for k, v in given.items() if v is not None})
+            return RolloutConfig(
+                group_size=self.samples,
+                fork_groups=self.fork_groups,
+                **{k: v for k, v in given.items() if v is not None},
+            )
         except ConfigError as exc:
             raise ConfigError(f"sandrl eval: {exc.message}") from exc
 

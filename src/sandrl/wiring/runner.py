@@ -40,6 +40,7 @@ def runner_config(rollout: RolloutConfig, *, run_id: str | None = None, max_cont
         host_capacity=rollout.slots(),
         fill_idle_cores=rollout.fill_idle_cores,
         run_id=run_id,
+        fork_groups=rollout.fork_groups,
         episode=EpisodeConfig(
             budget=Budget(max_turns=rollout.max_turns, max_total_tokens=max_total, wall_time_s=rollout.wall_time_s),
             timeouts=rollout.timeouts,

@@ -91,6 +91,20 @@ class SandboxCgroup:
             return 0
         return int((self.memory / "memory.kmem.usage_in_bytes").read_text())
 
+    def memory_cache_bytes(self) -> int:
+        """The reclaimable page cache in :meth:`memory_bytes`: file pages, less tmpfs pages (``shmem``,
+        the writable layer among them), which cannot be dropped while their files exist."""
+        if self.memory is None:
+            return 0
+        stat: dict[str, int] = {}
+        for line in (self.memory / "memory.stat").read_text().splitlines():
+            key, _, value = line.partition(" ")
+            with contextlib.suppress(ValueError):
+                stat[key] = int(value)
+        if self.version == 2:
+            return max(0, stat.get("file", 0) - stat.get("shmem", 0))
+        return max(0, stat.get("total_cache", 0) - stat.get("total_shmem", 0))
+
     def memory_peak_bytes(self) -> int:
         if self.memory is None:
             return 0

@@ -19,9 +19,10 @@ format, ready to be stacked as a read-only lower layer over the layers the sandb
 - overlayfs' bookkeeping xattrs (``origin``, ``impure``...) are dropped: they describe the
   sandbox's own mount, not the layer.
 
-The copy is one tar stream from ``nsenter --mount tar -c`` in the helper's namespace, re-owned on
-the way by :mod:`tarfile`, into ``tar -x`` on the host. The sandbox keeps running; export while
-no command is writing, or the layer holds whatever state the files were in.
+The copy reads the upper directories through ``/proc/<helper pid>/root`` and writes the layer
+tree directly (:mod:`.upper_copy`: no symlink followed, contents by ``sendfile``, owners shifted
+on the way). The sandbox keeps running; export while no command is writing (a snapshot freezes
+it first), or the layer holds whatever state the files were in.
 """
 
 from __future__ import annotations
@@ -30,37 +31,15 @@ import asyncio
 import os
 import posixpath
 import shutil
-import stat
-import subprocess
-import tarfile
 from pathlib import Path
-from typing import IO
 
 from sandrl.errors import SandboxError
-from sandrl.sandbox.bwrap.layer_owners import KEPT_XATTRS, NOBODY, layer_mode, store_id
-from sandrl.sandbox.bwrap.sandbox import BwrapSandbox
-from sandrl.sandbox.bwrap.state import UID_RANGE
+from sandrl.sandbox.bwrap.layer_owners import store_id
+from sandrl.sandbox.bwrap.sandbox import UPPER_DIR, BwrapSandbox
+from sandrl.sandbox.bwrap.upper_copy import copy_upper
 
-UPPER_DIR = "/tmp/sandrl/upper"
-"""Where the helper keeps the overlays' writable directories (see ``native/sandrl-helper.c``)."""
-EXPORT_TIMEOUT_S = 600.0
 _EXCLUDED_TOP = {".bubblewrap"}
 """Top-level names in the root upper dir that are bubblewrap's scratch, never the sandbox's work."""
-_OWNER_KEYS = {"uid", "gid", "uname", "gname"}
-
-
-def _tar_flags() -> list[str]:
-    return ["--numeric-owner", "--xattrs", *(f"--xattrs-include={pattern}" for pattern in KEPT_XATTRS)]
-
-
-def _shift(value: int, base: int) -> int:
-    """A host uid (or gid) of the upper dir → its owner in the store's mapping.
-
-    Host root owns what overlayfs made itself (whiteouts): sandbox root's in the layer.
-    """
-    if base <= value < base + UID_RANGE:
-        return store_id(value - base)
-    return store_id(0 if value == 0 else NOBODY)
 
 
 def _excluded(name: str, is_root_overlay: bool, target: str = "/", skip: frozenset[str] = frozenset()) -> bool:
@@ -75,86 +54,18 @@ def _excluded(name: str, is_root_overlay: bool, target: str = "/", skip: frozens
     return parts[0] in _EXCLUDED_TOP or parts[0].startswith(".bubblewrap-")
 
 
-def _reown(
-    source: IO[bytes],
-    sink: IO[bytes],
-    base: int,
-    is_root_overlay: bool,
-    target: str = "/",
-    skip: frozenset[str] = frozenset(),
-) -> int:
-    """Copy a tar stream, shifting owners by ``-base``; return the number of members written."""
-    count = 0
-    with (
-        tarfile.open(fileobj=source, mode="r|") as reader,
-        tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as writer,
-    ):
-        for member in reader:
-            if _excluded(member.name, is_root_overlay, target, skip):
-                continue
-            if member.isblk() or (member.ischr() and (member.devmajor, member.devminor) != (0, 0)):
-                continue  # a sandbox cannot make real devices; layers are nodev anyway
-            member.uid = _shift(member.uid, base)
-            member.gid = _shift(member.gid, base)
-            if not member.isdir():
-                member.mode = stat.S_IMODE(layer_mode(stat.S_IFREG | member.mode))
-            member.uname = member.gname = ""
-            # Large host uids travel in pax headers, which would win over the fields above.
-            member.pax_headers = {k: v for k, v in member.pax_headers.items() if k not in _OWNER_KEYS}
-            data = reader.extractfile(member) if member.isreg() else None
-            writer.addfile(member, data)
-            count += 1
-    return count
-
-
 def _export_overlay(
     host_pid: int, base: int, k: int, target_dir: Path, is_root_overlay: bool, target: str, skip: frozenset[str]
 ) -> int:
     """Copy one upper dir into ``target_dir``; return how many entries it held (its root included)."""
-    target_dir.mkdir(parents=True, exist_ok=True)
-    create = [
-        "nsenter",
-        f"--target={host_pid}",
-        "--mount",
-        "--",
-        "tar",
-        "-C",
-        f"{UPPER_DIR}/{k}",
-        *_tar_flags(),
-        "--format=posix",
-        "-cf",
-        "-",
-        ".",
-    ]
-    extract = ["tar", "-C", str(target_dir), *_tar_flags(), "--same-owner", "--same-permissions", "-xf", "-"]
-    producer = subprocess.Popen(create, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    consumer = subprocess.Popen(extract, stdin=subprocess.PIPE, stderr=subprocess.PIPE)
-    source, sink = producer.stdout, consumer.stdin
-    assert source is not None and sink is not None
-    producer.stdout = consumer.stdin = None  # ours to close; communicate() below reads stderr only
-    count = 0
-    failure: BaseException | None = None
+    source = f"/proc/{host_pid}/root{UPPER_DIR}/{k}"
     try:
-        count = _reown(source, sink, base, is_root_overlay, target, skip)
-        while source.read(1 << 16):  # tar pads its stream past the end marker tarfile stops at
-            pass
-    except (tarfile.TarError, OSError) as exc:
-        failure = exc
-    finally:
-        source.close()
-        try:
-            sink.close()
-        except OSError as exc:  # the consumer died early: its stderr says why
-            failure = failure or exc
-    _, create_err = producer.communicate(timeout=EXPORT_TIMEOUT_S)
-    _, extract_err = consumer.communicate(timeout=EXPORT_TIMEOUT_S)
-    if producer.returncode != 0 or consumer.returncode != 0 or failure is not None:
-        detail = (create_err + extract_err).decode(errors="replace").strip()[-800:] or str(failure)
+        return copy_upper(source, str(target_dir), base, lambda name: _excluded(name, is_root_overlay, target, skip))
+    except OSError as exc:
         raise SandboxError(
-            f"exporting the writable layer {k} of sandbox (helper pid {host_pid}) failed "
-            f"(tar exit {producer.returncode}/{consumer.returncode}): {detail}"
-        )
-    return count
+            f"exporting the writable layer {k} of sandbox (helper pid {host_pid}) failed: {exc}; "
+            "the sandbox may have ended meanwhile"
+        ) from exc
 
 
 def _export_sync(host_pid: int, base: int, overlays: list[str], dest: Path, skip: frozenset[str]) -> None:
@@ -200,7 +111,7 @@ async def export_changes(sandbox: BwrapSandbox, dest: Path, *, skip: frozenset[s
     which Docker's builds do not commit either).
 
     ``dest`` is made if missing; it should be on the filesystem of the image store so that the
-    store can take it over with a rename. Needs root (``nsenter``) and GNU tar on the host.
+    store can take it over with a rename. Needs root (it reads the sandbox through ``/proc``).
     """
     if sandbox.closed:
         raise SandboxError(f"sandbox {sandbox.id} is closed; export its changes before closing it")

@@ -114,8 +114,8 @@ from sandrl.sandbox.bwrap.images import ImageStore, MountPlan
 from sandrl.sandbox.bwrap.nat import start_nat
 from sandrl.sandbox.bwrap.protocol import AgentConnection
 from sandrl.sandbox.bwrap.sandbox import BwrapSandbox
-from sandrl.sandbox.bwrap.snapshot import fork_sandbox, snapshot_sandbox
-from sandrl.sandbox.bwrap.state import STORE_UID_BASE, Slot, StateDir
+from sandrl.sandbox.bwrap.snapshot import fork_sandbox, layers_in_use, remove_snapshot, snapshot_sandbox
+from sandrl.sandbox.bwrap.state import STORE_UID_BASE, Slot, StateDir, process_identity
 from sandrl.sandbox.entrypoint import start_entrypoint
 
 DEFAULT_STATE_DIR = Path(os.environ.get("SANDRL_STATE_DIR", "/var/lib/sandrl"))
@@ -191,14 +191,22 @@ class BwrapProvider:
         self.min_free_memory_mb = min_free_memory_mb
         self.live: set[BwrapSandbox] = set()
         self._creating = 0
+        self._identity = process_identity()
         self.reaped = self.reap()
         _LIVE_PROVIDERS.add(self)
 
     # -- reaping
 
     def reap(self) -> list[str]:
-        """Remove what dead sandboxes left (records, cgroups); return their ids."""
-        dead = self.state.dead_records()
+        """Remove what dead sandboxes left (records, cgroups), and kill the paused sandboxes of
+        providers that are gone (:meth:`StateDir.orphaned_paused`); return their ids."""
+        groups = self.cgroups.stale_groups()
+        orphaned = self.state.orphaned_paused()
+        for sid in orphaned:
+            for d in groups.get(sid, []):
+                _remove_group_dir(d)  # kills what is in it: a frozen process dies of SIGKILL too
+            self.state.remove_record(sid)
+        dead = orphaned + self.state.dead_records()
         for sid in dead:
             for d in self.cgroups.stale_groups().get(sid, []):
                 _remove_group_dir(d)
@@ -280,7 +288,15 @@ class BwrapProvider:
         try:
             self.state.claim(slot, sid)
             record = self.state.write_record(
-                sid, {"id": sid, "slot": slot.index, "uid": slot.uid, "spec": spec.to_dict(), "created": time.time()}
+                sid,
+                {
+                    "id": sid,
+                    "slot": slot.index,
+                    "uid": slot.uid,
+                    "spec": spec.to_dict(),
+                    "created": time.time(),
+                    "provider": self._identity,
+                },
             )
             group = self.cgroups.create(sid, memory_mb=spec.memory_mb, pids=spec.pids, cpus=spec.cpus)
             parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -341,6 +357,7 @@ class BwrapProvider:
         sandbox.mount_plan = plan
         sandbox._snapshotter = functools.partial(snapshot_sandbox, self.images)
         sandbox._forker = functools.partial(fork_sandbox, self)
+        sandbox.on_pause = self._record_pause
         self.live.add(sandbox)
         return sandbox
 
@@ -385,6 +402,22 @@ class BwrapProvider:
         argv += ["--", "@AGENT@", "agent", "--fd", str(sock_fd), "--lock-fd", str(slot.fd)]
         argv += ["--inner-userns", "@INNER_USERNS@", "--workdir", spec.workdir, "--ttl-ms", str(ttl_ms)]
         return argv
+
+    snapshots = True
+    """Its sandboxes can be snapshotted and forked (:class:`~sandrl.sandbox.base.SnapshotProvider`)."""
+
+    async def remove_image(self, name: str) -> None:
+        """Remove a snapshot or fork image and the layers only it held (those a live sandbox of this
+        provider has mounted stay, for ``sandrl images prune``)."""
+        in_use = layers_in_use(self.images, self.live)
+        await asyncio.to_thread(remove_snapshot, self.images, name, in_use)
+
+    def _record_pause(self, sandbox: BwrapSandbox, ttl_left_s: float | None) -> None:
+        paused = None
+        if ttl_left_s is not None:
+            now = time.time()
+            paused = {"at": now, "ttl_left_s": ttl_left_s, "deadline": now + ttl_left_s}
+        self.state.update_record(sandbox.id, paused=paused)
 
     def _forget(self, sandbox: BwrapSandbox) -> None:
         self.state.remove_record(sandbox.id)

@@ -41,13 +41,16 @@ from sandrl.sandbox.bwrap.process import BwrapProcess
 from sandrl.sandbox.bwrap.protocol import AgentConnection, Frame, Op
 
 REPLY_TIMEOUT_S = 30.0
-PAUSE_HOLD_S = 7 * 24 * 3600.0
-"""How long pid 1's own TTL clock is pushed out while the sandbox is paused (a week)."""
 """Longest wait for the agent to take a request or answer it (a command's start, a file's next
 frame, a TTL change). The agent is one thread serving the whole sandbox: one that does not answer
 for this long is stuck (e.g. blocked by something the sandbox made), and the sandbox is closed
 rather than left to hang every caller."""
+PAUSE_HOLD_S = 7 * 24 * 3600.0
+"""How long pid 1's own TTL clock is pushed out while the sandbox is paused (a week)."""
 READ_WINDOW = 4 << 20
+UPPER_DIR = "/tmp/sandrl/upper"
+"""Where the helper keeps the overlays' writable directories, in its mount namespace (see
+``native/sandrl-helper.c``), on the one tmpfs of ``disk_mb``."""
 
 T = TypeVar("T")
 
@@ -60,6 +63,8 @@ class SandboxStats:
     cpu_s: float
     pids: int
     oom_kills: int
+    memory_cache_bytes: int = 0
+    """Reclaimable page cache within ``memory_bytes`` (the writable layer's pages are not)."""
 
 
 class BwrapSandbox(ClosesOnExit):
@@ -93,6 +98,9 @@ class BwrapSandbox(ClosesOnExit):
         self._snapshotter: Callable[[BwrapSandbox, str | None], Awaitable[str]] | None = None
         self._forker: Callable[[BwrapSandbox, int], Awaitable[list[BwrapSandbox]]] | None = None
         """Set by the provider (which has the image store and makes sandboxes)."""
+        self.on_pause: Callable[[BwrapSandbox, float | None], None] | None = None
+        """Told the TTL left when the sandbox is about to be paused, None once it runs again (the
+        provider records it, so that a paused sandbox its crash left behind is reaped)."""
         self._group = group
         self._proc = proc
         self._conn = conn
@@ -301,11 +309,18 @@ class BwrapSandbox(ClosesOnExit):
         """Freeze every process of the sandbox (no CPU until :meth:`resume`) and stop its TTL clock."""
         self._check_open()
         remaining = max(self.expires_at - time.time(), 1.0)
-        # Pid 1 keeps its own TTL clock, which freezing does not stop: give it room for the pause
-        # (the provider's timer is off meanwhile; a provider that dies leaves a record to reap).
-        await self.set_ttl(remaining + PAUSE_HOLD_S)
-        self._ttl_timer.cancel()
-        await asyncio.to_thread(self._group.freeze, True)
+        if self.on_pause is not None:  # first: a provider that dies from here on leaves a record to reap
+            self.on_pause(self, remaining)
+        try:
+            # Pid 1 keeps its own TTL clock, which freezing does not stop: give it room for the pause
+            # (the provider's timer is off meanwhile).
+            await self.set_ttl(remaining + PAUSE_HOLD_S)
+            self._ttl_timer.cancel()
+            await asyncio.to_thread(self._group.freeze, True)
+        except BaseException:
+            if self.on_pause is not None and not self.closed:
+                self.on_pause(self, None)
+            raise
         self._paused_ttl_s = remaining
 
     async def resume(self) -> None:
@@ -316,6 +331,8 @@ class BwrapSandbox(ClosesOnExit):
         remaining, self._paused_ttl_s = self._paused_ttl_s, None
         await asyncio.to_thread(self._group.freeze, False)
         await self.set_ttl(remaining)
+        if self.on_pause is not None:
+            self.on_pause(self, None)
 
     async def set_ttl(self, ttl_s: float) -> None:
         """Give the sandbox ``ttl_s`` more seconds to live, counted from now."""
@@ -349,7 +366,16 @@ class BwrapSandbox(ClosesOnExit):
             cpu_s=float(_safe(g.cpu_seconds)),
             pids=_safe(g.pids_current),
             oom_kills=_safe(g.oom_kills),
+            memory_cache_bytes=_safe(g.memory_cache_bytes),
         )
+
+    def disk_usage(self) -> tuple[int, int]:
+        """Bytes used and the size of the writable layer (its tmpfs, ``disk_mb``); (0, 0) once closed."""
+        try:
+            st = os.statvfs(f"/proc/{self._proc.pid}/root{UPPER_DIR}")
+        except OSError:
+            return 0, 0
+        return (st.f_blocks - st.f_bfree) * st.f_frsize, st.f_blocks * st.f_frsize
 
     # -- commands
 

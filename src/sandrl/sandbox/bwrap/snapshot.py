@@ -9,29 +9,42 @@ each with the parent's limits and its own copy-on-write layer; the parent keeps 
 
 What a snapshot does not hold: processes, memory, open sockets (a filesystem snapshot, like
 ``docker commit``). A fork's children start no ``ENTRYPOINT``: they are the parent's files, not a
-new container of the parent's image. Process snapshots with CRIU are not offered: CRIU needs
-``CAP_SYS_ADMIN`` over the sandbox's namespaces and restores into namespaces it creates itself,
-which the sandbox's idmapped, helper-built mounts are not.
+new container of the parent's image. Process snapshots with CRIU are not offered: the CRIU
+that Debian 12 ships (3.17.1) cannot even start on kernels from 6.13 on (their ``[vvar_vclock]``
+mapping), whatever the namespaces; ``docs/sandbox-limits.md`` has the error and what a newer CRIU
+would still face here.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import uuid
-from dataclasses import replace
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from typing import Protocol
 
-from sandrl.errors import ConfigError
-from sandrl.sandbox.base import SandboxSpec
+from sandrl.errors import ConfigError, ImageNotFoundError
+from sandrl.sandbox.base import FORK_IMAGE_PREFIX, SandboxSpec
 from sandrl.sandbox.bwrap.export import export_changes, is_empty_layer
 from sandrl.sandbox.bwrap.images import HOST_IMAGE, ImageStore
 from sandrl.sandbox.bwrap.sandbox import BwrapSandbox
 
-__all__ = ["FORK_PREFIX", "SNAPSHOT_PREFIX", "fork_sandbox", "snapshot_sandbox"]
+__all__ = [
+    "FORK_PREFIX",
+    "SNAPSHOT_PREFIX",
+    "SnapshotRecord",
+    "fork_sandbox",
+    "layers_in_use",
+    "list_snapshots",
+    "remove_snapshot",
+    "snapshot_record",
+    "snapshot_sandbox",
+]
 
 SNAPSHOT_PREFIX = "snap-"
-FORK_PREFIX = "fork-"
+FORK_PREFIX = FORK_IMAGE_PREFIX
 """Images made for a fork: ``sandrl images prune`` removes them once no live sandbox uses them."""
 MAX_FORK = 256
 
@@ -97,3 +110,77 @@ async def fork_sandbox(provider: Creates, sandbox: BwrapSandbox, n: int) -> list
         await asyncio.gather(*(c.close() for c in children), return_exceptions=True)
         raise failed[0]
     return children
+
+
+@dataclass(frozen=True)
+class SnapshotRecord:
+    """A snapshot in the store: its image name, the sandbox it was taken of, when."""
+
+    name: str
+    source: str
+    created: float
+
+
+def snapshot_record(store: ImageStore, name: str) -> SnapshotRecord | None:
+    """The record of image ``name`` if a snapshot made it (a fork's image included), else None."""
+    if name == HOST_IMAGE:
+        return None
+    try:
+        meta = store.meta(name)
+    except (ImageNotFoundError, ValueError, OSError):
+        return None
+    config = meta.get("config")
+    source = config.get("snapshot_of") if isinstance(config, dict) else None
+    if not isinstance(source, str):
+        return None
+    created = meta.get("created")
+    return SnapshotRecord(name, source, float(created) if isinstance(created, int | float) else 0.0)
+
+
+def list_snapshots(store: ImageStore) -> list[SnapshotRecord]:
+    """The snapshots in the store, oldest first; the images forks made for themselves are not listed."""
+    found = [snapshot_record(store, name) for name in store.names() if not name.startswith(FORK_PREFIX)]
+    return sorted((r for r in found if r is not None), key=lambda r: (r.created, r.name))
+
+
+def remove_snapshot(store: ImageStore, name: str, in_use: set[str]) -> list[str]:
+    """Forget the snapshot image ``name`` and delete the layers only it held; return their ids.
+
+    A layer another image lists (a snapshot of a sandbox made from this one) or that a live
+    sandbox has mounted (``in_use``: layer ids, :func:`layers_in_use`) stays; ``sandrl images prune``
+    removes it once nothing uses it. Only images snapshots (and forks) made are removed this way.
+    """
+    if snapshot_record(store, name) is None:
+        store.meta(name)  # no such image: ImageNotFoundError
+        raise ConfigError(f"{name!r} is not an image a snapshot made: remove other images with `sandrl images rm`")
+    below = store.meta(name).get("layers")
+    own = [str(x) for x in below] if isinstance(below, list) else []
+    store.remove(name)
+    listed: set[str] = set()
+    for other in store.names():
+        layers: object = None
+        if other != HOST_IMAGE:
+            with contextlib.suppress(ImageNotFoundError, ValueError, OSError):
+                layers = store.meta(other).get("layers")
+        if isinstance(layers, list):
+            listed.update(str(x) for x in layers)
+    removed = []
+    for lid in own:
+        path = store.root / "layers" / lid
+        if lid in listed or lid in in_use or not path.is_dir():
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(lid)
+    return removed
+
+
+def layers_in_use(store: ImageStore, sandboxes: Iterable[BwrapSandbox]) -> set[str]:
+    """The ids of the store's layers that ``sandboxes`` have mounted (a stacked layer is mounted by
+    its subdirectories, one per overlay: ``<layer>/usr``)."""
+    layers = store.root / "layers"
+    found: set[str] = set()
+    for sandbox in sandboxes:
+        for path in sandbox.mount_plan.layers if sandbox.mount_plan is not None else ():
+            if path.is_relative_to(layers):
+                found.add(path.relative_to(layers).parts[0])
+    return found

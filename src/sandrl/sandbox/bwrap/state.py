@@ -6,6 +6,13 @@ provider that starts can remove what a crashed one left::
     /run/sandrl/slots/<k>.lock    flock'ed by a sandbox's processes for as long as they live
     <state>/sandboxes/<id>/       meta.json (slot, spec, times) and log (the helper's stderr)
 
+A record names the provider process that made the sandbox (pid and start time, :func:`process_identity`)
+and, while the sandbox is paused, ``paused``: when, the TTL it had left and the deadline it had. A
+paused sandbox's processes are frozen, so they hold their slot lock even when their provider dies
+(a running one's pid 1 exits when the provider's end of its socket closes; a frozen one cannot):
+:meth:`StateDir.orphaned_paused` finds those, for the reaper to kill. Nobody else could resume
+them: only the provider that made a sandbox holds its socket.
+
 Slots are machine-wide (``SANDRL_SLOTS_DIR``, default ``/run/sandrl/slots``) whatever the
 state directory, so providers with different state directories never hand out the same uid.
 
@@ -131,6 +138,34 @@ class StateDir:
             return None
         return data if isinstance(data, dict) else None
 
+    def update_record(self, sandbox_id: str, **fields: object) -> None:
+        """Set (or, with None, drop) fields of a sandbox's record; nothing if it has none (gone)."""
+        meta = self.read_record(sandbox_id)
+        if meta is None:
+            return
+        for key, value in fields.items():
+            if value is None:
+                meta.pop(key, None)
+            else:
+                meta[key] = value
+        path = self.record_dir(sandbox_id) / "meta.json"
+        tmp = path.with_name(".meta.json.tmp")
+        with contextlib.suppress(OSError):  # the sandbox closed meanwhile: its record is gone
+            tmp.write_text(json.dumps(meta))
+            os.replace(tmp, path)
+
+    def orphaned_paused(self) -> list[str]:
+        """Records of paused sandboxes whose provider process is gone (see the module)."""
+        orphaned = []
+        for sid in self.records():
+            meta = self.read_record(sid)
+            if meta is None or not meta.get("paused"):
+                continue
+            owner = meta.get("provider")
+            if not isinstance(owner, str) or not process_alive(owner):
+                orphaned.append(sid)
+        return orphaned
+
     def remove_record(self, sandbox_id: str) -> None:
         shutil.rmtree(self.record_dir(sandbox_id), ignore_errors=True)
 
@@ -185,3 +220,27 @@ class StateDir:
             if self.slot_owner((uid - self.uid_base) // SLOT_STRIDE) is None:
                 leaked.append(pid)
         return leaked
+
+
+def process_identity(pid: int | None = None) -> str:
+    """``<pid>:<start time>`` of a process (this one by default): unlike a pid alone, never reused."""
+    pid = os.getpid() if pid is None else pid
+    return f"{pid}:{_start_time(pid)}"
+
+
+def process_alive(identity: str) -> bool:
+    """Whether the process :func:`process_identity` named is still running (not a later one of its pid)."""
+    pid, _, start = identity.partition(":")
+    if not pid.isdigit():
+        return False
+    try:
+        return str(_start_time(int(pid))) == start
+    except OSError:
+        return False
+
+
+def _start_time(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        stat = f.read()
+    # Field 22, counted after the command name (which may hold spaces and parentheses).
+    return int(stat.rpartition(")")[2].split()[19])

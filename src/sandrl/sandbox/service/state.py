@@ -59,6 +59,8 @@ class ServiceConfig:
     """Creates are refused while the host's memory PSI ``full avg10`` (percent) is above this."""
     max_ttl_s: float = 86400.0
     """The longest TTL a create or a timeout extension may ask for."""
+    max_paused_s: float = 86400.0
+    """A sandbox paused this long (its TTL stopped, its memory held) is closed."""
     max_create_wait_s: float = 300.0
     """The longest a create may queue for room (the client's ``wait_s`` is clamped to it)."""
     drain_grace_s: float = 30.0
@@ -77,7 +79,7 @@ class ServiceConfig:
     def __post_init__(self) -> None:
         if self.max_live is not None and self.max_live < 1:
             raise InvalidSpecError("max_live must be at least 1")
-        for name in ("max_ttl_s", "drain_grace_s", "exec_grace_s", "keepalive_s"):
+        for name in ("max_ttl_s", "max_paused_s", "drain_grace_s", "exec_grace_s", "keepalive_s"):
             if not getattr(self, name) > 0:
                 raise InvalidSpecError(f"{name} must be positive")
 
@@ -118,6 +120,11 @@ class Entry:
     closing: asyncio.Task[None] | None = field(default=None, repr=False)
     paused_ttl_s: float | None = None
     """While paused: the TTL it had left (its clock does not run)."""
+    auto_pause: bool = False
+    """At its TTL it is paused, not closed (E2B's ``autoPause``), once nothing runs in it."""
+    timed_out: bool = False
+    """Paused because its TTL ran out (``auto_pause``): it has no TTL left to go on with."""
+    pausing: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @property
     def id(self) -> str:
@@ -125,6 +132,13 @@ class Entry:
 
 
 RECENT_CLOSED = 4096
+AUTO_PAUSE_WAIT_S = 30.0
+"""At its TTL, an ``auto_pause`` sandbox running a command (or a transfer) is paused once that has
+finished, if within this long; else it is closed as any sandbox at its TTL (a freeze in the middle
+of a command would leave its caller hanging)."""
+AUTO_PAUSE_GRACE_S = AUTO_PAUSE_WAIT_S + 30.0
+"""How much longer than the service's the TTL of an ``auto_pause`` sandbox's own backstop clock is
+(the sandbox ends itself at it), so that the service can pause it first."""
 
 
 class SandboxService:
@@ -168,7 +182,15 @@ class SandboxService:
 
     # -- create
 
-    async def create(self, spec: SandboxSpec, metadata: Mapping[str, str] | None = None, wait_s: float = 0) -> Entry:
+    async def create(
+        self,
+        spec: SandboxSpec,
+        metadata: Mapping[str, str] | None = None,
+        wait_s: float = 0,
+        *,
+        auto_pause: bool = False,
+    ) -> Entry:
+        """A new sandbox; with ``auto_pause`` it is paused at its TTL instead of closed (:attr:`Entry.auto_pause`)."""
         self._check_not_draining()
         if spec.ttl_s < MIN_TTL_S:
             raise InvalidSpecError(
@@ -183,13 +205,23 @@ class SandboxService:
         self._check_not_draining()
         self.creating += 1
         started = time.perf_counter()
+        own = replace(spec, ttl_s=spec.ttl_s + AUTO_PAUSE_GRACE_S) if auto_pause else spec
         try:
-            sandbox = await self.provider.create(spec)
+            sandbox = await self.provider.create(own)
+            if auto_pause and not isinstance(sandbox, Pausable):
+                await sandbox.close()
+                raise ServiceError(
+                    "this server's sandbox backend cannot pause sandboxes: create without auto-pause",
+                    error_code="not_supported",
+                    http_status=400,
+                )
         finally:
             self.creating -= 1
             self._room.set()
         self.metrics.create_seconds.observe(time.perf_counter() - started)
-        return self._register(sandbox, spec, metadata)
+        entry = self._register(sandbox, spec, metadata)
+        entry.auto_pause = auto_pause
+        return entry
 
     def _register(self, sandbox: Sandbox, spec: SandboxSpec, metadata: Mapping[str, str] | None) -> Entry:
         self.metrics.creates.inc()
@@ -293,10 +325,9 @@ class SandboxService:
             raise InvalidSpecError(f"ttl_s={ttl_s:g} is over this server's maximum of {self.config.max_ttl_s:g} s")
         if entry.paused_ttl_s is not None:
             entry.paused_ttl_s = ttl_s
+            entry.timed_out = False
             return
-        set_ttl = getattr(entry.sandbox, "set_ttl", None)
-        if callable(set_ttl):
-            await set_ttl(ttl_s)
+        await self._set_own_ttl(entry, ttl_s)
         if entry.timer is not None:
             entry.timer.cancel()
         entry.timer = asyncio.get_running_loop().call_later(ttl_s, self._expire, entry)
@@ -313,19 +344,67 @@ class SandboxService:
         if entry.timer is not None:
             entry.timer.cancel()
         entry.paused_ttl_s = max(entry.expires_at - time.time(), 1.0)
+        # Paused, it holds its memory but has no TTL running: this bounds how long.
+        entry.timer = asyncio.get_running_loop().call_later(
+            self.config.max_paused_s, self._start_close, entry, "paused"
+        )
         return True
 
-    async def resume(self, entry: Entry) -> None:
-        """Thaw a paused sandbox; its TTL goes on from where it stopped. Nothing for a running one."""
+    async def _set_own_ttl(self, entry: Entry, ttl_s: float) -> None:
+        """Tell a backend that keeps its own clock (bwrap's pid 1 ends the sandbox at it) the new TTL;
+        an ``auto_pause`` sandbox's runs :data:`AUTO_PAUSE_GRACE_S` behind the service's."""
+        set_ttl = getattr(entry.sandbox, "set_ttl", None)
+        if callable(set_ttl):
+            await set_ttl(ttl_s + (AUTO_PAUSE_GRACE_S if entry.auto_pause else 0.0))
+
+    async def resume(self, entry: Entry, *, after_timeout_s: float | None = None) -> None:
+        """Thaw a paused sandbox; its TTL goes on from where it stopped. Nothing for a running one.
+
+        A sandbox paused at its TTL (``auto_pause``) has none left: it goes on with ``after_timeout_s``
+        (the caller's; E2B's API gives 15 s)."""
         if entry.paused_ttl_s is None or not isinstance(entry.sandbox, Pausable):
             return
         remaining, entry.paused_ttl_s = entry.paused_ttl_s, None
+        if entry.timer is not None:
+            entry.timer.cancel()
+        if entry.timed_out and after_timeout_s is not None:
+            remaining = after_timeout_s
+        entry.timed_out = False
         await entry.sandbox.resume()
+        if entry.auto_pause:
+            await self._set_own_ttl(entry, remaining)  # its own clock kept the grace it had left, not this TTL's
         entry.timer = asyncio.get_running_loop().call_later(remaining, self._expire, entry)
         entry.expires_at = time.time() + remaining
 
     def _expire(self, entry: Entry) -> None:
+        if entry.auto_pause and entry.closing is None:
+            if entry.pausing is None or entry.pausing.done():
+                entry.pausing = asyncio.get_running_loop().create_task(
+                    self._auto_pause(entry), name=f"sandrl-svc-autopause-{entry.id}"
+                )
+            return
         self._start_close(entry, "ttl")
+
+    async def _auto_pause(self, entry: Entry) -> None:
+        """Pause ``entry`` at its TTL once nothing runs in it (see :data:`AUTO_PAUSE_WAIT_S`)."""
+        deadline = time.monotonic() + AUTO_PAUSE_WAIT_S
+        while entry.busy and entry.closing is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        if entry.closing is not None or entry.paused_ttl_s is not None:
+            return
+        if entry.busy:
+            log.warning(
+                "sandbox %s still ran a command %g s past its TTL: closed, not paused", entry.id, AUTO_PAUSE_WAIT_S
+            )
+            self._start_close(entry, "ttl")
+            return
+        try:
+            await self.pause(entry)
+        except Exception as exc:
+            log.warning("sandbox %s could not be paused at its TTL and is closed: %s", entry.id, exc)
+            self._start_close(entry, "ttl")
+            return
+        entry.timed_out = True
 
     def _start_close(self, entry: Entry, why: str) -> asyncio.Task[None]:
         if entry.closing is None:
@@ -359,6 +438,7 @@ class SandboxService:
             "died": "its processes died: " + (str(getattr(entry.sandbox, "close_reason", "")) or "unknown cause"),
             "broken": "it stopped answering and was closed",
             "shutdown": "the server shut down",
+            "paused": f"it stayed paused for {self.config.max_paused_s:g} s, this server's limit (max_paused_s)",
         }.get(why, why)
         while len(self.recent) > RECENT_CLOSED:
             self.recent.popitem(last=False)

@@ -11,17 +11,23 @@ errors are ``{"code", "error_code", "message"}``, which is E2B's own error shape
   network, as sandrl's ``network=True`` does; by default a sandbox has loopback only.
 - **Pause** freezes the sandbox's processes (memory kept) and stops its TTL; ``connect`` (and the
   older ``resume``) thaws it, and its TTL goes on. A sandbox running a command is not paused (409).
-- **Not supported yet**, answered 400 ``not_supported`` (as an unenforceable limit is, see
-  :class:`~sandrl.errors.LimitUnsupportedError`: a request this server cannot honour, never a
-  server fault) with a message saying so: ``autoPause``/``autoResume``, listing snapshots,
-  templates built through the SDK, network rules, volumes, MCP, IAM, logs, metrics.
-- **Snapshots** (``create_snapshot``) are images of the sandbox's files, usable as templates and
-  deleted with ``delete_snapshot``; **fork** makes ``count`` sandboxes from the current files.
+  With ``autoPause`` (the SDK's ``lifecycle={"on_timeout": "pause"}``) a sandbox is paused at its
+  timeout instead of killed, once what runs in it has finished (within 30 s, else it is killed);
+  ``connect`` resumes it with the connect's ``timeout``, or E2B's 15 s. A sandbox stays paused at
+  most the server's ``max_paused_s``.
+- ``get_info`` adds to the listing's fields the envd token, the network setting, the template's
+  name (``alias``), the ``lifecycle`` (``onTimeout`` kill or pause) and, paused, ``pauseMode``
+  ``full`` (memory kept). ``endAt`` of a paused sandbox is when it would end if resumed now.
+- **Snapshots and forks** are in :mod:`.snapshots`, **metrics** in :mod:`.metrics`; what is not
+  supported (``autoResume``, templates built through the SDK, network rules, volumes, MCP, IAM,
+  logs) answers 400 ``not_supported`` saying so (:mod:`.unsupported`).
 """
 
 from __future__ import annotations
 
 import datetime
+import math
+import time
 import urllib.parse
 from typing import Annotated, Any
 
@@ -32,7 +38,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from sandrl.errors import ImageNotFoundError, InvalidSpecError
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap.images import HOST_IMAGE
-from sandrl.sandbox.bwrap.snapshot import SNAPSHOT_PREFIX
 from sandrl.sandbox.service.api import MetadataDict, ServiceError
 from sandrl.sandbox.service.e2b.state import CLIENT_ID, DEFAULT_TEMPLATE, ENVD_VERSION, E2BRegistry
 from sandrl.sandbox.service.routes import ERRORS
@@ -101,12 +106,10 @@ def image_for(template: str) -> str:
 
 
 def _check_supported(body: NewSandbox) -> None:
-    if body.autoPause:
-        raise not_supported(
-            "pausing sandboxes (autoPause)", "create without auto_pause; a sandbox is killed at its timeout"
-        )
     if body.autoResume and body.autoResume.get("enabled", True):
-        raise not_supported("resuming paused sandboxes (autoResume)")
+        raise not_supported(
+            "resuming paused sandboxes on traffic (autoResume)", "resume a paused sandbox with Sandbox.connect"
+        )
     if body.network and any(v for v in body.network.values()):
         raise not_supported(
             "network rules (allowOut, denyOut, rules)",
@@ -124,7 +127,7 @@ def _iso(ts: float) -> str:
     return datetime.datetime.fromtimestamp(ts, datetime.UTC).isoformat().replace("+00:00", "Z")
 
 
-def _sandbox_body(registry: E2BRegistry, entry: Entry) -> dict[str, Any]:
+def sandbox_body(registry: E2BRegistry, entry: Entry) -> dict[str, Any]:
     record = registry.of(entry)
     return {
         "templateID": record.template,
@@ -135,18 +138,28 @@ def _sandbox_body(registry: E2BRegistry, entry: Entry) -> dict[str, Any]:
     }
 
 
+def cpu_count(entry: Entry) -> int:
+    """The whole cores E2B's ``cpuCount`` names for the sandbox's CPU quota (at least 1)."""
+    return max(1, math.ceil(entry.spec.cpus - 1e-9))
+
+
+def _state(entry: Entry) -> str:
+    return "paused" if entry.paused_ttl_s is not None else "running"
+
+
 def _listed(registry: E2BRegistry, entry: Entry) -> dict[str, Any]:
     spec = entry.spec
+    paused = entry.paused_ttl_s
     return {
         "templateID": registry.template_of(entry),
         "sandboxID": entry.id,
         "clientID": CLIENT_ID,
         "startedAt": _iso(entry.created_at),
-        "endAt": _iso(entry.expires_at),
-        "cpuCount": max(1, round(spec.cpus)),
+        "endAt": _iso(entry.expires_at if paused is None else time.time() + paused),
+        "cpuCount": cpu_count(entry),
         "memoryMB": spec.memory_mb,
         "diskSizeMB": spec.disk_mb,
-        "state": "paused" if entry.paused_ttl_s is not None else "running",
+        "state": _state(entry),
         "envdVersion": ENVD_VERSION,
         "metadata": dict(entry.metadata),
     }
@@ -166,14 +179,14 @@ async def create(body: NewSandbox, request: Request) -> JSONResponse:
         network=bool(body.allow_internet_access),
     )
     try:
-        entry = await registry.service.create(spec, body.metadata or {})
+        entry = await registry.service.create(spec, body.metadata or {}, auto_pause=body.autoPause)
     except ImageNotFoundError as exc:
         raise ImageNotFoundError(
             f"template {body.templateID!r} not found: E2B templates map to the sandrl images of the same name "
             f"('{DEFAULT_TEMPLATE}' to '{HOST_IMAGE}'); build one with `sandrl images build` ({exc.message})"
         ) from exc
     registry.add(entry, body.templateID)
-    return JSONResponse(_sandbox_body(registry, entry), status_code=201)
+    return JSONResponse(sandbox_body(registry, entry), status_code=201)
 
 
 def _metadata_filter(raw: str | None) -> dict[str, str]:
@@ -185,10 +198,9 @@ def _metadata_filter(raw: str | None) -> dict[str, str]:
 
 
 def _listing(service: SandboxService, metadata: str | None, state: str | None) -> list[Entry]:
-    states = {s.strip() for s in (state or "running").split(",") if s.strip()}
-    if states and "running" not in states:
-        return []  # sandrl sandboxes are never paused
-    entries = service.list(_metadata_filter(metadata))
+    """The sandboxes with every label of ``metadata`` in one of the ``state`` s (default: running and paused)."""
+    states = {s.strip() for s in (state or "running,paused").split(",") if s.strip()}
+    entries = [e for e in service.list(_metadata_filter(metadata)) if _state(e) in states]
     return sorted(entries, key=lambda e: e.created_at)
 
 
@@ -231,6 +243,10 @@ async def get(sandbox_id: SandboxId, request: Request) -> JSONResponse:
     body = _listed(registry, entry)
     body["envdAccessToken"] = registry.of(entry).access_token
     body["allowInternetAccess"] = entry.spec.network
+    body["alias"] = body["templateID"]
+    body["lifecycle"] = {"onTimeout": "pause" if entry.auto_pause else "kill", "autoResume": False}
+    if entry.paused_ttl_s is not None:
+        body["pauseMode"] = "full"  # the processes are frozen with their memory
     return JSONResponse(body)
 
 
@@ -267,16 +283,15 @@ async def refresh(sandbox_id: SandboxId, body: RefreshBody, request: Request) ->
 @router.post("/v2/sandboxes/{sandbox_id}/connect", responses={k: ERRORS[k] for k in (400, 401, 404)})
 async def connect(sandbox_id: SandboxId, body: ConnectBody, request: Request) -> JSONResponse:
     """Connect to a sandbox (``Sandbox.connect``), resuming it if it is paused; a ``timeout`` only
-    ever lengthens its life. Its memory is always kept (a pause freezes the processes)."""
-    import time
-
+    ever lengthens its life, or gives one to a sandbox paused at its timeout (else E2B's default).
+    Its memory is always kept (a pause freezes the processes)."""
     registry = registry_of(request)
     entry = registry.service.get(sandbox_id)
     resumed = entry.paused_ttl_s is not None
-    await registry.service.resume(entry)
+    await registry.service.resume(entry, after_timeout_s=float(body.timeout or DEFAULT_TIMEOUT_S))
     if body.timeout is not None and time.time() + body.timeout > entry.expires_at:
         await _extend(registry.service, entry, body.timeout)
-    return JSONResponse(_sandbox_body(registry, entry), status_code=201 if resumed else 200)
+    return JSONResponse(sandbox_body(registry, entry), status_code=201 if resumed else 200)
 
 
 @router.post("/sandboxes/{sandbox_id}/pause", status_code=204, responses={k: ERRORS[k] for k in (400, 401, 404)})
@@ -293,84 +308,3 @@ async def pause(sandbox_id: SandboxId, request: Request) -> Response:
 async def resume(sandbox_id: SandboxId, body: ConnectBody, request: Request) -> JSONResponse:
     """E2B's older resume route: the same as ``connect``."""
     return await connect(sandbox_id, body, request)
-
-
-class SnapshotBody(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    name: str | None = Field(default=None, max_length=128)
-
-
-class ForkBody(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    timeout: int | None = Field(default=None, ge=1)
-    count: int = Field(default=1, ge=1, le=256)
-
-
-@router.post("/sandboxes/{sandbox_id}/snapshots", status_code=201, responses={k: ERRORS[k] for k in (400, 401, 404)})
-async def create_snapshot(sandbox_id: SandboxId, body: SnapshotBody, request: Request) -> JSONResponse:
-    """Snapshot a sandbox's files (``Sandbox.create_snapshot``); the snapshot is a template: create
-    from it by its id. Processes are not in it (a filesystem snapshot)."""
-    svc = registry_of(request).service
-    name = await svc.snapshot(svc.get(sandbox_id), body.name)
-    return JSONResponse({"snapshotID": name, "names": [name]}, status_code=201)
-
-
-@router.post("/sandboxes/{sandbox_id}/fork", status_code=201, responses={k: ERRORS[k] for k in (400, 401, 404, 429)})
-async def fork(sandbox_id: SandboxId, body: ForkBody, request: Request) -> JSONResponse:
-    """Fork a sandbox into ``count`` new ones (``Sandbox.fork``): its files as they are now, its
-    limits and labels; it keeps running."""
-    registry = registry_of(request)
-    entry = registry.service.get(sandbox_id)
-    children = await registry.service.fork(entry, body.count, float(body.timeout) if body.timeout else None)
-    template = registry.template_of(entry)
-    results = []
-    for child in children:
-        registry.add(child, template)
-        results.append({"sandbox": _sandbox_body(registry, child)})
-    return JSONResponse(results, status_code=201)
-
-
-@router.delete("/templates/{template_id}", status_code=204, responses={k: ERRORS[k] for k in (400, 401, 404)})
-async def delete_snapshot(template_id: str, request: Request) -> Response:
-    """Delete a snapshot (``Sandbox.delete_snapshot``); other templates are not deleted through this API."""
-    images = getattr(registry_of(request).service.provider, "images", None)
-    if images is None or not template_id.startswith(SNAPSHOT_PREFIX):
-        raise not_supported("deleting templates", "only snapshots made through this API can be deleted here")
-    images.remove(template_id)  # its layers stay while a sandbox uses them; `sandrl images prune` frees them
-    return Response(status_code=204)
-
-
-_UNSUPPORTED: list[tuple[str, list[str], str, str]] = [
-    ("/sandboxes/{sandbox_id}/snapshots", ["GET"], "listing a sandbox's snapshots", ""),
-    ("/sandboxes/{sandbox_id}/network", ["PUT"], "changing a sandbox's network rules", ""),
-    ("/sandboxes/{sandbox_id}/metrics", ["GET"], "sandbox metrics", "the server's /metrics has Prometheus metrics"),
-    ("/sandboxes/{sandbox_id}/logs", ["GET"], "sandbox logs", ""),
-    ("/v2/sandboxes/{sandbox_id}/logs", ["GET"], "sandbox logs", ""),
-]
-_TEMPLATE_HINT = "build a sandrl image with `sandrl images build` and pass its name as the template"
-_UNSUPPORTED_TREES = [
-    ("/templates", "templates built through the SDK", _TEMPLATE_HINT),
-    ("/v2/templates", "templates built through the SDK", _TEMPLATE_HINT),
-    ("/v3/templates", "templates built through the SDK", _TEMPLATE_HINT),
-    ("/snapshots", "sandbox snapshots", ""),
-    ("/volumes", "volumes", ""),
-]
-_ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
-
-
-def _refuse(what: str, hint: str) -> Any:
-    async def refuse() -> None:
-        raise not_supported(what, hint)
-
-    refuse.__doc__ = f"Not supported yet: {what} (400 not_supported)."
-    return refuse
-
-
-# Left out of the OpenAPI document (E2B's own spec has them): here they only ever answer 400 not_supported.
-for _path, _methods, _what, _hint in _UNSUPPORTED:
-    router.add_api_route(_path, _refuse(_what, _hint), methods=_methods, include_in_schema=False)
-for _root, _what, _hint in _UNSUPPORTED_TREES:
-    for _path in (_root, _root + "/{rest:path}"):
-        router.add_api_route(_path, _refuse(_what, _hint), methods=_ALL_METHODS, include_in_schema=False)

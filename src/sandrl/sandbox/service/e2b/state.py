@@ -48,6 +48,8 @@ class E2BSandbox:
     template: str
     access_token: str = field(default_factory=lambda: secrets.token_urlsafe(32), repr=False)
     processes: ProcessTable | None = field(default=None, repr=False)
+    cpu_sample: tuple[float, float] | None = field(default=None, repr=False)
+    """The last metrics read: (unix time, the sandbox's CPU seconds), for the CPU share since then."""
 
     def token_ok(self, given: str | None) -> bool:
         return given is not None and hmac.compare_digest(given.encode(), self.access_token.encode())
