@@ -44,6 +44,9 @@ def eval_tasks(
         None, help="Commands at once (the rest queue): a number, or a `sandrl bench contention` result file."
     ),
     swebench_images: str | None = typer.Option(None, help=SWEBENCH_IMAGES_HELP),
+    sandboxes: str = typer.Option(
+        "local", help="'local' (bubblewrap here) or 'e2b' (an E2B-compatible service: E2B_API_KEY, E2B_API_URL...)."
+    ),
 ) -> None:
     """Run an agent over tasks in sandboxes; print a summary, then one JSON line."""
     from sandrl.capacity import parse_capacity
@@ -66,6 +69,7 @@ def eval_tasks(
         run_id=run_id,
         host_capacity=parse_capacity(host_capacity, "--host-capacity")[0],
         swebench_images=swebench_images,
+        sandboxes=sandboxes,
     )
     result = asyncio.run(evaluate(config, console=err_console))
     emit(result_line(config, result))

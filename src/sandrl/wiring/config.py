@@ -41,6 +41,8 @@ EMBEDDED = "embedded"
 """``[model] inference`` for the in-process engine."""
 
 Api = Literal["sglang", "openai"]
+SANDBOXES = ("local", "e2b")
+"""``[rollout] sandboxes``: this machine's bubblewrap sandboxes, or an E2B-compatible service's."""
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,14 @@ class RolloutConfig:
     fill_idle_cores: float | None = None
     """With a host capacity: also admit a command while this many cores sit idle (``RunnerConfig.fill_idle_cores``)."""
 
+    # -- where the sandboxes are
+    sandboxes: str = "local"
+    """``local`` (bubblewrap on this machine) or ``e2b`` (an E2B-compatible service through the ``e2b``
+    SDK, configured by its own ``E2B_API_KEY``, ``E2B_DOMAIN`` or ``E2B_API_URL``/``E2B_SANDBOX_URL``:
+    E2B, or a sandrl host's ``sandrl serve sandboxes``; see :mod:`sandrl.sandbox.e2b_provider`)."""
+    create_concurrency: int = 8
+    """With ``e2b``: sandbox creates in flight at once (the rest wait); refused creates are retried with backoff."""
+
     # -- the budget of one episode
     max_turns: int = 4
     max_total_tokens: int = 2048
@@ -186,7 +196,17 @@ class RolloutConfig:
             raise ConfigError(f"host_capacity must be >= 1 command at once, got {self.host_capacity}")
         if self.fill_idle_cores is not None and not self.fill_idle_cores > 0:
             raise ConfigError(f"fill_idle_cores must be a positive number of cores, got {self.fill_idle_cores}")
-        for name in ("group_size", "concurrency", "max_turns", "max_total_tokens", "max_new_tokens", "max_attempts"):
+        if self.sandboxes not in SANDBOXES:
+            raise ConfigError(f"sandboxes must be one of {', '.join(SANDBOXES)}, got {self.sandboxes!r}")
+        for name in (
+            "group_size",
+            "concurrency",
+            "max_turns",
+            "max_total_tokens",
+            "max_new_tokens",
+            "max_attempts",
+            "create_concurrency",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.wall_time_s is not None and not (math.isfinite(self.wall_time_s) and self.wall_time_s > 0):

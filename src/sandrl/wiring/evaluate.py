@@ -35,7 +35,8 @@ from sandrl.sandbox.base import SandboxProvider
 from sandrl.tasks.swebench_specs import images_setting
 from sandrl.wiring.config import ModelConfig, RolloutConfig
 from sandrl.wiring.policy import open_policy
-from sandrl.wiring.runner import build_runner, local_provider, open_agent
+from sandrl.wiring.runner import build_runner, open_agent
+from sandrl.wiring.sandboxes import open_provider
 from sandrl.wiring.tasks import load_task_set
 
 AgentName = Literal["llm", "oracle", "null", "replay"]
@@ -86,6 +87,8 @@ class EvalConfig:
     """Commands at once across the sandboxes, the rest queue (``RunnerConfig.host_capacity``)."""
     swebench_images: str | None = None
     """Where SWE-bench instances run: :attr:`~sandrl.wiring.config.TasksConfig.swebench_images`."""
+    sandboxes: str | None = None
+    """``local`` or ``e2b``: :attr:`~sandrl.wiring.config.RolloutConfig.sandboxes`."""
 
     def __post_init__(self) -> None:
         if self.host_capacity is not None and self.host_capacity < 1:
@@ -126,6 +129,7 @@ class EvalConfig:
             "agent": self.agent if self.uses_model else "llm",
             "format": self.format,
             "tool_parser": self.tool_parser,
+            "sandboxes": self.sandboxes,
         }
         try:
             return RolloutConfig(group_size=self.samples, **{k: v for k, v in given.items() if v is not None})
@@ -170,9 +174,11 @@ async def evaluate(
             if model is not None:
                 policy = await stack.enter_async_context(open_policy(model))
                 agent = await stack.enter_async_context(open_agent(config.rollout(), policy))
+            if provider is None:
+                provider = await stack.enter_async_context(open_provider(config.rollout()))
             runner = build_runner(
                 config.rollout(),
-                provider if provider is not None else local_provider(),
+                provider,
                 policy=policy,
                 agent=agent,
                 run_id=config.run_id,
