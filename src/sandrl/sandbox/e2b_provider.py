@@ -354,6 +354,9 @@ class E2BSandbox(ClosesOnExit):
             exit_code, timed_out = 124, True
         except Exception as exc:
             raise self._error(exc, "a command") from exc
+        except asyncio.CancelledError:
+            await asyncio.shield(self._kill_quietly(handle))  # the caller gave up: so does the command
+            raise
         finally:
             if feeder is not None:
                 feeder.cancel()
