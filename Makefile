@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SANDRL := $(VENV)/bin/sandrl
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench clean harbor-env
 
 setup:
 	@bash scripts/bootstrap.sh
@@ -12,12 +12,17 @@ demo: setup
 	$(SANDRL) demo
 
 test: setup lint
+	@bash scripts/harbor-env.sh --if-possible >/dev/null
 	$(PY) -m pytest -q
 
 lint: setup
-	$(VENV)/bin/ruff check src tests
-	$(VENV)/bin/ruff format --check src tests
+	$(VENV)/bin/ruff check src tests integrations
+	$(VENV)/bin/ruff format --check src tests integrations
 	$(VENV)/bin/mypy
+
+# Harbor's own virtualenv (Python >= 3.12) with sandrl's Harbor environment; prints its path.
+harbor-env:
+	@bash scripts/harbor-env.sh
 
 bench: setup
 	$(SANDRL) bench sandbox

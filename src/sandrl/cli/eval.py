@@ -22,7 +22,7 @@ app = typer.Typer()
 def eval_tasks(
     tasks: str = typer.Argument(..., help="A task directory, a directory of them, a SWE-bench file, or 'builtin'."),
     agent: str = typer.Option(
-        "oracle", help="llm, oracle, null, replay, mini-swe-agent, or module:function (a harness; see the README)."
+        "oracle", help="llm, oracle, null, replay, mini-swe-agent, terminus-2 or module:function (see the README)."
     ),
     inference: str | None = typer.Option(
         None, help="'embedded', an SGLang-routes server's URL or vllm://HOST:PORT (agents with a model)."
@@ -47,6 +47,9 @@ def eval_tasks(
     fork_groups: bool = typer.Option(
         False, "--fork-groups", help="Set each task up once per group of --samples, and fork its episodes from it."
     ),
+    sandboxes: str = typer.Option(
+        "local", help="'local' (bubblewrap here) or 'e2b' (an E2B-compatible service: E2B_API_KEY, E2B_API_URL...)."
+    ),
 ) -> None:
     """Run an agent over tasks in sandboxes; print a summary, then one JSON line."""
     from sandrl.capacity import parse_capacity
@@ -70,6 +73,7 @@ def eval_tasks(
         host_capacity=parse_capacity(host_capacity, "--host-capacity")[0],
         swebench_images=swebench_images,
         fork_groups=fork_groups,
+        sandboxes=sandboxes,
     )
     result = asyncio.run(evaluate(config, console=err_console))
     emit(result_line(config, result))

@@ -267,3 +267,49 @@ def images_rm(
         apply_prune(store, plan)
         removed = len(plan.layers)
     console.print(f"removed {len(targets)} images and {removed} unused layers")
+
+
+@app.command("templates")
+def images_templates(
+    tasks: str = typer.Argument(..., help="A task directory, a directory of them, or 'builtin'."),
+    build: bool = typer.Option(False, "--build", help="Build each missing template into this host's store."),
+    state_dir: Path | None = typer.Option(
+        None, help="The store's state directory (default: `sandrl serve sandboxes`'s, /var/lib/sandrl)."
+    ),
+) -> None:
+    """The E2B template of each task (what `--sandboxes e2b` starts it from); --build makes them on this sandrl host.
+
+    Run it on the host that serves the E2B API (`sandrl serve sandboxes`), with its state directory:
+    the service then has every template the tasks name. Ends with one JSON line."""
+    from sandrl.sandbox.templates import BASE_TEMPLATE, build_template, template_for
+    from sandrl.wiring.tasks import load_task_set
+
+    console = rich_console(stderr=False)
+    loaded = load_task_set(tasks)
+    root = Path(state_dir) if state_dir is not None else sandrl.sandbox.bwrap.provider.DEFAULT_STATE_DIR
+    store = ImageStore(root / "images")
+    names = {task.id: template_for(task.image_source()) for task in loaded}
+    built: list[str] = []
+
+    async def go() -> None:
+        provider = BwrapProvider(root)
+        try:
+            for task in loaded:
+                name = names[task.id]
+                if name != BASE_TEMPLATE and not store.exists(name):
+                    await build_template(provider, task.image_source())
+                    built.append(name)
+        finally:
+            await provider.close_all()
+
+    if build:
+        asyncio.run(go())
+    missing = sorted({n for n in names.values() if n != BASE_TEMPLATE and not store.exists(n)})
+    table = Table("task", "template", "on this host")
+    for task_id, name in names.items():
+        state = "built now" if name in built else "missing" if name in missing else "present"
+        table.add_row(task_id, name, state)
+    console.print(table)
+    if missing:
+        console.print(f"{len(missing)} template(s) missing here: `sandrl images templates {tasks} --build` makes them")
+    emit({"templates": names, "built": sorted(set(built)), "missing": missing})

@@ -45,7 +45,7 @@ from sandrl.train.batch import Batch
 from sandrl.train.run_config import RunConfig, save_resolved
 from sandrl.train.staleness import mixed_version, oldest_version, token_staleness_hist
 from sandrl.train.trainer import ExportedWeights, Metrics, Trainer
-from sandrl.wiring import build_runner, local_provider, open_agent, open_policy, task_set
+from sandrl.wiring import build_runner, open_agent, open_policy, open_provider, task_set
 
 Item = tuple[int, Group]
 """A group and its data position."""
@@ -396,9 +396,11 @@ async def open_session(
         async with open_policy(config.model) as policy, contextlib.AsyncExitStack() as agents:
             if agent is None:
                 agent = await agents.enter_async_context(open_agent(config.rollout, policy))
+            if provider is None:
+                provider = await agents.enter_async_context(open_provider(config.rollout))
             runner = build_runner(
                 config.rollout,
-                provider if provider is not None else local_provider(),
+                provider,
                 policy=policy,
                 agent=agent,
                 run_id=Path(config.run.output_dir).name,

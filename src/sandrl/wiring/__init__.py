@@ -10,6 +10,7 @@ It sits above :mod:`sandrl.rollout`, :mod:`sandrl.inference`, :mod:`sandrl.sandb
     runner.py    build_runner(rollout, provider, policy=..., agent=...): RunnerConfig, EpisodeConfig
                  (budget, per-phase timeouts), the LLM agent and its sampling, the RolloutRunner
     tasks.py     task_set(tasks, root), load_task_set(path): the tasks
+    sandboxes.py open_provider(rollout): [rollout] sandboxes, local (bubblewrap) or e2b (an E2B service)
     evaluate.py  sandrl eval: EvalConfig (overrides of RolloutConfig) and evaluate()
     suite.py     sandrl tasks run / validate: the oracle and null agents through the same runner
 
@@ -23,6 +24,7 @@ A caller with a model::
 from sandrl.wiring.config import ModelConfig, RolloutConfig, TasksConfig
 from sandrl.wiring.policy import open_policy
 from sandrl.wiring.runner import build_runner, llm_agent, local_provider, open_agent, runner_config
+from sandrl.wiring.sandboxes import open_provider
 from sandrl.wiring.tasks import load_task_set, task_set
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "local_provider",
     "open_agent",
     "open_policy",
+    "open_provider",
     "runner_config",
     "task_set",
 ]

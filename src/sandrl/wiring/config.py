@@ -43,6 +43,8 @@ EMBEDDED = "embedded"
 """``[model] inference`` for the in-process engine."""
 
 Api = Literal["sglang", "openai", "vllm"]
+SANDBOXES = ("local", "e2b")
+"""``[rollout] sandboxes``: this machine's bubblewrap sandboxes, or an E2B-compatible service's."""
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,14 @@ class RolloutConfig:
     """Set each group's task up once, in one sandbox, and start its episodes from a snapshot of it
     (:mod:`sandrl.rollout.forks`): for tasks whose setup is expensive. Needs a provider that forks."""
 
+    # -- where the sandboxes are
+    sandboxes: str = "local"
+    """``local`` (bubblewrap on this machine) or ``e2b`` (an E2B-compatible service through the ``e2b``
+    SDK, configured by its own ``E2B_API_KEY``, ``E2B_DOMAIN`` or ``E2B_API_URL``/``E2B_SANDBOX_URL``:
+    E2B, or a sandrl host's ``sandrl serve sandboxes``; see :mod:`sandrl.sandbox.e2b_provider`)."""
+    create_concurrency: int = 8
+    """With ``e2b``: sandbox creates in flight at once (the rest wait); refused creates are retried with backoff."""
+
     # -- the budget of one episode
     max_turns: int = 4
     max_total_tokens: int = 2048
@@ -166,8 +176,9 @@ class RolloutConfig:
     """The LLM agent's system prompt; empty: its format's own (:mod:`sandrl.rollout.agents.formats`). A small
     model with a short context trains faster on a short one; it must be the one it was warm-started on."""
     agent: str = "llm"
-    """Who acts: ``llm`` (sandrl's agent, in ``format``), ``mini-swe-agent`` (the harness, through the
-    session gateway), or ``module:function`` (any Python harness; see :mod:`sandrl.rollout.agents.harness`)."""
+    """Who acts: ``llm`` (sandrl's agent, in ``format``), ``mini-swe-agent`` or ``terminus-2`` (harnesses,
+    through the session gateway), or ``module:function`` (any Python harness; see
+    :mod:`sandrl.rollout.agents.harness`)."""
     format: str = "fenced"
     """The ``llm`` agent's action format: ``fenced`` (one ```bash block per reply) or ``tools`` (tool calls)."""
     tool_parser: str = ""
@@ -203,7 +214,17 @@ class RolloutConfig:
             raise ConfigError(f"fill_idle_cores must be a positive number of cores, got {self.fill_idle_cores}")
         if not isinstance(self.fork_groups, bool):
             raise ConfigError(f"fork_groups must be true or false, got {self.fork_groups!r}")
-        for name in ("group_size", "concurrency", "max_turns", "max_total_tokens", "max_new_tokens", "max_attempts"):
+        if self.sandboxes not in SANDBOXES:
+            raise ConfigError(f"sandboxes must be one of {', '.join(SANDBOXES)}, got {self.sandboxes!r}")
+        for name in (
+            "group_size",
+            "concurrency",
+            "max_turns",
+            "max_total_tokens",
+            "max_new_tokens",
+            "max_attempts",
+            "create_concurrency",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.wall_time_s is not None and not (math.isfinite(self.wall_time_s) and self.wall_time_s > 0):
@@ -213,7 +234,9 @@ class RolloutConfig:
         if self.format not in ("fenced", "tools"):
             raise ConfigError(f"format must be 'fenced' or 'tools', got {self.format!r}")
         if not self.agent:
-            raise ConfigError("agent must be 'llm', 'mini-swe-agent' or 'module:function', got an empty name")
+            raise ConfigError(
+                "agent must be 'llm', 'mini-swe-agent', 'terminus-2' or 'module:function', got an empty name"
+            )
         if self.max_new_tokens > self.max_total_tokens:
             raise ConfigError(
                 f"max_new_tokens ({self.max_new_tokens}) is more than max_total_tokens ({self.max_total_tokens}); "

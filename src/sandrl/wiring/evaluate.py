@@ -26,7 +26,7 @@ from rich.console import Console
 from sandrl.errors import ConfigError
 from sandrl.inference.base import InferenceClient
 from sandrl.rollout.agent import Agent
-from sandrl.rollout.agents.harness import MINI_SWE_AGENT
+from sandrl.rollout.agents.harness import HARNESSES
 from sandrl.rollout.agents.scripted import DEFAULT_REPLAY, NullAgent, OracleAgent, ReplayAgent, ThinkTime
 from sandrl.rollout.jsonl import TrajectoryWriter
 from sandrl.rollout.runner import RunResult
@@ -35,7 +35,8 @@ from sandrl.sandbox.base import SandboxProvider
 from sandrl.tasks.swebench_specs import images_setting
 from sandrl.wiring.config import ModelConfig, RolloutConfig
 from sandrl.wiring.policy import open_policy
-from sandrl.wiring.runner import build_runner, local_provider, open_agent
+from sandrl.wiring.runner import build_runner, open_agent
+from sandrl.wiring.sandboxes import open_provider
 from sandrl.wiring.tasks import load_task_set
 
 AgentName = Literal["llm", "oracle", "null", "replay"]
@@ -88,13 +89,15 @@ class EvalConfig:
     """Where SWE-bench instances run: :attr:`~sandrl.wiring.config.TasksConfig.swebench_images`."""
     fork_groups: bool = False
     """Set each task up once per group and fork its episodes from it (``--fork-groups``; ``[rollout] fork_groups``)."""
+    sandboxes: str | None = None
+    """``local`` or ``e2b``: :attr:`~sandrl.wiring.config.RolloutConfig.sandboxes`."""
 
     def __post_init__(self) -> None:
         if self.host_capacity is not None and self.host_capacity < 1:
             raise ConfigError(f"--host-capacity must be at least 1 command at once, got {self.host_capacity}")
         if self.agent not in AGENTS and not self.uses_harness:
             raise ConfigError(
-                f"--agent must be one of {', '.join(AGENTS)}, {MINI_SWE_AGENT} or module:function, got {self.agent!r}"
+                f"--agent must be one of {', '.join((*AGENTS, *HARNESSES))} or module:function, got {self.agent!r}"
             )
         if self.uses_model and not self.inference:
             raise ConfigError(f"--agent {self.agent} needs --inference: 'embedded' or the URL of an inference server")
@@ -108,7 +111,7 @@ class EvalConfig:
 
     @property
     def uses_harness(self) -> bool:
-        return self.agent == MINI_SWE_AGENT or ":" in self.agent
+        return self.agent in HARNESSES or ":" in self.agent
 
     @property
     def uses_model(self) -> bool:
@@ -128,6 +131,7 @@ class EvalConfig:
             "agent": self.agent if self.uses_model else "llm",
             "format": self.format,
             "tool_parser": self.tool_parser,
+            "sandboxes": self.sandboxes,
         }
         try:
             return RolloutConfig(
@@ -176,9 +180,11 @@ async def evaluate(
             if model is not None:
                 policy = await stack.enter_async_context(open_policy(model))
                 agent = await stack.enter_async_context(open_agent(config.rollout(), policy))
+            if provider is None:
+                provider = await stack.enter_async_context(open_provider(config.rollout()))
             runner = build_runner(
                 config.rollout(),
-                provider if provider is not None else local_provider(),
+                provider,
                 policy=policy,
                 agent=agent,
                 run_id=config.run_id,

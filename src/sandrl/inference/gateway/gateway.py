@@ -6,7 +6,8 @@ train`` start for harness agents; :func:`create_gateway_app` serves them alone i
 
 - ``POST /v1/sessions`` → ``{"id", "base_url"}``: a harness's OpenAI client takes ``base_url``.
   An optional body sets the session's budget, ``max_turns`` and ``max_total_tokens``: a call over
-  it is refused (``budget_exhausted``, ``context_length_exceeded``) and the record says which.
+  it is refused as ``context_length_exceeded`` (OpenAI's words for either budget: clients give up on
+  them at once) and the record's ``stopped`` says which.
 - ``POST {base_url}/chat/completions``: OpenAI's chat completion with ``tools``, ``tool_choice``
   (``auto``, or ``none``: calls are not parsed), ``n`` = 1, ``temperature``, ``top_p``,
   ``max_tokens`` / ``max_completion_tokens``, ``stop``, ``stop_token_ids``, ``seed``,

@@ -153,7 +153,7 @@ class Session:
     prompt_len: int = 0
     """The first segment's prompt length."""
     max_turns: int | None = None
-    """Most completions; the next call is refused (``budget_exhausted``) and ``stopped`` says why."""
+    """Most completions; the next call is refused (``context_length_exceeded``) and ``stopped`` says why."""
     max_total_tokens: int | None = None
     """Most ids in a segment's prompt; a call over it is refused as ``context_length_exceeded``."""
     stopped: str | None = None
@@ -204,8 +204,12 @@ class Session:
         tools_key = json.dumps(list(tools), sort_keys=True) if tools else None
         if self.max_turns is not None and len(self.turns) >= self.max_turns:
             self.stopped = "max_turns"
+            # Said in OpenAI's context-length words: client libraries (litellm, the harnesses' retry loops)
+            # give up on those at once, where a plain 400 is retried with backoff for a minute.
             raise ConfigError(
-                f"this session's budget of {self.max_turns} model turns is used up", error_code="budget_exhausted"
+                f"This model's maximum context length is reached: the session's budget of {self.max_turns} "
+                "model turns is used up.",
+                error_code="context_length_exceeded",
             )
         extends, reason = self._match(messages, tools_key)
         if extends:

@@ -39,6 +39,12 @@ if TYPE_CHECKING:  # the gateway pulls in the HTTP stack; an agent that is not a
     from sandrl.inference.gateway import Gateway, Session
 
 MINI_SWE_AGENT = "mini-swe-agent"
+TERMINUS_2 = "terminus-2"
+HARNESSES = {
+    MINI_SWE_AGENT: "sandrl.rollout.agents.mini_swe_agent:run",
+    TERMINUS_2: "sandrl.rollout.agents.terminus:run",
+}
+"""The harnesses sandrl ships, by the name ``--agent`` takes."""
 
 _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=512, thread_name_prefix="harness")
 """Threads of plain-function harnesses: sized for hundreds of episodes at once, made on demand
@@ -118,9 +124,8 @@ Harness = Callable[[HarnessContext], Any]
 
 
 def load_harness(spec: str) -> Harness:
-    """The harness named ``spec``: ``mini-swe-agent`` or ``module:function``."""
-    if spec == MINI_SWE_AGENT:
-        spec = "sandrl.rollout.agents.mini_swe_agent:run"
+    """The harness named ``spec``: one of :data:`HARNESSES` or ``module:function``."""
+    spec = HARNESSES.get(spec, spec)
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ConfigError(f"a harness agent is 'mini-swe-agent' or 'module:function', got {spec!r}")
