@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -87,14 +89,18 @@ def test_prepare_removes_other_state_roots_empty_parents_and_create_remakes_its_
     mine = CgroupManager(root=root, proc_cgroup=own_groups, subdir="sandrl/sandrl-aaaaaaaaaaaa")
     other = CgroupManager(root=root, proc_cgroup=own_groups, subdir="sandrl/sandrl-bbbbbbbbbbbb")
     busy = CgroupManager(root=root, proc_cgroup=own_groups, subdir="sandrl/sandrl-cccccccccccc")
-    for mgr in (other, busy):
+    young = CgroupManager(root=root, proc_cgroup=own_groups, subdir="sandrl/sandrl-dddddddddddd")
+    for mgr in (other, busy, young):
         mgr.prepare()
+    for ctrl in ("memory", "pids", "cpu", "cpuacct"):  # made a while ago; young's was made just now
+        for name in ("sandrl-bbbbbbbbbbbb", "sandrl-cccccccccccc"):
+            os.utime(root / ctrl / "sandrl" / name, (time.time() - 3600, time.time() - 3600))
     # Here a parent holding a sandbox's group is a non-empty dir, which rmdir refuses as the kernel
     # does; a name that is not a state directory's is never touched.
     busy.create("sb-live", memory_mb=None, pids=None, cpus=None)
     (root / "pids" / "sandrl" / "not-a-state-root").mkdir()
     mine.prepare()
-    kept = ["sandrl-aaaaaaaaaaaa", "sandrl-cccccccccccc"]
+    kept = ["sandrl-aaaaaaaaaaaa", "sandrl-cccccccccccc", "sandrl-dddddddddddd"]  # mine, busy, young
     for ctrl in ("memory", "pids", "cpu", "cpuacct"):
         names = sorted(p.name for p in (root / ctrl / "sandrl").iterdir())
         assert names == (["not-a-state-root"] if ctrl == "pids" else []) + kept

@@ -17,7 +17,9 @@ which is also the ``cluster`` entry of the result.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,19 @@ def summarize_workers(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Per-host metrics merged over the workers' fleets, without the raw samples."""
     names = sorted({name for r in records for name in r.get("hosts", {})})
     return {name: merge([r["hosts"][name] for r in records if name in r.get("hosts", {})]) for name in names}
+
+
+async def _worker_metrics(handle: Any, ray_lib: Any, *, wait_s: float) -> dict[str, Any]:
+    """A worker's metrics at the end of a run. One that Ray is still restarting (killed late in the run)
+    is waited for up to ``wait_s``, then counted as lost: the run's result must not fail on its report."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return dict(await handle.metrics.remote())
+        except ray_lib.exceptions.RayActorError:
+            if time.monotonic() >= deadline:
+                return {"lost": True}
+            await asyncio.sleep(0.5)
 
 
 async def run_cluster_training(
@@ -120,12 +135,13 @@ async def run_cluster_training(
         session = Session(config, source, trainer, policy=policy, **extra)
         await session.push_weights()  # a resumed run serves the checkpoint's weights
         await (sync if chosen == "sync" else async_).run(session)
-        records = [await h.metrics.remote() for h in handles]
+        records = [await _worker_metrics(h, ray_lib, wait_s=opts.worker_wait_s) for h in handles]
         cluster_metrics = {
             "hosts": summarize_workers(records),
             "ledger": source.ledger.to_dict(),
             **pool.to_dict(),
             "reaped": sum(int(r.get("reaped", 0)) for r in records),
+            "workers_unreported": sum(bool(r.get("lost")) for r in records),
         }
         if trainer is not None:
             trained = trainer.trained_episode_ids()
@@ -158,7 +174,5 @@ def train_on_ray(
     config_path: Path, address: str, mode: str | None = None, rollout_only: bool = False
 ) -> dict[str, Any]:
     """The body of ``sandrl train CONFIG --ray ADDRESS``: the run's last step and the cluster's metrics."""
-    import asyncio
-
     config, cluster = load_cluster_run(config_path)
     return asyncio.run(run_cluster_training(config, cluster, address=address, mode=mode, rollout_only=rollout_only))

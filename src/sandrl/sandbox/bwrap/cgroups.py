@@ -265,6 +265,9 @@ class CgroupManager:
         a process. A live provider whose parent was removed while it had no sandbox makes it
         again on its next :meth:`create`.
         """
+        # A parent made (or made again) within the last minute belongs to a provider about to use it:
+        # removing it races that provider's next create, which many providers starting at once lose.
+        young = time.time() - 60
         for base in self._bases():
             if not _STATE_PARENT.fullmatch(base.name):
                 continue
@@ -272,7 +275,8 @@ class CgroupManager:
                 for sibling in base.parent.iterdir():
                     if sibling != base and _STATE_PARENT.fullmatch(sibling.name) and sibling.is_dir():
                         with contextlib.suppress(OSError):
-                            sibling.rmdir()
+                            if sibling.stat().st_mtime < young:
+                                sibling.rmdir()
 
     def _delegate_v2(self, base: Path) -> None:
         """Enable memory, pids and cpu for the sandboxes' groups.
@@ -302,12 +306,13 @@ class CgroupManager:
             _write(level / "cgroup.subtree_control", enable)
 
     def create(self, name: str, *, memory_mb: int | None, pids: int | None, cpus: float | None) -> SandboxCgroup:
-        try:
-            return self._create(name, memory_mb=memory_mb, pids=pids, cpus=cpus)
-        except FileNotFoundError:
-            # Another provider's prepare() removed our parent while it was empty.
-            self.prepare()
-            return self._create(name, memory_mb=memory_mb, pids=pids, cpus=cpus)
+        for _ in range(3):
+            try:
+                return self._create(name, memory_mb=memory_mb, pids=pids, cpus=cpus)
+            except FileNotFoundError:
+                # Another provider's prepare() removed our parent while it was empty.
+                self.prepare()
+        return self._create(name, memory_mb=memory_mb, pids=pids, cpus=cpus)
 
     def _create(self, name: str, *, memory_mb: int | None, pids: int | None, cpus: float | None) -> SandboxCgroup:
         dirs: list[Path] = []
