@@ -34,9 +34,7 @@ def test_vocabulary_is_bytes_then_specials(tokenizer: ByteTokenizer) -> None:
     assert tokenizer.vocab_size == 256 + len(ByteTokenizer.SPECIAL_TOKENS)
     specials = [tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id]
     specials += [tokenizer.im_start_id, tokenizer.im_end_id]
-    specials += [tokenizer.im_end_id + 1, tokenizer.im_end_id + 2]  # <tool_call>, </tool_call>
     assert sorted(specials) == list(range(256, tokenizer.vocab_size))
-    assert tokenizer.decode(specials[-2:]) == "<tool_call></tool_call>"
     assert set(tokenizer.eos_token_ids) == {tokenizer.eos_token_id, tokenizer.im_end_id}
 
 
@@ -116,25 +114,3 @@ def test_saved_marker_loads_the_byte_tokenizer(tmp_path: Path, tokenizer: ByteTo
     assert loaded.encode_messages([{"role": "user", "content": "x"}]) == tokenizer.encode_messages(
         [{"role": "user", "content": "x"}]
     )
-
-
-def test_tool_call_tags_are_one_token_each_and_text_never_becomes_them(tokenizer: ByteTokenizer) -> None:
-    call = {"id": "c", "type": "function", "function": {"name": "bash", "arguments": {"command": "ls"}}}
-    message = {"role": "assistant", "content": "<tool_call> is text here", "tool_calls": [call]}
-    ids = tokenizer.message_ids(message)
-    tags = [i for i in ids if i >= 256]
-    assert len(tags) == 2 and tokenizer.decode(tags) == "<tool_call></tool_call>"
-    assert (
-        tokenizer.decode(ids)
-        == '<tool_call> is text here\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>'
-    )
-
-
-def test_a_checkpoint_keeps_the_special_tokens_it_was_saved_with(tmp_path: Path) -> None:
-    """Older checkpoints have no tool-call tags: loaded, their vocabulary stays the one their model has."""
-    old = ByteTokenizer(ByteTokenizer.BASE_SPECIAL_TOKENS)
-    old.save(tmp_path)
-    loaded = load_tokenizer(tmp_path)
-    assert isinstance(loaded, ByteTokenizer) and loaded.vocab_size == 261
-    with pytest.raises(ConfigError, match="must start with"):
-        ByteTokenizer(["<tool_call>"])

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sandrl.errors import ConfigError
-from sandrl.inference.tokenizer import ByteTokenizer, Message, Tokenizer, Tools
+from sandrl.inference.tokenizer import ByteTokenizer, Message, Tokenizer, Tools, message_text
 from sandrl.inference.toolcalls import ToolCallParser, detect_parser, get_parser
 
 _STAND_IN = ({"role": "system", "content": "s"}, {"role": "user", "content": "u"})
@@ -99,7 +99,7 @@ class ChatFormat:
         tok = self.tokenizer
         probe = [{"role": "tool", "content": "x", "tool_call_id": "call_0", "name": "bash"}]
         if isinstance(tok, ByteTokenizer):
-            return [*tok.message_ids(assistant), tok.im_end_id]
+            return [*tok.encode(message_text(assistant)), tok.im_end_id]
         head = self.render(_STAND_IN, add_generation_prompt=True)
         full = self.render([*_STAND_IN, assistant, *probe], add_generation_prompt=True)
         start = _common_prefix(head, full)

@@ -82,22 +82,10 @@ class Tokenizer(Protocol):
 class ByteTokenizer:
     """256 byte tokens followed by the special tokens; see the module docstring for the template."""
 
-    BASE_SPECIAL_TOKENS: tuple[str, ...] = ("<|pad|>", "<|bos|>", "<|eos|>", "<|im_start|>", "<|im_end|>")
-    SPECIAL_TOKENS: tuple[str, ...] = (*BASE_SPECIAL_TOKENS, "<tool_call>", "</tool_call>")
-    """The tool-call tags are one token each, as in Qwen's vocabulary: a small model then writes a
-    call's frame in one step each side instead of a dozen bytes it could get wrong."""
+    SPECIAL_TOKENS: tuple[str, ...] = ("<|pad|>", "<|bos|>", "<|eos|>", "<|im_start|>", "<|im_end|>")
 
-    def __init__(self, special_tokens: Sequence[str] | None = None) -> None:
-        names = tuple(special_tokens) if special_tokens is not None else self.SPECIAL_TOKENS
-        if names[: len(self.BASE_SPECIAL_TOKENS)] != self.BASE_SPECIAL_TOKENS or not set(names) <= set(
-            self.SPECIAL_TOKENS
-        ):
-            raise ConfigError(
-                f"byte tokenizer special tokens must start with {list(self.BASE_SPECIAL_TOKENS)} and be among "
-                f"{list(self.SPECIAL_TOKENS)}, got {list(names)}"
-            )
-        self.special_tokens = names
-        self._special_ids = {name: 256 + i for i, name in enumerate(names)}
+    def __init__(self) -> None:
+        self._special_ids = {name: 256 + i for i, name in enumerate(self.SPECIAL_TOKENS)}
         self._special_names = {i: name for name, i in self._special_ids.items()}
 
     # -- ids of the special tokens -------------------------------------------------------------
@@ -124,7 +112,7 @@ class ByteTokenizer:
 
     @property
     def vocab_size(self) -> int:
-        return 256 + len(self.special_tokens)
+        return 256 + len(self.SPECIAL_TOKENS)
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -193,10 +181,7 @@ class ByteTokenizer:
             else:
                 listed.insert(0, {"role": "system", "content": section})
         for message in listed:
-            role = _field(message, "role")
-            if not role or "\n" in role:
-                raise ConfigError(f"a chat role must be a non-empty single line, got {role!r}")
-            ids += [self.im_start_id, *self.encode(role + "\n"), *self.message_ids(message), self.im_end_id]
+            ids += self.encode_turn(_field(message, "role"), message_text(message))
         if add_generation_prompt:
             ids += self.assistant_prefix_ids()
         return ids
@@ -204,18 +189,6 @@ class ByteTokenizer:
     @property
     def chat_template(self) -> str | None:
         return None
-
-    def message_ids(self, message: Message) -> list[int]:
-        """A message's body: its content, then its tool calls (their tags one token each, where it has them)."""
-        opener, closer = self._special_ids.get(TOOL_CALL_OPEN), self._special_ids.get(TOOL_CALL_CLOSE)
-        if opener is None or closer is None:
-            return self.encode(message_text(message))
-        content, bodies = message_parts(message)
-        ids = self.encode(content)
-        for body in bodies:
-            # The layout of message_text, with each tag one token (text never encodes to a special token).
-            ids += [*self.encode("\n" if ids else ""), opener, *self.encode(f"\n{body}\n"), closer]
-        return ids
 
     def parse_messages(self, ids: Sequence[int]) -> tuple[list[dict[str, str]], bool]:
         """Invert :meth:`encode_messages`: the messages, and whether an open assistant turn ends the ids."""
@@ -228,8 +201,8 @@ class ByteTokenizer:
                 end = list(ids).index(self.im_end_id, pos)
             except ValueError:
                 end = -1
-            body = self.decode(ids[pos + 1 : end if end >= 0 else len(ids)])
-            role, newline, content = body.partition("\n")
+            body = bytes(t for t in ids[pos + 1 : end if end >= 0 else len(ids)] if t < 256)
+            role, newline, content = body.decode("utf-8", errors="replace").partition("\n")
             if end < 0:
                 if role == "assistant" and newline and not content:
                     return messages, True
@@ -242,7 +215,7 @@ class ByteTokenizer:
 
     def save(self, directory: str | Path) -> None:
         """Write the marker that tells :func:`load_tokenizer` this checkpoint uses the byte tokenizer."""
-        spec = {"type": "byte", "special_tokens": list(self.special_tokens)}
+        spec = {"type": "byte", "special_tokens": list(self.SPECIAL_TOKENS)}
         (Path(directory) / TOKENIZER_FILE).write_text(json.dumps(spec, indent=2) + "\n")
 
 
@@ -323,9 +296,7 @@ def load_tokenizer(directory: str | Path, eos_token_ids: Sequence[int] = ()) -> 
         spec = json.loads((path / TOKENIZER_FILE).read_text())
         if spec.get("type") != "byte":
             raise ConfigError(f"{path / TOKENIZER_FILE}: unknown tokenizer type {spec.get('type')!r} (expected 'byte')")
-        saved = spec.get("special_tokens")
-        # A checkpoint keeps the special tokens it was trained with (older ones lack the tool-call tags).
-        return ByteTokenizer(saved if isinstance(saved, list) and all(isinstance(t, str) for t in saved) else None)
+        return ByteTokenizer()
     if (path / "tokenizer.json").is_file() or (path / "tokenizer_config.json").is_file():
         return HFTokenizer.from_dir(path, eos_token_ids)
     return None
@@ -357,15 +328,15 @@ def render_tools(tools: Tools) -> str:
     return "\n".join(lines)
 
 
-def message_parts(message: Message) -> tuple[str, list[str]]:
-    """A message's content and the Hermes body of each of its tool calls (``{"name", "arguments"}`` as JSON)."""
+def message_text(message: Message) -> str:
+    """What the byte template writes for a message: its content, then its tool calls in the Hermes format."""
     content = message.get("content")
     calls = message.get("tool_calls") or ()
     if content is None and calls:
         content = ""
     if not isinstance(content, str):
         raise ConfigError(f"a chat message needs a string 'content' (or null with tool calls), got {dict(message)!r}")
-    bodies = []
+    parts = [content] if content else []
     for call in calls:
         function = call.get("function", call) if isinstance(call, Mapping) else None
         if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
@@ -376,15 +347,9 @@ def message_parts(message: Message) -> tuple[str, list[str]]:
                 arguments = json.loads(arguments)
             except ValueError as exc:
                 raise ConfigError(f"tool call arguments are not JSON: {arguments[:200]!r}") from exc
-        bodies.append(json.dumps({"name": function["name"], "arguments": arguments}, ensure_ascii=False))
-    return content, bodies
-
-
-def message_text(message: Message) -> str:
-    """What the byte template writes for a message: its content, then its tool calls in the Hermes format,
-    one per line: ``<tool_call>\n{json}\n</tool_call>``."""
-    content, bodies = message_parts(message)
-    return "\n".join([content] * bool(content) + [f"{TOOL_CALL_OPEN}\n{b}\n{TOOL_CALL_CLOSE}" for b in bodies])
+        body = json.dumps({"name": function["name"], "arguments": arguments}, ensure_ascii=False)
+        parts.append(f"{TOOL_CALL_OPEN}\n{body}\n{TOOL_CALL_CLOSE}")
+    return "\n".join(parts)
 
 
 def _field(message: Message, key: str) -> str:
