@@ -21,8 +21,8 @@ from rich.table import Table
 
 from sandrl.bench.setup_heavy import load_setup_heavy, write_task
 from sandrl.errors import ConfigError
-from sandrl.rollout.runner import RunResult
 from sandrl.rollout.agents.scripted import SOLUTION, ReplayAgent, ThinkTime
+from sandrl.rollout.runner import RunResult
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.tasks.task import Task
 from sandrl.wiring import RolloutConfig, build_runner
