@@ -169,7 +169,7 @@ def test_a_turn_closes_with_the_templates_own_end_of_turn_token(
     assistant = {"role": "assistant", "content": "done"}
     observation = [{"role": "tool", "content": "exit code: 0", "tool_call_id": "c", "name": "bash"}]
     continuation = chat.continuation(assistant, observation)
-    assert continuation.closer == closer_id == chat.closer()
+    assert continuation.closer == closer_id
     output = [*tok.encode("done"), stop_id]
     # Stopped on another stop token: the template's closer follows it; stopped on the closer: nothing doubles.
     assert chat.append_ids(output, assistant, observation) == [closer_id, *continuation.ids]

@@ -36,6 +36,8 @@ from sandrl.inference.tokenizer import ByteTokenizer, Message, Tokenizer, Tools,
 from sandrl.inference.toolcalls import ToolCallParser, detect_parser, get_parser
 
 _STAND_IN = ({"role": "system", "content": "s"}, {"role": "user", "content": "u"})
+_PROBE = ({"role": "tool", "content": "x", "tool_call_id": "call_0", "name": "bash"},)
+"""A tool result after the assistant turn of a demonstration, so that the turn is rendered closed."""
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,7 @@ class ChatFormat:
         self.stop_ids: frozenset[int] = frozenset(tokenizer.eos_token_ids)
         if not self.stop_ids:
             raise ConfigError("the tokenizer has no end-of-sequence token, so a model turn could never end")
-        self._closer: int | None = None
+        self._head: list[int] | None = None
 
     def render(self, messages: Sequence[Message], *, add_generation_prompt: bool = False) -> list[int]:
         return self.tokenizer.encode_messages(messages, add_generation_prompt=add_generation_prompt, tools=self.tools)
@@ -76,16 +78,8 @@ class ChatFormat:
             for message in appended:
                 ids += tok.encode_messages([message])[1:]  # without <|bos|>
             return Continuation(tok.im_end_id, ids + tok.assistant_prefix_ids())
-        head = self.render(_STAND_IN, add_generation_prompt=True)
-        full = self.render([*_STAND_IN, _stand_in_assistant(assistant), *appended], add_generation_prompt=True)
-        start = _common_prefix(head, full)
-        for position in range(start, len(full)):
-            if full[position] in self.stop_ids:
-                return Continuation(full[position], full[position + 1 :])
-        raise ConfigError(
-            "the chat template closes an assistant turn with no token the model stops on: add the template's "
-            "end-of-turn token to eos_token_id in the checkpoint's generation_config.json"
-        )
+        full, _, close = self._rendered(_stand_in_assistant(assistant), appended)
+        return Continuation(full[close], full[close + 1 :])
 
     def append_ids(self, output_ids: Sequence[int], assistant: Message, appended: Sequence[Message]) -> list[int]:
         """The ids to append after ``output_ids``: the closing token if the model did not end with it, then the rest."""
@@ -97,26 +91,25 @@ class ChatFormat:
         """The ids the template renders for the assistant message ``assistant``, its closing token included:
         what a model following the template would write (a demonstration for supervised training)."""
         tok = self.tokenizer
-        probe = [{"role": "tool", "content": "x", "tool_call_id": "call_0", "name": "bash"}]
         if isinstance(tok, ByteTokenizer):
             return [*tok.encode(message_text(assistant)), tok.im_end_id]
-        head = self.render(_STAND_IN, add_generation_prompt=True)
-        full = self.render([*_STAND_IN, assistant, *probe], add_generation_prompt=True)
-        start = _common_prefix(head, full)
+        full, start, close = self._rendered(assistant, _PROBE)
+        return full[start : close + 1]
+
+    def _rendered(self, assistant: Message, appended: Sequence[Message]) -> tuple[list[int], int, int]:
+        """The stand-in conversation ending with ``assistant`` then ``appended``, rendered; where the assistant's
+        turn starts in it, and where its closing token (the first stop id after that) is."""
+        if self._head is None:  # the same for every call: rendered once
+            self._head = self.render(_STAND_IN, add_generation_prompt=True)
+        full = self.render([*_STAND_IN, assistant, *appended], add_generation_prompt=True)
+        start = _common_prefix(self._head, full)
         for position in range(start, len(full)):
             if full[position] in self.stop_ids:
-                return full[start : position + 1]
+                return full, start, position
         raise ConfigError(
             "the chat template closes an assistant turn with no token the model stops on: add the template's "
             "end-of-turn token to eos_token_id in the checkpoint's generation_config.json"
         )
-
-    def closer(self) -> int:
-        """The token that closes an assistant turn followed by a tool result (what a demonstration ends with)."""
-        if self._closer is None:
-            probe = {"role": "tool", "content": "x", "tool_call_id": "call_0", "name": "bash"}
-            self._closer = self.continuation({"role": "assistant", "content": "a"}, [probe]).closer
-        return self._closer
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids)
