@@ -44,13 +44,20 @@ def normalize(message: Mapping[str, Any]) -> tuple[Any, ...]:
     content = message_content(message)
     calls: list[tuple[str, str]] = []
     for call in message.get("tool_calls") or ():
-        function = call.get("function", call) if isinstance(call, Mapping) else {}
-        arguments = function.get("arguments", {})
-        if isinstance(arguments, str):
-            with contextlib.suppress(ValueError):
-                arguments = json.loads(arguments)
-        calls.append((str(function.get("name")), json.dumps(arguments, sort_keys=True)))
+        name, arguments = call_parts(call)
+        calls.append((str(name), json.dumps(arguments, sort_keys=True)))
     return (role, content, tuple(calls))
+
+
+def call_parts(call: object) -> tuple[Any, Any]:
+    """An OpenAI tool call's function name and arguments, the arguments decoded from their JSON string
+    (left the string when it is not JSON): harnesses send either form."""
+    function = call.get("function", call) if isinstance(call, Mapping) else {}
+    arguments = function.get("arguments", {})
+    if isinstance(arguments, str):
+        with contextlib.suppress(ValueError):
+            arguments = json.loads(arguments)
+    return function.get("name"), arguments
 
 
 def message_content(message: Mapping[str, Any]) -> str:
@@ -75,20 +82,10 @@ def plain(message: Mapping[str, Any]) -> dict[str, Any]:
     out["content"] = message_content(message)
     calls = []
     for call in message.get("tool_calls") or ():
-        function = call.get("function", call) if isinstance(call, Mapping) else {}
-        arguments = function.get("arguments", {})
+        name, arguments = call_parts(call)
         if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments)
-            except ValueError:
-                arguments = {"_raw": arguments}
-        calls.append(
-            {
-                "id": call.get("id", ""),
-                "type": "function",
-                "function": {"name": function.get("name"), "arguments": arguments},
-            }
-        )
+            arguments = {"_raw": arguments}  # not JSON: templates want an object
+        calls.append({"id": call.get("id", ""), "type": "function", "function": {"name": name, "arguments": arguments}})
     if calls:
         out["tool_calls"] = calls
     return out
@@ -170,13 +167,12 @@ class Session:
         self.loss_mask += [1 if model else 0] * len(ids)
         self.logprobs += list(logprobs) if model else [0.0] * len(ids)
 
-    def _match(self, messages: Sequence[Mapping[str, Any]], tools_key: str | None) -> tuple[int, str | None]:
-        """How many known messages the call extends (0 with the reason it does not)."""
+    def _match(self, norm: Sequence[tuple[Any, ...]], tools_key: str | None) -> tuple[int, str | None]:
+        """How many known messages the call's (normalized) messages extend (0 with the reason they do not)."""
         if not self.known:
             return 0, None
         if tools_key != self.chat_tools_key:
             return 0, "the tools changed"
-        norm = [normalize(m) for m in messages]
         n = len(self.known)
         for i, (seen, sent) in enumerate(zip(self.known, norm, strict=False)):
             if seen != sent:
@@ -211,7 +207,8 @@ class Session:
                 "model turns is used up.",
                 error_code="context_length_exceeded",
             )
-        extends, reason = self._match(messages, tools_key)
+        norm = [normalize(m) for m in messages]
+        extends, reason = self._match(norm, tools_key)
         if extends:
             appended = [plain(m) for m in messages[extends:]]
             assert self.last_reply is not None
@@ -272,7 +269,7 @@ class Session:
             reply=reply,
         )
         self.turns.append(turn)
-        self.known = [normalize(m) for m in messages] + [normalize(reply)]
+        self.known = [*norm, normalize(reply)]
         self.last_output = list(generation.output_ids)
         self.last_reply = plain(reply)
         self.used_at = time.monotonic()
