@@ -50,6 +50,18 @@ DEFAULT_TIMEOUT_S = 15
 LIST_LIMIT = 100
 
 
+def paged(items: list[Any], next_token: str | None, limit: int) -> tuple[list[Any], dict[str, str]]:
+    """One page of ``items`` from E2B's ``nextToken`` (an offset this server gave), and the header naming the next."""
+    try:
+        start = int(next_token or 0)
+    except ValueError:
+        raise ServiceError(
+            "nextToken is not one this server gave", error_code="invalid_request", http_status=400
+        ) from None
+    headers = {"x-next-token": str(start + limit)} if start + limit < len(items) else {}
+    return items[start : start + limit], headers
+
+
 def registry_of(request: Request) -> E2BRegistry:
     registry: E2BRegistry = request.app.state.e2b
     return registry
@@ -218,14 +230,7 @@ async def list_v2(
     entries = _listing(registry.service, metadata, state)
     if order == "desc":
         entries.reverse()
-    try:
-        start = int(nextToken or 0)
-    except ValueError:
-        raise ServiceError(
-            "nextToken is not one this server gave", error_code="invalid_request", http_status=400
-        ) from None
-    page = entries[start : start + limit]
-    headers = {"x-next-token": str(start + limit)} if start + limit < len(entries) else {}
+    page, headers = paged(entries, nextToken, limit)
     return JSONResponse([_listed(registry, e) for e in page], headers=headers)
 
 

@@ -24,8 +24,14 @@ from sandrl.errors import ImageNotFoundError
 from sandrl.sandbox.base import SnapshotProvider
 from sandrl.sandbox.bwrap.images import ImageStore
 from sandrl.sandbox.bwrap.snapshot import SnapshotRecord, list_snapshots, snapshot_record
-from sandrl.sandbox.service.api import ServiceError
-from sandrl.sandbox.service.e2b.control import LIST_LIMIT, SandboxId, not_supported, registry_of, sandbox_body
+from sandrl.sandbox.service.e2b.control import (
+    LIST_LIMIT,
+    SandboxId,
+    not_supported,
+    paged,
+    registry_of,
+    sandbox_body,
+)
 from sandrl.sandbox.service.routes import ERRORS
 
 router = APIRouter(tags=["e2b"])
@@ -83,14 +89,8 @@ async def list_all(
         for r in list_snapshots(_store(request))
         if (sandboxID is None or r.source == sandboxID) and (name is None or _named(r, name))
     ]
-    try:
-        start = int(nextToken or 0)
-    except ValueError:
-        raise ServiceError(
-            "nextToken is not one this server gave", error_code="invalid_request", http_status=400
-        ) from None
-    headers = {"x-next-token": str(start + limit)} if start + limit < len(records) else {}
-    return JSONResponse([_info(r) for r in records[start : start + limit]], headers=headers)
+    page, headers = paged(records, nextToken, limit)
+    return JSONResponse([_info(r) for r in page], headers=headers)
 
 
 @router.post("/sandboxes/{sandbox_id}/fork", status_code=201, responses={k: ERRORS[k] for k in (400, 401, 404, 429)})
