@@ -121,6 +121,17 @@ def copy_shifted(source: Path, target: Path) -> None:
         os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
+def copy_into_new(fin: int, dst: str) -> None:
+    """Copy the open file ``fin`` into ``dst``, a new file (never through a symlink, never over one), mode 0600
+    until its owner and mode are set."""
+    fout = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        while os.sendfile(fout, fin, None, 1 << 30) > 0:
+            pass
+    finally:
+        os.close(fout)
+
+
 def _place(src: str, dst: str, st: os.stat_result, links: dict[tuple[int, int], str]) -> bool:
     """Create ``dst`` like ``src`` (content, not metadata); False when it is left out or a hard link."""
     mode = st.st_mode
@@ -135,12 +146,7 @@ def _place(src: str, dst: str, st: os.stat_result, links: dict[tuple[int, int], 
             links[key] = dst
         fin = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
-            fout = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            try:
-                while os.sendfile(fout, fin, None, 1 << 30) > 0:
-                    pass
-            finally:
-                os.close(fout)
+            copy_into_new(fin, dst)
         finally:
             os.close(fin)
     elif stat.S_ISLNK(mode):

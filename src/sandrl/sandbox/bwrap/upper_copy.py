@@ -21,13 +21,12 @@ import os
 import stat
 from collections.abc import Callable
 
-from sandrl.sandbox.bwrap.layer_owners import NOBODY, kept_xattr, layer_mode, store_id
+from sandrl.sandbox.bwrap.layer_owners import NOBODY, copy_into_new, kept_xattr, layer_mode, store_id
 from sandrl.sandbox.bwrap.state import UID_RANGE
 
 __all__ = ["copy_upper", "shift_owner"]
 
 _OPEN_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
-_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def shift_owner(value: int, base: int) -> int:
@@ -60,12 +59,7 @@ def _copy_file(dir_fd: int, name: str, st: os.stat_result, dst: str) -> bool:
         now = os.fstat(fin)
         if not stat.S_ISREG(now.st_mode) or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
             return False
-        fout = os.open(dst, _NEW_FILE, 0o600)
-        try:
-            while os.sendfile(fout, fin, None, 1 << 30) > 0:
-                pass
-        finally:
-            os.close(fout)
+        copy_into_new(fin, dst)
     finally:
         os.close(fin)
     return True
