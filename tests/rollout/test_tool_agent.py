@@ -11,7 +11,7 @@ from sandrl.errors import ConfigError
 from sandrl.inference.tokenizer import ByteTokenizer
 from sandrl.rollout import LLMAgent, LLMAgentConfig, run_episode
 from sandrl.rollout.agents.formats import TOOLS_SYSTEM_PROMPT
-from sandrl.rollout.agents.tools import SANDBOX_TOOLS
+from sandrl.rollout.agents.tools import EDIT_MAX_BYTES, SANDBOX_TOOLS
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.tasks import Task
 
@@ -94,3 +94,20 @@ async def test_a_subset_of_tools_is_offered(echo_task: Task, tokenizer: ByteToke
         LLMAgent(tokenizer, LLMAgentConfig(format="tools", tools=("sudo",)))
     with pytest.raises(ConfigError, match="format"):
         LLMAgentConfig(format="xml")  # type: ignore[arg-type]
+
+
+async def test_edit_file_refuses_a_file_over_its_bound_and_a_missing_one(
+    echo_task: Task, provider: BwrapProvider, tokenizer: ByteTokenizer
+) -> None:
+    """The sandbox's files are hostile: edit_file reads at most EDIT_MAX_BYTES, and says so past that."""
+    replies = [
+        call("bash", command=f"head -c {EDIT_MAX_BYTES + 1} /dev/zero | tr '\\0' a > big.txt"),
+        call("edit_file", path="big.txt", old="a", new="b"),
+        call("edit_file", path="nope.txt", old="a", new="b"),
+        call("submit"),
+    ]
+    t = await run_episode(echo_task, provider, LLMAgent(tokenizer, TOOLS), policy=ScriptedPolicy(replies))
+    assert t.status == "completed" and t.error is None
+    shown = [tokenizer.decode(t.ids[turn.observation_start : turn.observation_end]) for turn in t.turns[1:3]]
+    assert f"larger than {EDIT_MAX_BYTES} bytes" in shown[0]
+    assert "error:" in shown[1]

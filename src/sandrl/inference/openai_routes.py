@@ -193,11 +193,12 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
         return _streaming(engine, _jobs(engine, [prompt], params, body.n), spec)
     generations = await _run(engine, [prompt], params, body.n)
     choices = []
+    chat = ChatFormat(tokenizer)
     for index, (g, _) in enumerate(generations):
         message: dict[str, Any] = {"role": "assistant", "content": _text(engine, g, body)}
         finish: str = g.finish_reason
         if parser is not None:
-            message, finish = reply_message(ChatFormat(tokenizer), parser, g, body.tools or ())
+            message, finish = reply_message(chat, parser, g, body.tools or ())
         choice: dict[str, Any] = {
             "index": index,
             "message": message,
