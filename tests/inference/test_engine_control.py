@@ -202,3 +202,23 @@ async def test_logit_bias_shifts_the_distribution(engine: Engine, tokenizer: Byt
     assert g.output_ids == [forced] * 4 and all(lp > -1e-3 for lp in g.output_logprobs)
     with pytest.raises(ConfigError, match="logit_bias"):
         SamplingParams(logit_bias=((-1, 1.0),))
+
+
+async def test_a_prefill_pads_a_short_prompt_to_a_long_one_only_within_the_bound(tokenizer: ByteTokenizer) -> None:
+    """Prompts queued together are prefilled together unless padding them to the longest would
+    cost more than MAX_PADDING x their real tokens; each result is the same either way."""
+    params = SamplingParams(max_new_tokens=3, ignore_eos=True, seed=1)
+    long_prompt = tokenizer.encode_messages([{"role": "user", "content": "x" * 400}])
+    short = [tokenizer.encode_messages([{"role": "user", "content": f"t{i}"}]) for i in range(3)]
+    async with Engine.load("tiny", EngineConfig()) as eng:
+        alone = [await eng.generate(p, params) for p in (long_prompt, *short)]
+        for batch, expected in (([long_prompt, *short], 2), (short, 1)):
+            await eng.pause("in_place")
+            prefills = eng.stats.prefills
+            flights = [asyncio.ensure_future(eng.generate(p, params)) for p in batch]
+            while eng.running < len(batch):
+                await asyncio.sleep(0.005)
+            await eng.continue_generation()
+            results = await asyncio.gather(*flights)
+            assert eng.stats.prefills - prefills == expected
+            assert [g.output_ids for g in results] == [g.output_ids for g in alone[len(alone) - len(batch) :]]

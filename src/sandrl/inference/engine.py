@@ -65,6 +65,8 @@ from sandrl.inference.sampling import RowSampler, sample_next
 from sandrl.inference.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
+MAX_PADDING = 1.5
+"""A prefill admits no request that would make its padded size more than this times its real tokens."""
 
 
 @dataclass(frozen=True)
@@ -469,7 +471,8 @@ class Engine:
 
     def _retract(self) -> None:
         """Drop the running requests' KV cache and queue them first, to be prefilled again with their output."""
-        requests = self._batch.clear()
+        # Shortest first, so that each prefill that takes them back pads little (see _admit).
+        requests = sorted(self._batch.clear(), key=lambda r: len(r.context))
         for request in requests:
             request.retractions += 1
         with self._cv:
@@ -478,18 +481,23 @@ class Engine:
     def _admit(self) -> list[Request]:
         """Take waiting requests that fit in the batch and the prefill budget (called under the lock)."""
         admitted: list[Request] = []
-        longest = 0
+        longest = real = 0
         while self._waiting and len(self._batch) + len(admitted) < self.config.max_batch_size:
             request = self._waiting[0]
             if request.cancelled:
                 self._waiting.popleft()
                 self._inflight.discard(request)
                 continue
-            width = max(longest, len(request.context))
-            if admitted and width * (len(admitted) + 1) > self.config.max_prefill_tokens:
+            size = len(request.context)
+            width = max(longest, size)
+            padded = width * (len(admitted) + 1)
+            # A prefill is one left-padded rectangle: past MAX_PADDING x its real tokens the padding
+            # costs more than a second forward would (retracted requests, of any length, come back
+            # together after an abort_and_resume update).
+            if admitted and (padded > self.config.max_prefill_tokens or padded > MAX_PADDING * (real + size)):
                 break
             admitted.append(self._waiting.popleft())
-            longest = width
+            longest, real = width, real + size
         return admitted
 
     def _swap(self, update: WeightUpdate) -> None:
