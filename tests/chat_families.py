@@ -2,7 +2,8 @@
 
 A test that must hold for the models sandrl is trained on (Qwen2.5, Qwen3, GLM-4.5, Llama 3.1)
 needs their tokenizers, but nothing here may download one. So each family is rebuilt from what
-decides the chat format: the real, unmodified chat template (``tests/data/chat_templates/``),
+decides the chat format: the real, unmodified chat template (``tests/data/chat_templates/``; Llama 3.1's is read from
+TRL's wheel at test time, see :data:`FETCHED`),
 the real added tokens with their ``special`` flags, the real bos/eos/pad and the real
 ``generation_config.json`` eos lists. Only the ordinary vocabulary is small: a byte-level BPE
 trained here on a corpus this module writes (shell commands, JSON tool calls, English, code).
@@ -14,14 +15,21 @@ the strings, their special-ness and which ones end a turn do not.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import random
+import subprocess
+import sys
+import tempfile
+import zipfile
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
+LLAMA31_SHA256 = "e10ca381b1ccc5cf9db52e371f3b6651576caee0a630b452e2816b2d404d4b65"
 
 FAMILIES = ("qwen2.5", "qwen3", "glm45", "llama3.1")
 
@@ -159,10 +167,49 @@ def spec(family: str) -> Family:
         raise ValueError(f"unknown chat family {family!r}; the families are {', '.join(FAMILIES)}") from None
 
 
+FETCHED = {"llama3.1": ("trl/chat_templates/llama3_1.jinja", LLAMA31_SHA256)}
+"""Templates whose licence the project does not take on (see ``tests/data/chat_templates/README.md``):
+read from TRL's wheel on PyPI at test time (path in the wheel, sha256 of the file), never stored here."""
+TRL_WHEEL = "trl==1.16.0"
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sandrl" / "chat-templates"
+
+
 @cache
 def template(family: str) -> str:
     """The family's real chat template, byte for byte."""
-    return (TEMPLATES / f"{spec(family).name}.jinja").read_text(encoding="utf-8")
+    name = spec(family).name
+    if name not in FETCHED:
+        return (TEMPLATES / f"{name}.jinja").read_text(encoding="utf-8")
+    member, sha256 = FETCHED[name]
+    cached = CACHE / f"{name}.jinja"
+    if not (cached.is_file() and hashlib.sha256(cached.read_bytes()).hexdigest() == sha256):
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        partial = cached.with_name(f"{cached.name}.{os.getpid()}.part")  # test processes may race here
+        partial.write_bytes(_from_trl_wheel(member, sha256))
+        os.replace(partial, cached)
+    return cached.read_text(encoding="utf-8")
+
+
+def _from_trl_wheel(member: str, sha256: str) -> bytes:
+    """``member`` of TRL's pinned wheel (fetched by pip, so its index and certificates apply), checked."""
+    with tempfile.TemporaryDirectory(prefix="sandrl-trl-wheel-") as tmp:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", tmp, TRL_WHEEL],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        wheels = list(Path(tmp).glob("trl-*.whl"))
+        if proc.returncode != 0 or not wheels:
+            raise RuntimeError(
+                f"cannot fetch {TRL_WHEEL} from the package index for its chat template {member} "
+                f"(pip said: {proc.stderr.strip()[-500:]}); the Llama 3.1 tests need it, and PyPI must be reachable"
+            )
+        with zipfile.ZipFile(wheels[0]) as wheel:
+            data = wheel.read(member)
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise RuntimeError(f"{member} in {wheels[0].name} is not the file the tests were written against (sha256)")
+    return data
 
 
 # -- the shared byte-level BPE ----------------------------------------------------------------
