@@ -45,6 +45,8 @@ def test_a_tiny_run_reports_every_policy_and_the_reference() -> None:
         assert rows[policy]["tokens_discarded"] == 0, policy  # none of the policies loses a token
     assert rows["pause"]["mixed_version_episodes"] == 0  # each episode ran on one version
     assert result["policies"]["in_place"]["episodes_per_hour_vs_in_place"] == 1.0
+    assert result["policies"]["in_place"]["vs_in_place_by_round"] == [1.0] * result["config"]["rounds"]
+    assert len(result["policies"]["pause"]["vs_in_place_by_round"]) == result["config"]["rounds"]
     assert isinstance(result["target_met"], bool)
     card = render_card(result)
     assert "abort (reference)" in card and "target:" in card
@@ -54,6 +56,7 @@ def test_one_policy_alone_and_bad_settings() -> None:
     result = run(UpdateBenchConfig.quick(policies=("abort_and_resume",), reference_abort=False, duration_s=0.6))
     assert set(result["policies"]) == {"abort_and_resume"} and result["reference_abort"] is None
     assert result["target_met"] is None  # no in_place row to compare with
+    assert result["policies"]["abort_and_resume"]["vs_in_place_by_round"] == []
     with pytest.raises(ConfigError, match="policies"):
         UpdateBenchConfig(policies=("later",))
     with pytest.raises(ConfigError, match="rounds"):

@@ -111,6 +111,8 @@ class _Run:
     aborted: int = 0
     update_latencies_s: list[float] = field(default_factory=list)
     decode_steps: int = 0
+    per_round: list[int] = field(default_factory=list)
+    """Episodes finished in each round's window: the rounds pair the policies (same lengths, same order)."""
 
 
 def draw_length(rng: random.Random, config: UpdateBenchConfig) -> int:
@@ -144,6 +146,7 @@ async def run_policy(
     finally:
         await engine.aclose()
     run.finished[finished_before:] = [f for f in run.finished[finished_before:] if f[0] - start <= seconds]
+    run.per_round.append(len(run.finished) - finished_before)
 
 
 async def _slot(
@@ -234,8 +237,16 @@ def run(config: UpdateBenchConfig, *, progress: Any = None) -> dict[str, Any]:
                 asyncio.run(run_policy(mode, config, (checkpoints[0], checkpoints[1]), runs[mode], r))
     rows = {mode: _row(config, run) for mode, run in runs.items()}
     base = rows.get("in_place", {}).get("episodes_per_hour")
-    for row in rows.values():
+    base_rounds = runs["in_place"].per_round if "in_place" in runs else []
+    for mode, row in rows.items():
         row["episodes_per_hour_vs_in_place"] = round(row["episodes_per_hour"] / base, 3) if base else None
+        # Each round is a pair (same episode lengths in the same order): the spread of the pairs'
+        # ratios says how far the run's noise moves the total's ratio.
+        row["vs_in_place_by_round"] = (
+            [round(n / b, 3) if b else None for n, b in zip(runs[mode].per_round, base_rounds, strict=True)]
+            if base_rounds
+            else []
+        )
     checked = [p for p in ("pause", "abort_and_resume") if p in rows]
     target = (
         all(
@@ -287,6 +298,9 @@ def render_card(result: dict[str, Any]) -> str:
             f"{spread:>19}"
             f"{r['tokens_over_staleness_per_update']:>15.1f}"
         )
+        rounds = [x for x in r.get("vs_in_place_by_round", []) if x is not None]
+        if rounds and name != "in_place":
+            lines.append(f"  {'':<18}by round: {', '.join(f'{x:.3f}x' for x in rounds)}")
     met = result["target_met"]
     lines.append(f"  target: {result['target']}: {'met' if met else 'not met' if met is not None else 'not checked'}")
     lines.append("  (a shared machine moves the absolute numbers; the rounds interleave the policies on the same load)")
