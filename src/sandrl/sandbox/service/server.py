@@ -56,6 +56,7 @@ from sandrl.sandbox.base import SandboxProvider
 from sandrl.sandbox.service.api import API_PREFIX, Health
 from sandrl.sandbox.service.auth import BearerAuth, BodyLimit, LoopbackOnly, bind_host, load_token
 from sandrl.sandbox.service.e2b import mount as mount_e2b
+from sandrl.sandbox.service.hot import HotRoutes
 from sandrl.sandbox.service.metrics import CONTENT_TYPE
 from sandrl.sandbox.service.routes import ERRORS, document_bearer, router, service_of
 from sandrl.sandbox.service.state import SandboxService, ServiceConfig
@@ -247,6 +248,8 @@ def create_app(service: SandboxService, *, token: str | None) -> FastAPI:
     def limit_for(path: str) -> int:
         return cfg.max_file_bytes if path.endswith(("/files", "/tar")) else cfg.max_json_bytes
 
+    # Innermost: the hot routes skip FastAPI's routing, behind the same auth and body limits (:mod:`.hot`).
+    app.add_middleware(HotRoutes, service=service, handlers=app.exception_handlers)
     app.add_middleware(BodyLimit, limit_for=limit_for)
     app.add_middleware(BearerAuth, token=token, on_refused=lambda code: failures.labels(code).inc())
     mount_e2b(app, service, token=token)  # its gateway goes in front of the bearer auth
