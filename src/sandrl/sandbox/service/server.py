@@ -100,6 +100,8 @@ def http_protocol(header_timeout_s: float = HEADER_TIMEOUT_S) -> type[asyncio.Pr
                 self._header_timer.cancel()
                 self._header_timer = None
             super().on_headers_complete()
+            if self.cycle is not None:
+                self.cycle.transport = HeadWithBody(self.transport, self.loop)
 
         def on_body(self, body: bytes) -> None:
             if self.cycle is not None and self.cycle.response_complete:
@@ -134,6 +136,49 @@ def http_protocol(header_timeout_s: float = HEADER_TIMEOUT_S) -> type[asyncio.Pr
                 self.transport.close()
 
     return ServiceHttpProtocol
+
+
+class HeadWithBody(asyncio.Transport):
+    """A response's transport that sends its head with the first write of its body, in one segment.
+
+    uvicorn writes a response's head as soon as the app starts the response, then each body chunk:
+    two sends, and two wake-ups of the client, for every small JSON answer. The head is held until
+    the next write, or the end of the event loop's turn at the latest, so a streamed response's
+    head is not held back waiting for its first chunk.
+    """
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self._transport = transport
+        self._loop = loop
+        self._head: bytes | None = None
+        self._held = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not self._held:
+            self._held = True
+            self._head = bytes(data)
+            self._loop.call_soon(self.flush)
+            return
+        if self._head is not None:
+            data, self._head = self._head + data, None
+        self._transport.write(data)
+
+    def flush(self) -> None:
+        if self._head is not None:
+            head, self._head = self._head, None
+            if not self._transport.is_closing():
+                self._transport.write(head)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._transport.get_extra_info(name, default)
 
 
 class BackgroundServer(_BackgroundServer):
