@@ -9,6 +9,7 @@ why it ended when it ended on its own (:mod:`.crash`). It is made by
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import os
 import subprocess
@@ -51,6 +52,14 @@ READ_WINDOW = 4 << 20
 UPPER_DIR = "/tmp/sandrl/upper"
 """Where the helper keeps the overlays' writable directories, in its mount namespace (see
 ``native/sandrl-helper.c``), on the one tmpfs of ``disk_mb``."""
+
+HOST_WORK = concurrent.futures.ThreadPoolExecutor(
+    max_workers=max(2, min(8, os.cpu_count() or 2)), thread_name_prefix="sandrl-host"
+)
+"""Runs the blocking host work of creates and closes (slot, record, cgroups, fork+exec, removals) off the
+event loop. As many threads as cores: the work is mostly syscalls, and each thread more only adds
+hand-offs of the GIL that delay the event loop (with asyncio's default pool of 6 on 2 cores, an exec's
+answer under 256 clients waited behind them)."""
 
 T = TypeVar("T")
 
@@ -243,7 +252,7 @@ class BwrapSandbox(ClosesOnExit):
         # process of the sandbox is left. SIGKILL through the cgroup is the fallback.
         await self._conn.close()
         await _exited(self._proc, 2.0)
-        await asyncio.to_thread(self._remove_traces)
+        await asyncio.get_running_loop().run_in_executor(HOST_WORK, self._remove_traces)
         self._run_close_callbacks()
         if self._watch is not asyncio.current_task():
             self._watch.cancel()
