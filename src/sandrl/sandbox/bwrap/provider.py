@@ -285,7 +285,8 @@ class BwrapProvider:
         # of syscalls) runs in a thread, so the event loop serves other requests meanwhile. It is
         # shielded: a cancelled caller leaves the thread running, and what it made is undone then.
         loop = asyncio.get_running_loop()
-        started = loop.run_in_executor(HOST_WORK, self._launch, sid, spec, plan, own_net)
+        cpus = os.sched_getaffinity(0)  # the caller's: the sandbox inherits them, as if spawned from its thread
+        started = loop.run_in_executor(HOST_WORK, self._launch, sid, spec, plan, own_net, cpus)
         try:
             launch = await asyncio.shield(started)
         except asyncio.CancelledError:
@@ -332,7 +333,7 @@ class BwrapProvider:
         self.live.add(sandbox)
         return sandbox
 
-    def _launch(self, sid: str, spec: SandboxSpec, plan: MountPlan, own_net: bool) -> _Launch:
+    def _launch(self, sid: str, spec: SandboxSpec, plan: MountPlan, own_net: bool, cpus: set[int]) -> _Launch:
         """Lock a slot, write the record, make the cgroups and start the helper (blocking: run in a thread).
         On failure, what it made is undone before it raises."""
         launch = _Launch(sid, self.state, self.state.acquire_slot(), self.state.record_dir(sid))
@@ -355,6 +356,8 @@ class BwrapProvider:
             child_sock.set_inheritable(True)
             os.set_inheritable(launch.slot.fd, True)
             argv = self._argv(sid, spec, launch.slot, group, plan, child_sock.fileno(), own_net=own_net)
+            if os.sched_getaffinity(0) != cpus:  # e.g. a benchmark's emulated smaller host (bench.hostlimit)
+                os.sched_setaffinity(0, cpus)
             with open(launch.record / "log", "wb") as log:
                 launch.proc = subprocess.Popen(
                     argv,
