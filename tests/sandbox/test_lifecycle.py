@@ -30,6 +30,14 @@ def _fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+def _children() -> set[int]:
+    """This process's children, zombies included, whichever of its threads started them."""
+    found: set[int] = set()
+    for task in Path("/proc/self/task").iterdir():
+        found.update(int(pid) for pid in (task / "children").read_text().split())
+    return found
+
+
 async def test_close_twice_is_harmless(provider: BwrapProvider) -> None:
     sb = await provider.create(SandboxSpec())
     await sb.close()
@@ -186,3 +194,28 @@ async def test_a_paused_sandbox_of_a_live_provider_is_not_reaped(state_dir: Path
         meta = provider.state.read_record(sb.id)
         assert meta is not None and "paused" not in meta  # running again: nothing to reap
         assert (await sb.exec("echo alive")).stdout == "alive\n"
+
+
+async def test_cancelled_creates_leak_nothing(provider: BwrapProvider) -> None:
+    """A create cancelled at any point (its launch runs in a thread) leaves no slot, record, cgroup or process."""
+    async with await provider.create(SandboxSpec()) as warm:
+        await warm.exec("true")
+
+    def traces() -> tuple[set[str], set[str], int, set[int]]:
+        return set(provider.state.records()), set(provider.cgroups.stale_groups()), _fds(), _children()
+
+    before = traces()
+    for delay in (0, 0.001, 0.003, 0.006, 0.01, 0.02, 0.05):
+        tasks = [asyncio.create_task(provider.create(SandboxSpec())) for _ in range(4)]
+        await asyncio.sleep(delay)
+        for task in tasks:
+            task.cancel()
+        made = await asyncio.gather(*tasks, return_exceptions=True)
+        for sb in made:
+            if not isinstance(sb, BaseException):
+                await sb.close()
+    deadline = time.monotonic() + 10
+    while traces() != before and time.monotonic() < deadline:  # the undo of a cancelled launch runs in a thread
+        await asyncio.sleep(0.05)
+    assert traces() == before  # killed and reaped (other providers' sandboxes on the host are not ours)
+    assert not provider.live

@@ -310,3 +310,39 @@ async def test_unknown_error_codes_keep_their_status(remote: RemoteProvider) -> 
     with pytest.raises(ConfigError) as err:
         await remote.request("GET", "/nothing")
     assert err.value.error_code == "not_found" and err.value.http_status == 404
+
+
+async def test_hot_routes_answer_as_fastapi_does(http: httpx.AsyncClient, sandbox: RemoteSandbox) -> None:
+    """create, exec and delete are served by the lean dispatch (service.hot) for an ``application/json``
+    body, by FastAPI for any other: the answers are the same but for the ids and times in them."""
+
+    def wire(r: httpx.Response) -> tuple[int, str | None, str | None, object]:
+        body: object = r.json() if r.content else None
+        length = r.headers.get("content-length")
+        if isinstance(body, dict) and body.keys() & varying:
+            body, length = {k: v for k, v in body.items() if k not in varying}, "(varies)"
+        return r.status_code, r.headers.get("content-type"), length, body
+
+    varying = {"id", "created_at", "expires_at", "duration_s"}
+
+    hot = {"content-type": "application/json"}
+    routed = {"content-type": "application/json; charset=utf-8"}  # not taken by the lean dispatch
+    exec_path = f"/v1/sandboxes/{sandbox.id}/exec"
+    cases: list[tuple[str, str, bytes]] = [
+        ("POST", exec_path, b'{"command": "echo hi; echo err >&2; exit 3"}'),
+        ("POST", exec_path, b'{"command": "true", "stdin_b64": "***"}'),
+        ("POST", "/v1/sandboxes/sb-nope/exec", b'{"command": "true"}'),
+        ("POST", "/v1/sandboxes", b'{"ttl_s": 10000000}'),
+        ("DELETE", "/v1/sandboxes/sb-nope", b""),
+    ]
+    for method, path, content in cases:
+        a = await http.request(method, path, content=content, headers=hot)
+        b = await http.request(method, path, content=content, headers=routed)
+        assert wire(a) == wire(b), (method, path)
+    made = [await http.post("/v1/sandboxes", content=b'{"ttl_s": 60}', headers=h) for h in (hot, routed)]
+    assert wire(made[0]) == wire(made[1]) and made[0].status_code == 201
+    gone = [
+        await http.delete(f"/v1/sandboxes/{r.json()['id']}", headers=h)
+        for r, h in zip(made, (hot, routed), strict=True)
+    ]
+    assert wire(gone[0]) == wire(gone[1]) and gone[0].status_code == 204

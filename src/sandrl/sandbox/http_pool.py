@@ -172,11 +172,20 @@ class PooledTransport(httpx.AsyncBaseTransport):
         host = request.url.netloc
         event = h11.Request(method=request.method, target=request.url.raw_path, headers=[(b"host", host), *headers])
         try:
-            conn.writer.write(conn.h11.send(event) or b"")
-            async for chunk in request.stream:  # type: ignore[union-attr]
-                conn.writer.write(conn.h11.send(h11.Data(data=chunk)) or b"")
-                await _timed(conn.writer.drain(), timeouts.get("write"), httpx.WriteTimeout)
-            conn.writer.write(conn.h11.send(h11.EndOfMessage()) or b"")
+            head = conn.h11.send(event) or b""
+            if isinstance(request.stream, httpx.ByteStream):
+                # A body already in memory (JSON, bytes) goes out with the head in one write: one
+                # segment, so the server wakes once per request, not once for the head and again for the body.
+                parts = [head]
+                parts += (conn.h11.send(h11.Data(data=chunk)) or b"" for chunk in request.stream if chunk)
+                parts.append(conn.h11.send(h11.EndOfMessage()) or b"")
+                conn.writer.write(b"".join(parts))
+            else:
+                conn.writer.write(head)
+                async for chunk in request.stream:  # type: ignore[union-attr]
+                    conn.writer.write(conn.h11.send(h11.Data(data=chunk)) or b"")
+                    await _timed(conn.writer.drain(), timeouts.get("write"), httpx.WriteTimeout)
+                conn.writer.write(conn.h11.send(h11.EndOfMessage()) or b"")
             await _timed(conn.writer.drain(), timeouts.get("write"), httpx.WriteTimeout)
         except (ConnectionError, h11.LocalProtocolError) as exc:
             if conn.reused:

@@ -97,6 +97,7 @@ import time
 import uuid
 import warnings
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
 
 from sandrl.errors import (
@@ -113,7 +114,7 @@ from sandrl.sandbox.bwrap.helper import helper_path
 from sandrl.sandbox.bwrap.images import ImageStore, MountPlan
 from sandrl.sandbox.bwrap.nat import start_nat
 from sandrl.sandbox.bwrap.protocol import AgentConnection
-from sandrl.sandbox.bwrap.sandbox import BwrapSandbox
+from sandrl.sandbox.bwrap.sandbox import HOST_WORK, BwrapSandbox
 from sandrl.sandbox.bwrap.snapshot import fork_sandbox, layers_in_use, remove_snapshot, snapshot_sandbox
 from sandrl.sandbox.bwrap.state import STORE_UID_BASE, Slot, StateDir, process_identity
 from sandrl.sandbox.entrypoint import start_entrypoint
@@ -280,44 +281,22 @@ class BwrapProvider:
         self, spec: SandboxSpec, image_env: dict[str, str], plan: MountPlan, *, own_net: bool
     ) -> BwrapSandbox:
         sid = "sb-" + uuid.uuid4().hex[:12]
-        slot = self.state.acquire_slot()
-        group: SandboxCgroup | None = None
-        proc: subprocess.Popen[bytes] | None = None
-        conn: AgentConnection | None = None
-        parent_sock = child_sock = None
+        # The launch's blocking work (slot lock, record, cgroup dirs and limits, fork and exec: ~6 ms
+        # of syscalls) runs in a thread, so the event loop serves other requests meanwhile. It is
+        # shielded: a cancelled caller leaves the thread running, and what it made is undone then.
+        loop = asyncio.get_running_loop()
+        cpus = os.sched_getaffinity(0)  # the caller's: the sandbox inherits them, as if spawned from its thread
+        started = loop.run_in_executor(HOST_WORK, self._launch, sid, spec, plan, own_net, cpus)
         try:
-            self.state.claim(slot, sid)
-            record = self.state.write_record(
-                sid,
-                {
-                    "id": sid,
-                    "slot": slot.index,
-                    "uid": slot.uid,
-                    "spec": spec.to_dict(),
-                    "created": time.time(),
-                    "provider": self._identity,
-                },
-            )
-            group = self.cgroups.create(sid, memory_mb=spec.memory_mb, pids=spec.pids, cpus=spec.cpus)
-            parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-            child_sock.set_inheritable(True)
-            os.set_inheritable(slot.fd, True)
-            argv = self._argv(sid, spec, slot, group, plan, child_sock.fileno(), own_net=own_net)
-            with open(record / "log", "wb") as log:
-                proc = subprocess.Popen(
-                    argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=log,
-                    pass_fds=(child_sock.fileno(), slot.fd),
-                    close_fds=True,
-                    env=_HELPER_ENV,
-                )
-            child_sock.close()
-            child_sock = None
-            parent_sock.setblocking(False)
-            reader, writer = await asyncio.open_unix_connection(sock=parent_sock, limit=1 << 20)
-            parent_sock = None
+            launch = await asyncio.shield(started)
+        except asyncio.CancelledError:
+            started.add_done_callback(_undo_when_done)
+            raise
+        conn: AgentConnection | None = None
+        try:
+            assert launch.sock is not None
+            reader, writer = await asyncio.open_unix_connection(sock=launch.sock, limit=1 << 20)
+            launch.sock = None
             conn = AgentConnection(reader, writer)
             conn.start()
             try:
@@ -326,7 +305,7 @@ class BwrapProvider:
                 async with asyncio.timeout(START_TIMEOUT_S):
                     version = await asyncio.shield(conn.hello)
             except (ConnectionError, TimeoutError) as exc:
-                detail = (record / "log").read_text(errors="replace").strip() or str(exc) or "no output"
+                detail = (launch.record / "log").read_text(errors="replace").strip() or str(exc) or "no output"
                 raise SandboxCreateError(f"sandbox {sid} did not start: {detail}") from exc
             if version != protocol.PROTOCOL_VERSION:
                 raise SandboxCreateError(
@@ -335,24 +314,17 @@ class BwrapProvider:
         except BaseException:
             if conn is not None:
                 await conn.close()
-            for s in (parent_sock, child_sock):
-                if s is not None:
-                    s.close()
-            if group is not None:
-                group.kill()
-            if proc is not None:
-                with contextlib.suppress(Exception):
-                    proc.kill()
-                    proc.wait(timeout=5)
-            if group is not None:
-                group.remove()
-            self.state.remove_record(sid)
-            slot.release()
+            # Shielded too: a second cancellation must not stop the undo half way.
+            await asyncio.shield(loop.run_in_executor(HOST_WORK, launch.undo))
             raise
         # The sandbox's own processes now hold the slot's lock; ours would outlive a crash of theirs.
+        slot, group, proc = launch.slot, launch.group, launch.proc
+        assert group is not None and proc is not None
         slot.release()
         sandbox = BwrapSandbox(sid, spec, image_env, slot.index, group, proc, conn, output_cap=self.output_cap)
-        sandbox.add_close_callback(self._forget)  # first, so its record is gone before anyone hears of the close
+        sandbox.add_close_callback(self._forget)
+        # Its record goes with its cgroups, off the event loop, before anyone hears of the close.
+        sandbox.removals.append(functools.partial(self.state.remove_record, sid))
         sandbox.uid = slot.uid + 1  # the slot's uid is pid 1's; the sandbox's root is the next one
         sandbox.mount_plan = plan
         sandbox._snapshotter = functools.partial(snapshot_sandbox, self.images)
@@ -360,6 +332,50 @@ class BwrapProvider:
         sandbox.on_pause = self._record_pause
         self.live.add(sandbox)
         return sandbox
+
+    def _launch(self, sid: str, spec: SandboxSpec, plan: MountPlan, own_net: bool, cpus: set[int]) -> _Launch:
+        """Lock a slot, write the record, make the cgroups and start the helper (blocking: run in a thread).
+        On failure, what it made is undone before it raises."""
+        launch = _Launch(sid, self.state, self.state.acquire_slot(), self.state.record_dir(sid))
+        child_sock = None
+        try:
+            self.state.claim(launch.slot, sid)
+            self.state.write_record(
+                sid,
+                {
+                    "id": sid,
+                    "slot": launch.slot.index,
+                    "uid": launch.slot.uid,
+                    "spec": spec.to_dict(),
+                    "created": time.time(),
+                    "provider": self._identity,
+                },
+            )
+            launch.group = group = self.cgroups.create(sid, memory_mb=spec.memory_mb, pids=spec.pids, cpus=spec.cpus)
+            launch.sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            child_sock.set_inheritable(True)
+            os.set_inheritable(launch.slot.fd, True)
+            argv = self._argv(sid, spec, launch.slot, group, plan, child_sock.fileno(), own_net=own_net)
+            if os.sched_getaffinity(0) != cpus:  # e.g. a benchmark's emulated smaller host (bench.hostlimit)
+                os.sched_setaffinity(0, cpus)
+            with open(launch.record / "log", "wb") as log:
+                launch.proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    pass_fds=(child_sock.fileno(), launch.slot.fd),
+                    close_fds=True,
+                    env=_HELPER_ENV,
+                )
+            launch.sock.setblocking(False)
+            return launch
+        except BaseException:
+            launch.undo()
+            raise
+        finally:
+            if child_sock is not None:
+                child_sock.close()
 
     def _argv(
         self,
@@ -392,9 +408,8 @@ class BwrapProvider:
         # own: a new superblock per sandbox costs ~0.5 ms, and /dev's tmpfs is bounded the same
         # way (by the memory cgroup its pages are charged to).
         argv += ["--chmod", "1777", "/dev/shm"]
-        for path in _MASKED_PROC:
-            if os.path.exists(path):  # the sandbox's /proc shows the same kernel's entries as ours
-                argv += ["--ro-bind", "/tmp/sandrl/empty", path]
+        for path in _masked_proc():
+            argv += ["--ro-bind", "/tmp/sandrl/empty", path]
         argv += ["--as-pid-1", "--new-session", "--clearenv"]
         for cap in DEFAULT_CAPS:
             argv += ["--cap-add", cap]
@@ -420,7 +435,6 @@ class BwrapProvider:
         self.state.update_record(sandbox.id, paused=paused)
 
     def _forget(self, sandbox: BwrapSandbox) -> None:
-        self.state.remove_record(sandbox.id)
         self.live.discard(sandbox)
 
     async def close_all(self) -> None:
@@ -430,6 +444,48 @@ class BwrapProvider:
         """Last resort at interpreter exit: kill and clean up without an event loop."""
         for sandbox in list(self.live):
             sandbox._cleanup_sync()
+
+
+@dataclass
+class _Launch:
+    """What :meth:`BwrapProvider._launch` made of a sandbox before its agent answered."""
+
+    sid: str
+    state: StateDir
+    slot: Slot
+    record: Path
+    group: SandboxCgroup | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    sock: socket.socket | None = None
+    """The provider's end of the agent's socket, until the connection takes it."""
+
+    def undo(self) -> None:
+        """Kill what started and remove every trace (blocking): the create failed or was cancelled."""
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        if self.group is not None:
+            self.group.kill()
+        if self.proc is not None:
+            with contextlib.suppress(Exception):
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        if self.group is not None:
+            self.group.remove()
+        self.state.remove_record(self.sid)
+        self.slot.release()
+
+
+def _undo_when_done(started: asyncio.Future[_Launch]) -> None:
+    """Undo, in a thread, a launch whose caller was cancelled while it ran."""
+    if not started.cancelled() and started.exception() is None:
+        asyncio.get_running_loop().run_in_executor(HOST_WORK, started.result().undo)
+
+
+@functools.cache
+def _masked_proc() -> tuple[str, ...]:
+    """Those of :data:`_MASKED_PROC` this kernel has (the sandbox's /proc shows the same kernel's entries as ours)."""
+    return tuple(path for path in _MASKED_PROC if os.path.exists(path))
 
 
 def _raise_fd_limit() -> None:

@@ -9,6 +9,7 @@ why it ended when it ended on its own (:mod:`.crash`). It is made by
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import os
 import subprocess
@@ -51,6 +52,14 @@ READ_WINDOW = 4 << 20
 UPPER_DIR = "/tmp/sandrl/upper"
 """Where the helper keeps the overlays' writable directories, in its mount namespace (see
 ``native/sandrl-helper.c``), on the one tmpfs of ``disk_mb``."""
+
+HOST_WORK = concurrent.futures.ThreadPoolExecutor(
+    max_workers=max(2, min(8, os.cpu_count() or 2)), thread_name_prefix="sandrl-host"
+)
+"""Runs the blocking host work of creates and closes (slot, record, cgroups, fork+exec, removals) off the
+event loop. As many threads as cores: the work is mostly syscalls, and each thread more only adds
+hand-offs of the GIL that delay the event loop (with asyncio's default pool of 6 on 2 cores, an exec's
+answer under 256 clients waited behind them)."""
 
 T = TypeVar("T")
 
@@ -117,6 +126,9 @@ class BwrapSandbox(ClosesOnExit):
         }
         self._closing: asyncio.Task[None] | None = None
         self._close_callbacks: list[Callable[[BwrapSandbox], None]] = []
+        self.removals: list[Callable[[], None]] = []
+        """Blocking removals of what the sandbox left on the host (the provider's record of it), run
+        off the event loop with the cgroups' removal when it ends, before the close callbacks."""
         self.close_reason = ""
         self.crash: SandboxCrashedError | None = None
         """Why the sandbox ended on its own (died or stopped answering), once it did."""
@@ -239,23 +251,27 @@ class BwrapSandbox(ClosesOnExit):
         # pid namespace; bubblewrap's monitor exits only after that, so once it has exited no
         # process of the sandbox is left. SIGKILL through the cgroup is the fallback.
         await self._conn.close()
-        deadline = time.monotonic() + 2
-        while self._proc.poll() is None and time.monotonic() < deadline:
-            await asyncio.sleep(0.002)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None and not self._group.processes():
-                break
-            self._group.kill()
-            await asyncio.sleep(0.002)
-        self._finish_cleanup()
+        await _exited(self._proc, 2.0)
+        await asyncio.get_running_loop().run_in_executor(HOST_WORK, self._remove_traces)
+        self._run_close_callbacks()
         if self._watch is not asyncio.current_task():
             self._watch.cancel()
 
-    def _finish_cleanup(self) -> None:
+    def _remove_traces(self) -> None:
+        """Kill what is left, reap, remove the cgroups and run :attr:`removals`: blocking (~2 ms of
+        rmdirs and unlinks), so :meth:`close` runs it in a thread."""
+        if self._proc.poll() is None:
+            self._group.kill()
+            with contextlib.suppress(Exception):
+                self._proc.kill()
         with contextlib.suppress(Exception):
             self._proc.wait(timeout=1)
-        self._group.remove()
+        self._group.remove(timeout_s=10)
+        removals, self.removals = self.removals, []
+        for removal in removals:
+            removal()
+
+    def _run_close_callbacks(self) -> None:
         callbacks, self._close_callbacks = self._close_callbacks, []
         for callback in callbacks:
             callback(self)
@@ -271,7 +287,8 @@ class BwrapSandbox(ClosesOnExit):
         self._group.kill()
         with contextlib.suppress(Exception):
             self._proc.kill()
-        self._finish_cleanup()
+        self._remove_traces()
+        self._run_close_callbacks()
 
     def _check_open(self) -> None:
         if self._closing is not None or self._conn.closed.is_set():
@@ -548,6 +565,35 @@ class BwrapSandbox(ClosesOnExit):
             if got < want:
                 return
             offset += got
+
+
+async def _exited(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """Wait up to ``timeout_s`` for ``proc`` to exit, woken by its pidfd rather than by polling."""
+    if proc.poll() is not None:
+        return
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except OSError:  # gone already, or a kernel without pidfds (< 5.3): poll
+        deadline = time.monotonic() + timeout_s
+        while proc.poll() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.002)
+        return
+    loop = asyncio.get_running_loop()
+    exited = loop.create_future()
+    loop.add_reader(fd, _set_once, exited)
+    try:
+        async with asyncio.timeout(timeout_s):
+            await exited
+    except TimeoutError:
+        pass
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+
+
+def _set_once(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _safe(fn: object) -> int:

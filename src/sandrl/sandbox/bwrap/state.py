@@ -108,8 +108,12 @@ class StateDir:
 
     def claim(self, slot: Slot, sandbox_id: str) -> None:
         """Write the owner's id into the slot's lock file, so reaping can tell whose it is."""
-        os.ftruncate(slot.fd, 0)
-        os.pwrite(slot.fd, sandbox_id.encode(), 0)
+        data = sandbox_id.encode()
+        os.pwrite(slot.fd, data, 0)
+        # Ids have one length, so the file is mostly rewritten in place: truncating it first freed
+        # and reallocated its block, a journal transaction (~1 ms on ext4) on every create.
+        if os.fstat(slot.fd).st_size != len(data):
+            os.ftruncate(slot.fd, len(data))
 
     def slot_owner(self, index: int) -> str | None:
         """The id of the live sandbox holding slot ``index``, or None if the slot is free."""

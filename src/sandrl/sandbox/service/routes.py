@@ -92,7 +92,8 @@ def document_bearer(schema: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
-SandboxId = Annotated[str, Path(pattern=r"^[A-Za-z0-9_.-]{1,128}$", description="A sandbox id.")]
+SANDBOX_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,128}$"
+SandboxId = Annotated[str, Path(pattern=SANDBOX_ID_PATTERN, description="A sandbox id.")]
 FilePath = Annotated[
     str,
     Query(min_length=1, max_length=4096, description="Path inside the sandbox; relative paths start at its workdir."),
@@ -142,8 +143,13 @@ def _json(model: BaseModel, status_code: int = 200) -> Response:
 @router.post("/sandboxes", status_code=201, response_model=SandboxInfo, responses=_errors(404, 429, 503))
 async def create_sandbox(body: CreateRequest, request: Request) -> Response:
     """Create a sandbox. At capacity: 429 capacity_exhausted at once, or after queueing up to ``wait_s``."""
+    return await create(service_of(request), body)
+
+
+async def create(svc: SandboxService, body: CreateRequest) -> Response:
+    """``POST /sandboxes``, once the body is valid (also served by :mod:`.hot`)."""
     spec = SpecBody.model_validate(body.model_dump(exclude={"metadata", "wait_s"})).to_spec()
-    entry = await service_of(request).create(spec, body.metadata, body.wait_s)
+    entry = await svc.create(spec, body.metadata, body.wait_s)
     return _json(_info(entry), 201)
 
 
@@ -163,10 +169,15 @@ async def get_sandbox(sandbox_id: SandboxId, request: Request) -> SandboxInfo:
 
 
 @router.delete("/sandboxes/{sandbox_id}", status_code=204, responses=_errors(404))
-async def delete_sandbox(sandbox_id: SandboxId, request: Request) -> None:
+async def delete_sandbox(sandbox_id: SandboxId, request: Request) -> Response:
     """Kill everything in the sandbox and remove it."""
-    svc = service_of(request)
+    return await delete(service_of(request), sandbox_id)
+
+
+async def delete(svc: SandboxService, sandbox_id: str) -> Response:
+    """``DELETE /sandboxes/{id}`` (also served by :mod:`.hot`)."""
     await svc.delete(svc.get(sandbox_id))
+    return Response(status_code=204, media_type="application/json")  # what FastAPI answers for a None
 
 
 @router.post("/sandboxes/{sandbox_id}/timeout", response_model=SandboxInfo, responses=_errors(404, 410))
@@ -203,7 +214,11 @@ def _check_exec(body: ExecRequest) -> None:
 @router.post("/sandboxes/{sandbox_id}/exec", response_model=ExecResponse, responses=_errors(404, 410, 504))
 async def exec_command(sandbox_id: SandboxId, body: ExecRequest, request: Request) -> Response:
     """Run a command to its end. A failing command is a result with its exit code, not an error."""
-    svc = service_of(request)
+    return await exec_in(service_of(request), sandbox_id, body)
+
+
+async def exec_in(svc: SandboxService, sandbox_id: str, body: ExecRequest) -> Response:
+    """``POST /sandboxes/{id}/exec``, once the body is valid (also served by :mod:`.hot`)."""
     entry = svc.get(sandbox_id)
     _check_exec(body)
     stdin = _stdin(body)

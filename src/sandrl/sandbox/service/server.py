@@ -56,6 +56,7 @@ from sandrl.sandbox.base import SandboxProvider
 from sandrl.sandbox.service.api import API_PREFIX, Health
 from sandrl.sandbox.service.auth import BearerAuth, BodyLimit, LoopbackOnly, bind_host, load_token
 from sandrl.sandbox.service.e2b import mount as mount_e2b
+from sandrl.sandbox.service.hot import HotRoutes
 from sandrl.sandbox.service.metrics import CONTENT_TYPE
 from sandrl.sandbox.service.routes import ERRORS, document_bearer, router, service_of
 from sandrl.sandbox.service.state import SandboxService, ServiceConfig
@@ -99,6 +100,8 @@ def http_protocol(header_timeout_s: float = HEADER_TIMEOUT_S) -> type[asyncio.Pr
                 self._header_timer.cancel()
                 self._header_timer = None
             super().on_headers_complete()
+            if self.cycle is not None:
+                self.cycle.transport = HeadWithBody(self.transport, self.loop)
 
         def on_body(self, body: bytes) -> None:
             if self.cycle is not None and self.cycle.response_complete:
@@ -133,6 +136,49 @@ def http_protocol(header_timeout_s: float = HEADER_TIMEOUT_S) -> type[asyncio.Pr
                 self.transport.close()
 
     return ServiceHttpProtocol
+
+
+class HeadWithBody(asyncio.Transport):
+    """A response's transport that sends its head with the first write of its body, in one segment.
+
+    uvicorn writes a response's head as soon as the app starts the response, then each body chunk:
+    two sends, and two wake-ups of the client, for every small JSON answer. The head is held until
+    the next write, or the end of the event loop's turn at the latest, so a streamed response's
+    head is not held back waiting for its first chunk.
+    """
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self._transport = transport
+        self._loop = loop
+        self._head: bytes | None = None
+        self._held = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not self._held:
+            self._held = True
+            self._head = bytes(data)
+            self._loop.call_soon(self.flush)
+            return
+        if self._head is not None:
+            data, self._head = self._head + data, None
+        self._transport.write(data)
+
+    def flush(self) -> None:
+        if self._head is not None:
+            head, self._head = self._head, None
+            if not self._transport.is_closing():
+                self._transport.write(head)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._transport.get_extra_info(name, default)
 
 
 class BackgroundServer(_BackgroundServer):
@@ -247,6 +293,8 @@ def create_app(service: SandboxService, *, token: str | None) -> FastAPI:
     def limit_for(path: str) -> int:
         return cfg.max_file_bytes if path.endswith(("/files", "/tar")) else cfg.max_json_bytes
 
+    # Innermost: the hot routes skip FastAPI's routing, behind the same auth and body limits (:mod:`.hot`).
+    app.add_middleware(HotRoutes, service=service, handlers=app.exception_handlers)
     app.add_middleware(BodyLimit, limit_for=limit_for)
     app.add_middleware(BearerAuth, token=token, on_refused=lambda code: failures.labels(code).inc())
     mount_e2b(app, service, token=token)  # its gateway goes in front of the bearer auth
