@@ -31,7 +31,6 @@ TWO_CPUS = len(os.sched_getaffinity(0)) >= 2
 
 def tiny(cores: float | None) -> ContentionConfig:
     return ContentionConfig(
-        quick=True,
         levels=(0, 2),
         probes=4,
         workloads=("cpu_script", "sort_uniq"),
@@ -72,7 +71,10 @@ def _check(result: dict[str, Any]) -> None:
             alone = result["standalone"][p["workload"]]["median_s"]
             assert p["slowdown"] == pytest.approx(p["seconds"] / alone, rel=1e-3)
         assert 0.0 <= lv["classes"]["all"]["within_bar"] <= 1.0
-        assert lv["passed"] == (lv["classes"]["all"]["within_bar"] >= 0.95)
+        assert lv["passed"] == (lv["classes"]["all"]["within_bar"] >= 0.95) == lv["share"]["passed"]
+        lo, hi = lv["share"]["interval"]
+        assert lo <= lv["share"]["share"] <= hi and lv["share"]["n"] == 4
+        assert lv["host_cpu"]["others_cores"] >= 0.0
     assert sum(lv["background_commands"] for lv in result["levels"] if lv["background"] > 0) > 0
     cap = result["capacity"]
     evaluated = {e["load"]: e["passed"] for e in cap["evaluated"]}
@@ -81,6 +83,18 @@ def _check(result: dict[str, Any]) -> None:
         assert evaluated[cap["load"]]
         assert cap["bound"] == "lower" or not evaluated[cap["bracket"][1]]
     assert set(cap["per_class"]) == {"python", "shell"}
+    assert set(cap["interval"]) >= {"low", "high", "distribution"}
+    assert cap["diagnosis"] is None or cap["diagnosis"].startswith("even the idle level failed")
+    # The baseline: both CPU states, a pair of passes at the start and before every level.
+    base = result["baseline"]
+    assert base["states"] == ["idle", "awake"]
+    assert [p["label"] for p in base["passes"]].count("start") == 2
+    assert {p["label"] for p in base["passes"]} >= {f"before {n}" for n in loads}
+    for name, row in base["workloads"].items():
+        assert result["standalone"][name]["median_s"] == min(row["idle_median_s"], row["awake_median_s"])
+    assert isinstance(result["host_noise"]["quiet"], bool) and "steal_share" in result["host_noise"]["run"]
+    full = result["full_load"]
+    assert (full["per_core_slowdown"] is None) == (full["per_core_slowdown_idle_baseline"] is None)
     assert result["full_load"]["background"] == int(result["host"]["cores"]) - 1
     assert result["episodes"] is None and result["projection"] is None
     assert not result["background_errors"]
