@@ -91,6 +91,11 @@ SEED_FIGURES: tuple[tuple[str, str, str, str], ...] = (
 """(measure, definition, Vera, Turin): the seed's two hosts, by the names the seed gives them."""
 
 
+def _cap(load: int | None) -> str:
+    """A capacity for people: ``none`` when even the idle host failed the bar."""
+    return "none" if load is None else str(load)
+
+
 def seed_rows(results: Labelled) -> list[list[object]]:
     """The seed's published figures beside this run's, measure by measure (same definitions)."""
     contended = [(label, r) for label, r in results if r["bench"] == "contention"]
@@ -109,8 +114,8 @@ def seed_rows(results: Labelled) -> list[list[object]]:
             elif measure.startswith("capacity"):
                 cap = r["capacity"]
                 iv = cap.get("interval") or {}
-                bracket = f" (90%: {iv.get('low')}-{iv.get('high')})" if iv else ""
-                ours.append(f"{cap['load']}{bracket}")
+                bracket = f" (90%: {_cap(iv.get('low'))}-{_cap(iv.get('high'))})" if iv else ""
+                ours.append(f"{_cap(cap['load'])}{bracket}")
             elif measure.startswith("sandbox share"):
                 e = _mean(r)
                 ours.append(f"{(e.total_s - e.model_s) / e.total_s:.0%}" if e is not None and e.total_s > 0 else "-")
@@ -172,9 +177,9 @@ def render_html(results: Labelled, study: dict[str, Any] | None = None) -> str:
             [
                 label,
                 f"{cap['bar']:g}x at {cap['quantile']:.0%}",
-                cap["load"],
+                _cap(cap["load"]),
                 cap["bound"],
-                f"{iv.get('low')}-{iv.get('high')}" if iv else "-",
+                f"{_cap(iv.get('low'))}-{_cap(iv.get('high'))}" if iv else "-",
                 f"{share['within']}/{share['n']}" if share else "-",
                 _fmt(cap["per_core"]),
                 *(_fmt(per_core.get(c)) for c in CLASSES),

@@ -20,7 +20,6 @@ both halves from one file), the side-by-side comparison (``compare.json``), the 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import time
@@ -124,6 +123,7 @@ async def run(
     started = time.monotonic()
     parts: list[dict[str, Any]] = []
     files: dict[str, str] = {}
+    configs: dict[str, dict[str, Any]] = {}
     for name, cores in hosts.items():
         label = f"{name} ({'all cores' if cores is None else f'{cores:g} cores'})"
         console.rule(f"{label}: contention")
@@ -138,6 +138,7 @@ async def run(
             episodes_config(config.quick, cores, config.host_limit, config.seed), console=console
         )
         parts.append({"host": name, "part": "episodes", "s": round(time.monotonic() - t0, 1)})
+        configs[name] = {"contention": sweep.get("config"), "episodes": episode_run.get("config")}
         path = out / f"{name}.json"
         path.write_text(json.dumps(merge(sweep, episode_run)) + "\n")
         files[name] = str(path)
@@ -151,14 +152,7 @@ async def run(
         "quick": config.quick,
         "hosts": {name: ("all" if cores is None else cores) for name, cores in hosts.items()},
         "host_limit": config.host_limit,
-        "contention": {
-            name: dataclasses.asdict(contention_config(config.quick, cores, config.host_limit, config.seed))
-            for name, cores in hosts.items()
-        },
-        "episodes": {
-            name: dataclasses.asdict(episodes_config(config.quick, cores, config.host_limit, config.seed))
-            for name, cores in hosts.items()
-        },
+        "configs": configs,
         "parts": parts,
         "files": {**files, "compare": str(out / "compare.json"), "report": str(out / "report.html")},
         "duration_s": elapsed,
