@@ -13,7 +13,7 @@ mean something else:
 So the baseline here is measured in *passes* (every workload once, short ones several times),
 alternating two CPU states, ``idle`` (nothing else running) and ``awake`` (every core kept
 busy by :mod:`sandrl.bench.awake`'s ``SCHED_IDLE`` loops), a few at the start and one pair
-again right before every load level (the background paused), all pooled. A workload's
+again right before every load level after the first (the background paused), all pooled. A workload's
 baseline is the faster of its two states' medians: the best this host does for it alone,
 whichever state that is here (the loops cost a command in a sandbox 20-45% on the 2-vCPU
 KVM box this was built on; where waking halted cores costs more, ``awake`` is the faster).

@@ -219,13 +219,15 @@ class Sweep:
         assert cfg.probes is not None and cfg.settle_s is not None and cfg.cores is not None
         probe_workloads = workloads.select(cfg.workloads)
         # Standalone again right before the level, the background paused: the baseline follows
-        # the host's drift over the run instead of being frozen at its start.
-        await self.load.resize(0)
-        alone = self.progress.add_task(
-            f"standalone before load {n}", total=len(probe_workloads) * len(self.baseline.states)
-        )
-        await self.baseline.measure_pair(self.probe, f"before {n}", lambda: self.progress.advance(alone))
-        self.progress.remove_task(alone)
+        # the host's drift over the run instead of being frozen at its start. (Not before the
+        # first level: the start's passes were just measured.)
+        if self.levels:
+            await self.load.resize(0)
+            alone = self.progress.add_task(
+                f"standalone before load {n}", total=len(probe_workloads) * len(self.baseline.states)
+            )
+            await self.baseline.measure_pair(self.probe, f"before {n}", lambda: self.progress.advance(alone))
+            self.progress.remove_task(alone)
         task: TaskID = self.progress.add_task(f"load {n:>3} ({source})", total=cfg.probes)
         if len(self.load.sandboxes) < n:
             grow = self.progress.add_task(f"preparing {n} background sandboxes", total=n - len(self.load.sandboxes))
