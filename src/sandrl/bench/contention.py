@@ -445,16 +445,17 @@ def print_card(result: dict[str, Any], console: Console) -> None:
         ]
         table.add_row(*row)
     console.print(table)
-    bound = {"exact": "", "lower": " (at least: no measured load above it failed)", "none": " (even idle failed)"}[
-        cap["bound"]
-    ]
     iv = cap["interval"]
-    console.print(
-        f"capacity: {cap['load']} background tasks{bound}; {iv['coverage']:.0%} interval {iv['low']}-{iv['high']} "
-        f"(resampled probes: {iv['distribution']}); per class: {cap['per_class']}"
-    )
-    if cap["diagnosis"]:
-        console.print(f"[bold]diagnosis[/bold]: {cap['diagnosis']}")
+    if cap["load"] is None:
+        console.print(f"capacity: not measurable on this host now: {cap['diagnosis']}", highlight=False)
+    else:
+        bound = " (at least: no measured load above it failed)" if cap["bound"] == "lower" else ""
+        console.print(
+            f"capacity: {cap['load']} background tasks{bound}; {iv['coverage']:.0%} interval "
+            f"{iv['low'] if iv['low'] is not None else 'none'}-{iv['high']} (resampled probes: {iv['distribution']}); "
+            f"per class: {cap['per_class']}",
+            highlight=False,
+        )
     full = result["full_load"]
     console.print(
         f"per-core slowdown at full load ({full['definition']}): {full['per_core_slowdown']}; "
