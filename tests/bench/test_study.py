@@ -108,3 +108,30 @@ def test_study_report_screenshot(study_dir: tuple[Path, dict[str, Any], list[Any
         assert width and int(width.group(1)) > 200, name
     shot = imread(io.BytesIO(screenshot(page, tmp_path / "study.png")), format="png")
     assert shot.shape[0] > 1000 and shot.std() > 0.05  # rendered, not a blank page
+
+
+def _v2(result: dict[str, Any], load: int | None) -> dict[str, Any]:
+    """A synthetic contention result with version 2's keys (share, host CPU, baseline, noise)."""
+    for lv in result["levels"]:
+        lv["share"] = {"within": 24, "n": 24, "share": 1.0, "interval": [0.86, 1.0], "passed": True, "clear": False}
+        lv["host_cpu"] = {"others_cores": 0.02}
+    result["capacity"].update(
+        load=load,
+        interval={"low": load, "high": load, "coverage": 0.9, "distribution": {}},
+        diagnosis=None if load is not None else "even the idle level failed (20 of 24 ...): other work: 1.30 cores",
+    )
+    result["full_load"].update(per_core_slowdown_idle_baseline={"python": 1.0}, explanation=None)
+    result["baseline"] = {"workloads": {"cpu_script": {"awake_over_idle": 1.02}}}
+    result["host_noise"] = {"quiet": load is not None, "findings": [] if load is not None else ["other work: 1.30"]}
+    return result
+
+
+def test_card_says_why_there_is_no_capacity() -> None:
+    from sandrl.bench.contention import print_card
+
+    for load, expected in ((1, "capacity: 1 background tasks; 90% interval 1-1"), (None, "not measurable")):
+        console = Console(file=io.StringIO(), width=300)
+        print_card(_v2(synthetic_result(2, capacity=1, slow=1.0), load), console)
+        text = console.file.getvalue()  # type: ignore[attr-defined]
+        assert expected in text, text
+        assert ("other work: 1.30 cores" in text) == (load is None)
