@@ -169,6 +169,14 @@ async def test_the_sweep_can_stop_past_the_first_failure() -> None:
     seen.clear()
     failing_idle = await capacity.find_capacity([0, 1, 2, 4], lambda n, s: _never(seen, n), past_failure=0, through=1)
     assert seen == [0, 1] and failing_idle.load is None  # the full-load level (1) is measured all the same
+    seen.clear()
+
+    async def marginal_at_2(load: int, source: str) -> bool:
+        seen.append(load)
+        return load < 2
+
+    await capacity.find_capacity([0, 1, 2, 3, 4], marginal_at_2, past_failure=0, clear=lambda n: n >= 3)
+    assert seen == [0, 1, 2, 3]  # 2's failure was marginal: the sweep went on to a clear one
 
 
 async def _never(seen: list[int], load: int) -> bool:

@@ -218,6 +218,7 @@ async def find_capacity(
     bisect: bool = True,
     past_failure: int | None = None,
     through: int = 0,
+    clear: Callable[[int], bool] = lambda load: True,
 ) -> Capacity:
     """Measure the grid's loads, then bisect.
 
@@ -225,7 +226,9 @@ async def find_capacity(
     called once per load, the grid's in ascending order (source ``sweep``), then the
     bisection's (source ``bisect``). ``past_failure``: measure only this many grid loads above
     the first failing one (they cannot change the capacity, only draw the curve); None, all.
-    Loads up to ``through`` are measured whatever fails (the full-load level, say).
+    Loads up to ``through`` are measured whatever fails (the full-load level, say). Only a
+    failure that ``clear(load)`` says is clear stops the sweep early: a marginal one may turn
+    into a pass once the verdicts are made again against a better baseline.
     """
     if not grid or any(n < 0 for n in grid):
         raise ConfigError("the load grid needs at least one level, none negative")
@@ -240,7 +243,7 @@ async def find_capacity(
 
     beyond = 0
     for load in sorted(set(grid)):
-        failed = any(not ok for ok in results.values())
+        failed = any(not ok and clear(n) for n, ok in results.items())
         if failed and load > through and past_failure is not None:
             if beyond >= past_failure:
                 break

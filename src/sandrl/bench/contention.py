@@ -324,6 +324,7 @@ async def _run(cfg: ContentionConfig, provider: BwrapProvider, console: Console)
                 bisect=cfg.bisect,
                 past_failure=cfg.past_failure,
                 through=capacity.full_load_background(cfg.cores),
+                clear=lambda n: bool(sweep.levels[n]["share"]["clear"]),
             )
         finally:
             await load.close()
