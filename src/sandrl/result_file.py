@@ -4,8 +4,10 @@ It sits below ``bench/`` because the runtime reads one too: a host's capacity is
 ``sandrl bench contention`` result (:func:`sandrl.capacity.slots_from_file`), and the
 benchmarks' report reads all three kinds the same way. A contention result (``bench:
 contention``) holds ``host``, ``config``, ``standalone``, ``levels``, ``capacity`` and
-``full_load``; an episode result (``bench: episodes``) holds ``host``, ``config``, ``episodes``
-and ``projection``; an admission result (``bench: admission``) holds its two ways side by side.
+``full_load`` (since version 2 also ``baseline`` and ``host_noise``; ``sandrl bench study``
+puts its host's episode run in the same file's ``episodes`` and ``projection``); an episode
+result (``bench: episodes``) holds ``host``, ``config``, ``episodes`` and ``projection``; an
+admission result (``bench: admission``) holds its two ways side by side.
 """
 
 from __future__ import annotations

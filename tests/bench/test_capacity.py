@@ -121,3 +121,71 @@ async def test_bisection_is_exact_for_any_monotone_host(threshold: int, grid: li
     else:
         assert cap.load == threshold and cap.bound == "exact"
         assert len(measured) <= len(grid) + math.ceil(math.log2(max(grid) + 1))
+
+
+@pytest.mark.parametrize(
+    ("k", "n", "lower", "upper"),
+    [(24, 24, 0.025 ** (1 / 24), 1.0), (0, 10, 0.0, 1 - 0.025 ** (1 / 10)), (5, 10, 0.1871, 0.8129)],
+)
+def test_binomial_interval_is_the_exact_one(k: int, n: int, lower: float, upper: float) -> None:
+    lo, hi = capacity.binomial_interval(k, n)
+    assert lo == pytest.approx(lower, abs=2e-4) and hi == pytest.approx(upper, abs=2e-4)
+    assert capacity.binomial_interval(0, 0) == (0.0, 1.0)
+    with pytest.raises(ConfigError):
+        capacity.binomial_interval(3, 2)
+
+
+def test_share_section_passes_on_the_point_estimate_and_says_how_sure() -> None:
+    one_outlier = capacity.share_section([1.0] * 23 + [2.0], bar=1.5, quantile=0.95)
+    assert one_outlier["within"] == 23 and one_outlier["passed"] and not one_outlier["clear"]
+    lo, hi = one_outlier["interval"]
+    assert lo < 0.95 < hi
+    half = capacity.share_section([1.0] * 12 + [2.0] * 12, bar=1.5, quantile=0.95)
+    assert not half["passed"] and half["clear"]  # the whole interval is below 95%
+
+
+def test_capacity_interval_brackets_a_marginal_level() -> None:
+    sure = {0: [1.0] * 24, 1: [1.1] * 24, 2: [2.0] * 24}
+    out = capacity.capacity_interval(sure, 1.5, 0.95, resamples=500)
+    assert (out["low"], out["high"]) == (1, 1) and out["distribution"] == {"1": 1.0}
+    marginal = {0: [1.0] * 24, 1: [1.0] * 23 + [2.0], 2: [2.0] * 24}
+    out = capacity.capacity_interval(marginal, 1.5, 0.95, resamples=500)
+    assert (out["low"], out["high"]) == (0, 1)
+    assert 0.5 < out["distribution"]["1"] < 0.95
+    assert out == capacity.capacity_interval(marginal, 1.5, 0.95, resamples=500)  # seeded
+    idle_fails = {0: [2.0] * 24, 1: [2.0] * 24}
+    assert capacity.capacity_interval(idle_fails, 1.5, 0.95, resamples=100)["high"] is None
+
+
+async def test_the_sweep_can_stop_past_the_first_failure() -> None:
+    seen: list[int] = []
+
+    async def evaluate(load: int, source: str) -> bool:
+        seen.append(load)
+        return load < 2
+
+    cap = await capacity.find_capacity([0, 1, 2, 3, 4, 6, 8], evaluate, past_failure=1)
+    assert seen == [0, 1, 2, 3] and cap.load == 1 and cap.bound == "exact"
+    seen.clear()
+    failing_idle = await capacity.find_capacity([0, 1, 2, 4], lambda n, s: _never(seen, n), past_failure=0, through=1)
+    assert seen == [0, 1] and failing_idle.load is None  # the full-load level (1) is measured all the same
+    seen.clear()
+
+    async def marginal_at_2(load: int, source: str) -> bool:
+        seen.append(load)
+        return load < 2
+
+    await capacity.find_capacity([0, 1, 2, 3, 4], marginal_at_2, past_failure=0, clear=lambda n: n >= 3)
+    assert seen == [0, 1, 2, 3]  # 2's failure was marginal: the sweep went on to a clear one
+
+
+async def _never(seen: list[int], load: int) -> bool:
+    seen.append(load)
+    return False
+
+
+def test_settle_rejudges_measured_levels() -> None:
+    cap = capacity.settle({0: True, 1: True, 2: False, 4: False})
+    assert (cap.load, cap.bound, cap.bracket) == (1, "exact", (1, 2))
+    assert capacity.settle({0: True, 4: False}).bound == "lower"
+    assert capacity.settle({0: False, 1: True}).load is None

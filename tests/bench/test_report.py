@@ -108,6 +108,10 @@ def test_commands_are_typer_ready(two_results: tuple[Path, Path], tmp_path: Path
     assert json.loads(res.stdout.strip().splitlines()[-1])["bench"] == "compare"
     res = runner.invoke(app, ["contention", "--help"])
     assert res.exit_code == 0 and "--cpus-per-host" in res.stdout and "--quantile" in res.stdout
+    assert "--idle-only" in res.stdout
+    app.command("study")(commands.study)
+    res = runner.invoke(app, ["study", "--help"])
+    assert res.exit_code == 0 and "--cpus-per-host" in res.stdout and "--out-dir" in res.stdout
 
 
 def test_parse_levels() -> None:

@@ -30,8 +30,9 @@ TWO_CPUS = len(os.sched_getaffinity(0)) >= 2
 
 
 def tiny(cores: float | None) -> ContentionConfig:
+    """Both CPU states on the whole host, the idle one only on the emulated one (and half the time)."""
     return ContentionConfig(
-        quick=True,
+        awake=cores is None,
         levels=(0, 2),
         probes=4,
         workloads=("cpu_script", "sort_uniq"),
@@ -72,15 +73,35 @@ def _check(result: dict[str, Any]) -> None:
             alone = result["standalone"][p["workload"]]["median_s"]
             assert p["slowdown"] == pytest.approx(p["seconds"] / alone, rel=1e-3)
         assert 0.0 <= lv["classes"]["all"]["within_bar"] <= 1.0
-        assert lv["passed"] == (lv["classes"]["all"]["within_bar"] >= 0.95)
+        assert lv["passed"] == (lv["classes"]["all"]["within_bar"] >= 0.95) == lv["share"]["passed"]
+        lo, hi = lv["share"]["interval"]
+        assert lo <= lv["share"]["share"] <= hi and lv["share"]["n"] == 4
+        assert lv["host_cpu"]["others_cores"] >= 0.0
     assert sum(lv["background_commands"] for lv in result["levels"] if lv["background"] > 0) > 0
     cap = result["capacity"]
-    evaluated = {e["load"]: e["passed"] for e in cap["evaluated"]}
-    assert evaluated == {lv["background"]: lv["passed"] for lv in result["levels"]}
+    # The sweep steered by its verdicts then; the capacity is the levels' verdicts against the final baseline.
+    final = {lv["background"]: lv["passed"] for lv in result["levels"]}
+    assert {e["load"] for e in cap["evaluated"]} == set(final)
     if cap["load"] is not None:
-        assert evaluated[cap["load"]]
-        assert cap["bound"] == "lower" or not evaluated[cap["bracket"][1]]
+        assert final[cap["load"]]
+        assert cap["bound"] == "lower" or not final[cap["bracket"][1]]
+    else:
+        assert not final[min(final)]
     assert set(cap["per_class"]) == {"python", "shell"}
+    assert set(cap["interval"]) >= {"low", "high", "distribution"}
+    assert cap["diagnosis"] is None or cap["diagnosis"].startswith("even the idle level failed")
+    # The baseline: both CPU states, a pair of passes at the start and before every level.
+    base = result["baseline"]
+    states = ["idle", "awake"] if result["config"]["awake"] else ["idle"]
+    assert base["states"] == states and (base["awake_loops"] is None) == (len(states) == 1)
+    assert [p["label"] for p in base["passes"]].count("start") == len(states)
+    assert {p["label"] for p in base["passes"]} - {"start"} == {f"before {n}" for n in loads[1:]}
+    for name, row in base["workloads"].items():
+        medians = [row[f"{s}_median_s"] for s in states]
+        assert result["standalone"][name]["median_s"] == pytest.approx(min(medians), abs=1e-5)
+    assert isinstance(result["host_noise"]["quiet"], bool) and "steal_share" in result["host_noise"]["run"]
+    full = result["full_load"]
+    assert (full["per_core_slowdown"] is None) == (full["per_core_slowdown_idle_baseline"] is None)
     assert result["full_load"]["background"] == int(result["host"]["cores"]) - 1
     assert result["episodes"] is None and result["projection"] is None
     assert not result["background_errors"]

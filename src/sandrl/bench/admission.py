@@ -382,7 +382,9 @@ async def _capacity(config: AdmissionConfig, cores: float, provider: BwrapProvid
     return {
         "slots": slots,
         "source": "measured",
-        "contention": {k: cap[k] for k in ("load", "bound", "bracket", "bar", "quantile", "per_class")},
+        "contention": {
+            k: cap[k] for k in ("load", "bound", "bracket", "bar", "quantile", "per_class", "interval", "diagnosis")
+        },
         "levels": [
             {"background": lv["background"], "passed": lv["passed"], "p95": lv["classes"]["all"]["p95"]}
             for lv in swept["levels"]

@@ -59,17 +59,89 @@ def _fmt(x: object, spec: str = ".2f") -> str:
     return format(x, spec) if isinstance(x, int | float) else str(x)
 
 
+SEED_SOURCE = "the seed's figures as issue #26 quotes them; what the repository does not hold is marked not published"
+SEED_FIGURES: tuple[tuple[str, str, str, str], ...] = (
+    (
+        "per-core slowdown at full load",
+        "median slowdown (time / standalone) of each class with every core busy (cores - 1 background tasks and "
+        "the probe), as a percentage over 1",
+        "5-22%",
+        "40-70%",
+    ),
+    (
+        "capacity within the latency bar",
+        "most background tasks with at least 95% of the probe commands within 1.5x standalone",
+        "not published",
+        "not published",
+    ),
+    (
+        "sandbox share of an episode",
+        "(episode - model time) / episode, the mean episode of the replayed built-in tasks",
+        "not published",
+        "not published",
+    ),
+    ("idle KV fraction", "KV token-seconds held idle while commands run / all", "not published", "not published"),
+    (
+        "host B / host A episode time at 8x faster inference",
+        "the projection T(k) = model / k + rest, ratio of the two hosts",
+        "not published",
+        "not published",
+    ),
+)
+"""(measure, definition, Vera, Turin): the seed's two hosts, by the names the seed gives them."""
+
+
+def _cap(load: int | None) -> str:
+    """A capacity for people: ``none`` when even the idle host failed the bar."""
+    return "none" if load is None else str(load)
+
+
+def seed_rows(results: Labelled) -> list[list[object]]:
+    """The seed's published figures beside this run's, measure by measure (same definitions)."""
+    contended = [(label, r) for label, r in results if r["bench"] == "contention"]
+    rows: list[list[object]] = []
+    ratio = "-"
+    if len(contended) >= 2:
+        ea, eb = _mean(contended[0][1]), _mean(contended[1][1])
+        if ea is not None and eb is not None:
+            ratio = f"{projection.host_ratio(ea, eb, (8,))[0]['ratio']:.2f}x"
+    for measure, definition, vera, turin in SEED_FIGURES:
+        ours = []
+        for _, r in contended:
+            if measure.startswith("per-core"):
+                per_core = r["full_load"].get("per_core_slowdown") or {}
+                ours.append(", ".join(f"{c} {(v - 1) * 100:+.0f}%" for c, v in per_core.items()) or "-")
+            elif measure.startswith("capacity"):
+                cap = r["capacity"]
+                iv = cap.get("interval") or {}
+                bracket = f" (90%: {_cap(iv.get('low'))}-{_cap(iv.get('high'))})" if iv else ""
+                ours.append(f"{_cap(cap['load'])}{bracket}")
+            elif measure.startswith("sandbox share"):
+                e = _mean(r)
+                ours.append(f"{(e.total_s - e.model_s) / e.total_s:.0%}" if e is not None and e.total_s > 0 else "-")
+            elif measure.startswith("idle KV"):
+                e = _mean(r)
+                ours.append(f"{e.kv.idle_fraction:.1%}" if e is not None and e.kv is not None else "-")
+            else:
+                ours.append(ratio if ours else "reference")
+        rows.append([measure, definition, vera, turin, *ours])
+    return rows
+
+
 CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px}
 table{border-collapse:collapse;margin:0.5em 0 1.5em}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
 th{background:#f3f3f3}img.plot{max-width:100%}h2{border-bottom:1px solid #ddd}"""
 
 
-def render_html(results: Labelled) -> str:
-    """The report page: hosts, capacity, per-level tables, the plots, the projection's assumptions."""
+def render_html(results: Labelled, study: dict[str, Any] | None = None) -> str:
+    """The report page: hosts, the seed's figures beside this run's, capacity, per-level tables, the
+    plots, the projection's assumptions (and, from ``sandrl bench study``, what ran and how long)."""
     if not results:
         raise ConfigError("give at least one result file")
     parts = ["<!doctype html><html><head><meta charset='utf-8'><title>sandrl sandbox-CPU benchmark</title>"]
     parts.append(f"<style>{CSS}</style></head><body><h1>sandrl sandbox-CPU benchmark</h1>")
+    if study is not None:
+        parts.append(_study_section(study))
     keys = ("cpu_model", "cores", "machine_cpus", "memory_mib", "kernel", "sandbox_backend", "cgroup_version")
     parts.append("<h2>Hosts</h2>")
     parts.append(
@@ -81,6 +153,16 @@ def render_html(results: Labelled) -> str:
             ],
         )
     )
+    contended = [label for label, r in results if r["bench"] == "contention"]
+    if contended:
+        parts.append("<h2 id='seed'>The seed's published figures and this run's</h2>")
+        parts.append(f"<p>Same definitions on both sides; {html.escape(SEED_SOURCE)}.</p>")
+        parts.append(
+            _table(
+                ["measure", "definition", "seed: Vera", "seed: Turin", *(f"this run: {c}" for c in contended)],
+                seed_rows(results),
+            )
+        )
     parts.append("<h2>Capacity and per-core slowdown</h2>")
     cap_rows = []
     for label, r in results:
@@ -88,14 +170,20 @@ def render_html(results: Labelled) -> str:
             continue
         cap, full = r["capacity"], r["full_load"]
         per_core = full.get("per_core_slowdown") or {}
+        iv = cap.get("interval") or {}
+        idle = next((lv for lv in r["levels"] if lv["background"] == 0), None)
+        share = (idle or {}).get("share")
         cap_rows.append(
             [
                 label,
                 f"{cap['bar']:g}x at {cap['quantile']:.0%}",
-                cap["load"],
+                _cap(cap["load"]),
                 cap["bound"],
+                f"{_cap(iv.get('low'))}-{_cap(iv.get('high'))}" if iv else "-",
+                f"{share['within']}/{share['n']}" if share else "-",
                 _fmt(cap["per_core"]),
                 *(_fmt(per_core.get(c)) for c in CLASSES),
+                cap.get("diagnosis") or full.get("explanation") or "",
             ]
         )
     parts.append(
@@ -105,7 +193,17 @@ def render_html(results: Labelled) -> str:
     )
     parts.append(
         _table(
-            ["result", "bar", "capacity", "bound", "per core", *(f"{c} per-core slowdown" for c in CLASSES)],
+            [
+                "result",
+                "bar",
+                "capacity",
+                "bound",
+                "90% interval",
+                "idle within",
+                "per core",
+                *(f"{c} per-core slowdown" for c in CLASSES),
+                "diagnosis",
+            ],
             cap_rows,
         )
     )
@@ -164,9 +262,23 @@ def _admission_table(r: dict[str, Any]) -> str:
     return _table(["measure", "admit all (a)", "capacity-aware (b)", "b vs a"], rows)
 
 
-def write_report(paths: Sequence[Path | str], out: Path | str) -> Path:
+def _study_section(study: dict[str, Any]) -> str:
+    hosts = ", ".join(
+        f"{name}: {cores if cores == 'all' else f'{cores:g} cores'}" for name, cores in study["hosts"].items()
+    )
+    rows = [[p["host"], p["part"], f"{p['s']:.0f}"] for p in study["parts"]]
+    verdict = "within" if study["within_budget"] else "over"
+    command = "sandrl bench study" + (" --quick" if study["quick"] else "")
+    return (
+        f"<h2 id='study'>The study</h2><p><code>{command}</code>: {html.escape(hosts)} "
+        f"(host limit {html.escape(str(study['host_limit']))}); took {study['duration_s']:.0f} s, {verdict} the "
+        f"{study['budget_s'] // 60}-minute budget.</p>" + _table(["host", "part", "s"], rows)
+    )
+
+
+def write_report(paths: Sequence[Path | str], out: Path | str, study: dict[str, Any] | None = None) -> Path:
     out = Path(out)
-    out.write_text(render_html(load_labelled(paths)))
+    out.write_text(render_html(load_labelled(paths), study))
     return out
 
 

@@ -270,7 +270,9 @@ def bench_cluster(
 
 @app.command("contention")
 def contention(
-    quick: bool = typer.Option(False, "--quick", help="The small run: under 3 minutes on 2 cores."),
+    quick: bool = typer.Option(
+        False, "--quick", help="The small run (under 90 s on 2 cores): the grid up to its first failing level."
+    ),
     levels: str | None = typer.Option(None, help="Background-task counts, e.g. 0,2,4,8 (default: scaled to cores)."),
     bar: float = typer.Option(1.5, help="Slowdown bar: time / standalone at most this."),
     quantile: float = typer.Option(0.95, help="Fraction of commands that must be within the bar."),
@@ -278,13 +280,19 @@ def contention(
     host_limit: str = typer.Option("auto", help="How to emulate it: auto, affinity (pin) or quota (CFS)."),
     probes: int | None = typer.Option(None, help="Probe commands per level."),
     workloads: str | None = typer.Option(None, help="Workload names, comma-separated (default: all; --quick: 6)."),
+    repeats: int | None = typer.Option(None, help="Standalone passes per CPU state at the start (1 quick, 3 full)."),
+    awake: bool = typer.Option(
+        True, "--awake/--idle-only", help="Also measure standalone with every core kept awake (SCHED_IDLE loops)."
+    ),
     out: Path | None = typer.Option(None, help="Also write the JSON result to this file."),
     json_only: bool = typer.Option(False, "--json", help="Print only the JSON line."),
 ) -> None:
-    """Commands' slowdown as background sandboxes fill the host; capacity at the latency bar."""
+    """Commands' slowdown as background sandboxes fill the host; capacity at the latency bar, with its interval."""
     from sandrl.bench.contention import ContentionConfig, run
 
     config = ContentionConfig(
+        repeats=repeats,
+        awake=awake,
         quick=quick,
         levels=parse_levels(levels),
         bar=bar,
@@ -294,7 +302,7 @@ def contention(
         probes=probes,
         workloads=tuple(w for w in workloads.split(",") if w) if workloads else None,
     )
-    console = rich_console(quiet=json_only)
+    console = rich_console(quiet=json_only, wide=True)
     result = asyncio.run(run(config, console=console))
     emit(result, out)
 
@@ -374,6 +382,27 @@ def admission(
         fill_idle_cores=fill_idle_cores,
     )
     emit(asyncio.run(run(config, console=rich_console(quiet=json_only, wide=True))), out)
+
+
+@app.command("study")
+def study(
+    quick: bool = typer.Option(False, "--quick", help="The small study (about 5 minutes on 2 cores)."),
+    cpus_per_host: float | None = typer.Option(
+        None, help="Host B's cores, emulated on this host (default: half of this host's, at least 1)."
+    ),
+    host_limit: str = typer.Option("auto", help="How to emulate host B: auto, affinity (pin) or quota (CFS)."),
+    out_dir: Path = typer.Option(Path("study"), "-o", "--out-dir", help="Where the results and the report go."),
+    seed: int = typer.Option(0, help="Seeds the background order, the episodes and the resampling."),
+    json_only: bool = typer.Option(False, "--json", help="Print only the JSON line."),
+) -> None:
+    """The whole sandbox-CPU study on this host and an emulated smaller one: contention, episodes with the
+    emulated model time, projection; both results, the comparison and the HTML report (within 15 minutes)."""
+    from sandrl.bench.study import StudyConfig, run
+
+    config = StudyConfig(
+        quick=quick, cpus_per_host=cpus_per_host, host_limit=_host_limit(host_limit), out_dir=out_dir, seed=seed
+    )
+    emit(asyncio.run(run(config, console=rich_console(quiet=json_only, wide=True))))
 
 
 @app.command("report")
