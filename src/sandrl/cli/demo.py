@@ -17,14 +17,14 @@ def demo(
     ctx: typer.Context,
     out: Path = typer.Option(Path("runs/demo"), help="Where the run is written (emptied first)."),
     seed: int = typer.Option(0, help="Seeds the tasks, the model, the warm start and the RL run."),
-    rl_steps: int | None = typer.Option(None, help="GRPO steps (default: the demo's)."),
+    rl_steps: int | None = typer.Option(None, help="GRPO steps (default: the demo's, 80; --format tools: 140)."),
     family: str | None = typer.Option(None, help="The generated task family (default: the demo's, 'lines')."),
     format: str = typer.Option("fenced", "--format", help="The policy acts by 'fenced' bash blocks or 'tools' calls."),
 ) -> None:
     """Warm-start a tiny model, train it with GRPO in async mode on real sandboxes, show it learned."""
     if ctx.invoked_subcommand is not None:
         return
-    from sandrl.demo.learn import DemoConfig, run, tools_rollout
+    from sandrl.demo.learn import TOOLS_RL_STEPS, DemoConfig, run, tools_rollout
     from sandrl.errors import ConfigError
 
     if format not in ("fenced", "tools"):
@@ -33,7 +33,7 @@ def demo(
     config = DemoConfig(
         out=out,
         seed=seed,
-        rl_steps=defaults.rl_steps if rl_steps is None else rl_steps,
+        rl_steps=rl_steps if rl_steps is not None else TOOLS_RL_STEPS if format == "tools" else defaults.rl_steps,
         family=defaults.family if family is None else family,
         rollout=tools_rollout(defaults.rollout) if format == "tools" else defaults.rollout,
     )
