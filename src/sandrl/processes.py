@@ -1,10 +1,13 @@
-"""Ending a child process: politely first, then for sure."""
+"""Ending a child process: politely first, then for sure; waiting for one to end without polling."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import subprocess
+import time
 
-__all__ = ["stop_process"]
+__all__ = ["stop_process", "wait_exited"]
 
 
 def stop_process(process: subprocess.Popen[bytes], grace_s: float) -> None:
@@ -17,3 +20,32 @@ def stop_process(process: subprocess.Popen[bytes], grace_s: float) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+async def wait_exited(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """Wait up to ``timeout_s`` for ``proc`` to exit, woken by its pidfd rather than by polling."""
+    if proc.poll() is not None:
+        return
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except OSError:  # gone already, or a kernel without pidfds (< 5.3): poll
+        deadline = time.monotonic() + timeout_s
+        while proc.poll() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.002)
+        return
+    loop = asyncio.get_running_loop()
+    exited = loop.create_future()
+    loop.add_reader(fd, _set_once, exited)
+    try:
+        async with asyncio.timeout(timeout_s):
+            await exited
+    except TimeoutError:
+        pass
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+
+
+def _set_once(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

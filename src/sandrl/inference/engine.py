@@ -65,8 +65,7 @@ from sandrl.inference.sampling import RowSampler, sample_next
 from sandrl.inference.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
-MAX_PADDING = 1.5
-"""A prefill admits no request that would make its padded size more than this times its real tokens."""
+MAX_PADDING = 1.5  # a prefill admits no request that would pad it past this times its real tokens
 
 
 @dataclass(frozen=True)
@@ -491,9 +490,8 @@ class Engine:
             size = len(request.context)
             width = max(longest, size)
             padded = width * (len(admitted) + 1)
-            # A prefill is one left-padded rectangle: past MAX_PADDING x its real tokens the padding
-            # costs more than a second forward would (retracted requests, of any length, come back
-            # together after an abort_and_resume update).
+            # A prefill is one left-padded rectangle: past MAX_PADDING x its real tokens, padding costs
+            # more than a second forward (retracted requests of any length come back together).
             if admitted and (padded > self.config.max_prefill_tokens or padded > MAX_PADDING * (real + size)):
                 break
             admitted.append(self._waiting.popleft())

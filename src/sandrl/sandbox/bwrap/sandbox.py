@@ -25,6 +25,7 @@ from sandrl.errors import (
     SandboxFileError,
     SandboxPausedError,
 )
+from sandrl.processes import wait_exited
 from sandrl.sandbox.base import (
     MAX_READ_BYTES,
     ClosesOnExit,
@@ -251,7 +252,7 @@ class BwrapSandbox(ClosesOnExit):
         # pid namespace; bubblewrap's monitor exits only after that, so once it has exited no
         # process of the sandbox is left. SIGKILL through the cgroup is the fallback.
         await self._conn.close()
-        await _exited(self._proc, 2.0)
+        await wait_exited(self._proc, 2.0)
         await asyncio.get_running_loop().run_in_executor(HOST_WORK, self._remove_traces)
         self._run_close_callbacks()
         if self._watch is not asyncio.current_task():
@@ -565,35 +566,6 @@ class BwrapSandbox(ClosesOnExit):
             if got < want:
                 return
             offset += got
-
-
-async def _exited(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
-    """Wait up to ``timeout_s`` for ``proc`` to exit, woken by its pidfd rather than by polling."""
-    if proc.poll() is not None:
-        return
-    try:
-        fd = os.pidfd_open(proc.pid)
-    except OSError:  # gone already, or a kernel without pidfds (< 5.3): poll
-        deadline = time.monotonic() + timeout_s
-        while proc.poll() is None and time.monotonic() < deadline:
-            await asyncio.sleep(0.002)
-        return
-    loop = asyncio.get_running_loop()
-    exited = loop.create_future()
-    loop.add_reader(fd, _set_once, exited)
-    try:
-        async with asyncio.timeout(timeout_s):
-            await exited
-    except TimeoutError:
-        pass
-    finally:
-        loop.remove_reader(fd)
-        os.close(fd)
-
-
-def _set_once(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
 
 
 def _safe(fn: object) -> int:
