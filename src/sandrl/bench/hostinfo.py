@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sandrl.sandbox.idle_cpu import IDLE_FIELDS, cpu_counters
+
 
 def cpu_model(cpuinfo: str | None = None) -> str:
     """The CPU's model name from ``/proc/cpuinfo`` (x86 ``model name``, arm ``CPU part``...)."""
@@ -80,7 +82,6 @@ def describe(*, cores: float | None = None, limit: dict[str, Any] | None = None)
 
 _BUSY_FIELDS = (0, 1, 2, 5, 6)
 """user, nice, system, irq, softirq among a ``cpuN`` line's counters (guest time is in user)."""
-_IDLE_FIELDS = (3, 4)
 _STEAL_FIELD = 7
 
 
@@ -109,15 +110,10 @@ class CpuTimes:
 
 def cpu_times(cpus: Iterable[int] | None = None, path: Path = Path("/proc/stat")) -> CpuTimes:
     """The ``/proc/stat`` counters of ``cpus`` (default: this process's CPUs, the emulated host's)."""
-    wanted = set(usable_cpus() if cpus is None else cpus)
     busy = idle = steal = 0
-    for line in path.read_text().splitlines():
-        name, _, rest = line.partition(" ")
-        if not name.startswith("cpu") or name == "cpu" or int(name[3:]) not in wanted:
-            continue
-        counters = [int(v) for v in rest.split()]
+    for counters in cpu_counters(usable_cpus() if cpus is None else cpus, path):
         busy += sum(counters[i] for i in _BUSY_FIELDS if i < len(counters))
-        idle += sum(counters[i] for i in _IDLE_FIELDS if i < len(counters))
+        idle += sum(counters[i] for i in IDLE_FIELDS if i < len(counters))
         steal += counters[_STEAL_FIELD] if len(counters) > _STEAL_FIELD else 0
     return CpuTimes(busy, idle, steal, time.monotonic())
 

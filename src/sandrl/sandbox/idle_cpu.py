@@ -16,12 +16,23 @@ from pathlib import Path
 
 from sandrl.errors import ConfigError
 
-__all__ = ["IdleCpus"]
+__all__ = ["IDLE_FIELDS", "IdleCpus", "cpu_counters"]
 
-_IDLE_FIELDS = (3, 4)
+IDLE_FIELDS = (3, 4)
 """``idle`` and ``iowait`` among a ``cpuN`` line's counters (user nice system idle iowait ...)."""
 _TOTAL_FIELDS = 8
 """user .. steal: ``guest`` and ``guest_nice`` are already counted in ``user`` and ``nice``."""
+
+
+def cpu_counters(cpus: Iterable[int], path: str | os.PathLike[str] = "/proc/stat") -> list[list[int]]:
+    """The tick counters of each ``cpuN`` line of ``path`` whose N is in ``cpus`` (user nice system idle ...)."""
+    wanted = set(cpus)
+    rows = []
+    for line in Path(path).read_text().splitlines():
+        name, _, rest = line.partition(" ")
+        if name.startswith("cpu") and name != "cpu" and int(name[3:]) in wanted:
+            rows.append([int(v) for v in rest.split()])
+    return rows
 
 
 class IdleCpus:
@@ -57,16 +68,11 @@ class IdleCpus:
     def _read(self) -> tuple[int, int]:
         """(idle ticks, all ticks) summed over the watched CPUs."""
         idle = total = 0
-        seen = 0
-        for line in self.path.read_text().splitlines():
-            name, _, rest = line.partition(" ")
-            if not name.startswith("cpu") or name == "cpu" or int(name[3:]) not in self.cpus:
-                continue
-            counters = [int(v) for v in rest.split()]
-            idle += sum(counters[i] for i in _IDLE_FIELDS if i < len(counters))
+        rows = cpu_counters(self.cpus, self.path)
+        for counters in rows:
+            idle += sum(counters[i] for i in IDLE_FIELDS if i < len(counters))
             total += sum(counters[:_TOTAL_FIELDS])
-            seen += 1
-        if seen == 0:
+        if not rows:
             raise ConfigError(f"{self.path} lists none of the CPUs {sorted(self.cpus)}")
         return idle, total
 
