@@ -34,6 +34,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sandrl.bench.hostinfo import process_cpu_s
 from sandrl.errors import ConfigError
 
 SPIN = """import os, sys
@@ -49,13 +50,6 @@ while True:
 POLICY = "SCHED_IDLE busy loop, one per core, pinned"
 MAX_SHARE = 3 / (3 + 1024)
 """The most of a contended core a SCHED_IDLE task gets by CFS weight (3 against nice 0's 1024)."""
-
-
-def _cpu_ticks(pid: int) -> int:
-    """utime + stime of ``pid`` in clock ticks (``/proc/PID/stat`` fields 14 and 15)."""
-    text = Path(f"/proc/{pid}/stat").read_text()
-    fields = text[text.rindex(")") + 2 :].split()  # the command name may hold spaces
-    return int(fields[11]) + int(fields[12])
 
 
 def make_group(parent: Path, name: str) -> Path | None:
@@ -112,12 +106,11 @@ class Spinners:
 
     def cpu_s(self) -> float:
         """CPU seconds the loops have taken so far."""
-        hz = os.sysconf("SC_CLK_TCK")
-        total = 0
+        total = 0.0
         for proc in self.procs:
             with contextlib.suppress(OSError, ValueError):
-                total += _cpu_ticks(proc.pid)
-        return total / hz
+                total += process_cpu_s(proc.pid)
+        return total
 
     def stop(self) -> None:
         for proc in self.procs:

@@ -136,3 +136,12 @@ def cpuidle_driver() -> str | None:
         return Path("/sys/devices/system/cpu/cpuidle/current_driver").read_text().strip() or None
     except OSError:
         return None
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used so far (``/proc/PID/stat`` fields 14 and 15).
+
+    Raises OSError when it is gone."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    fields = text[text.rindex(")") + 2 :].split()  # the command name may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -27,6 +27,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
+from sandrl.bench.hostinfo import process_cpu_s
 from sandrl.errors import SandboxUnavailableError, SandrlError
 from sandrl.processes import stop_process
 from sandrl.sandbox.base import Sandbox, SandboxProvider, SandboxSpec
@@ -90,9 +91,7 @@ def _cpu_seconds(server_pid: int | None) -> tuple[float, float]:
     if server_pid is None:
         return mine, 0.0
     try:
-        with open(f"/proc/{server_pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return mine, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return mine, process_cpu_s(server_pid)
     except (OSError, IndexError, ValueError):
         return mine, 0.0
 
