@@ -17,7 +17,7 @@ def demo(
     ctx: typer.Context,
     out: Path = typer.Option(Path("runs/demo"), help="Where the run is written (emptied first)."),
     seed: int = typer.Option(0, help="Seeds the tasks, the model, the warm start and the RL run."),
-    rl_steps: int | None = typer.Option(None, help="GRPO steps (default: the demo's, 80; --format tools: 140)."),
+    rl_steps: int | None = typer.Option(None, help="GRPO steps (default: the demo's, 80; --format tools: 180)."),
     family: str | None = typer.Option(None, help="The generated task family (default: the demo's, 'lines')."),
     format: str = typer.Option("fenced", "--format", help="The policy acts by 'fenced' bash blocks or 'tools' calls."),
 ) -> None:
