@@ -310,6 +310,19 @@ async def test_unknown_error_codes_keep_their_status(remote: RemoteProvider) -> 
     with pytest.raises(ConfigError) as err:
         await remote.request("GET", "/nothing")
     assert err.value.error_code == "not_found" and err.value.http_status == 404
+    with pytest.raises(ConfigError) as err:  # the same through the lean path of calls held in memory
+        await remote.call("GET", "/nothing")
+    assert err.value.error_code == "not_found" and err.value.http_status == 404
+
+
+async def test_an_id_from_the_caller_cannot_forge_the_request(remote: RemoteProvider, sandbox: RemoteSandbox) -> None:
+    """The lean path writes its request head itself: a sandbox id with spaces, CR/LF or ``?`` is quoted
+    into the path, never read as the end of the line, a header or a query."""
+    for forged in (f"{sandbox.id}\r\nX-Evil: 1", f"{sandbox.id} HTTP/1.1", f"{sandbox.id}?x=1", "../healthz"):
+        with pytest.raises((ConfigError, SandboxNotFoundError)) as err:
+            await remote.get(forged)
+        assert err.value.http_status in (400, 404), err.value  # the server read one request and named what was wrong
+    assert (await remote.get(sandbox.id)).id == sandbox.id  # the connection is still in step
 
 
 async def test_hot_routes_answer_as_fastapi_does(http: httpx.AsyncClient, sandbox: RemoteSandbox) -> None:

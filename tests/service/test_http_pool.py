@@ -8,11 +8,13 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from sandrl.sandbox.http_pool import PooledTransport
+from sandrl.sandbox.http_pool import Answer, PooledTransport
 
 
 class Server:
-    """A tiny HTTP/1.1 server: answers ``GET /n`` with a body of n bytes, chunked for ``/chunked``;
+    """A tiny HTTP/1.1 server: answers ``GET /n`` with a body of n bytes, chunked for ``/chunked``, with
+    no length (then closes) for ``/until-close``, after a ``100 Continue`` for ``/continue``, and not
+    in HTTP for ``/garbage``;
     with ``hang_up_on_second`` it reads a connection's second request and closes without an answer
     (a keep-alive connection the server dropped just as the client reused it)."""
 
@@ -49,7 +51,18 @@ class Server:
                     return
                 await asyncio.sleep(self.delay_s)
                 _method, target, _ = line.split(" ")
-                if target == "/chunked":
+                if target == "/until-close":
+                    writer.write(b"HTTP/1.1 200 OK\r\nX-Framing: none\r\n\r\nto the end")
+                    await writer.drain()
+                    return
+                if target == "/garbage":
+                    writer.write(b"SMTP ready\r\n\r\n")
+                    await writer.drain()
+                    return
+                if target == "/continue":
+                    writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                    writer.write(b"HTTP/1.1 201 Created\r\nContent-Length: 4\r\n\r\nmade")
+                elif target == "/chunked":
                     writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
                     for part in (b"hello ", b"chunked ", b"world"):
                         writer.write(f"{len(part):x}\r\n".encode() + part + b"\r\n")
@@ -134,3 +147,76 @@ async def test_a_refused_connection_is_a_connect_error() -> None:
     async with httpx.AsyncClient(transport=PooledTransport(max_connections=2)) as client:
         with pytest.raises(httpx.ConnectError):
             await client.get("http://127.0.0.1:9/")
+
+
+def _origin(url: str) -> tuple[str, int]:
+    host, port = url.removeprefix("http://").split(":")
+    return host, int(port)
+
+
+def _head(method: str, target: str, body: bytes = b"") -> bytes:
+    return f"{method} {target} HTTP/1.1\r\nhost: t\r\ncontent-length: {len(body)}\r\n\r\n".encode()
+
+
+async def _fetch(pool: PooledTransport, url: str, method: str, target: str, body: bytes = b"") -> Answer:
+    return await pool.fetch(_origin(url), method, _head(method, target, body), body, timeout=5)
+
+
+async def test_fetch_reads_whole_answers_on_one_connection(make_server: type[Server]) -> None:
+    server = make_server()
+    url = await server.start()
+    pool = PooledTransport(max_connections=4)
+    try:
+        for n in (0, 10, 70000, 5):
+            answer = await _fetch(pool, url, "GET", f"/{n}")
+            assert (answer.status_code, answer.reason_phrase, answer.content) == (200, "OK", b"x" * n)
+        assert (await _fetch(pool, url, "GET", "/chunked")).content == b"hello chunked world"
+        answer = await _fetch(pool, url, "POST", "/continue", b"body")  # the 1xx is skipped
+        assert (answer.status_code, answer.content) == (201, b"made")
+        assert (await _fetch(pool, url, "POST", "/3", b"body")).content == b"xxx"
+        assert server.connections == 1
+        assert server.requests[-1] == "POST /3 HTTP/1.1"
+    finally:
+        await pool.aclose()
+
+
+async def test_fetch_ends_an_unframed_answer_at_close_and_drops_the_connection(make_server: type[Server]) -> None:
+    server = make_server()
+    url = await server.start()
+    pool = PooledTransport(max_connections=4)
+    try:
+        answer = await _fetch(pool, url, "GET", "/until-close")
+        assert answer.content == b"to the end" and (b"X-Framing", b"none") in answer.headers
+        assert (await _fetch(pool, url, "GET", "/2")).content == b"xx"
+        assert server.connections == 2  # the first could not carry a second answer
+        with pytest.raises(httpx.RemoteProtocolError, match=r"not HTTP/1\.1"):
+            await _fetch(pool, url, "GET", "/garbage")
+        assert (await _fetch(pool, url, "GET", "/1")).content == b"x"
+    finally:
+        await pool.aclose()
+
+
+async def test_fetch_sends_again_only_what_cannot_run_twice(make_server: type[Server]) -> None:
+    server = make_server(hang_up_on_second=True)
+    url = await server.start()
+    pool = PooledTransport(max_connections=4)
+    try:
+        assert (await _fetch(pool, url, "GET", "/1")).content == b"x"
+        assert (await _fetch(pool, url, "GET", "/2")).content == b"xx"  # again, on a new connection
+        assert server.connections == 2
+        with pytest.raises(httpx.RemoteProtocolError):
+            await _fetch(pool, url, "POST", "/3", b"once")
+        assert server.requests.count("POST /3 HTTP/1.1") == 1
+    finally:
+        await pool.aclose()
+
+
+async def test_fetch_is_bounded_in_time(make_server: type[Server]) -> None:
+    server = make_server(delay_s=2.0)
+    url = await server.start()
+    pool = PooledTransport(max_connections=2)
+    try:
+        with pytest.raises(httpx.ReadTimeout):
+            await pool.fetch(_origin(url), "GET", _head("GET", "/1"), timeout=0.2)
+    finally:
+        await pool.aclose()

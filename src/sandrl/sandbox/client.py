@@ -29,10 +29,11 @@ import asyncio
 import base64
 import json
 import os
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, TypeVar
+from urllib.parse import quote
 
 import httpx
 
@@ -64,7 +65,7 @@ from sandrl.sandbox.base import (
     file_too_large,
     prebuilt_image,
 )
-from sandrl.sandbox.http_pool import PooledTransport
+from sandrl.sandbox.http_pool import Answer, PooledTransport
 from sandrl.sandbox.service.api import (
     API_PREFIX,
     ExecRequest,
@@ -77,6 +78,8 @@ from sandrl.sandbox.service.api import (
 from sandrl.sandbox.service.auth import TOKEN_ENV
 
 SERVER_ENV = "SANDRL_SERVER"
+_PCHAR = "/!$&'()*+,;=:@-._~"
+"""What a path may hold unquoted (RFC 3986): a sandbox id from a caller cannot inject a header."""
 _RETRY_STATUS = frozenset({502, 503, 504})
 _ERRORS: dict[str, type[SandrlError]] = {
     "sandbox_not_found": SandboxNotFoundError,
@@ -149,6 +152,16 @@ class RemoteProvider:
         self._transport: httpx.AsyncBaseTransport = transport or PooledTransport(
             max_connections=cfg.max_connections, connect_timeout_s=cfg.connect_timeout_s
         )
+        # Calls whose bodies fit in memory skip httpx.Request and httpx.Response too (the pool's fetch):
+        # their head is this text, rendered once, and the call's own line, path and length.
+        parts = httpx.URL(self.url)
+        self._pool = (
+            self._transport if isinstance(self._transport, PooledTransport) and parts.scheme == "http" else None
+        )
+        self._origin = (parts.host, parts.port or 80)
+        self._path_prefix = parts.raw_path.decode("ascii").rstrip("/")
+        fixed = {"host": parts.netloc.decode("ascii"), **{k.lower(): v for k, v in self._headers.items()}}
+        self._fixed_head = "".join(f"{k}: {v}\r\n" for k, v in fixed.items())
 
     # -- the API
 
@@ -160,8 +173,8 @@ class RemoteProvider:
         # Sent as the spec has it: the server's checks (and messages) apply, not the client's copy of them.
         body = {**spec.to_dict(), "metadata": {**self.metadata, **(metadata or {})}, "wait_s": wait}
         timeout = self.config.timeout_s + wait
-        r = await self.request("POST", "/sandboxes", json=body, idempotent=False, timeout=timeout)
-        return RemoteSandbox(self, SandboxInfo.model_validate_json(r.content))
+        content = await self.call("POST", "/sandboxes", json=body, idempotent=False, timeout=timeout)
+        return RemoteSandbox(self, SandboxInfo.model_validate_json(content))
 
     async def resolve_image(self, source: ImageSource) -> str:
         """The server builds nothing for a client: ``source``'s prebuilt image, or ``host``."""
@@ -173,8 +186,7 @@ class RemoteProvider:
         return SandboxList.model_validate_json(r.content).sandboxes
 
     async def get(self, sandbox_id: str) -> SandboxInfo:
-        r = await self.request("GET", f"/sandboxes/{sandbox_id}")
-        return SandboxInfo.model_validate_json(r.content)
+        return SandboxInfo.model_validate_json(await self.call("GET", f"/sandboxes/{sandbox_id}"))
 
     async def connect(self, sandbox_id: str) -> RemoteSandbox:
         """A handle to a sandbox that already exists (made by another client, say)."""
@@ -183,16 +195,43 @@ class RemoteProvider:
     async def kill(self, sandbox_id: str) -> bool:
         """Close a sandbox by id; False if the server had no such sandbox."""
         try:
-            await self.request("DELETE", f"/sandboxes/{sandbox_id}")
+            await self.call("DELETE", f"/sandboxes/{sandbox_id}")
         except SandboxNotFoundError:
             return False
         return True
 
     async def health(self) -> Health:
-        r = await self.request("GET", "/healthz", prefix="")
-        return Health.model_validate_json(r.content)
+        return Health.model_validate_json(await self.call("GET", "/healthz", prefix=""))
 
     # -- transport
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        idempotent: bool | None = None,
+        timeout: float | None = None,
+        prefix: str = API_PREFIX,
+    ) -> bytes:
+        """A call whose request and answer fit in memory (create, exec, close...): its 2xx answer's body,
+        with the retry and error policy of :meth:`request`."""
+        if self._pool is None:
+            r = await self.request(method, path, json=json, idempotent=idempotent, timeout=timeout, prefix=prefix)
+            return r.content
+        pool, origin = self._pool, self._origin
+        wait = timeout or self.config.timeout_s
+        body = b"" if json is None else _json_bytes(json)
+        kind = "content-type: application/json\r\n" if json is not None else ""
+        target = quote(self._path_prefix + prefix + path, safe=_PCHAR)
+        head = f"{method} {target} HTTP/1.1\r\n{self._fixed_head}{kind}content-length: {len(body)}\r\n\r\n".encode()
+
+        def attempt() -> Awaitable[Answer]:
+            return pool.fetch(origin, method, head, body, timeout=wait, pool_timeout=wait)
+
+        answer = await self._with_policy(method, prefix + path, idempotent, wait, attempt)
+        return answer.content
 
     async def request(
         self,
@@ -208,40 +247,52 @@ class RemoteProvider:
         prefix: str = API_PREFIX,
         headers: Mapping[str, str] | None = None,
     ) -> httpx.Response:
-        """One call with the retry and error policy of the module docstring; returns a 2xx response.
+        """Any call, with the retry and error policy of the module docstring; returns a 2xx response.
 
         With ``stream`` the body is not read: the caller must close the response.
         """
-        if idempotent is None:
-            idempotent = method in ("GET", "HEAD", "DELETE", "PUT")
         cfg = self.config
         http_timeout = httpx.Timeout(timeout or cfg.timeout_s, connect=cfg.connect_timeout_s)
-        delay = cfg.backoff_s
-        url = prefix + path
-        for attempt in range(cfg.retries + 1):
-            last = attempt == cfg.retries
+        url = self.url + prefix + path
+
+        async def attempt() -> httpx.Response:
             request = httpx.Request(
                 method,
-                self.url + url,
+                url,
                 json=json,
                 content=content,
                 params=params,
                 headers={**self._headers, **headers} if headers else self._headers,
                 extensions={"timeout": http_timeout.as_dict()},
             )
+            response = await self._transport.handle_async_request(request)
+            response.request = request
+            if not stream:
+                try:
+                    await response.aread()
+                finally:
+                    await response.aclose()
+            return response
+
+        return await self._with_policy(method, prefix + path, idempotent, http_timeout.read, attempt)
+
+    async def _with_policy(
+        self, method: str, url: str, idempotent: bool | None, wait: float | None, attempt: Callable[[], Awaitable[_R]]
+    ) -> _R:
+        """``attempt`` until it answers 2xx, retried and its failures typed as the module docstring says."""
+        if idempotent is None:
+            idempotent = method in ("GET", "HEAD", "DELETE", "PUT")
+        cfg = self.config
+        delay = cfg.backoff_s
+        for n in range(cfg.retries + 1):
+            last = n == cfg.retries
             try:
-                response = await self._transport.handle_async_request(request)
-                response.request = request
-                if not stream:
-                    try:
-                        await response.aread()
-                    finally:
-                        await response.aclose()
+                response = await attempt()
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 if last:
                     raise SandboxUnavailableError(
                         f"the sandbox server at {self.url} is not reachable ({type(exc).__name__}: {exc}; "
-                        f"{attempt + 1} attempts): start it with `sandrl serve sandboxes` or check the URL",
+                        f"{n + 1} attempts): start it with `sandrl serve sandboxes` or check the URL",
                         error_code="service_unreachable",
                     ) from exc
             except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError) as exc:
@@ -255,7 +306,7 @@ class RemoteProvider:
             except httpx.TimeoutException as exc:
                 raise SandboxError(
                     f"the sandbox server at {self.url} did not answer {method} {url} within "
-                    f"{http_timeout.read:g} s: raise ClientConfig.timeout_s, or check the server's load",
+                    f"{wait:g} s: raise ClientConfig.timeout_s, or check the server's load",
                     error_code="service_timeout",
                 ) from exc
             else:
@@ -283,7 +334,29 @@ class RemoteProvider:
         await self.aclose()
 
 
-def error_from(method: str, url: str, response: httpx.Response) -> SandrlError:
+class _Answered(Protocol):
+    """What the policy reads of an answer: an ``httpx.Response`` or the pool's ``Answer``."""
+
+    @property
+    def status_code(self) -> int: ...
+    @property
+    def text(self) -> str: ...
+    @property
+    def reason_phrase(self) -> str: ...
+    def json(self) -> Any: ...
+    async def aread(self) -> bytes: ...
+    async def aclose(self) -> None: ...
+
+
+_R = TypeVar("_R", bound=_Answered)
+
+
+def _json_bytes(value: Any) -> bytes:
+    """JSON as httpx sends it (compact, UTF-8, no NaN)."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
+def error_from(method: str, url: str, response: _Answered) -> SandrlError:
     """The typed error for an error answer, keeping the server's error_code and message."""
     error_code, message = "http_error", response.text[:500] or response.reason_phrase
     try:
@@ -327,8 +400,8 @@ class RemoteSandbox(ClosesOnExit):
     ) -> ExecResult:
         body = self._exec_body(command, timeout_s, cwd, env, stdin)
         timeout = timeout_s + self.provider.config.exec_margin_s
-        r = await self.provider.request("POST", self._base + "/exec", json=body, idempotent=False, timeout=timeout)
-        return ExecResponse.model_validate_json(r.content).to_result()
+        content = await self.provider.call("POST", self._base + "/exec", json=body, idempotent=False, timeout=timeout)
+        return ExecResponse.model_validate_json(content).to_result()
 
     def _exec_body(
         self, command: str, timeout_s: float, cwd: str | None, env: Mapping[str, str] | None, stdin: bytes | None
@@ -464,8 +537,8 @@ class RemoteSandbox(ClosesOnExit):
 
     async def set_ttl(self, ttl_s: float) -> None:
         """Let the sandbox live ``ttl_s`` more seconds, from now."""
-        r = await self.provider.request("POST", self._base + "/timeout", json={"ttl_s": ttl_s}, idempotent=True)
-        self.info = SandboxInfo.model_validate_json(r.content)
+        content = await self.provider.call("POST", self._base + "/timeout", json={"ttl_s": ttl_s}, idempotent=True)
+        self.info = SandboxInfo.model_validate_json(content)
 
     async def refresh(self) -> SandboxInfo:
         self.info = await self.provider.get(self.id)
