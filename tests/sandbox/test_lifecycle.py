@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import pytest
 from sandrl.errors import SandboxClosedError
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider
+from sandrl.sandbox.bwrap.sandbox import HOST_CLEANUP
 
 from ..support import needs_sandbox
 
@@ -88,6 +90,7 @@ def test_kill_9_of_provider_then_reaped_by_a_new_one(state_dir: Path, provider: 
         f"""
         import asyncio, sys
         from sandrl.sandbox.bwrap import BwrapProvider
+from sandrl.sandbox.bwrap.sandbox import HOST_CLEANUP
         async def main():
             p = BwrapProvider({str(state_dir)!r})
             sbs = [await p.create() for _ in range(3)]
@@ -154,6 +157,7 @@ def test_a_paused_sandbox_of_a_crashed_provider_is_reaped(state_dir: Path, provi
         import asyncio
         from sandrl.sandbox.base import SandboxSpec
         from sandrl.sandbox.bwrap import BwrapProvider
+from sandrl.sandbox.bwrap.sandbox import HOST_CLEANUP
         async def main():
             p = BwrapProvider({str(state_dir)!r})
             sb = await p.create(SandboxSpec(ttl_s=30))
@@ -194,6 +198,23 @@ async def test_a_paused_sandbox_of_a_live_provider_is_not_reaped(state_dir: Path
         meta = provider.state.read_record(sb.id)
         assert meta is not None and "paused" not in meta  # running again: nothing to reap
         assert (await sb.exec("echo alive")).stdout == "alive\n"
+
+
+async def test_a_stuck_removal_does_not_hold_up_creates(provider: BwrapProvider) -> None:
+    """Removals wait on the kernel (a cgroup that will not empty: up to 10 s); creates run on threads of their own."""
+    release = threading.Event()
+    stuck = [HOST_CLEANUP.submit(release.wait, 30) for _ in range(HOST_CLEANUP._max_workers)]
+    sb = None
+    try:
+        async with asyncio.timeout(20):  # every removal thread is taken: a create must not wait for one
+            sb = await provider.create(SandboxSpec())
+            assert (await sb.exec("echo made")).stdout == "made\n"
+        assert not any(f.done() for f in stuck)
+    finally:
+        release.set()
+        if sb is not None:
+            await sb.close()  # its own removal waits for a free thread, which it now has
+    assert all(f.result() for f in stuck)
 
 
 async def test_cancelled_creates_leak_nothing(provider: BwrapProvider) -> None:

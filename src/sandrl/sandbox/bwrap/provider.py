@@ -114,7 +114,7 @@ from sandrl.sandbox.bwrap.helper import helper_path
 from sandrl.sandbox.bwrap.images import ImageStore, MountPlan
 from sandrl.sandbox.bwrap.nat import start_nat
 from sandrl.sandbox.bwrap.protocol import AgentConnection
-from sandrl.sandbox.bwrap.sandbox import HOST_WORK, BwrapSandbox
+from sandrl.sandbox.bwrap.sandbox import HOST_CLEANUP, HOST_WORK, BwrapSandbox
 from sandrl.sandbox.bwrap.snapshot import fork_sandbox, layers_in_use, remove_snapshot, snapshot_sandbox
 from sandrl.sandbox.bwrap.state import STORE_UID_BASE, Slot, StateDir, process_identity
 from sandrl.sandbox.entrypoint import start_entrypoint
@@ -315,7 +315,7 @@ class BwrapProvider:
             if conn is not None:
                 await conn.close()
             # Shielded too: a second cancellation must not stop the undo half way.
-            await asyncio.shield(loop.run_in_executor(HOST_WORK, launch.undo))
+            await asyncio.shield(loop.run_in_executor(HOST_CLEANUP, launch.undo))
             raise
         # The sandbox's own processes now hold the slot's lock; ours would outlive a crash of theirs.
         slot, group, proc = launch.slot, launch.group, launch.proc
@@ -479,7 +479,7 @@ class _Launch:
 def _undo_when_done(started: asyncio.Future[_Launch]) -> None:
     """Undo, in a thread, a launch whose caller was cancelled while it ran."""
     if not started.cancelled() and started.exception() is None:
-        asyncio.get_running_loop().run_in_executor(HOST_WORK, started.result().undo)
+        asyncio.get_running_loop().run_in_executor(HOST_CLEANUP, started.result().undo)
 
 
 @functools.cache

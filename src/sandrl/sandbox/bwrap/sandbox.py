@@ -57,10 +57,15 @@ UPPER_DIR = "/tmp/sandrl/upper"
 HOST_WORK = concurrent.futures.ThreadPoolExecutor(
     max_workers=max(2, min(8, os.cpu_count() or 2)), thread_name_prefix="sandrl-host"
 )
-"""Runs the blocking host work of creates and closes (slot, record, cgroups, fork+exec, removals) off the
-event loop. As many threads as cores: the work is mostly syscalls, and each thread more only adds
-hand-offs of the GIL that delay the event loop (with asyncio's default pool of 6 on 2 cores, an exec's
-answer under 256 clients waited behind them)."""
+"""Runs the blocking host work of creates (slot, record, cgroups, fork+exec) off the event loop. As many
+threads as cores: the work is mostly syscalls, and each thread more only adds hand-offs of the GIL that
+delay the event loop (with asyncio's default pool of 6 on 2 cores, an exec's answer under 256 clients
+waited behind them)."""
+HOST_CLEANUP = concurrent.futures.ThreadPoolExecutor(
+    max_workers=max(2, min(8, os.cpu_count() or 2)), thread_name_prefix="sandrl-cleanup"
+)
+"""Runs the removals of closes and of undone creates: a removal may wait for a cgroup to empty (up to
+10 s for processes stuck in the kernel), and on a pool of its own that wait never holds up a create."""
 
 T = TypeVar("T")
 
@@ -253,7 +258,7 @@ class BwrapSandbox(ClosesOnExit):
         # process of the sandbox is left. SIGKILL through the cgroup is the fallback.
         await self._conn.close()
         await wait_exited(self._proc, 2.0)
-        await asyncio.get_running_loop().run_in_executor(HOST_WORK, self._remove_traces)
+        await asyncio.get_running_loop().run_in_executor(HOST_CLEANUP, self._remove_traces)
         self._run_close_callbacks()
         if self._watch is not asyncio.current_task():
             self._watch.cancel()
