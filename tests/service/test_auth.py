@@ -69,6 +69,16 @@ async def test_client_with_a_wrong_token_gets_a_typed_error(served: Served) -> N
         with pytest.raises(ConfigError) as err:
             await remote.list_sandboxes()
     assert err.value.error_code == "unauthorized" and err.value.http_status == 401
+    async with RemoteProvider(served.url, token="not-the-token") as remote:
+        with pytest.raises(ConfigError) as err:
+            await remote.get("sb-000000000000")  # the lean path (calls held in memory) sends it as well
+    assert err.value.error_code == "unauthorized"
+
+
+def test_a_token_that_would_break_the_header_is_refused_at_once() -> None:
+    for token in ("abc\r\nX-Evil: 1", "t\u00f6ken", "tab\there"):
+        with pytest.raises(ConfigError, match="token"):
+            RemoteProvider("http://127.0.0.1:9", token=token)
 
 
 @needs_sandbox

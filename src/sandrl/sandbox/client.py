@@ -145,6 +145,8 @@ class RemoteProvider:
         self.metadata = dict(metadata or {})
         """Labels added to every sandbox this provider creates."""
         token = token if token is not None else (os.environ.get(TOKEN_ENV) or "").strip() or None
+        if token is not None and not (token.isascii() and token.isprintable()):
+            raise ConfigError(f"the sandbox service token (${TOKEN_ENV} or token=) holds a character a header cannot")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         # Requests go straight to the transport: httpx.AsyncClient's redirect, cookie and auth
         # machinery costs as much per call as the call itself and none of it is used here.
