@@ -90,7 +90,6 @@ def test_kill_9_of_provider_then_reaped_by_a_new_one(state_dir: Path, provider: 
         f"""
         import asyncio, sys
         from sandrl.sandbox.bwrap import BwrapProvider
-from sandrl.sandbox.bwrap.sandbox import HOST_CLEANUP
         async def main():
             p = BwrapProvider({str(state_dir)!r})
             sbs = [await p.create() for _ in range(3)]
@@ -157,7 +156,6 @@ def test_a_paused_sandbox_of_a_crashed_provider_is_reaped(state_dir: Path, provi
         import asyncio
         from sandrl.sandbox.base import SandboxSpec
         from sandrl.sandbox.bwrap import BwrapProvider
-from sandrl.sandbox.bwrap.sandbox import HOST_CLEANUP
         async def main():
             p = BwrapProvider({str(state_dir)!r})
             sb = await p.create(SandboxSpec(ttl_s=30))
