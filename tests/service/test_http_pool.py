@@ -106,7 +106,11 @@ async def test_connections_are_reused_and_bodies_framed(make_server: type[Server
         assert r.content == b"hello chunked world"
         r = await client.post(f"{url}/3", content=b"body")
         assert r.content == b"xxx"
-    assert server.connections == 1  # one keep-alive connection did it all
+        assert server.connections == 1  # one keep-alive connection did it all
+        r = await client.get(f"{url}/until-close")  # no length: the body ends with the connection
+        assert r.content == b"to the end"
+        assert (await client.get(f"{url}/continue")).status_code == 201
+    assert server.connections == 2
 
 
 async def test_the_pool_never_opens_more_than_its_limit(make_server: type[Server]) -> None:
