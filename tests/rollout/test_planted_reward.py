@@ -38,12 +38,19 @@ would be a broken test script (infra), and a policy could dodge every failing re
 async def test_what_a_leftover_process_does_to_the_reward_scores_0(
     echo_task: Task, provider: BwrapProvider, tokenizer: ByteTokenizer, plant: str, error: str
 ) -> None:
-    policy = ScriptedPolicy([bash(plant), bash("submit")])
     image = await TaskImages(provider)(echo_task)
-    t = await asyncio.wait_for(run_episode(echo_task, provider, LLMAgent(tokenizer), policy=policy, image=image), 60)
-    assert t.status == "completed", t.error
-    assert (t.reward, t.passed) == (0.0, False)
-    assert t.verifier["infra_error"] is False
+    # The planted loop races the verifier (every 2 ms): on a loaded box the verifier may read the
+    # honest reward (0, the task undone) before the loop strikes. That is scored right too; the
+    # episode runs again, up to three times, until the loop wins and its handling is what is checked.
+    for _ in range(3):
+        policy = ScriptedPolicy([bash(plant), bash("submit")])
+        episode = run_episode(echo_task, provider, LLMAgent(tokenizer), policy=policy, image=image)
+        t = await asyncio.wait_for(episode, 60)
+        assert t.status == "completed", t.error
+        assert (t.reward, t.passed) == (0.0, False)
+        assert t.verifier["infra_error"] is False
+        if t.verifier["error"] is not None:
+            break
     assert error in t.verifier["error"]
 
 
