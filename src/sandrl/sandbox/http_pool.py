@@ -330,8 +330,9 @@ class PooledTransport(httpx.AsyncBaseTransport):
         in_memory = isinstance(request.stream, httpx.ByteStream)
         lines = [f"{request.method} {request.url.raw_path.decode('ascii')} HTTP/1.1\r\n".encode()]
         lines += [name + b": " + value + b"\r\n" for name, value in request.headers.raw]
-        chunked = not in_memory and b"content-length" not in {name.lower() for name, _ in request.headers.raw}
-        if chunked and b"transfer-encoding" not in {name.lower() for name, _ in request.headers.raw}:
+        names = {name.lower() for name, _ in request.headers.raw}
+        chunked = not in_memory and b"content-length" not in names
+        if chunked and b"transfer-encoding" not in names:
             lines.append(b"transfer-encoding: chunked\r\n")
         lines.append(b"\r\n")
         head = b"".join(lines)
