@@ -147,6 +147,24 @@ async def test_a_dropped_keepalive_connection_is_retried_only_when_safe(make_ser
     assert server.requests.count("POST /3 HTTP/1.1") == 1
 
 
+async def test_a_streamed_body_is_never_sent_twice(make_server: type[Server]) -> None:
+    """A streamed upload that meets a dropped keep-alive connection fails as a broken connection, once:
+    its stream is partly read and cannot go again (before, the retry ended in httpx's StreamConsumed)."""
+    server = make_server(hang_up_on_second=True)
+    url = await server.start()
+
+    async def upload() -> AsyncIterator[bytes]:
+        for _ in range(64):
+            yield b"y" * 65536
+            await asyncio.sleep(0)
+
+    async with httpx.AsyncClient(transport=PooledTransport(max_connections=4)) as client:
+        assert (await client.get(f"{url}/1")).content == b"x"
+        with pytest.raises((httpx.WriteError, httpx.RemoteProtocolError)):
+            await client.put(f"{url}/2", content=upload())
+    assert server.requests.count("PUT /2 HTTP/1.1") == 1
+
+
 async def test_a_refused_connection_is_a_connect_error() -> None:
     async with httpx.AsyncClient(transport=PooledTransport(max_connections=2)) as client:
         with pytest.raises(httpx.ConnectError):

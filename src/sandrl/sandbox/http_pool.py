@@ -382,8 +382,8 @@ async def _write_streamed(
             conn.writer.write(b"0\r\n\r\n")
         await _timed(conn.writer.drain(), timeout, httpx.WriteTimeout)
     except ConnectionError as exc:
-        if conn.reused:
-            raise _Stale(unsent=True) from exc
+        # Never "unsent" (sent again): the stream is partly read and cannot be sent again (httpx's
+        # wrapper raises StreamConsumed, an error no caller types); a write error is typed as a lost connection.
         raise httpx.WriteError(str(exc)) from exc
 
 
