@@ -22,7 +22,7 @@ from sandrl.errors import (
     SandboxFileError,
     SandboxNotFoundError,
 )
-from sandrl.sandbox.base import ExecResult, OutputChunk, Sandbox, SandboxProvider, SandboxSpec
+from sandrl.sandbox.base import DEFAULT_OUTPUT_CAP, ExecResult, OutputChunk, Sandbox, SandboxProvider, SandboxSpec
 from sandrl.sandbox.client import RemoteProvider, RemoteSandbox
 
 from ..support import needs_sandbox
@@ -313,6 +313,15 @@ async def test_unknown_error_codes_keep_their_status(remote: RemoteProvider) -> 
     with pytest.raises(ConfigError) as err:  # the same through the lean path of calls held in memory
         await remote.call("GET", "/nothing")
     assert err.value.error_code == "not_found" and err.value.http_status == 404
+
+
+async def test_a_flood_of_output_reaches_the_client_bounded(sandbox: RemoteSandbox) -> None:
+    """Output is sandbox content: 64 MiB printed reaches the client (whose lean path reads an answer
+    whole) cut to the per-stream cap, marked truncated, the sandbox still answering."""
+    r = await sandbox.exec("head -c 67108864 /dev/zero | tr '\\0' x; echo done >&2", timeout_s=60)
+    assert r.truncated and 0 < len(r.stdout) <= DEFAULT_OUTPUT_CAP and set(r.stdout) == {"x"}
+    assert r.stderr == "done\n" and r.exit_code == 0
+    assert (await sandbox.exec("echo alive")).stdout == "alive\n"
 
 
 async def test_an_id_from_the_caller_cannot_forge_the_request(remote: RemoteProvider, sandbox: RemoteSandbox) -> None:
