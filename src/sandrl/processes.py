@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import threading
 import time
 
-__all__ = ["stop_process", "wait_exited"]
+__all__ = ["reap_in_background", "stop_process", "wait_exited"]
 
 
 def stop_process(process: subprocess.Popen[bytes], grace_s: float) -> None:
@@ -20,6 +21,14 @@ def stop_process(process: subprocess.Popen[bytes], grace_s: float) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+def reap_in_background(process: subprocess.Popen[bytes]) -> None:
+    """Wait for a killed ``process`` in a daemon thread: on a loaded host a SIGKILLed child can take
+    seconds to tear its namespaces down, and a caller that cannot wait that long must still reap it
+    (no zombie, and no ``Popen`` dropped while it runs)."""
+    if process.poll() is None:
+        threading.Thread(target=process.wait, name=f"sandrl-reap-{process.pid}", daemon=True).start()
 
 
 async def wait_exited(proc: subprocess.Popen[bytes], timeout_s: float) -> None:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import IO
 
 from sandrl.errors import SandboxCreateError, SandboxError
+from sandrl.processes import reap_in_background
 from sandrl.sandbox.bwrap.cgroups import SandboxCgroup
 from sandrl.sandbox.bwrap.sandbox import BwrapSandbox
 
@@ -60,6 +61,7 @@ class Nat:
             self.process.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=2)
+            reap_in_background(self.process)
 
 
 async def start_nat(host_pid: int, group: SandboxCgroup) -> Nat:

@@ -106,6 +106,7 @@ from sandrl.errors import (
     SandboxCreateError,
     SandboxUnavailableError,
 )
+from sandrl.processes import reap_in_background
 from sandrl.sandbox.base import DEFAULT_OUTPUT_CAP, ImageSource, SandboxSpec
 from sandrl.sandbox.bwrap import protocol
 from sandrl.sandbox.bwrap.cgroups import CgroupManager, SandboxCgroup
@@ -472,6 +473,8 @@ class _Launch:
                 self.proc.wait(timeout=5)
         if self.group is not None:
             self.group.remove()
+        if self.proc is not None:
+            reap_in_background(self.proc)
         self.state.remove_record(self.sid)
         self.slot.release()
 

@@ -25,7 +25,7 @@ from sandrl.errors import (
     SandboxFileError,
     SandboxPausedError,
 )
-from sandrl.processes import wait_exited
+from sandrl.processes import reap_in_background, wait_exited
 from sandrl.sandbox.base import (
     MAX_READ_BYTES,
     ClosesOnExit,
@@ -273,6 +273,7 @@ class BwrapSandbox(ClosesOnExit):
         with contextlib.suppress(Exception):
             self._proc.wait(timeout=1)
         self._group.remove(timeout_s=10)
+        reap_in_background(self._proc)
         removals, self.removals = self.removals, []
         for removal in removals:
             removal()
