@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sandrl.host_memory import meminfo_kb
 from sandrl.sandbox.idle_cpu import IDLE_FIELDS, cpu_counters
 
 
@@ -35,13 +36,8 @@ def cpu_model(cpuinfo: str | None = None) -> str:
 
 
 def memory_mib() -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) // 1024
-    except OSError:
-        return None
-    return None
+    kb = meminfo_kb("MemTotal")
+    return None if kb is None else kb // 1024
 
 
 def usable_cpus() -> list[int]:

@@ -21,6 +21,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from sandrl.bench import snapshots
+from sandrl.host_memory import meminfo_kb
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider, BwrapSandbox
 from sandrl.sandbox.pool import PooledProvider
@@ -45,14 +46,6 @@ def _time_subprocess(argv: list[str], n: int) -> list[float]:
 
 
 BARE_BWRAP = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-all", "--die-with-parent", "true"]
-
-
-def _meminfo_kb(key: str) -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    return 0
 
 
 def _rss_pss_kb(pids: set[int]) -> tuple[int, int]:
@@ -121,7 +114,7 @@ async def _exec_rtt(provider: BwrapProvider, spec: SandboxSpec, n: int, tick: Ca
 async def _footprint(provider: BwrapProvider, spec: SandboxSpec, live: int, tick: Callable[[], None]) -> dict[str, Any]:
     gc.collect()
     await asyncio.sleep(0.2)
-    avail_before = _meminfo_kb("MemAvailable")
+    avail_before = meminfo_kb("MemAvailable") or 0
     sandboxes: list[BwrapSandbox] = []
     sem = asyncio.Semaphore(4)
 
@@ -136,7 +129,7 @@ async def _footprint(provider: BwrapProvider, spec: SandboxSpec, live: int, tick
     create_s = time.perf_counter() - t
     errors = [r for r in results if isinstance(r, BaseException)]
     await asyncio.sleep(1.0)  # let lazy kernel work settle before measuring
-    avail_after = _meminfo_kb("MemAvailable")
+    avail_after = meminfo_kb("MemAvailable") or 0
     stats = [s.stats() for s in sandboxes]
     cgroup_bytes = sum(st.memory_bytes for st in stats)
     kernel_bytes = sum(st.kernel_memory_bytes for st in stats)

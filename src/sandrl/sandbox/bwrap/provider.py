@@ -106,6 +106,7 @@ from sandrl.errors import (
     SandboxCreateError,
     SandboxUnavailableError,
 )
+from sandrl.host_memory import ADMISSION_MEMORY_AGE_S, mem_available_bytes
 from sandrl.processes import reap_in_background
 from sandrl.sandbox.base import DEFAULT_OUTPUT_CAP, ImageSource, SandboxSpec
 from sandrl.sandbox.bwrap import protocol
@@ -241,7 +242,8 @@ class BwrapProvider:
                 f"{live} sandboxes are live, the limit of this provider (max_live={self.max_live}); "
                 "close some or raise max_live"
             )
-        free_mb = _mem_available_mb()
+        available = mem_available_bytes(max_age_s=ADMISSION_MEMORY_AGE_S)
+        free_mb = None if available is None else available >> 20
         if free_mb is not None and free_mb < self.min_free_memory_mb:
             raise CapacityExhaustedError(
                 f"the host has {free_mb} MiB of memory available, under the {self.min_free_memory_mb} MiB "
@@ -496,17 +498,6 @@ def _raise_fd_limit() -> None:
     if soft < hard:
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
-def _mem_available_mb() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) // 1024
-    except OSError:
-        return None
-    return None
 
 
 def _remove_group_dir(d: Path) -> None:

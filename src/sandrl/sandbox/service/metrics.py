@@ -14,6 +14,8 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
+from sandrl.host_memory import mem_available_bytes
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
@@ -30,17 +32,6 @@ def pressure_avg10(resource: str, kind: str = "some", root: Path = Path("/proc/p
             for f in fields[1:]:
                 if f.startswith("avg10="):
                     return float(f.removeprefix("avg10="))
-    return None
-
-
-def mem_available_bytes() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
     return None
 
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
 from sandrl.errors import CapacityExhaustedError, InvalidSpecError, SandboxNotFoundError
+from sandrl.host_memory import ADMISSION_MEMORY_AGE_S, mem_available_bytes
 from sandrl.sandbox.base import (
     ExecResult,
     Pausable,
@@ -42,7 +43,7 @@ from sandrl.sandbox.base import (
     Snapshottable,
 )
 from sandrl.sandbox.service.api import MIN_TTL_S, ServiceError
-from sandrl.sandbox.service.metrics import ServiceMetrics, mem_available_bytes, pressure_avg10
+from sandrl.sandbox.service.metrics import ServiceMetrics, pressure_avg10
 
 log = logging.getLogger("sandrl.service")
 
@@ -294,7 +295,7 @@ class SandboxService:
         live = len(self.entries) + self.creating
         if cfg.max_live is not None and live >= cfg.max_live:
             return f"{live} sandboxes are live or starting, this server's limit (--max-live {cfg.max_live})"
-        available = mem_available_bytes()
+        available = mem_available_bytes(max_age_s=ADMISSION_MEMORY_AGE_S)
         if available is not None and available < cfg.min_free_memory_mb << 20:
             reserve = cfg.min_free_memory_mb
             return f"the host has {available >> 20} MiB of memory available, under its {reserve} MiB reserve"
