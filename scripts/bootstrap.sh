@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(bubblewrap debootstrap docker-registry skopeo umoci slirp4netns chromium gcc g++ libc6-dev make git jq patch tar python3 python3-venv python3-pytest python3-yaml procps util-linux iproute2)
+APT_PACKAGES=(bubblewrap debootstrap docker-registry skopeo umoci slirp4netns chromium gcc g++ libc6-dev musl-tools make git jq patch tar python3 python3-venv python3-pytest python3-yaml procps util-linux iproute2)
 VENV=.venv
 STAMP="$VENV/.sandrl-installed"
 
