@@ -224,6 +224,7 @@ async def run(n: int = 200, live: int = 500, pool_size: int = 8, console: Consol
         "snapshot_10mib": "(g) snapshot, 10 MiB written",
         "fork_1_until_exec": "(h) fork 1, until it ran true",
         "fork_16_until_exec": "(i) fork 16, until all ran true",
+        "fork_16_first_until_exec": "(i') the first fork 16 (nothing made ahead)",
         "pause_resume": "(j) pause + resume",
     }
     for key, label in labels.items():

@@ -340,7 +340,7 @@ class CgroupManager:
                 kill_dir=kill_dir,
                 version=self.version,
             )
-            self._set_limits(group, memory_mb=memory_mb, pids=pids, cpus=cpus)
+            self.set_limits(group, memory_mb=memory_mb, pids=pids, cpus=cpus)
             return group
         except BaseException:
             for d in reversed(dirs):
@@ -348,7 +348,8 @@ class CgroupManager:
                     d.rmdir()
             raise
 
-    def _set_limits(self, group: SandboxCgroup, *, memory_mb: int | None, pids: int | None, cpus: float | None) -> None:
+    def set_limits(self, group: SandboxCgroup, *, memory_mb: int | None, pids: int | None, cpus: float | None) -> None:
+        """Write the group's limits (None: leave that one as it is)."""
         if self.version == 2:
             d = group.memory
             assert d is not None

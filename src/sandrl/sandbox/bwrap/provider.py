@@ -91,13 +91,10 @@ import os
 import resource
 import shutil
 import signal
-import socket
-import subprocess
 import time
 import uuid
 import warnings
 import weakref
-from dataclasses import dataclass
 from pathlib import Path
 
 from sandrl.errors import (
@@ -107,52 +104,23 @@ from sandrl.errors import (
     SandboxUnavailableError,
 )
 from sandrl.host_memory import ADMISSION_MEMORY_AGE_S, mem_available_bytes
-from sandrl.processes import reap_in_background
 from sandrl.sandbox.base import DEFAULT_OUTPUT_CAP, ImageSource, SandboxSpec
 from sandrl.sandbox.bwrap import protocol
-from sandrl.sandbox.bwrap.cgroups import CgroupManager, SandboxCgroup
+from sandrl.sandbox.bwrap.cgroups import CgroupManager
 from sandrl.sandbox.bwrap.dockerfile.source import image_for
 from sandrl.sandbox.bwrap.helper import helper_path
 from sandrl.sandbox.bwrap.images import ImageStore, MountPlan
+from sandrl.sandbox.bwrap.launch import Launcher, PremadeKind, undo_when_done
 from sandrl.sandbox.bwrap.nat import start_nat
+from sandrl.sandbox.bwrap.premade import PremadeLaunches
 from sandrl.sandbox.bwrap.protocol import AgentConnection
 from sandrl.sandbox.bwrap.sandbox import HOST_CLEANUP, HOST_WORK, BwrapSandbox
 from sandrl.sandbox.bwrap.snapshot import fork_sandbox, layers_in_use, remove_snapshot, snapshot_sandbox
-from sandrl.sandbox.bwrap.state import STORE_UID_BASE, Slot, StateDir, process_identity
+from sandrl.sandbox.bwrap.state import StateDir, process_identity
 from sandrl.sandbox.entrypoint import start_entrypoint
 
 DEFAULT_STATE_DIR = Path(os.environ.get("SANDRL_STATE_DIR", "/var/lib/sandrl"))
-# Docker's default capability set: what root in a container normally has.
-DEFAULT_CAPS = (
-    "CAP_CHOWN",
-    "CAP_DAC_OVERRIDE",
-    "CAP_FSETID",
-    "CAP_FOWNER",
-    "CAP_MKNOD",
-    "CAP_NET_RAW",
-    "CAP_SETGID",
-    "CAP_SETUID",
-    "CAP_SETFCAP",
-    "CAP_SETPCAP",
-    "CAP_NET_BIND_SERVICE",
-    "CAP_SYS_CHROOT",
-    "CAP_KILL",
-    "CAP_AUDIT_WRITE",
-)
 START_TIMEOUT_S = 15.0
-_MASKED_PROC = (
-    "/proc/cmdline",
-    "/proc/partitions",
-    "/proc/diskstats",
-    "/proc/sys/kernel/random/boot_id",
-    "/proc/sched_debug",
-    "/proc/latency_stats",
-)
-"""Host facts under /proc that a sandbox has no use for, read as empty (after Docker's masked paths;
-its others are unreadable here anyway: ``kcore`` and ``timer_list`` are host root's, ``keys`` and
-``key-users`` list only the sandbox's own keyring and users)."""
-_HELPER_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
-"""The whole environment of the host-side helper and bubblewrap: never the server's (its token)."""
 
 
 class BwrapProvider:
@@ -195,6 +163,8 @@ class BwrapProvider:
         self.live: set[BwrapSandbox] = set()
         self._creating = 0
         self._identity = process_identity()
+        self.launcher = Launcher(self.state, self.cgroups, self.helper, self.bwrap, self._identity)
+        self.premade = PremadeLaunches(self.launcher)
         self.reaped = self.reap()
         _LIVE_PROVIDERS.add(self)
 
@@ -283,18 +253,32 @@ class BwrapProvider:
     async def _create(
         self, spec: SandboxSpec, image_env: dict[str, str], plan: MountPlan, *, own_net: bool
     ) -> BwrapSandbox:
-        sid = "sb-" + uuid.uuid4().hex[:12]
-        # The launch's blocking work (slot lock, record, cgroup dirs and limits, fork and exec: ~6 ms
-        # of syscalls) runs in a thread, so the event loop serves other requests meanwhile. It is
-        # shielded: a cancelled caller leaves the thread running, and what it made is undone then.
+        # The launch's blocking work (slot lock, record, cgroup dirs and limits, fork and exec: ~3.5 ms
+        # of syscalls; ~0.5 ms to finish a pre-made one) runs in a thread, so the event loop serves
+        # other requests meanwhile. It is shielded: a cancelled caller leaves the thread running,
+        # and what it made is undone then.
         loop = asyncio.get_running_loop()
         cpus = os.sched_getaffinity(0)  # the caller's: the sandbox inherits them, as if spawned from its thread
-        started = loop.run_in_executor(HOST_WORK, self._launch, sid, spec, plan, own_net, cpus)
-        try:
-            launch = await asyncio.shield(started)
-        except asyncio.CancelledError:
-            started.add_done_callback(_undo_when_done)
-            raise
+        launch = None
+        premade = self.premade.take(PremadeKind.of(spec, own_net=own_net), cpus)
+        if premade is not None:
+            started = loop.run_in_executor(HOST_WORK, self.launcher.finish, premade, spec, plan)
+            try:
+                launch = await asyncio.shield(started)
+            except asyncio.CancelledError:
+                started.add_done_callback(undo_when_done)
+                raise
+            except OSError:  # its helper died while it waited (finish undid it): launch in full
+                launch = None
+        if launch is None:
+            sid = "sb-" + uuid.uuid4().hex[:12]
+            started = loop.run_in_executor(HOST_WORK, self.launcher.launch, sid, spec, plan, own_net, cpus)
+            try:
+                launch = await asyncio.shield(started)
+            except asyncio.CancelledError:
+                started.add_done_callback(undo_when_done)
+                raise
+        sid = launch.sid
         conn: AgentConnection | None = None
         try:
             assert launch.sock is not None
@@ -336,91 +320,6 @@ class BwrapProvider:
         self.live.add(sandbox)
         return sandbox
 
-    def _launch(self, sid: str, spec: SandboxSpec, plan: MountPlan, own_net: bool, cpus: set[int]) -> _Launch:
-        """Lock a slot, write the record, make the cgroups and start the helper (blocking: run in a thread).
-        On failure, what it made is undone before it raises."""
-        launch = _Launch(sid, self.state, self.state.acquire_slot(), self.state.record_dir(sid))
-        child_sock = None
-        try:
-            self.state.claim(launch.slot, sid)
-            self.state.write_record(
-                sid,
-                {
-                    "id": sid,
-                    "slot": launch.slot.index,
-                    "uid": launch.slot.uid,
-                    "spec": spec.to_dict(),
-                    "created": time.time(),
-                    "provider": self._identity,
-                },
-            )
-            launch.group = group = self.cgroups.create(sid, memory_mb=spec.memory_mb, pids=spec.pids, cpus=spec.cpus)
-            launch.sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-            child_sock.set_inheritable(True)
-            os.set_inheritable(launch.slot.fd, True)
-            argv = self._argv(sid, spec, launch.slot, group, plan, child_sock.fileno(), own_net=own_net)
-            if os.sched_getaffinity(0) != cpus:  # e.g. a benchmark's emulated smaller host (bench.hostlimit)
-                os.sched_setaffinity(0, cpus)
-            with open(launch.record / "log", "wb") as log:
-                launch.proc = subprocess.Popen(
-                    argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=log,
-                    pass_fds=(child_sock.fileno(), launch.slot.fd),
-                    close_fds=True,
-                    env=_HELPER_ENV,
-                )
-            launch.sock.setblocking(False)
-            return launch
-        except BaseException:
-            launch.undo()
-            raise
-        finally:
-            if child_sock is not None:
-                child_sock.close()
-
-    def _argv(
-        self,
-        sid: str,
-        spec: SandboxSpec,
-        slot: Slot,
-        group: SandboxCgroup,
-        plan: MountPlan,
-        sock_fd: int,
-        *,
-        own_net: bool,
-    ) -> list[str]:
-        argv = [str(self.helper), "launch", "--uid", str(slot.uid), "--tmpfs-bytes", str(spec.disk_mb << 20)]
-        for procs in group.procs_files:
-            argv += ["--cgroup-procs", str(procs)]
-        store_layers = plan.store_layers
-        if store_layers:
-            argv += ["--store-uid", str(STORE_UID_BASE)]
-        for i, layer in enumerate(plan.layers):
-            argv += ["--store-layer" if i in store_layers else "--layer", str(layer)]
-        for target, indices in plan.overlays:
-            argv += ["--overlay", target, ",".join(str(i) for i in indices)]
-        if own_net:
-            argv.append("--own-net")  # the launcher makes it, owned by the commands' namespace
-        argv += ["--bwrap", self.bwrap, "--"]
-        argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup"]
-        argv += ["--hostname", sid, "--bind", "/tmp/sandrl/root", "/", "--proc", "/proc", "--dev", "/dev"]
-        # bubblewrap makes /dev as pid 1's uid, which the sandbox's root is not: /dev/shm (POSIX
-        # semaphores, shared memory) must be open to it, as /tmp is. A chmod, not a tmpfs of its
-        # own: a new superblock per sandbox costs ~0.5 ms, and /dev's tmpfs is bounded the same
-        # way (by the memory cgroup its pages are charged to).
-        argv += ["--chmod", "1777", "/dev/shm"]
-        for path in _masked_proc():
-            argv += ["--ro-bind", "/tmp/sandrl/empty", path]
-        argv += ["--as-pid-1", "--new-session", "--clearenv"]
-        for cap in DEFAULT_CAPS:
-            argv += ["--cap-add", cap]
-        ttl_ms = max(1, min(int(spec.ttl_s * 1000), 0xFFFFFFFF))
-        argv += ["--", "@AGENT@", "agent", "--fd", str(sock_fd), "--lock-fd", str(slot.fd)]
-        argv += ["--inner-userns", "@INNER_USERNS@", "--workdir", spec.workdir, "--ttl-ms", str(ttl_ms)]
-        return argv
-
     snapshots = True
     """Its sandboxes can be snapshotted and forked (:class:`~sandrl.sandbox.base.SnapshotProvider`)."""
 
@@ -440,57 +339,20 @@ class BwrapProvider:
     def _forget(self, sandbox: BwrapSandbox) -> None:
         self.live.discard(sandbox)
 
+    def expect_forks(self, spec: SandboxSpec, n: int) -> None:
+        """Forks of ``n`` children of ``spec`` will come again: keep their launches made ahead
+        (:mod:`.premade`)."""
+        self.premade.want(PremadeKind.of(spec, own_net=not spec.network), n)
+
     async def close_all(self) -> None:
+        await self.premade.close()
         await asyncio.gather(*(s.close() for s in list(self.live)), return_exceptions=True)
 
     def _close_all_sync(self) -> None:
         """Last resort at interpreter exit: kill and clean up without an event loop."""
+        self.premade.close_sync()
         for sandbox in list(self.live):
             sandbox._cleanup_sync()
-
-
-@dataclass
-class _Launch:
-    """What :meth:`BwrapProvider._launch` made of a sandbox before its agent answered."""
-
-    sid: str
-    state: StateDir
-    slot: Slot
-    record: Path
-    group: SandboxCgroup | None = None
-    proc: subprocess.Popen[bytes] | None = None
-    sock: socket.socket | None = None
-    """The provider's end of the agent's socket, until the connection takes it."""
-
-    def undo(self) -> None:
-        """Kill what started and remove every trace (blocking): the create failed or was cancelled."""
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
-        if self.group is not None:
-            self.group.kill()
-        if self.proc is not None:
-            with contextlib.suppress(Exception):
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-        if self.group is not None:
-            self.group.remove()
-        if self.proc is not None:
-            reap_in_background(self.proc)
-        self.state.remove_record(self.sid)
-        self.slot.release()
-
-
-def _undo_when_done(started: asyncio.Future[_Launch]) -> None:
-    """Undo, in a thread, a launch whose caller was cancelled while it ran."""
-    if not started.cancelled() and started.exception() is None:
-        asyncio.get_running_loop().run_in_executor(HOST_CLEANUP, started.result().undo)
-
-
-@functools.cache
-def _masked_proc() -> tuple[str, ...]:
-    """Those of :data:`_MASKED_PROC` this kernel has (the sandbox's /proc shows the same kernel's entries as ours)."""
-    return tuple(path for path in _MASKED_PROC if os.path.exists(path))
 
 
 def _raise_fd_limit() -> None:

@@ -54,6 +54,8 @@ class Creates(Protocol):
 
     async def create(self, spec: SandboxSpec, *, nat: bool = False) -> BwrapSandbox: ...
 
+    def expect_forks(self, spec: SandboxSpec, n: int) -> None: ...
+
 
 async def snapshot_sandbox(store: ImageStore, sandbox: BwrapSandbox, name: str | None = None) -> str:
     """The image of ``sandbox``'s filesystem as it is now (see the module); its name."""
@@ -109,6 +111,7 @@ async def fork_sandbox(provider: Creates, sandbox: BwrapSandbox, n: int) -> list
     if failed:
         await asyncio.gather(*(c.close() for c in children), return_exceptions=True)
         raise failed[0]
+    provider.expect_forks(spec, n)  # after this fork's creates: the refill does not compete with them
     return children
 
 

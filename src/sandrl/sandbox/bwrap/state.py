@@ -129,10 +129,16 @@ class StateDir:
     def record_dir(self, sandbox_id: str) -> Path:
         return self.sandboxes_dir / sandbox_id
 
-    def write_record(self, sandbox_id: str, meta: dict[str, object]) -> Path:
+    def write_record(self, sandbox_id: str, meta: dict[str, object], *, replace: bool = False) -> Path:
+        """Write a new record (``replace``: over the one the sandbox has, in one rename)."""
         d = self.record_dir(sandbox_id)
-        d.mkdir(mode=0o700)
-        (d / "meta.json").write_text(json.dumps(meta))
+        if not replace:
+            d.mkdir(mode=0o700)
+            (d / "meta.json").write_text(json.dumps(meta))
+            return d
+        tmp = d / ".meta.json.tmp"
+        tmp.write_text(json.dumps(meta))
+        os.replace(tmp, d / "meta.json")
         return d
 
     def read_record(self, sandbox_id: str) -> dict[str, object] | None:

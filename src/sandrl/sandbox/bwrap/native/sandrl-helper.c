@@ -373,71 +373,140 @@ static void join_cgroup(const char *procs_path) {
     write_file_or_die(procs_path, buf);
 }
 
-static int launch_main(int argc, char **argv) {
+/* What a launch is told: on its command line, or (a pre-made launch, --args-fd) partly over its
+ * socket once the sandbox it will be is known. */
+struct launch_opts {
     const char *layers[MAX_LAYERS];
     int store_layer[MAX_LAYERS];
     const char *ov_target[MAX_OVERLAYS];
     const char *ov_layers[MAX_OVERLAYS];
-    int n_layers = 0, n_ov = 0;
-    uid_t uid = 0, store_uid = 0;
-    unsigned long long tmpfs_bytes = 0;
-    const char *bwrap = "/usr/bin/bwrap";
-    int own_net = 0;
+    int n_layers, n_ov;
+    uid_t uid, store_uid;
+    unsigned long long tmpfs_bytes;
+    const char *bwrap;
+    int own_net, args_fd;
+    char **rest; /* bubblewrap's arguments (after --) */
+    int n_rest;
+};
+
+static void parse_launch_opts(int argc, char **argv, struct launch_opts *o) {
     int i;
-    for (i = 1; i < argc; i++) {
+    for (i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--")) {
             i++;
             break;
         } else if (!strcmp(a, "--uid") && i + 1 < argc) {
-            uid = (uid_t)strtoul(argv[++i], NULL, 10);
+            o->uid = (uid_t)strtoul(argv[++i], NULL, 10);
         } else if (!strcmp(a, "--cgroup-procs") && i + 1 < argc) {
             join_cgroup(argv[++i]);
         } else if (!strcmp(a, "--tmpfs-bytes") && i + 1 < argc) {
-            tmpfs_bytes = strtoull(argv[++i], NULL, 10);
+            o->tmpfs_bytes = strtoull(argv[++i], NULL, 10);
         } else if (!strcmp(a, "--store-uid") && i + 1 < argc) {
-            store_uid = (uid_t)strtoul(argv[++i], NULL, 10);
-        } else if ((!strcmp(a, "--layer") || !strcmp(a, "--store-layer")) && i + 1 < argc && n_layers < MAX_LAYERS) {
-            store_layer[n_layers] = a[2] == 's';
-            layers[n_layers++] = argv[++i];
-        } else if (!strcmp(a, "--overlay") && i + 2 < argc && n_ov < MAX_OVERLAYS) {
-            ov_target[n_ov] = argv[++i];
-            ov_layers[n_ov++] = argv[++i];
+            o->store_uid = (uid_t)strtoul(argv[++i], NULL, 10);
+        } else if ((!strcmp(a, "--layer") || !strcmp(a, "--store-layer")) && i + 1 < argc &&
+                   o->n_layers < MAX_LAYERS) {
+            o->store_layer[o->n_layers] = a[2] == 's';
+            o->layers[o->n_layers++] = argv[++i];
+        } else if (!strcmp(a, "--overlay") && i + 2 < argc && o->n_ov < MAX_OVERLAYS) {
+            o->ov_target[o->n_ov] = argv[++i];
+            o->ov_layers[o->n_ov++] = argv[++i];
         } else if (!strcmp(a, "--bwrap") && i + 1 < argc) {
-            bwrap = argv[++i];
+            o->bwrap = argv[++i];
         } else if (!strcmp(a, "--own-net")) {
-            own_net = 1;
+            o->own_net = 1;
+        } else if (!strcmp(a, "--args-fd") && i + 1 < argc) {
+            o->args_fd = atoi(argv[++i]);
         } else {
             errno = 0;
             die("launch: unknown or incomplete option %s", a);
         }
     }
-    if (uid == 0 || tmpfs_bytes == 0 || n_ov == 0 || i >= argc) {
-        errno = 0;
-        die("launch: need --uid, --tmpfs-bytes, --overlay and the bubblewrap arguments after --");
+    if (i <= argc) {
+        o->rest = argv + i;
+        o->n_rest = argc - i;
     }
-    /* Host uid `uid` is the supervisor (pid 1, root of the outer user namespace); the sandbox's
-     * own processes run in the nested one, where root is host uid+1 and uid n is host uid+1+n,
-     * so pid 1's uid is not mapped where they run. */
-    uid_t root = uid + 1;
-    int needs_store_ns = 0;
-    for (int l = 0; l < n_layers; l++) needs_store_ns |= store_layer[l];
-    if (needs_store_ns && !store_uid) {
-        errno = 0;
-        die("launch: --store-layer needs --store-uid");
-    }
-    /* Namespaces are made by children while this process mounts: started first, used last. */
-    struct pending_userns pending_store = {-1, -1, -1};
-    if (needs_store_ns) pending_store = start_userns();
-    struct pending_sandbox_ns pending = start_sandbox_namespaces(uid, own_net);
+}
 
+/* A pre-made launch's second half of its arguments: u32 length, then NUL-terminated strings.
+ * Read exactly that much: the same socket then carries pid 1's protocol. EOF (the provider closed
+ * it: the pre-made launch was not needed, or the provider died) ends the launch quietly. */
+static void read_launch_args(int fd, int *argc, char ***argv) {
+    unsigned char len_buf[4];
+    size_t got = 0;
+    while (got < sizeof len_buf) {
+        ssize_t n = read(fd, len_buf + got, sizeof len_buf - got);
+        if (n == 0) _exit(0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) die("reading the launch's arguments");
+        got += (size_t)n;
+    }
+    uint32_t len = (uint32_t)len_buf[0] | (uint32_t)len_buf[1] << 8 | (uint32_t)len_buf[2] << 16 |
+                   (uint32_t)len_buf[3] << 24;
+    if (len == 0 || len > (1u << 20)) {
+        errno = 0;
+        die("launch: arguments of %u bytes", len);
+    }
+    char *buf = malloc(len);
+    if (!buf) die("malloc");
+    got = 0;
+    while (got < len) {
+        ssize_t n = read(fd, buf + got, len - got);
+        if (n == 0) _exit(0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) die("reading the launch's arguments");
+        got += (size_t)n;
+    }
+    if (buf[len - 1] != '\0') {
+        errno = 0;
+        die("launch: arguments not NUL-terminated");
+    }
+    int count = 0;
+    for (uint32_t k = 0; k < len; k++) count += buf[k] == '\0';
+    char **args = calloc((size_t)count + 1, sizeof(char *));
+    if (!args) die("calloc");
+    char *p = buf;
+    for (int k = 0; k < count; k++) {
+        args[k] = p;
+        p += strlen(p) + 1;
+    }
+    *argc = count;
+    *argv = args;
+}
+
+/* The sandbox's namespaces (see start_sandbox_namespaces), and the store layers' one when asked:
+ * started by children, mapped and opened here. */
+struct launch_ns {
+    struct pending_userns store;
+    struct pending_sandbox_ns sandbox;
+    int userns_fd, store_fd, inner_fd;
+};
+
+static void start_namespaces(struct launch_ns *ns, const struct launch_opts *o, int with_store) {
+    ns->store = (struct pending_userns){-1, -1, -1};
+    ns->userns_fd = ns->store_fd = ns->inner_fd = -1;
+    if (with_store) ns->store = start_userns();
+    ns->sandbox = start_sandbox_namespaces(o->uid, o->own_net);
+}
+
+static void finish_namespaces(struct launch_ns *ns, const struct launch_opts *o, int with_store) {
+    ns->userns_fd = map_outer_namespace(&ns->sandbox, o->uid);
+    if (with_store) {
+        char map[96];
+        snprintf(map, sizeof map, "%u %u 65536\n", o->store_uid, o->uid + 1);
+        ns->store_fd = finish_userns(ns->store, map, O_CLOEXEC);
+    }
+    ns->inner_fd = finish_sandbox_namespaces(&ns->sandbox);
+}
+
+/* The mount namespace and the writable layer; the layers cloned before the tmpfs covers /tmp,
+ * where a state directory may be. */
+static void start_root(const struct launch_opts *o, int *layer_fds) {
     if (unshare(CLONE_NEWNS)) die("unshare(CLONE_NEWNS)");
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL)) die("making / private");
-    /* Cloned before the writable layer covers /tmp, where a state directory may be. */
-    int layer_fds[MAX_LAYERS];
-    for (int l = 0; l < n_layers; l++) layer_fds[l] = clone_layer(layers[l]);
+    for (int l = 0; l < o->n_layers; l++) layer_fds[l] = clone_layer(o->layers[l]);
     char opts[128];
-    snprintf(opts, sizeof opts, "size=%llu,mode=0755", tmpfs_bytes);
+    snprintf(opts, sizeof opts, "size=%llu,mode=0755", o->tmpfs_bytes);
     if (mount("sandrl", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, opts)) die("mounting the writable layer");
     mkdir_or_die(STAGE, 0755, (uid_t)-1);
     mkdir_or_die(STAGE "/lower", 0755, (uid_t)-1);
@@ -450,83 +519,135 @@ static int launch_main(int argc, char **argv) {
     close(empty);
     /* bubblewrap's scratch directory, made here so it lands on the sandbox's own tmpfs. */
     char scratch[64];
-    snprintf(scratch, sizeof scratch, "/tmp/.bubblewrap-%u", uid);
-    mkdir_or_die(scratch, 0755, uid);
+    snprintf(scratch, sizeof scratch, "/tmp/.bubblewrap-%u", o->uid);
+    mkdir_or_die(scratch, 0755, o->uid);
+}
 
-    int userns_fd = map_outer_namespace(&pending, uid);
-    if (needs_store_ns) {
-        char map[96];
-        snprintf(map, sizeof map, "%u %u 65536\n", store_uid, root);
-        int store_ns = finish_userns(pending_store, map, O_CLOEXEC);
-        for (int l = 0; l < n_layers; l++)
-            if (store_layer[l]) idmap_layer(layer_fds[l], layers[l], store_ns);
-        close(store_ns);
-    }
-    int inner_fd = finish_sandbox_namespaces(&pending);
-    for (int l = 0; l < n_layers; l++)
-        if (!store_layer[l]) idmap_layer(layer_fds[l], layers[l], inner_fd);
-
+/* Idmap and attach the layers, and mount the overlays on STAGE/root. */
+static void finish_root(const struct launch_opts *o, int *layer_fds, const struct launch_ns *ns) {
+    uid_t root = o->uid + 1;
+    for (int l = 0; l < o->n_layers; l++)
+        idmap_layer(layer_fds[l], o->layers[l], o->store_layer[l] ? ns->store_fd : ns->inner_fd);
     char path[PATH_MAX];
-    for (int l = 0; l < n_layers; l++) {
+    for (int l = 0; l < o->n_layers; l++) {
         snprintf(path, sizeof path, STAGE "/lower/%d", l);
         attach_layer(layer_fds[l], path);
     }
-    for (int o = 0; o < n_ov; o++) {
+    for (int ov = 0; ov < o->n_ov; ov++) {
         char upper[64], work[64], target[PATH_MAX], lowers[4096] = "";
-        snprintf(upper, sizeof upper, STAGE "/upper/%d", o);
-        snprintf(work, sizeof work, STAGE "/work/%d", o);
+        snprintf(upper, sizeof upper, STAGE "/upper/%d", ov);
+        snprintf(work, sizeof work, STAGE "/work/%d", ov);
         mkdir_or_die(upper, 0755, root);
         mkdir_or_die(work, 0700, root);
         /* "0,3" -> STAGE/lower/0:STAGE/lower/3 (first = topmost) */
         char spec[1024];
-        snprintf(spec, sizeof spec, "%s", ov_layers[o]);
+        snprintf(spec, sizeof spec, "%s", o->ov_layers[ov]);
         for (char *tok = strtok(spec, ","); tok; tok = strtok(NULL, ",")) {
             int idx = atoi(tok);
-            if (idx < 0 || idx >= n_layers) {
+            if (idx < 0 || idx >= o->n_layers) {
                 errno = 0;
-                die("launch: overlay %s names layer %d of %d", ov_target[o], idx, n_layers);
+                die("launch: overlay %s names layer %d of %d", o->ov_target[ov], idx, o->n_layers);
             }
             size_t len = strlen(lowers);
             snprintf(lowers + len, sizeof lowers - len, "%s" STAGE "/lower/%d", len ? ":" : "", idx);
         }
-        snprintf(target, sizeof target, STAGE "/root%s", strcmp(ov_target[o], "/") ? ov_target[o] : "");
-        if (o == 0) mkdir_or_die(STAGE "/root", 0755, (uid_t)-1);
+        snprintf(target, sizeof target, STAGE "/root%s", strcmp(o->ov_target[ov], "/") ? o->ov_target[ov] : "");
+        if (ov == 0) mkdir_or_die(STAGE "/root", 0755, (uid_t)-1);
         /* Directories take their attributes from the upper layer: give it the lower's mode. */
         struct stat st;
-        snprintf(path, sizeof path, STAGE "/lower/%d", atoi(ov_layers[o]));
+        snprintf(path, sizeof path, STAGE "/lower/%d", atoi(o->ov_layers[ov]));
         if (stat(path, &st) == 0) chmod(upper, st.st_mode & 07777);
         char data[8192];
         snprintf(data, sizeof data, "lowerdir=%s,upperdir=%s,workdir=%s", lowers, upper, work);
         if (mount("overlay", target, "overlay", MS_NOSUID | MS_NODEV, data)) die("mounting overlay on %s", target);
     }
+}
 
-    enter_network_namespace(&pending, own_net);
+static int launch_main(int argc, char **argv) {
+    struct launch_opts o;
+    memset(&o, 0, sizeof o);
+    o.bwrap = "/usr/bin/bwrap";
+    o.args_fd = -1;
+    parse_launch_opts(argc - 1, argv + 1, &o);
+    if (o.uid == 0) {
+        errno = 0;
+        die("launch: need --uid");
+    }
+    struct launch_ns ns;
+    int layer_fds[MAX_LAYERS];
+    if (o.args_fd >= 0) {
+        /* Pre-made: every namespace now, while nobody waits; the image and the sandbox's own
+         * arguments when the provider hands this launch a sandbox. */
+        int with_store = o.store_uid != 0;
+        start_namespaces(&ns, &o, with_store);
+        finish_namespaces(&ns, &o, with_store);
+        enter_network_namespace(&ns.sandbox, o.own_net);
+        reap_children();
+        int more_argc;
+        char **more_argv;
+        read_launch_args(o.args_fd, &more_argc, &more_argv);
+        o.rest = NULL;
+        o.n_rest = 0;
+        parse_launch_opts(more_argc, more_argv, &o);
+        for (int l = 0; l < o.n_layers; l++)
+            if (o.store_layer[l] && !with_store) {
+                errno = 0;
+                die("launch: --store-layer needs --store-uid");
+            }
+    }
+    if (o.tmpfs_bytes == 0 || o.n_ov == 0 || o.n_rest == 0) {
+        errno = 0;
+        die("launch: need --tmpfs-bytes, --overlay and the bubblewrap arguments after --");
+    }
+    if (o.args_fd >= 0) {
+        start_root(&o, layer_fds);
+        finish_root(&o, layer_fds, &ns);
+    } else {
+        /* Host uid `uid` is the supervisor (pid 1, root of the outer user namespace); the sandbox's
+         * own processes run in the nested one, where root is host uid+1 and uid n is host uid+1+n,
+         * so pid 1's uid is not mapped where they run. Namespaces are made by children while this
+         * process mounts: started first, used last. */
+        int with_store = 0;
+        for (int l = 0; l < o.n_layers; l++) with_store |= o.store_layer[l];
+        if (with_store && !o.store_uid) {
+            errno = 0;
+            die("launch: --store-layer needs --store-uid");
+        }
+        start_namespaces(&ns, &o, with_store);
+        start_root(&o, layer_fds);
+        finish_namespaces(&ns, &o, with_store);
+        finish_root(&o, layer_fds, &ns);
+        enter_network_namespace(&ns.sandbox, o.own_net);
+    }
+    if (ns.store_fd >= 0) close(ns.store_fd);
 
     /* The agent binary goes in as an open file: nothing of the host shows in the sandbox's tree. */
     int self_fd = open("/proc/self/exe", O_RDONLY);
     if (self_fd < 0) die("open /proc/self/exe");
 
+    uid_t uid = o.uid;
     if (setgroups(0, NULL) || setresgid(uid, uid, uid) || setresuid(uid, uid, uid)) die("dropping to uid %u", uid);
     /* A session keyring of the sandbox's own (as runc gives each container): otherwise it would
      * share the provider's, and through it the host's keys and every other sandbox. */
     if (syscall(SYS_keyctl, KEYCTL_JOIN_SESSION_KEYRING, NULL) < 0) die("joining a new session keyring");
 
-    int n_rest = argc - i;
-    char **args = calloc((size_t)n_rest + 4, sizeof(char *));
+    char **args = calloc((size_t)o.n_rest + 4, sizeof(char *));
     char userns_str[16], inner_str[16], self_path[40];
-    snprintf(userns_str, sizeof userns_str, "%d", userns_fd);
-    snprintf(inner_str, sizeof inner_str, "%d", inner_fd);
+    snprintf(userns_str, sizeof userns_str, "%d", ns.userns_fd);
+    snprintf(inner_str, sizeof inner_str, "%d", ns.inner_fd);
     snprintf(self_path, sizeof self_path, "/proc/self/fd/%d", self_fd);
     int k = 0;
-    args[k++] = (char *)bwrap;
+    args[k++] = (char *)o.bwrap;
     args[k++] = "--userns";
     args[k++] = userns_str;
-    for (int j = i; j < argc; j++)
-        args[k++] = !strcmp(argv[j], "@AGENT@") ? self_path : !strcmp(argv[j], "@INNER_USERNS@") ? inner_str : argv[j];
+    for (int j = 0; j < o.n_rest; j++)
+        args[k++] = !strcmp(o.rest[j], "@AGENT@")          ? self_path
+                    : !strcmp(o.rest[j], "@INNER_USERNS@") ? inner_str
+                                                           : o.rest[j];
     args[k] = NULL;
     reap_children();
-    execv(bwrap, args);
-    die("exec %s", bwrap);
+    execv(o.bwrap, args);
+    die("exec %s", o.bwrap);
     return 70;
 }
 

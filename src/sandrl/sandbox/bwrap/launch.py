@@ -1,0 +1,289 @@
+"""Starting a sandbox's helper: the blocking host work of a create, whole or in two halves.
+
+A launch locks a uid slot, writes the sandbox's record, makes its cgroups and starts
+``sandrl-helper launch``, which makes the namespaces, builds the root and execs bubblewrap
+(see ``native/sandrl-helper.c``). :meth:`Launcher.launch` does it in one go. A *pre-made*
+launch (:meth:`Launcher.premake`, then :meth:`Launcher.finish`) does everything that does not
+depend on the sandbox ahead of demand: slot, record, cgroups (without limits), the helper's
+process and every namespace; the helper then waits on its socket. When it is taken, the limits
+are written, the record completes, and the rest of the helper's arguments (the image's layers,
+the disk size, bubblewrap's arguments) go over the socket; the helper builds the root and goes
+on as any launch. Blocking throughout: run it in a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import os
+import socket
+import struct
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandrl.processes import reap_in_background
+from sandrl.sandbox.base import SandboxSpec
+from sandrl.sandbox.bwrap.cgroups import CgroupManager, SandboxCgroup
+from sandrl.sandbox.bwrap.images import MountPlan
+from sandrl.sandbox.bwrap.sandbox import HOST_CLEANUP
+from sandrl.sandbox.bwrap.state import STORE_UID_BASE, Slot, StateDir
+
+# Docker's default capability set: what root in a container normally has.
+DEFAULT_CAPS = (
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FSETID",
+    "CAP_FOWNER",
+    "CAP_MKNOD",
+    "CAP_NET_RAW",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETFCAP",
+    "CAP_SETPCAP",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT",
+    "CAP_KILL",
+    "CAP_AUDIT_WRITE",
+)
+_MASKED_PROC = (
+    "/proc/cmdline",
+    "/proc/partitions",
+    "/proc/diskstats",
+    "/proc/sys/kernel/random/boot_id",
+    "/proc/sched_debug",
+    "/proc/latency_stats",
+)
+"""Host facts under /proc that a sandbox has no use for, read as empty (after Docker's masked paths;
+its others are unreadable here anyway: ``kcore`` and ``timer_list`` are host root's, ``keys`` and
+``key-users`` list only the sandbox's own keyring and users)."""
+_HELPER_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+"""The whole environment of the host-side helper and bubblewrap: never the server's (its token)."""
+
+
+@dataclass(frozen=True)
+class PremadeKind:
+    """What a pre-made launch is made for: everything of a sandbox that is fixed before its image
+    (its own network namespace or the host's; its cgroup limits)."""
+
+    own_net: bool
+    memory_mb: int | None
+    pids: int | None
+    cpus: float | None
+
+    @staticmethod
+    def of(spec: SandboxSpec, *, own_net: bool) -> PremadeKind:
+        return PremadeKind(own_net, spec.memory_mb, spec.pids, spec.cpus)
+
+
+@dataclass
+class Launch:
+    """What a launch made of a sandbox before its agent answered."""
+
+    sid: str
+    state: StateDir
+    slot: Slot
+    record: Path
+    own_net: bool
+    cpus: frozenset[int]
+    group: SandboxCgroup | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    sock: socket.socket | None = None
+    """The provider's end of the agent's socket, until the connection takes it."""
+    helper_sock_fd: int = -1
+    """The helper's end of that socket, as the helper numbers it (the same number as it had here)."""
+    slot_fd: int = -1
+    """The slot's lock, as the helper numbers it."""
+    premade: bool = False
+    """Made ahead, waiting for the rest of its arguments (:meth:`Launcher.finish`)."""
+    helper_fd_open: bool = False
+    """The helper's end of the socket is still open here (the helper has not been started with it)."""
+
+    def undo(self) -> None:
+        """Kill what started and remove every trace (blocking): the create failed or was cancelled,
+        or a pre-made launch is not needed any more."""
+        if self.sock is not None:
+            self.sock.close()  # a pre-made helper waiting for its arguments exits on this EOF
+            self.sock = None
+        if self.helper_fd_open:
+            os.close(self.helper_sock_fd)
+            self.helper_fd_open = False
+        if self.group is not None:
+            self.group.kill()
+        if self.proc is not None:
+            with contextlib.suppress(Exception):
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        if self.group is not None:
+            self.group.remove()
+        if self.proc is not None:
+            reap_in_background(self.proc)
+        self.state.remove_record(self.sid)
+        self.slot.release()
+
+
+def undo_when_done(started: asyncio.Future[Launch]) -> None:
+    """Undo, in a thread, a launch whose caller was cancelled while it ran."""
+    if not started.cancelled() and started.exception() is None:
+        asyncio.get_running_loop().run_in_executor(HOST_CLEANUP, started.result().undo)
+
+
+@functools.cache
+def _masked_proc() -> tuple[str, ...]:
+    """Those of :data:`_MASKED_PROC` this kernel has (the sandbox's /proc shows the same kernel's entries as ours)."""
+    return tuple(path for path in _MASKED_PROC if os.path.exists(path))
+
+
+class Launcher:
+    """Launches sandboxes of one provider: its state directory, cgroups, helper and bubblewrap."""
+
+    def __init__(self, state: StateDir, cgroups: CgroupManager, helper: Path, bwrap: str, identity: str) -> None:
+        self.state = state
+        self.cgroups = cgroups
+        self.helper = helper
+        self.bwrap = bwrap
+        self.identity = identity
+
+    def launch(self, sid: str, spec: SandboxSpec, plan: MountPlan, own_net: bool, cpus: set[int]) -> Launch:
+        """Lock a slot, write the record, make the cgroups and start the helper; on failure, what
+        it made is undone before it raises."""
+        launch = self._begin(sid, own_net, cpus)
+        try:
+            self._write_record(launch, spec)
+            launch.group = self.cgroups.create(sid, memory_mb=spec.memory_mb, pids=spec.pids, cpus=spec.cpus)
+            head = self._head(launch)
+            argv = [*head, *self._tail(launch, spec, plan)]
+            self._start(launch, argv)
+            return launch
+        except BaseException:
+            launch.undo()
+            raise
+
+    def premake(self, kind: PremadeKind, cpus: set[int]) -> Launch:
+        """The first half of a launch, for a sandbox of ``kind`` whose image is not known yet: its
+        cgroups with their limits, and a helper that makes every namespace and then waits for
+        :meth:`finish`."""
+        launch = self._begin("sb-" + uuid.uuid4().hex[:12], kind.own_net, cpus)
+        launch.premade = True
+        try:
+            self._write_record(launch, None)
+            launch.group = self.cgroups.create(launch.sid, memory_mb=kind.memory_mb, pids=kind.pids, cpus=kind.cpus)
+            head = self._head(launch)
+            head += ["--store-uid", str(STORE_UID_BASE), "--args-fd", str(launch.helper_sock_fd)]
+            self._start(launch, head)
+            return launch
+        except BaseException:
+            launch.undo()
+            raise
+
+    def finish(self, launch: Launch, spec: SandboxSpec, plan: MountPlan) -> Launch:
+        """Make a pre-made launch of ``spec``'s kind (:meth:`PremadeKind.of`) the sandbox of
+        ``spec``: its record, and the helper's other arguments; on failure the launch is undone
+        before this raises."""
+        assert launch.premade and launch.sock is not None and launch.group is not None
+        try:
+            self._write_record(launch, spec)
+            payload = b"".join(arg.encode() + b"\0" for arg in self._tail(launch, spec, plan))
+            launch.sock.setblocking(True)
+            launch.sock.sendall(struct.pack("<I", len(payload)) + payload)
+            launch.sock.setblocking(False)
+            launch.premade = False
+            return launch
+        except BaseException:
+            launch.undo()
+            raise
+
+    # -- the parts
+
+    def _begin(self, sid: str, own_net: bool, cpus: set[int]) -> Launch:
+        slot = self.state.acquire_slot()
+        launch = Launch(sid, self.state, slot, self.state.record_dir(sid), own_net, frozenset(cpus))
+        try:
+            self.state.claim(slot, sid)
+        except BaseException:
+            slot.release()
+            raise
+        return launch
+
+    def _write_record(self, launch: Launch, spec: SandboxSpec | None) -> None:
+        meta: dict[str, object] = {
+            "id": launch.sid,
+            "slot": launch.slot.index,
+            "uid": launch.slot.uid,
+            "spec": spec.to_dict() if spec is not None else None,
+            "created": time.time(),
+            "provider": self.identity,
+        }
+        if spec is None:
+            meta["premade"] = True  # no sandbox yet: its helper waits to be given one
+        # A pre-made launch being finished has its record: the new one replaces it.
+        self.state.write_record(launch.sid, meta, replace=spec is not None and launch.premade)
+
+    def _head(self, launch: Launch) -> list[str]:
+        """The helper's arguments that do not depend on the sandbox."""
+        assert launch.group is not None
+        launch.sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        launch.helper_sock_fd = child_sock.detach()
+        launch.helper_fd_open = True
+        launch.slot_fd = launch.slot.fd
+        argv = [str(self.helper), "launch", "--uid", str(launch.slot.uid)]
+        for procs in launch.group.procs_files:
+            argv += ["--cgroup-procs", str(procs)]
+        if launch.own_net:
+            argv.append("--own-net")  # the launcher makes it, owned by the commands' namespace
+        return argv
+
+    def _tail(self, launch: Launch, spec: SandboxSpec, plan: MountPlan) -> list[str]:
+        """The helper's arguments of this sandbox: its disk, its image's layers, bubblewrap's."""
+        argv = ["--tmpfs-bytes", str(spec.disk_mb << 20)]
+        store_layers = plan.store_layers
+        if store_layers and not launch.premade:
+            argv += ["--store-uid", str(STORE_UID_BASE)]  # a pre-made launch was given it up front
+        for i, layer in enumerate(plan.layers):
+            argv += ["--store-layer" if i in store_layers else "--layer", str(layer)]
+        for target, indices in plan.overlays:
+            argv += ["--overlay", target, ",".join(str(i) for i in indices)]
+        argv += ["--bwrap", self.bwrap, "--"]
+        argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup"]
+        argv += ["--hostname", launch.sid, "--bind", "/tmp/sandrl/root", "/", "--proc", "/proc", "--dev", "/dev"]
+        # bubblewrap makes /dev as pid 1's uid, which the sandbox's root is not: /dev/shm (POSIX
+        # semaphores, shared memory) must be open to it, as /tmp is. A chmod, not a tmpfs of its
+        # own: a new superblock per sandbox costs ~0.5 ms, and /dev's tmpfs is bounded the same
+        # way (by the memory cgroup its pages are charged to).
+        argv += ["--chmod", "1777", "/dev/shm"]
+        for path in _masked_proc():
+            argv += ["--ro-bind", "/tmp/sandrl/empty", path]
+        argv += ["--as-pid-1", "--new-session", "--clearenv"]
+        for cap in DEFAULT_CAPS:
+            argv += ["--cap-add", cap]
+        ttl_ms = max(1, min(int(spec.ttl_s * 1000), 0xFFFFFFFF))
+        argv += ["--", "@AGENT@", "agent", "--fd", str(launch.helper_sock_fd), "--lock-fd", str(launch.slot_fd)]
+        argv += ["--inner-userns", "@INNER_USERNS@", "--workdir", spec.workdir, "--ttl-ms", str(ttl_ms)]
+        return argv
+
+    def _start(self, launch: Launch, argv: list[str]) -> None:
+        """Start the helper with ``argv``; its end of the socket is closed here once it has it."""
+        try:
+            os.set_inheritable(launch.helper_sock_fd, True)
+            os.set_inheritable(launch.slot.fd, True)
+            if os.sched_getaffinity(0) != launch.cpus:  # e.g. a benchmark's emulated smaller host (bench.hostlimit)
+                os.sched_setaffinity(0, launch.cpus)
+            with open(launch.record / "log", "wb") as log:
+                launch.proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    pass_fds=(launch.helper_sock_fd, launch.slot.fd),
+                    close_fds=True,
+                    env=_HELPER_ENV,
+                )
+            if not launch.premade:
+                assert launch.sock is not None
+                launch.sock.setblocking(False)
+        finally:
+            os.close(launch.helper_sock_fd)
+            launch.helper_fd_open = False

@@ -1,0 +1,139 @@
+"""Launches made ahead for a fork's children (sandrl.sandbox.bwrap.premade), with real sandboxes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from sandrl.sandbox.base import SandboxSpec
+from sandrl.sandbox.bwrap import BwrapProvider
+from sandrl.sandbox.bwrap.launch import PremadeKind
+
+from ..support import needs_sandbox
+
+pytestmark = needs_sandbox
+
+SPEC = SandboxSpec(ttl_s=120, memory_mb=300, pids=200)
+KIND = PremadeKind.of(SPEC, own_net=True)
+
+
+@pytest.fixture
+async def own(tmp_path: Path) -> AsyncIterator[BwrapProvider]:
+    provider = BwrapProvider(tmp_path / "state")
+    try:
+        yield provider
+    finally:
+        await provider.close_all()
+
+
+def _leftovers(provider: BwrapProvider) -> tuple[list[str], list[str], list[int]]:
+    return provider.state.records(), list(provider.cgroups.stale_groups()), provider.state.sandbox_processes()
+
+
+async def test_a_fork_keeps_launches_for_the_next_and_its_children_are_whole_sandboxes(own: BwrapProvider) -> None:
+    async with await own.create(SPEC) as parent:
+        await parent.exec("echo from-parent > /workspace/f")
+        first = await parent.fork(3)
+        await asyncio.gather(*(c.close() for c in first))
+        await own.premade.wait_full()
+        made = list(own.premade.idle[KIND])
+        assert len(made) == 3
+        for launch in made:  # waiting: a live helper, its limits written, its record marked
+            assert launch.proc is not None and launch.proc.poll() is None
+            assert launch.group is not None and launch.group.memory is not None
+            limit = (launch.group.memory / "memory.limit_in_bytes").read_text().strip()
+            assert int(limit) == 300 << 20
+            assert own.state.read_record(launch.sid) == {**own.state.read_record(launch.sid), "premade": True}
+        taken = own.premade.taken
+        children = await parent.fork(3)
+        try:
+            assert own.premade.taken == taken + 3
+            assert {c.id for c in children} == {launch.sid for launch in made}
+            await children[0].exec("echo mine > /workspace/g")
+            for child in children:
+                seen = await child.exec("cat /workspace/f; ls /workspace; id -u; cat /proc/net/dev | tail -n +3")
+                assert seen.exit_code == 0, seen.stderr
+                lines = seen.stdout.split()
+                assert lines[0] == "from-parent" and lines.count("g") == (1 if child is children[0] else 0)
+                assert "0" in lines and "lo:" in seen.stdout and "eth0" not in seen.stdout  # root, loopback only
+                record = own.state.read_record(child.id)
+                assert record is not None and "premade" not in record
+                assert isinstance(record["spec"], dict) and record["spec"]["image"].startswith("fork-")
+            assert len({c.uid for c in children}) == 3
+            hog = await children[1].exec("python3 -c 'b = bytearray(600 << 20); print(len(b))'", timeout_s=30)
+            assert hog.exit_code != 0  # the spec's memory limit holds in a child made ahead
+        finally:
+            await asyncio.gather(*(c.close() for c in children))
+    await own.premade.wait_full()
+    assert len(own.premade.idle[KIND]) == 3  # refilled for the fork after
+    await own.close_all()
+    assert _leftovers(own) == ([], [], [])
+
+
+async def test_a_launch_whose_helper_died_is_replaced_by_a_full_one(own: BwrapProvider) -> None:
+    own.premade.want(KIND, 2)
+    await own.premade.wait_full()
+    victims = list(own.premade.idle[KIND])
+    for launch in victims:
+        assert launch.proc is not None
+        launch.proc.kill()
+        launch.proc.wait()
+    async with await own.create(SPEC) as sandbox:
+        assert sandbox.id not in {launch.sid for launch in victims}
+        assert (await sandbox.exec("echo ok")).stdout == "ok\n"
+    await own.close_all()
+    assert _leftovers(own) == ([], [], [])
+
+
+async def test_other_limits_or_network_get_a_full_launch(own: BwrapProvider) -> None:
+    own.premade.want(KIND, 1)
+    await own.premade.wait_full()
+    (ready,) = own.premade.idle[KIND]
+    async with await own.create(SandboxSpec(ttl_s=60, memory_mb=512)) as other:
+        assert other.id != ready.sid
+    async with await own.create(SandboxSpec(ttl_s=60, memory_mb=300, pids=200, network=True)) as networked:
+        assert networked.id != ready.sid
+    assert list(own.premade.idle[KIND]) == [ready]
+
+
+def test_a_dead_providers_launches_end_and_are_reaped(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    script = textwrap.dedent(
+        f"""
+        import asyncio
+        from sandrl.sandbox.base import SandboxSpec
+        from sandrl.sandbox.bwrap import BwrapProvider
+        from sandrl.sandbox.bwrap.launch import PremadeKind
+        async def main():
+            p = BwrapProvider({str(state)!r})
+            p.premade.want(PremadeKind.of(SandboxSpec(), own_net=True), 3)
+            await p.premade.wait_full()
+            print(" ".join(l.sid for q in p.premade.idle.values() for l in q), flush=True)
+            await asyncio.sleep(1000)
+        asyncio.run(main())
+        """
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    ids = child.stdout.readline().split()
+    assert len(ids) == 3
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    child.stdout.close()
+    reaped: set[str] = set()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not set(ids) <= reaped:  # the helpers see their sockets close and exit
+        fresh = BwrapProvider(state)
+        reaped |= set(fresh.reaped)
+        time.sleep(0.1)
+    assert set(ids) <= reaped
+    assert _leftovers(BwrapProvider(state)) == ([], [], [])
