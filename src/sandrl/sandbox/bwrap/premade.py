@@ -106,11 +106,12 @@ class PremadeLaunches:
     async def close(self) -> None:
         """Stop refilling and remove every idle launch; the pool can be used again afterwards."""
         self._closed = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, RuntimeError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        if task is not None and task.get_loop() is asyncio.get_running_loop():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        # A refill task of a loop that has ended ended with it (its launch was undone where it finished).
         idle = [launch for kind in self.idle.values() for launch in kind]
         for kind in self.idle.values():
             kind.clear()
