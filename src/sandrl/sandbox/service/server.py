@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -357,4 +358,18 @@ def serve(
         backlog=4096,
         http=http_protocol(),
     )
+    _collect_less()
     _DrainingServer(uv, service).run()
+
+
+def _collect_less() -> None:
+    """Move what start-up made out of the cyclic collector's way, and collect the young less often.
+
+    Every request allocates container objects (frames of coroutines, dicts, futures), and with
+    hundreds of sandboxes live the collector's passes over the long-lived ones grow. Same run,
+    bursts of 256 clients (create, 5 execs, close): the server's CPU per cycle 6.3-6.6 ms with this,
+    6.4-7.3 ms without; throughput 83-86 against 76-84 cycles/s. Garbage without cycles is freed at
+    once either way; only cycles wait a little longer."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
