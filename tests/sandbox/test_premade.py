@@ -137,3 +137,16 @@ def test_a_dead_providers_launches_end_and_are_reaped(tmp_path: Path) -> None:
         time.sleep(0.1)
     assert set(ids) <= reaped
     assert _leftovers(BwrapProvider(state)) == ([], [], [])
+
+
+async def test_an_argument_with_a_nul_byte_never_reaches_a_waiting_helper(own: BwrapProvider) -> None:
+    own.premade.want(KIND, 1)
+    await own.premade.wait_full()
+    launch = own.premade.take(KIND, os.sched_getaffinity(0))
+    assert launch is not None and launch.proc is not None
+    plan = own.images.get(SPEC.image).plan
+    hostile = type(plan)(layers=(Path("/tmp/x\0--bind"), *plan.layers), overlays=plan.overlays)
+    with pytest.raises(ValueError, match="NUL byte"):
+        await asyncio.to_thread(own.launcher.finish, launch, SPEC, hostile)
+    assert launch.proc.wait(timeout=5) is not None  # undone: its helper ended, nothing was sent
+    assert not own.state.record_dir(launch.sid).exists()

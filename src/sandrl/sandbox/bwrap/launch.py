@@ -185,8 +185,12 @@ class Launcher:
         before this raises."""
         assert launch.premade and launch.sock is not None and launch.group is not None
         try:
+            tail = self._tail(launch, spec, plan)
+            bad = [arg for arg in tail if "\0" in arg]
+            if bad:  # each would split into more arguments (Popen refuses them too)
+                raise ValueError(f"a launch argument holds a NUL byte: {bad!r}")
             self._write_record(launch, spec)
-            payload = b"".join(arg.encode() + b"\0" for arg in self._tail(launch, spec, plan))
+            payload = b"".join(arg.encode() + b"\0" for arg in tail)
             launch.sock.setblocking(True)
             launch.sock.sendall(struct.pack("<I", len(payload)) + payload)
             launch.sock.setblocking(False)
