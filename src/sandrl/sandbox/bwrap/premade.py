@@ -91,15 +91,12 @@ class PremadeLaunches:
         self._kick()
         return found
 
-    def ready(self, kind: PremadeKind) -> int:
-        return len(self.idle.get(kind, ()))
-
     async def wait_full(self, timeout_s: float = 10.0) -> None:
         """Wait until every kind holds its target (or the pool gave up, or ``timeout_s`` passed)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while loop.time() < deadline and not self._closed and self.failures < _MAX_FAILURES:
-            if all(len(self.idle[k]) >= n for k, n in self.target.items()):
+            if self._missing() is None:
                 return
             await asyncio.sleep(0.005)
 
