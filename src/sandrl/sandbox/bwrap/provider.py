@@ -95,7 +95,9 @@ import time
 import uuid
 import warnings
 import weakref
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from sandrl.errors import (
     CapacityExhaustedError,
@@ -110,7 +112,7 @@ from sandrl.sandbox.bwrap.cgroups import CgroupManager
 from sandrl.sandbox.bwrap.dockerfile.source import image_for
 from sandrl.sandbox.bwrap.helper import helper_path
 from sandrl.sandbox.bwrap.images import ImageStore, MountPlan
-from sandrl.sandbox.bwrap.launch import Launcher, PremadeKind, undo_when_done
+from sandrl.sandbox.bwrap.launch import Launch, Launcher, PremadeKind, undo_when_done
 from sandrl.sandbox.bwrap.nat import start_nat
 from sandrl.sandbox.bwrap.premade import PremadeLaunches
 from sandrl.sandbox.bwrap.protocol import AgentConnection
@@ -254,30 +256,19 @@ class BwrapProvider:
         self, spec: SandboxSpec, image_env: dict[str, str], plan: MountPlan, *, own_net: bool
     ) -> BwrapSandbox:
         # The launch's blocking work (slot lock, record, cgroup dirs and limits, fork and exec: ~3.5 ms
-        # of syscalls; ~0.5 ms to finish a pre-made one) runs in a thread, so the event loop serves
-        # other requests meanwhile. It is shielded: a cancelled caller leaves the thread running,
-        # and what it made is undone then.
+        # of syscalls; ~0.5 ms to finish a pre-made one) runs in a thread: _launch_in_host_work.
         loop = asyncio.get_running_loop()
         cpus = os.sched_getaffinity(0)  # the caller's: the sandbox inherits them, as if spawned from its thread
         launch = None
         premade = self.premade.take(PremadeKind.of(spec, own_net=own_net), cpus)
         if premade is not None:
-            started = loop.run_in_executor(HOST_WORK, self.launcher.finish, premade, spec, plan)
             try:
-                launch = await asyncio.shield(started)
-            except asyncio.CancelledError:
-                started.add_done_callback(undo_when_done)
-                raise
+                launch = await _launch_in_host_work(self.launcher.finish, premade, spec, plan)
             except OSError:  # its helper died while it waited (finish undid it): launch in full
                 launch = None
         if launch is None:
             sid = "sb-" + uuid.uuid4().hex[:12]
-            started = loop.run_in_executor(HOST_WORK, self.launcher.launch, sid, spec, plan, own_net, cpus)
-            try:
-                launch = await asyncio.shield(started)
-            except asyncio.CancelledError:
-                started.add_done_callback(undo_when_done)
-                raise
+            launch = await _launch_in_host_work(self.launcher.launch, sid, spec, plan, own_net, cpus)
         sid = launch.sid
         conn: AgentConnection | None = None
         try:
@@ -388,3 +379,15 @@ _LIVE_PROVIDERS: weakref.WeakSet[BwrapProvider] = weakref.WeakSet()
 def _cleanup_at_exit() -> None:
     for provider in list(_LIVE_PROVIDERS):
         provider._close_all_sync()
+
+
+async def _launch_in_host_work(start: Callable[..., Launch], *args: Any) -> Launch:
+    """``start(*args)`` (a launch's blocking work) on ``HOST_WORK``, so the event loop serves other
+    requests meanwhile. Shielded: a cancelled caller leaves the thread running, and what it made is
+    undone when it ends."""
+    started = asyncio.get_running_loop().run_in_executor(HOST_WORK, start, *args)
+    try:
+        return await asyncio.shield(started)
+    except asyncio.CancelledError:
+        started.add_done_callback(undo_when_done)
+        raise
