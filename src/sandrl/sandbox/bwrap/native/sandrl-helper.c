@@ -431,16 +431,20 @@ static void parse_launch_opts(int argc, char **argv, struct launch_opts *o) {
 /* A pre-made launch's second half of its arguments: u32 length, then NUL-terminated strings.
  * Read exactly that much: the same socket then carries pid 1's protocol. EOF (the provider closed
  * it: the pre-made launch was not needed, or the provider died) ends the launch quietly. */
-static void read_launch_args(int fd, int *argc, char ***argv) {
-    unsigned char len_buf[4];
+static void read_launch_bytes(int fd, void *buf, size_t len) {
     size_t got = 0;
-    while (got < sizeof len_buf) {
-        ssize_t n = read(fd, len_buf + got, sizeof len_buf - got);
+    while (got < len) {
+        ssize_t n = read(fd, (char *)buf + got, len - got);
         if (n == 0) _exit(0);
         if (n < 0 && errno == EINTR) continue;
         if (n < 0) die("reading the launch's arguments");
         got += (size_t)n;
     }
+}
+
+static void read_launch_args(int fd, int *argc, char ***argv) {
+    unsigned char len_buf[4];
+    read_launch_bytes(fd, len_buf, sizeof len_buf);
     uint32_t len = (uint32_t)len_buf[0] | (uint32_t)len_buf[1] << 8 | (uint32_t)len_buf[2] << 16 |
                    (uint32_t)len_buf[3] << 24;
     if (len == 0 || len > (1u << 20)) {
@@ -449,14 +453,7 @@ static void read_launch_args(int fd, int *argc, char ***argv) {
     }
     char *buf = malloc(len);
     if (!buf) die("malloc");
-    got = 0;
-    while (got < len) {
-        ssize_t n = read(fd, buf + got, len - got);
-        if (n == 0) _exit(0);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) die("reading the launch's arguments");
-        got += (size_t)n;
-    }
+    read_launch_bytes(fd, buf, len);
     if (buf[len - 1] != '\0') {
         errno = 0;
         die("launch: arguments not NUL-terminated");
