@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import subprocess
+import sys
+import textwrap
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -52,3 +56,15 @@ def sandbox_mounts_added(before: Counter[str], state_dir: Path) -> list[str]:
     added = host_mounts() - before
     marks = (str(state_dir), "/tmp/sandrl", " - overlay ", " sandrl ")
     return sorted(line for line in added.elements() if any(mark in line for mark in marks))
+
+
+def kill_9_after_first_line(script: str) -> str:
+    """Run the Python ``script`` (dedented) as a process of its own, wait for the first line it
+    prints, then kill it with SIGKILL, as a crash would; that line."""
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    line = child.stdout.readline()
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    child.stdout.close()
+    return line

@@ -4,10 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
-import subprocess
-import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -19,7 +15,7 @@ from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.sandbox.bwrap.sandbox import HOST_CLEANUP
 
-from ..support import needs_sandbox
+from ..support import kill_9_after_first_line, needs_sandbox
 
 pytestmark = needs_sandbox
 
@@ -86,7 +82,7 @@ async def test_sandbox_dying_on_its_own_is_cleaned_up(provider: BwrapProvider) -
 
 
 def test_kill_9_of_provider_then_reaped_by_a_new_one(state_dir: Path, provider: BwrapProvider) -> None:
-    script = textwrap.dedent(
+    ids = kill_9_after_first_line(
         f"""
         import asyncio, sys
         from sandrl.sandbox.bwrap import BwrapProvider
@@ -99,14 +95,8 @@ def test_kill_9_of_provider_then_reaped_by_a_new_one(state_dir: Path, provider: 
             await asyncio.sleep(1000)
         asyncio.run(main())
         """
-    )
-    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    assert child.stdout is not None
-    ids = child.stdout.readline().split()
+    ).split()
     assert len(ids) == 3
-    os.kill(child.pid, signal.SIGKILL)
-    child.wait()
-    child.stdout.close()
     # With the provider gone its sandboxes' supervisors see the socket close and exit.
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and any(provider.state.slot_owner(i) for i in _slots(provider, ids)):
@@ -151,7 +141,7 @@ async def test_200_create_close_cycles_leak_nothing(provider: BwrapProvider) -> 
 
 
 def test_a_paused_sandbox_of_a_crashed_provider_is_reaped(state_dir: Path, provider: BwrapProvider) -> None:
-    script = textwrap.dedent(
+    sid, uid = kill_9_after_first_line(
         f"""
         import asyncio
         from sandrl.sandbox.base import SandboxSpec
@@ -165,16 +155,10 @@ def test_a_paused_sandbox_of_a_crashed_provider_is_reaped(state_dir: Path, provi
             await asyncio.sleep(1000)
         asyncio.run(main())
         """
-    )
-    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    assert child.stdout is not None
-    sid, uid = child.stdout.readline().split()
+    ).split()
     meta = provider.state.read_record(sid)
     assert meta is not None and isinstance(meta["paused"], dict)
     assert 25 < meta["paused"]["ttl_left_s"] <= 30 and meta["paused"]["deadline"] > time.time() + 25
-    os.kill(child.pid, signal.SIGKILL)
-    child.wait()
-    child.stdout.close()
     time.sleep(0.5)
     # Frozen, its processes cannot see their provider go: they live on, holding the slot.
     (slot,) = _slots(provider, [sid])

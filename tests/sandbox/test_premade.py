@@ -4,10 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
-import subprocess
-import sys
-import textwrap
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,7 +14,7 @@ from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.sandbox.bwrap.launch import PremadeKind
 
-from ..support import needs_sandbox
+from ..support import kill_9_after_first_line, needs_sandbox
 
 pytestmark = needs_sandbox
 
@@ -107,7 +103,7 @@ async def test_other_limits_or_network_get_a_full_launch(own: BwrapProvider) -> 
 
 def test_a_dead_providers_launches_end_and_are_reaped(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    script = textwrap.dedent(
+    ids = kill_9_after_first_line(
         f"""
         import asyncio
         from sandrl.sandbox.base import SandboxSpec
@@ -121,14 +117,8 @@ def test_a_dead_providers_launches_end_and_are_reaped(tmp_path: Path) -> None:
             await asyncio.sleep(1000)
         asyncio.run(main())
         """
-    )
-    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    assert child.stdout is not None
-    ids = child.stdout.readline().split()
+    ).split()
     assert len(ids) == 3
-    os.kill(child.pid, signal.SIGKILL)
-    child.wait()
-    child.stdout.close()
     reaped: set[str] = set()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and not set(ids) <= reaped:  # the helpers see their sockets close and exit
