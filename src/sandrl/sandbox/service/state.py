@@ -299,7 +299,7 @@ class SandboxService:
         if available is not None and available < cfg.min_free_memory_mb << 20:
             reserve = cfg.min_free_memory_mb
             return f"the host has {available >> 20} MiB of memory available, under its {reserve} MiB reserve"
-        pressure = pressure_avg10("memory", "full")
+        pressure = pressure_avg10("memory", "full", max_age_s=ADMISSION_MEMORY_AGE_S)
         if pressure is not None and pressure > cfg.max_memory_pressure:
             return f"the host is under memory pressure ({pressure:.0f}% of the last 10 s stalled on memory)"
         return None
@@ -481,7 +481,10 @@ class SandboxService:
     async def within_grace(self, entry: Entry, work: Awaitable[ExecResult], timeout_s: float) -> ExecResult:
         """``work``, or exec_timeout (and the sandbox closed) if it overruns its timeout by the grace period."""
         try:
-            return await asyncio.wait_for(work, timeout_s + self.config.exec_grace_s)
+            # A timeout scope, not wait_for: the same cancellation of ``work`` at the deadline without a
+            # task of its own for every command (3.11's wait_for makes one).
+            async with asyncio.timeout(timeout_s + self.config.exec_grace_s):
+                return await work
         except TimeoutError:
             await asyncio.shield(self._start_close(entry, "broken"))
             raise ServiceError(
