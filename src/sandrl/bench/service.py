@@ -6,12 +6,19 @@ and in process: throughput (cycles/s), create/exec/close latency, errors, and th
 spent per cycle (the clients' process and the server's), which says which side limits. The server runs
 as its own process (as in production, and so it does not share this process's GIL), on a
 free port of 127.0.0.1 with a fresh state directory and token.
+
+A level is ``rounds`` bursts of each mode, in the order HTTP, in process, in process, HTTP, ...
+(so a host that speeds up or slows down during the level favours neither), each burst at least
+``min_cycles`` cycles (a client runs several when N is small: 16 cycles of ~10 ms are no measure
+of a rate). The level's ratio is of the two modes' cycles over their summed walls; the ratio of
+each round is in the result too, so its spread shows.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import secrets
 import socket
@@ -36,6 +43,8 @@ from sandrl.sandbox.client import ClientConfig, RemoteProvider
 from sandrl.stats import summary_ms
 
 LEVELS = (1, 16, 64, 256)
+ROUNDS = 2
+MIN_CYCLES = 64
 TARGETS = {"http_exec_over_inproc_p50_ms": 1.0, "p99_over_p50_exec_at_max": 10.0, "http_over_inproc_cycles": 0.8}
 
 
@@ -96,13 +105,20 @@ def _cpu_seconds(server_pid: int | None) -> tuple[float, float]:
         return mine, 0.0
 
 
-async def _cycles(provider: SandboxProvider, clients: int, execs: int, server_pid: int | None = None) -> dict[str, Any]:
+async def _cycles(
+    provider: SandboxProvider, clients: int, execs: int, server_pid: int | None = None, *, per_client: int = 1
+) -> dict[str, Any]:
+    """One burst: ``clients`` at once, each running ``per_client`` cycles one after another."""
     creates: list[float] = []
     runs: list[float] = []
     closes: list[float] = []
     errors: dict[str, int] = {}
 
     async def client() -> None:
+        for _ in range(per_client):
+            await cycle()
+
+    async def cycle() -> None:
         sandbox: Sandbox | None = None
         try:
             t = time.perf_counter()
@@ -130,10 +146,12 @@ async def _cycles(provider: SandboxProvider, clients: int, execs: int, server_pi
     await asyncio.gather(*(client() for _ in range(clients)))
     wall = time.perf_counter() - started
     after = _cpu_seconds(server_pid)
-    used = [round((a - b) * 1000 / clients, 2) for b, a in zip(cpu, after, strict=True)]
+    cycles = clients * per_client
+    used = [round((a - b) * 1000 / cycles, 2) for b, a in zip(cpu, after, strict=True)]
     return {
         "clients": clients,
-        "cycles_per_s": round(clients / wall, 2),
+        "cycles": cycles,
+        "cycles_per_s": round(cycles / wall, 2),
         # Which side limits: CPU per cycle of this process (the clients, or the in-process provider)
         # and of the server process (none in process); the sandboxes' own processes are not counted.
         "cpu_ms_per_cycle": {"this_process": used[0], "server": used[1] if server_pid else None},
@@ -143,17 +161,80 @@ async def _cycles(provider: SandboxProvider, clients: int, execs: int, server_pi
         "close": summary_ms(closes),
         "errors": sum(errors.values()),
         "errors_by_code": errors,
+        "samples_s": {"create": creates, "exec": runs, "close": closes},
+    }
+
+
+def _pooled(bursts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One mode's bursts of a level as one measure: cycles over the summed walls, CPU per cycle
+    over all cycles, latencies over every sample, errors summed."""
+    cycles: int = sum(b["cycles"] for b in bursts)
+    wall: float = sum(b["wall_s"] for b in bursts)
+
+    def cpu(side: str) -> float | None:
+        if bursts[0]["cpu_ms_per_cycle"][side] is None:
+            return None
+        spent: float = sum(b["cpu_ms_per_cycle"][side] * b["cycles"] for b in bursts)
+        return round(spent / cycles, 2)
+
+    errors: dict[str, int] = {}
+    for b in bursts:
+        for code, n in b["errors_by_code"].items():
+            errors[code] = errors.get(code, 0) + n
+    return {
+        "clients": bursts[0]["clients"],
+        "cycles": cycles,
+        "bursts": len(bursts),
+        "cycles_per_s": round(cycles / wall, 2),
+        "cpu_ms_per_cycle": {"this_process": cpu("this_process"), "server": cpu("server")},
+        "wall_s": round(wall, 3),
+        **{what: summary_ms([x for b in bursts for x in b["samples_s"][what]]) for what in ("create", "exec", "close")},
+        "errors": sum(errors.values()),
+        "errors_by_code": errors,
+    }
+
+
+async def _level(
+    remote: SandboxProvider, local: SandboxProvider, n: int, execs: int, server_pid: int, rounds: int, min_cycles: int
+) -> dict[str, Any]:
+    """Both modes at ``n`` clients: ``rounds`` bursts of each, HTTP and in process alternating first."""
+    per_client = max(1, math.ceil(min_cycles / n))
+    http: list[dict[str, Any]] = []
+    inproc: list[dict[str, Any]] = []
+    for k in range(rounds):
+        order = ("http", "inproc") if k % 2 == 0 else ("inproc", "http")
+        for via in order:
+            if via == "http":
+                http.append(await _cycles(remote, n, execs, server_pid, per_client=per_client))
+            else:
+                inproc.append(await _cycles(local, n, execs, per_client=per_client))
+    pooled_http, pooled_inproc = _pooled(http), _pooled(inproc)
+    return {
+        "level": n,
+        "cycles_per_client": per_client,
+        "http": pooled_http,
+        "inproc": pooled_inproc,
+        "http_over_inproc": round(pooled_http["cycles_per_s"] / pooled_inproc["cycles_per_s"], 3),
+        "http_over_inproc_by_round": [
+            round(h["cycles_per_s"] / i["cycles_per_s"], 3) for h, i in zip(http, inproc, strict=True)
+        ],
     }
 
 
 async def run(
-    concurrency: Sequence[int] = LEVELS, n_exec: int = 300, execs: int = 5, console: Console | None = None
+    concurrency: Sequence[int] = LEVELS,
+    n_exec: int = 300,
+    execs: int = 5,
+    console: Console | None = None,
+    *,
+    rounds: int = ROUNDS,
+    min_cycles: int = MIN_CYCLES,
 ) -> dict[str, Any]:
     """The benchmark; returns the JSON line's dict."""
     console = console or Console(stderr=True)
     levels = sorted(set(concurrency))
-    if not levels or levels[0] < 1 or n_exec < 1 or execs < 1:
-        raise SandrlError("concurrency levels, n_exec and execs must be at least 1")
+    if not levels or levels[0] < 1 or n_exec < 1 or execs < 1 or rounds < 1 or min_cycles < 1:
+        raise SandrlError("concurrency levels, n_exec, execs, rounds and min_cycles must be at least 1")
     with tempfile.TemporaryDirectory(prefix="sandrl-bench-service-") as tmp:
         local = BwrapProvider(Path(tmp) / "inproc")
         async with server_process(Path(tmp) / "server", max_live=levels[-1] + 8) as (url, token, pid):
@@ -164,15 +245,10 @@ async def run(
                 http_rt = summary_ms(await _exec_round_trip(remote, n_exec))
                 rows: list[dict[str, Any]] = []
                 for n in levels:
-                    console.print(f"{n} concurrent clients: create -> {execs} execs -> close")
-                    rows.append(
-                        {
-                            "level": n,
-                            "http": (http := await _cycles(remote, n, execs, pid)),
-                            "inproc": (inproc := await _cycles(local, n, execs)),
-                            "http_over_inproc": round(http["cycles_per_s"] / inproc["cycles_per_s"], 3),
-                        }
+                    console.print(
+                        f"{n} concurrent clients: create -> {execs} execs -> close, {rounds} bursts of each mode"
                     )
+                    rows.append(await _level(remote, local, n, execs, pid, rounds, min_cycles))
         await local.close_all()
     top = rows[-1]["http"]
     over = round(http_rt["p50_ms"] - inproc_rt["p50_ms"], 3)
@@ -182,6 +258,8 @@ async def run(
         "cpus": os.cpu_count(),
         "exec_round_trip": {"inproc": inproc_rt, "http": http_rt, "http_over_inproc_p50_ms": over},
         "levels": rows,
+        "rounds": rounds,
+        "min_cycles": min_cycles,
         "targets": TARGETS,
         "met": {
             "http_exec_over_inproc_p50_ms": over <= TARGETS["http_exec_over_inproc_p50_ms"],
@@ -203,6 +281,7 @@ def render_card(result: dict[str, Any]) -> Table:
         table.add_column(col, justify="right")
     table.add_row("1", "inproc exec rt", "", "", f"{rt['inproc']['p50_ms']:.2f}/{rt['inproc']['p99_ms']:.2f}", "", "")
     table.add_row("1", "http exec rt", "", "", f"{rt['http']['p50_ms']:.2f}/{rt['http']['p99_ms']:.2f}", "", "")
+    ratios = []
     for row in result["levels"]:
         for via in ("http", "inproc"):
             r = row[via]
@@ -215,4 +294,7 @@ def render_card(result: dict[str, Any]) -> Table:
                 f"{r['close']['p50_ms']:.1f}",
                 str(r["errors"]),
             )
+        by_round = ", ".join(f"{x:.2f}" for x in row["http_over_inproc_by_round"])
+        ratios.append(f"{row['level']}: {row['http_over_inproc']:.2f}x ({by_round})")
+    table.caption = "HTTP cycles/s over in process (by round): " + "; ".join(ratios)
     return table

@@ -51,15 +51,18 @@ def _names(text: str | None, what: str) -> tuple[str, ...] | None:
 def bench_service(
     concurrency: list[int] = typer.Option([], help="Concurrent clients (repeatable; default 1, 16, 64, 256)."),
     n_exec: int = typer.Option(300, help="Execs for the one-client round-trip measure."),
+    rounds: int = typer.Option(2, help="Bursts of each mode per level, alternating which goes first."),
+    min_cycles: int = typer.Option(64, help="Cycles per burst at least (a client runs several when few)."),
     json_only: bool = typer.Option(False, "--json", help="Print only the JSON line."),
 ) -> None:
     """The sandbox service over HTTP beside the in-process provider."""
     from sandrl.bench.service import LEVELS, run
 
-    if any(c < 1 for c in concurrency) or n_exec < 1:
-        raise SandrlError("--concurrency and --n-exec must be at least 1")
+    if any(c < 1 for c in concurrency) or n_exec < 1 or rounds < 1 or min_cycles < 1:
+        raise SandrlError("--concurrency, --n-exec, --rounds and --min-cycles must be at least 1")
     console = rich_console(quiet=json_only)
-    result = asyncio.run(run(concurrency=tuple(concurrency) or LEVELS, n_exec=n_exec, console=console))
+    levels = tuple(concurrency) or LEVELS
+    result = asyncio.run(run(levels, n_exec, console=console, rounds=rounds, min_cycles=min_cycles))
     emit(result)
 
 
