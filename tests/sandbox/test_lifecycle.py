@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -55,6 +56,31 @@ async def test_close_with_running_children(provider: BwrapProvider) -> None:
         await running
     assert provider.state.sandbox_processes({sb.uid}) == []
     assert sb.id not in provider.cgroups.stale_groups()
+
+
+def test_a_zombie_of_a_sandbox_uid_is_not_a_process_left_running(provider: BwrapProvider) -> None:
+    # Processes whose parent died first go to the host's init, which may reap them late: dead, they
+    # are no leftover of a sandbox's, while anything alive as its uid is.
+    slot = provider.state.acquire_slot()  # a uid range no sandbox has while this runs
+    uid = slot.uid + 1
+    dead = subprocess.Popen(["true"], user=uid, group=uid)
+    alive = subprocess.Popen(["sleep", "30"], user=uid, group=uid)
+    try:
+        deadline = time.monotonic() + 10
+        while "Z" not in _state(dead.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert "Z" in _state(dead.pid)  # exited, not reaped: a zombie
+        assert provider.state.sandbox_processes({uid}) == [alive.pid]
+    finally:
+        alive.kill()
+        alive.wait()
+        dead.wait()
+        slot.release()
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/status") as f:
+        return next(line for line in f if line.startswith("State:"))
 
 
 async def test_cancelled_exec_kills_its_command(sandbox) -> None:  # type: ignore[no-untyped-def]

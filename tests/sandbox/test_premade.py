@@ -13,6 +13,7 @@ import pytest
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.sandbox.bwrap.launch import PremadeKind
+from sandrl.sandbox.bwrap.state import Slot
 
 from ..support import kill_9_after_first_line, needs_sandbox
 
@@ -22,17 +23,36 @@ SPEC = SandboxSpec(ttl_s=120, memory_mb=300, pids=200)
 KIND = PremadeKind.of(SPEC, own_net=True)
 
 
+_UIDS: dict[int, set[int]] = {}
+"""The slot uids each provider of these tests took (by ``id``): slots are machine-wide, so another
+provider's sandboxes (a demo beside the tests) run as sandbox uids too and are not these tests'."""
+
+
 @pytest.fixture
-async def own(tmp_path: Path) -> AsyncIterator[BwrapProvider]:
+async def own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[BwrapProvider]:
     provider = BwrapProvider(tmp_path / "state")
+    taken = _UIDS.setdefault(id(provider), set())
+    acquire = provider.state.acquire_slot
+
+    def recorded() -> Slot:
+        slot = acquire()
+        taken.add(slot.uid)
+        return slot
+
+    monkeypatch.setattr(provider.state, "acquire_slot", recorded)
     try:
         yield provider
     finally:
         await provider.close_all()
+        del _UIDS[id(provider)]
 
 
-def _leftovers(provider: BwrapProvider) -> tuple[list[str], list[str], list[int]]:
-    return provider.state.records(), list(provider.cgroups.stale_groups()), provider.state.sandbox_processes()
+def _leftovers(provider: BwrapProvider, uids: set[int] | None = None) -> tuple[list[str], list[str], list[int]]:
+    """Records, cgroups and processes left of the sandboxes of ``uids`` (those ``provider`` made)."""
+    uids = _UIDS[id(provider)] if uids is None else uids
+    assert uids, "no sandbox uids to look for"
+    processes = provider.state.sandbox_processes(uids)
+    return provider.state.records(), list(provider.cgroups.stale_groups()), processes
 
 
 async def test_a_fork_keeps_launches_for_the_next_and_its_children_are_whole_sandboxes(own: BwrapProvider) -> None:
@@ -113,12 +133,14 @@ def test_a_dead_providers_launches_end_and_are_reaped(tmp_path: Path) -> None:
             p = BwrapProvider({str(state)!r})
             p.premade.want(PremadeKind.of(SandboxSpec(), own_net=True), 3)
             await p.premade.wait_full()
-            print(" ".join(l.sid for q in p.premade.idle.values() for l in q), flush=True)
+            print(" ".join(f"{{l.sid}}:{{l.slot.uid}}" for q in p.premade.idle.values() for l in q), flush=True)
             await asyncio.sleep(1000)
         asyncio.run(main())
         """
     ).split()
     assert len(ids) == 3
+    uids = {int(made.split(":")[1]) for made in ids}
+    ids = [made.split(":")[0] for made in ids]
     reaped: set[str] = set()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and not set(ids) <= reaped:  # the helpers see their sockets close and exit
@@ -126,7 +148,7 @@ def test_a_dead_providers_launches_end_and_are_reaped(tmp_path: Path) -> None:
         reaped |= set(fresh.reaped)
         time.sleep(0.1)
     assert set(ids) <= reaped
-    assert _leftovers(BwrapProvider(state)) == ([], [], [])
+    assert _leftovers(BwrapProvider(state), uids) == ([], [], [])
 
 
 async def test_an_argument_with_a_nul_byte_never_reaches_a_waiting_helper(own: BwrapProvider) -> None:

@@ -199,7 +199,11 @@ class StateDir:
         return uid - (uid - self.uid_base) % SLOT_STRIDE
 
     def sandbox_processes(self, uids: set[int] | None = None) -> list[int]:
-        """Host pids of processes running as a sandbox's uids (of the slots of the given uids, or any)."""
+        """Host pids of processes running as a sandbox's uids (of the slots of the given uids, or any).
+
+        Zombies are not counted: they run nothing and hold nothing but their pid. A sandbox's
+        processes whose parent was killed first are reparented to the host's init, and a container's
+        init (this host's is not systemd) may reap them only later."""
         bases = None if uids is None else {self.slot_base(u) for u in uids}
         found = []
         for entry in os.listdir("/proc"):
@@ -208,6 +212,8 @@ class StateDir:
             try:
                 with open(f"/proc/{entry}/status") as f:
                     for line in f:
+                        if line.startswith("State:") and line.split()[1] == "Z":
+                            break
                         if line.startswith("Uid:"):
                             uid = int(line.split()[2])
                             if uid >= self.uid_base and (bases is None or self.slot_base(uid) in bases):
