@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sandrl.sandbox.base import SandboxSpec
-from sandrl.sandbox.bwrap import BwrapProvider
+from sandrl.sandbox.bwrap import BwrapProvider, premade
 from sandrl.sandbox.bwrap.launch import PremadeKind
 from sandrl.sandbox.bwrap.state import Slot
 
@@ -95,6 +95,36 @@ async def test_a_fork_keeps_launches_for_the_next_and_its_children_are_whole_san
     assert _leftovers(own) == ([], [], [])
 
 
+async def test_the_refill_waits_until_the_forks_children_have_run_a_command(
+    own: BwrapProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(premade, "REFILL_HOLD_S", 60.0)
+    async with await own.create(SPEC) as parent:
+        children = await parent.fork(2)
+        try:
+            await asyncio.sleep(0.3)  # ample for a launch (~10 ms) were the refill not held
+            assert len(own.premade.idle[KIND]) == 0
+            await children[0].exec("true")
+            await asyncio.sleep(0.3)
+            assert len(own.premade.idle[KIND]) == 0  # the other child has not started yet
+            await children[1].exec("true")
+            await own.premade.wait_full()
+            assert len(own.premade.idle[KIND]) == 2
+        finally:
+            await asyncio.gather(*(c.close() for c in children))
+
+
+async def test_the_refill_waits_no_longer_than_its_bound(own: BwrapProvider, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(premade, "REFILL_HOLD_S", 0.2)
+    async with await own.create(SPEC) as parent:
+        children = await parent.fork(2)  # and neither runs a command
+        try:
+            await own.premade.wait_full()
+            assert len(own.premade.idle[KIND]) == 2
+        finally:
+            await asyncio.gather(*(c.close() for c in children))
+
+
 async def test_a_launch_whose_helper_died_is_replaced_by_a_full_one(own: BwrapProvider) -> None:
     own.premade.want(KIND, 2)
     await own.premade.wait_full()
@@ -127,7 +157,7 @@ def test_a_dead_providers_launches_end_and_are_reaped(tmp_path: Path) -> None:
         f"""
         import asyncio
         from sandrl.sandbox.base import SandboxSpec
-        from sandrl.sandbox.bwrap import BwrapProvider
+        from sandrl.sandbox.bwrap import BwrapProvider, premade
         from sandrl.sandbox.bwrap.launch import PremadeKind
         async def main():
             p = BwrapProvider({str(state)!r})

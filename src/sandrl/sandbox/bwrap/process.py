@@ -40,6 +40,8 @@ class ProcessHost(Protocol):
 
     async def _death_error(self) -> SandboxClosedError: ...
 
+    def _command_ended(self) -> None: ...
+
 
 class BwrapProcess:
     """A command running in a :class:`~.sandbox.BwrapSandbox` (see :class:`sandrl.sandbox.base.SandboxProcess`)."""
@@ -72,6 +74,7 @@ class BwrapProcess:
         if frame is None:
             # A ConnectionError, which the waiters turn into the sandbox's diagnosed death error.
             lost = ConnectionError(self.sandbox._conn.close_reason or "the sandbox's supervisor exited")
+            self.sandbox._command_ended()
             for fut in (self._started, self._exit):
                 if not fut.done():
                     fut.set_exception(lost)
@@ -99,6 +102,7 @@ class BwrapProcess:
             if not self._exit.done():
                 self._exit.set_result(protocol.decode_exit(frame.payload))
             self.sandbox._conn.unroute(self.rid)
+            self.sandbox._command_ended()
             self._wake.set()
         elif frame.op is Op.FAIL:
             _, msg = protocol.decode_fail(frame.payload)
@@ -108,6 +112,7 @@ class BwrapProcess:
                     fut.set_exception(failure)
                     fut.exception()
             self.sandbox._conn.unroute(self.rid)
+            self.sandbox._command_ended()
             self._wake.set()
 
     async def output(self) -> AsyncIterator[OutputChunk]:

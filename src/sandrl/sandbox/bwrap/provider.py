@@ -330,10 +330,10 @@ class BwrapProvider:
     def _forget(self, sandbox: BwrapSandbox) -> None:
         self.live.discard(sandbox)
 
-    def expect_forks(self, spec: SandboxSpec, n: int) -> None:
+    def expect_forks(self, spec: SandboxSpec, n: int, until: asyncio.Future[None] | None = None) -> None:
         """Forks of ``n`` children of ``spec`` will come again: keep their launches made ahead
-        (:mod:`.premade`)."""
-        self.premade.want(PremadeKind.of(spec, own_net=not spec.network), n)
+        (:mod:`.premade`), made once ``until`` is done (at most :data:`.premade.REFILL_HOLD_S` later)."""
+        self.premade.want(PremadeKind.of(spec, own_net=not spec.network), n, until=until)
 
     async def close_all(self) -> None:
         await self.premade.close()

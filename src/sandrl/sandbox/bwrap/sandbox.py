@@ -140,6 +140,9 @@ class BwrapSandbox(ClosesOnExit):
         """Why the sandbox ended on its own (died or stopped answering), once it did."""
         self.reply_timeout_s = REPLY_TIMEOUT_S
         loop = asyncio.get_running_loop()
+        self.first_command_ended: asyncio.Future[None] = loop.create_future()
+        """Done once its first command has ended (or the sandbox has): until then a new sandbox is
+        still starting, and background work that can wait does (:mod:`.premade`'s refills)."""
         self._ttl_timer = loop.call_later(spec.ttl_s, self._expire)
         self._watch = asyncio.create_task(self._watch_death(), name=f"sandrl-watch-{sid}")
 
@@ -247,7 +250,12 @@ class BwrapSandbox(ClosesOnExit):
         # Shielded: a cancelled caller must not leave a half-removed sandbox behind.
         await asyncio.shield(self._start_close())
 
+    def _command_ended(self) -> None:
+        if not self.first_command_ended.done():
+            self.first_command_ended.set_result(None)
+
     async def _cleanup(self) -> None:
+        self._command_ended()
         self._ttl_timer.cancel()
         if self._paused_ttl_s is not None:
             self._paused_ttl_s = None

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import shutil
 import uuid
 from collections.abc import Iterable
@@ -54,7 +55,7 @@ class Creates(Protocol):
 
     async def create(self, spec: SandboxSpec, *, nat: bool = False) -> BwrapSandbox: ...
 
-    def expect_forks(self, spec: SandboxSpec, n: int) -> None: ...
+    def expect_forks(self, spec: SandboxSpec, n: int, until: asyncio.Future[None] | None = None) -> None: ...
 
 
 async def snapshot_sandbox(store: ImageStore, sandbox: BwrapSandbox, name: str | None = None) -> str:
@@ -105,14 +106,24 @@ async def fork_sandbox(provider: Creates, sandbox: BwrapSandbox, n: int) -> list
         raise ConfigError(f"a fork makes between 1 and {MAX_FORK} sandboxes, got {n!r}")
     image = await snapshot_sandbox(provider.images, sandbox, f"{FORK_PREFIX}{uuid.uuid4().hex[:16]}")
     spec = replace(sandbox.spec, image=image, entrypoint=False)
+    # Keep launches made ahead for the next fork like this one, made once this fork's children have
+    # started (each has run its first command): until then the refill would only compete with them.
+    started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    provider.expect_forks(spec, n, until=started)
     made = await asyncio.gather(*(provider.create(spec) for _ in range(n)), return_exceptions=True)
     children = [c for c in made if isinstance(c, BwrapSandbox)]
     failed = [c for c in made if isinstance(c, BaseException)]
     if failed:
+        started.set_result(None)
         await asyncio.gather(*(c.close() for c in children), return_exceptions=True)
         raise failed[0]
-    provider.expect_forks(spec, n)  # after this fork's creates: the refill does not compete with them
+    asyncio.gather(*(c.first_command_ended for c in children)).add_done_callback(functools.partial(_settle, started))
     return children
+
+
+def _settle(started: asyncio.Future[None], _: object) -> None:
+    if not started.done():
+        started.set_result(None)
 
 
 @dataclass(frozen=True)
