@@ -9,6 +9,8 @@ import pytest
 
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider, BwrapSandbox
+from sandrl.sandbox.bwrap.images import MountPlan
+from sandrl.sandbox.bwrap.launch import PremadeKind
 
 from ..support import REASON
 
@@ -23,6 +25,33 @@ def provider(state_dir: Path) -> Iterator[BwrapProvider]:
     if REASON is not None:
         pytest.skip(REASON)
     p = BwrapProvider(state_dir)
+    yield p
+    p._close_all_sync()
+
+
+class AlwaysPremade(BwrapProvider):
+    """A provider whose every create takes a launch made ahead (:mod:`sandrl.sandbox.bwrap.premade`),
+    whose helper does bubblewrap's part itself: the tests that hold a sandbox's surface run on both."""
+
+    async def _create(
+        self, spec: SandboxSpec, image_env: dict[str, str], plan: MountPlan, *, own_net: bool
+    ) -> BwrapSandbox:
+        self.premade.want(PremadeKind.of(spec, own_net=own_net), 1)
+        await self.premade.wait_full()
+        taken = self.premade.taken
+        sandbox = await super()._create(spec, image_env, plan, own_net=own_net)
+        assert self.premade.taken == taken + 1, f"not made ahead: {self.premade.last_error}"
+        return sandbox
+
+
+@pytest.fixture(scope="module", params=["bubblewrap", "premade"])
+def either_launch(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BwrapProvider]:
+    """A provider of each launch: bubblewrap's (a create's) and the helper's (a fork's children's).
+    A module overrides ``provider`` with it to run its tests on both."""
+    if REASON is not None:
+        pytest.skip(REASON)
+    kind = BwrapProvider if request.param == "bubblewrap" else AlwaysPremade
+    p = kind(tmp_path_factory.mktemp(f"sandrl-{request.param}"))
     yield p
     p._close_all_sync()
 

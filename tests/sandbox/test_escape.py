@@ -18,6 +18,12 @@ from ..support import needs_sandbox
 pytestmark = needs_sandbox
 
 
+@pytest.fixture(scope="module")
+def provider(either_launch: BwrapProvider) -> BwrapProvider:
+    """Each test on a sandbox that bubblewrap set up and on one that the helper did (a fork's child)."""
+    return either_launch
+
+
 @pytest.mark.parametrize("host_dir", ["/root", "/tmp"])
 async def test_host_files_are_not_visible(sandbox: BwrapSandbox, host_dir: str) -> None:
     name = f"sandrl-planted-{uuid.uuid4().hex}"

@@ -21,6 +21,14 @@ from sandrl.sandbox.bwrap import BwrapProvider
 from ..support import needs_sandbox
 
 pytestmark = needs_sandbox
+
+
+@pytest.fixture(scope="module")
+def provider(either_launch: BwrapProvider) -> BwrapProvider:
+    """Each test on a sandbox that bubblewrap set up and on one that the helper did (a fork's child)."""
+    return either_launch
+
+
 SECRET = "sandrl-test-secret-content\n"
 
 

@@ -18,6 +18,13 @@ from ..support import needs_sandbox
 
 pytestmark = needs_sandbox
 
+
+@pytest.fixture(scope="module")
+def provider(either_launch: BwrapProvider) -> BwrapProvider:
+    """Each test on a sandbox that bubblewrap set up and on one that the helper did (a fork's child)."""
+    return either_launch
+
+
 # (add_key, keyctl, bpf, perf_event_open, userfaultfd, io_uring_setup) by architecture
 _SYSCALLS = {
     "x86_64": {

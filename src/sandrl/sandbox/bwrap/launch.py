@@ -4,11 +4,12 @@ A launch locks a uid slot, writes the sandbox's record, makes its cgroups and st
 ``sandrl-helper launch``, which makes the namespaces, builds the root and execs bubblewrap
 (see ``native/sandrl-helper.c``). :meth:`Launcher.launch` does it in one go. A *pre-made*
 launch (:meth:`Launcher.premake`, then :meth:`Launcher.finish`) does everything that does not
-depend on the sandbox ahead of demand: slot, record, cgroups (without limits), the helper's
-process and every namespace; the helper then waits on its socket. When it is taken, the limits
-are written, the record completes, and the rest of the helper's arguments (the image's layers,
-the disk size, bubblewrap's arguments) go over the socket; the helper builds the root and goes
-on as any launch. Blocking throughout: run it in a thread.
+depend on the image ahead of demand: slot, record, cgroups with their limits, the helper's
+process, every namespace, and pid 1 with /proc and /dev, the helper doing bubblewrap's part
+itself; pid 1 then waits for its root. When it is taken, the record completes and the rest of
+the helper's arguments (the image's layers, the disk size, pid 1's command line) go over the
+socket; the helper builds the root and hands it to pid 1, which pivots into it and runs the
+agent. Blocking throughout: run it in a thread.
 """
 
 from __future__ import annotations
@@ -154,8 +155,8 @@ class Launcher:
         try:
             self._write_record(launch, spec)
             launch.group = self.cgroups.create(sid, memory_mb=spec.memory_mb, pids=spec.pids, cpus=spec.cpus)
-            head = self._head(launch)
-            argv = [*head, *self._tail(launch, spec, plan)]
+            argv = [*self._head(launch), *self._root(launch, spec, plan), "--bwrap", self.bwrap, "--"]
+            argv += [*self._bwrap(launch), "--", *self._agent(launch, spec)]
             self._start(launch, argv)
             return launch
         except BaseException:
@@ -173,6 +174,10 @@ class Launcher:
             launch.group = self.cgroups.create(launch.sid, memory_mb=kind.memory_mb, pids=kind.pids, cpus=kind.cpus)
             head = self._head(launch)
             head += ["--store-uid", str(STORE_UID_BASE), "--args-fd", str(launch.helper_sock_fd)]
+            # The helper does bubblewrap's part for a pre-made launch (native/sandrl-helper.c).
+            head += ["--hostname", launch.sid]
+            for path in _masked_proc():
+                head += ["--mask", path]
             self._start(launch, head)
             return launch
         except BaseException:
@@ -185,7 +190,7 @@ class Launcher:
         before this raises."""
         assert launch.premade and launch.sock is not None and launch.group is not None
         try:
-            tail = self._tail(launch, spec, plan)
+            tail = [*self._root(launch, spec, plan), "--", *self._agent(launch, spec)]
             bad = [arg for arg in tail if "\0" in arg]
             if bad:  # each would split into more arguments (Popen refuses them too)
                 raise ValueError(f"a launch argument holds a NUL byte: {bad!r}")
@@ -240,8 +245,8 @@ class Launcher:
             argv.append("--own-net")  # the launcher makes it, owned by the commands' namespace
         return argv
 
-    def _tail(self, launch: Launch, spec: SandboxSpec, plan: MountPlan) -> list[str]:
-        """The helper's arguments of this sandbox: its disk, its image's layers, bubblewrap's."""
+    def _root(self, launch: Launch, spec: SandboxSpec, plan: MountPlan) -> list[str]:
+        """The helper's arguments for this sandbox's root: its disk, its image's layers."""
         argv = ["--tmpfs-bytes", str(spec.disk_mb << 20)]
         store_layers = plan.store_layers
         if store_layers and not launch.premade:
@@ -250,8 +255,11 @@ class Launcher:
             argv += ["--store-layer" if i in store_layers else "--layer", str(layer)]
         for target, indices in plan.overlays:
             argv += ["--overlay", target, ",".join(str(i) for i in indices)]
-        argv += ["--bwrap", self.bwrap, "--"]
-        argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup"]
+        return argv
+
+    def _bwrap(self, launch: Launch) -> list[str]:
+        """bubblewrap's arguments (a full launch's; a pre-made one's helper does the same itself)."""
+        argv = ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup"]
         argv += ["--hostname", launch.sid, "--bind", "/tmp/sandrl/root", "/", "--proc", "/proc", "--dev", "/dev"]
         # bubblewrap makes /dev as pid 1's uid, which the sandbox's root is not: /dev/shm (POSIX
         # semaphores, shared memory) must be open to it, as /tmp is. A chmod, not a tmpfs of its
@@ -263,8 +271,12 @@ class Launcher:
         argv += ["--as-pid-1", "--new-session", "--clearenv"]
         for cap in DEFAULT_CAPS:
             argv += ["--cap-add", cap]
+        return argv
+
+    def _agent(self, launch: Launch, spec: SandboxSpec) -> list[str]:
+        """Pid 1's command line (the helper puts in the agent's file and the inner namespace's fd)."""
         ttl_ms = max(1, min(int(spec.ttl_s * 1000), 0xFFFFFFFF))
-        argv += ["--", "@AGENT@", "agent", "--fd", str(launch.helper_sock_fd), "--lock-fd", str(launch.slot_fd)]
+        argv = ["@AGENT@", "agent", "--fd", str(launch.helper_sock_fd), "--lock-fd", str(launch.slot_fd)]
         argv += ["--inner-userns", "@INNER_USERNS@", "--workdir", spec.workdir, "--ttl-ms", str(ttl_ms)]
         return argv
 

@@ -9,7 +9,9 @@
  *       image layers + overlayfs over a size-limited tmpfs), drops to the sandbox's host uid
  *       and execs bubblewrap, which adds the pid/net/ipc/uts/cgroup namespaces, /proc and
  *       /dev, and runs the agent as pid 1. Every mount lives only in namespaces the sandbox
- *       owns, so nothing is left on the host whatever happens to the processes.
+ *       owns, so nothing is left on the host whatever happens to the processes. A launch made
+ *       ahead (--args-fd) does bubblewrap's part itself, before its image is known: see
+ *       "pid 1 made ahead" below.
  *
  *   sandrl-helper agent ...    runs inside the sandbox as its pid 1, root of the outer user
  *       namespace; it makes the nested one the sandbox's commands run in (as its root, with
@@ -137,6 +139,7 @@ struct sandrl_mount_attr {
 
 #define MAX_LAYERS 128
 #define MAX_OVERLAYS 16
+#define MAX_MASKS 16
 #define STAGE "/tmp/sandrl"
 
 static void bring_loopback_up(void) {
@@ -385,7 +388,10 @@ struct launch_opts {
     unsigned long long tmpfs_bytes;
     const char *bwrap;
     int own_net, args_fd;
-    char **rest; /* bubblewrap's arguments (after --) */
+    const char *hostname;        /* pid 1 made ahead: the sandbox's hostname */
+    const char *masks[MAX_MASKS]; /* pid 1 made ahead: the /proc entries that read as empty */
+    int n_masks;
+    char **rest; /* bubblewrap's arguments (after --); with pid 1 made ahead, pid 1's */
     int n_rest;
 };
 
@@ -417,6 +423,10 @@ static void parse_launch_opts(int argc, char **argv, struct launch_opts *o) {
             o->own_net = 1;
         } else if (!strcmp(a, "--args-fd") && i + 1 < argc) {
             o->args_fd = atoi(argv[++i]);
+        } else if (!strcmp(a, "--hostname") && i + 1 < argc) {
+            o->hostname = argv[++i];
+        } else if (!strcmp(a, "--mask") && i + 1 < argc && o->n_masks < MAX_MASKS) {
+            o->masks[o->n_masks++] = argv[++i];
         } else {
             errno = 0;
             die("launch: unknown or incomplete option %s", a);
@@ -496,11 +506,15 @@ static void finish_namespaces(struct launch_ns *ns, const struct launch_opts *o,
     ns->inner_fd = finish_sandbox_namespaces(&ns->sandbox);
 }
 
-/* The mount namespace and the writable layer; the layers cloned before the tmpfs covers /tmp,
- * where a state directory may be. */
-static void start_root(const struct launch_opts *o, int *layer_fds) {
+/* The launcher's own mount namespace, where it builds the root: nothing in it reaches the host's. */
+static void private_mount_namespace(void) {
     if (unshare(CLONE_NEWNS)) die("unshare(CLONE_NEWNS)");
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL)) die("making / private");
+}
+
+/* The writable layer (in the private mount namespace); the layers cloned before the tmpfs covers
+ * /tmp, where a state directory may be. */
+static void start_root(const struct launch_opts *o, int *layer_fds) {
     for (int l = 0; l < o->n_layers; l++) layer_fds[l] = clone_layer(o->layers[l]);
     char opts[128];
     snprintf(opts, sizeof opts, "size=%llu,mode=0755", o->tmpfs_bytes);
@@ -560,6 +574,347 @@ static void finish_root(const struct launch_opts *o, int *layer_fds, const struc
     }
 }
 
+
+/* ---------------------------------------------------------------- pid 1 made ahead
+ *
+ * A pre-made launch (--args-fd) does bubblewrap's part itself, while nobody waits: a full launch
+ * pays ~3 ms of CPU for bubblewrap (its C library's start-up, and a parse of the whole mount table
+ * after each of its ~17 bind mounts), which a fork's 16 children pay at once. Pid 1 is made with
+ * the sandbox's namespaces as bubblewrap makes them (pid, mount, ipc, uts and cgroup ones, inside
+ * the outer user namespace, so every mount copied into its mount namespace is locked), and builds
+ * bubblewrap's /proc and /dev at a staging place. When the provider hands the launch a sandbox,
+ * the launcher builds the root as for any launch and passes it to pid 1 as a detached mount
+ * (open_tree); pid 1 attaches it, moves /proc and /dev into it, pivots into it and execs the agent
+ * as bubblewrap would: Docker's capabilities, a new session, no environment. The tests that hold
+ * the sandbox's surface to bubblewrap's run on sandboxes made both ways. */
+
+#define PID1_STAGE "/tmp"
+
+/* Docker's default capability set: launch.py's DEFAULT_CAPS, which bubblewrap gets for a full launch. */
+static const int docker_caps[] = {CAP_CHOWN,  CAP_DAC_OVERRIDE, CAP_FSETID,  CAP_FOWNER,           CAP_MKNOD,
+                                  CAP_NET_RAW, CAP_SETGID,       CAP_SETUID,  CAP_SETFCAP,          CAP_SETPCAP,
+                                  CAP_NET_BIND_SERVICE, CAP_SYS_CHROOT, CAP_KILL, CAP_AUDIT_WRITE};
+
+static void mount_or_die(const char *src, const char *dst, const char *type, unsigned long flags, const char *data) {
+    if (mount(src, dst, type, flags, data)) die("mounting %s on %s", src ? src : "(remount)", dst);
+}
+
+/* A bind mount with bubblewrap's flags for it (always nosuid, plus `flags`). */
+static void bind_or_die(const char *src, const char *dst, unsigned long flags) {
+    mount_or_die(src, dst, NULL, MS_BIND, NULL);
+    mount_or_die(NULL, dst, NULL, MS_BIND | MS_REMOUNT | MS_NOSUID | flags, NULL);
+}
+
+static void create_empty_or_die(const char *path) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0444);
+    if (fd < 0) die("creating %s", path);
+    close(fd);
+}
+
+static void symlink_or_die(const char *target, const char *path) {
+    if (symlink(target, path)) die("symlink %s", path);
+}
+
+/* bubblewrap's --proc (with its covers of sys, sysrq-trigger, irq and bus) and our masks. */
+static void stage_proc(const struct launch_opts *o) {
+    const char *dir = PID1_STAGE "/proc";
+    mkdir_or_die(dir, 0755, (uid_t)-1);
+    mount_or_die("proc", dir, "proc", MS_NOSUID | MS_NOEXEC | MS_NODEV, NULL);
+    static const char *const covered[] = {"sys", "sysrq-trigger", "irq", "bus"};
+    char path[PATH_MAX];
+    for (size_t i = 0; i < sizeof covered / sizeof *covered; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, covered[i]);
+        if (access(path, W_OK) < 0) {
+            if (errno == EACCES || errno == ENOENT || errno == EROFS) continue;
+            die("access %s", path);
+        }
+        bind_or_die(path, path, MS_RDONLY | MS_NODEV | MS_NOEXEC);
+    }
+    create_empty_or_die(PID1_STAGE "/empty");
+    for (int i = 0; i < o->n_masks; i++) {
+        if (strncmp(o->masks[i], "/proc/", 6) || strstr(o->masks[i], "..")) {
+            errno = 0;
+            die("launch: --mask %s is not under /proc", o->masks[i]);
+        }
+        snprintf(path, sizeof path, "%s/%s", dir, o->masks[i] + 6);
+        bind_or_die(PID1_STAGE "/empty", path, MS_RDONLY | MS_NODEV);
+    }
+}
+
+/* bubblewrap's --dev, and our --chmod 1777 /dev/shm. */
+static void stage_dev(void) {
+    const char *dir = PID1_STAGE "/dev";
+    mkdir_or_die(dir, 0755, (uid_t)-1);
+    mount_or_die("tmpfs", dir, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755");
+    static const char *const nodes[] = {"null", "zero", "full", "random", "urandom", "tty"};
+    char path[PATH_MAX], src[64];
+    for (size_t i = 0; i < sizeof nodes / sizeof *nodes; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, nodes[i]);
+        snprintf(src, sizeof src, "/dev/%s", nodes[i]);
+        create_empty_or_die(path);
+        bind_or_die(src, path, 0);
+    }
+    static const char *const stdio[] = {"stdin", "stdout", "stderr"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(src, sizeof src, "/proc/self/fd/%d", i);
+        snprintf(path, sizeof path, "%s/%s", dir, stdio[i]);
+        symlink_or_die(src, path);
+    }
+    symlink_or_die("/proc/self/fd", PID1_STAGE "/dev/fd");
+    symlink_or_die("/proc/kcore", PID1_STAGE "/dev/core");
+    mkdir_or_die(PID1_STAGE "/dev/shm", 01777, (uid_t)-1);
+    mkdir_or_die(PID1_STAGE "/dev/pts", 0755, (uid_t)-1);
+    mount_or_die("devpts", PID1_STAGE "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620");
+    symlink_or_die("pts/ptmx", PID1_STAGE "/dev/ptmx");
+}
+
+/* Keep only Docker's capabilities, in the bounding set and in pid 1's own and ambient sets, as
+ * bubblewrap's --cap-add leaves them (the agent drops from its commands what is not in its bounding
+ * set). */
+static void keep_docker_caps(void) {
+    uint64_t keep = 0;
+    for (size_t i = 0; i < sizeof docker_caps / sizeof *docker_caps; i++) keep |= 1ULL << docker_caps[i];
+    for (int c = 0; c < 64; c++) {
+        if (keep & (1ULL << c)) continue;
+        if (prctl(PR_CAPBSET_DROP, c, 0, 0, 0) && errno != EINVAL) die("dropping capability %d", c);
+    }
+    struct __user_cap_header_struct h = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct d[2];
+    memset(d, 0, sizeof d);
+    d[0].effective = d[0].permitted = d[0].inheritable = (uint32_t)keep;
+    d[1].effective = d[1].permitted = d[1].inheritable = (uint32_t)(keep >> 32);
+    if (syscall(SYS_capset, &h, d)) die("capset");
+    for (size_t i = 0; i < sizeof docker_caps / sizeof *docker_caps; i++)
+        if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, docker_caps[i], 0, 0) && errno != EINVAL)
+            die("raising ambient capability %d", docker_caps[i]);
+}
+
+/* Receive the root (a detached mount) and pid 1's arguments from the launcher; EOF (the launch was
+ * not needed, or the launcher died) ends pid 1 quietly. */
+static int receive_root(int sock) {
+    char byte;
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } control;
+    struct iovec iov = {&byte, 1};
+    struct msghdr msg = {0};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.buf;
+    msg.msg_controllen = sizeof control.buf;
+    ssize_t n;
+    do n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    while (n < 0 && errno == EINTR);
+    if (n == 0) _exit(0);
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    if (n != 1 || !c || c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) {
+        errno = 0;
+        die("pid 1: no root from the launcher");
+    }
+    int fd;
+    memcpy(&fd, CMSG_DATA(c), sizeof fd);
+    return fd;
+}
+
+static void send_root(int sock, int root_fd, char **args, int n_args) {
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } control;
+    memset(&control, 0, sizeof control);
+    char byte = 'r';
+    struct iovec iov = {&byte, 1};
+    struct msghdr msg = {0};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.buf;
+    msg.msg_controllen = sizeof control.buf;
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &root_fd, sizeof root_fd);
+    if (sendmsg(sock, &msg, MSG_NOSIGNAL) != 1) die("handing the root to pid 1");
+    size_t len = 0;
+    for (int i = 0; i < n_args; i++) len += strlen(args[i]) + 1;
+    unsigned char *buf = malloc(4 + len);
+    if (!buf) die("malloc");
+    buf[0] = (unsigned char)len, buf[1] = (unsigned char)(len >> 8), buf[2] = (unsigned char)(len >> 16);
+    buf[3] = (unsigned char)(len >> 24);
+    size_t off = 4;
+    for (int i = 0; i < n_args; i++) {
+        size_t l = strlen(args[i]) + 1;
+        memcpy(buf + off, args[i], l);
+        off += l;
+    }
+    for (size_t done = 0; done < off;) {
+        ssize_t w = send(sock, buf + done, off - done, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) die("handing pid 1 its arguments");
+        done += (size_t)w;
+    }
+    free(buf);
+}
+
+/* Pid 1, from its birth to the agent: /proc and /dev now, the root when the launcher sends it. */
+static void pid1_main(const struct launch_opts *o, int sock, int self_fd, int userns_fd, int inner_fd) {
+    close(userns_fd); /* pid 1 is in it; nothing of it may reach the agent */
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)) die("prctl(PR_SET_NO_NEW_PRIVS)");
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL)) die("making / private");
+    if (o->hostname && sethostname(o->hostname, strlen(o->hostname))) die("sethostname");
+    mount_or_die("sandrl", PID1_STAGE, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0755");
+    mkdir_or_die(PID1_STAGE "/root", 0755, (uid_t)-1);
+    stage_proc(o);
+    stage_dev();
+
+    int root = receive_root(sock);
+    int argc;
+    char **argv;
+    read_launch_args(sock, &argc, &argv);
+    if (syscall(SYS_move_mount, root, "", AT_FDCWD, PID1_STAGE "/root", MOVE_MOUNT_F_EMPTY_PATH))
+        die("attaching the sandbox's root");
+    close(root);
+    close(sock);
+    static const char *const moved[] = {"proc", "dev"};
+    char from[64], to[64];
+    for (int i = 0; i < 2; i++) {
+        snprintf(from, sizeof from, PID1_STAGE "/%s", moved[i]);
+        snprintf(to, sizeof to, PID1_STAGE "/root/%s", moved[i]);
+        struct stat st;
+        if (lstat(to, &st) != 0) mkdir_or_die(to, 0755, (uid_t)-1);
+        mount_or_die(from, to, NULL, MS_MOVE, NULL);
+    }
+    /* As bubblewrap: pivot onto the new root with the old one on top of it, then detach the old. */
+    int old_root = open("/", O_DIRECTORY | O_RDONLY | O_CLOEXEC);
+    if (old_root < 0) die("open /");
+    if (chdir(PID1_STAGE "/root")) die("chdir to the new root");
+    if (syscall(SYS_pivot_root, ".", ".")) die("pivot_root");
+    if (fchdir(old_root)) die("fchdir to the old root");
+    if (umount2(".", MNT_DETACH)) die("detaching the old root");
+    close(old_root);
+    if (chdir("/")) die("chdir /");
+
+    keep_docker_caps();
+    if (setsid() < 0) die("setsid");
+    char self_path[40], inner_str[16];
+    snprintf(self_path, sizeof self_path, "/proc/self/fd/%d", self_fd);
+    snprintf(inner_str, sizeof inner_str, "%d", inner_fd);
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "@AGENT@")) argv[i] = self_path;
+        else if (!strcmp(argv[i], "@INNER_USERNS@")) argv[i] = inner_str;
+    }
+    char *no_env[] = {NULL};
+    execve(self_path, argv, no_env);
+    die("exec the agent");
+}
+
+/* Pid 1 of a pre-made launch, made by a child that enters the sandbox's user namespace as
+ * bubblewrap does (as the sandbox's host uid, with its own session keyring) and unshares the
+ * others; pid 1 is its child, and the launcher's once it exits (the launcher is a subreaper). */
+static pid_t start_pid1(const struct launch_opts *o, const struct launch_ns *ns, const int pair[2], int self_fd) {
+    int report[2];
+    if (pipe2(report, O_CLOEXEC)) die("pipe");
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1)) die("prctl(PR_SET_CHILD_SUBREAPER)");
+    pid_t m = fork();
+    if (m < 0) die("fork");
+    if (m == 0) {
+        close(report[0]);
+        uid_t uid = o->uid;
+        if (setgroups(0, NULL) || setresgid(uid, uid, uid) || setresuid(uid, uid, uid)) die("dropping to uid %u", uid);
+        if (syscall(SYS_keyctl, KEYCTL_JOIN_SESSION_KEYRING, NULL) < 0) die("joining a new session keyring");
+        if (setns(ns->userns_fd, CLONE_NEWUSER)) die("entering the sandbox's user namespace");
+        if (unshare(CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP))
+            die("making the sandbox's namespaces");
+        pid_t c = fork();
+        if (c < 0) die("fork");
+        if (c == 0) {
+            close(report[1]);
+            close(pair[0]); /* the launcher's end: pid 1 sees EOF on its own if the launcher ends */
+            pid1_main(o, pair[1], self_fd, ns->userns_fd, ns->inner_fd);
+            _exit(70);
+        }
+        if (write(report[1], &c, sizeof c) != (ssize_t)sizeof c) _exit(1);
+        _exit(0);
+    }
+    close(report[1]);
+    pid_t c = -1;
+    ssize_t n = read(report[0], &c, sizeof c);
+    close(report[0]);
+    waitpid(m, NULL, 0);
+    if (n != (ssize_t)sizeof c) {
+        errno = 0;
+        die("could not start the sandbox's pid 1");
+    }
+    return c;
+}
+
+/* A pre-made launch, from its namespaces to the monitor of its pid 1. */
+static int premade_main(struct launch_opts *o) {
+    struct launch_ns ns;
+    int layer_fds[MAX_LAYERS];
+    int with_store = o->store_uid != 0;
+    start_namespaces(&ns, o, with_store);
+    finish_namespaces(&ns, o, with_store);
+    enter_network_namespace(&ns.sandbox, o->own_net);
+    reap_children();
+    private_mount_namespace();
+    int self_fd = open("/proc/self/exe", O_RDONLY); /* pid 1 execs the agent through it */
+    if (self_fd < 0) die("open /proc/self/exe");
+    int pair[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair)) die("socketpair");
+    pid_t pid1 = start_pid1(o, &ns, pair, self_fd);
+    close(pair[1]);
+    close(self_fd);
+
+    /* Wait for a sandbox to be given, or for pid 1's end (this launch is then of no use: the
+     * provider finds it dead and discards it). */
+    struct pollfd pf[2] = {{.fd = o->args_fd, .events = POLLIN}, {.fd = pair[0], .events = POLLIN}};
+    while (poll(pf, 2, -1) < 0)
+        if (errno != EINTR) die("poll");
+    if (pf[1].revents && !pf[0].revents) {
+        errno = 0;
+        die("the sandbox's pid 1 ended before it was used");
+    }
+    int more_argc;
+    char **more_argv;
+    read_launch_args(o->args_fd, &more_argc, &more_argv);
+    o->rest = NULL;
+    o->n_rest = 0;
+    parse_launch_opts(more_argc, more_argv, o);
+    for (int l = 0; l < o->n_layers; l++)
+        if (o->store_layer[l] && !with_store) {
+            errno = 0;
+            die("launch: --store-layer needs --store-uid");
+        }
+    if (o->tmpfs_bytes == 0 || o->n_ov == 0 || o->n_rest == 0) {
+        errno = 0;
+        die("launch: need --tmpfs-bytes, --overlay and pid 1's arguments after --");
+    }
+    start_root(o, layer_fds);
+    finish_root(o, layer_fds, &ns);
+    int root = (int)syscall(SYS_open_tree, AT_FDCWD, STAGE "/root", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
+    if (root < 0) die("open_tree %s", STAGE "/root");
+    send_root(pair[0], root, o->rest, o->n_rest);
+    close(root);
+    close(pair[0]);
+    close(o->args_fd); /* the provider's socket is pid 1's now */
+    close(ns.userns_fd);
+    close(ns.inner_fd);
+    if (ns.store_fd >= 0) close(ns.store_fd);
+
+    /* The monitor, as bubblewrap's: unprivileged, it ends with pid 1 and with its status. */
+    uid_t uid = o->uid;
+    if (setgroups(0, NULL) || setresgid(uid, uid, uid) || setresuid(uid, uid, uid)) die("dropping to uid %u", uid);
+    int status = 0;
+    for (;;) {
+        pid_t w = waitpid(-1, &status, 0);
+        if (w == pid1) break;
+        if (w < 0 && errno != EINTR) die("waiting for pid 1");
+    }
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
 static int launch_main(int argc, char **argv) {
     struct launch_opts o;
     memset(&o, 0, sizeof o);
@@ -570,36 +925,16 @@ static int launch_main(int argc, char **argv) {
         errno = 0;
         die("launch: need --uid");
     }
+    /* Pre-made: every namespace and pid 1 now, while nobody waits; the image and the sandbox's
+     * own arguments when the provider hands this launch a sandbox. */
+    if (o.args_fd >= 0) return premade_main(&o);
     struct launch_ns ns;
     int layer_fds[MAX_LAYERS];
-    if (o.args_fd >= 0) {
-        /* Pre-made: every namespace now, while nobody waits; the image and the sandbox's own
-         * arguments when the provider hands this launch a sandbox. */
-        int with_store = o.store_uid != 0;
-        start_namespaces(&ns, &o, with_store);
-        finish_namespaces(&ns, &o, with_store);
-        enter_network_namespace(&ns.sandbox, o.own_net);
-        reap_children();
-        int more_argc;
-        char **more_argv;
-        read_launch_args(o.args_fd, &more_argc, &more_argv);
-        o.rest = NULL;
-        o.n_rest = 0;
-        parse_launch_opts(more_argc, more_argv, &o);
-        for (int l = 0; l < o.n_layers; l++)
-            if (o.store_layer[l] && !with_store) {
-                errno = 0;
-                die("launch: --store-layer needs --store-uid");
-            }
-    }
     if (o.tmpfs_bytes == 0 || o.n_ov == 0 || o.n_rest == 0) {
         errno = 0;
         die("launch: need --tmpfs-bytes, --overlay and the bubblewrap arguments after --");
     }
-    if (o.args_fd >= 0) {
-        start_root(&o, layer_fds);
-        finish_root(&o, layer_fds, &ns);
-    } else {
+    {
         /* Host uid `uid` is the supervisor (pid 1, root of the outer user namespace); the sandbox's
          * own processes run in the nested one, where root is host uid+1 and uid n is host uid+1+n,
          * so pid 1's uid is not mapped where they run. Namespaces are made by children while this
@@ -611,6 +946,7 @@ static int launch_main(int argc, char **argv) {
             die("launch: --store-layer needs --store-uid");
         }
         start_namespaces(&ns, &o, with_store);
+        private_mount_namespace();
         start_root(&o, layer_fds);
         finish_namespaces(&ns, &o, with_store);
         finish_root(&o, layer_fds, &ns);
