@@ -6,13 +6,17 @@ import asyncio
 import os
 import re
 import time
+import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from sandrl.errors import SandboxCreateError
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider, premade
+from sandrl.sandbox.bwrap.images import HOST_IMAGE
 from sandrl.sandbox.bwrap.launch import PremadeKind
 from sandrl.sandbox.bwrap.state import Slot
 
@@ -121,6 +125,27 @@ async def test_a_child_made_ahead_has_the_surface_bubblewrap_gives(own: BwrapPro
     assert "CapBnd:\t00000000a80425fb" in mine  # Docker's set (launch.DEFAULT_CAPS)
     assert "/proc/cmdline ro,nosuid,nodev,relatime tmpfs sandrl" in mine
     assert "/ rw,nosuid,nodev,relatime overlay overlay" in mine
+
+
+@pytest.mark.parametrize("entry", ["dev", "proc"])
+async def test_an_image_whose_dev_or_proc_is_a_symlink_is_refused(
+    own: BwrapProvider, tmp_path: Path, entry: str
+) -> None:
+    """Pid 1 moves /proc and /dev into the root while it is still in the host's tree, where a
+    symlink of the image would lead: it refuses one."""
+    layer = tmp_path / "layer"
+    layer.mkdir()
+    (layer / entry).symlink_to("/etc")
+    name = f"sandrl-test-{entry}-symlink-{uuid.uuid4().hex[:8]}"
+    own.images.add_image(name, [own.images.add_layer(layer)], base=HOST_IMAGE)
+    try:
+        own.premade.want(KIND, 1)
+        await own.premade.wait_full()
+        with pytest.raises(SandboxCreateError, match=f"the image's /{entry} is not a directory"):
+            await own.create(replace(SPEC, image=name))
+        assert own.premade.taken == 1
+    finally:
+        own.images.remove(name)
 
 
 async def test_the_refill_waits_until_the_forks_children_have_run_a_command(

@@ -782,7 +782,13 @@ static void pid1_main(const struct launch_opts *o, int sock, int self_fd, int us
         snprintf(from, sizeof from, PID1_STAGE "/%s", moved[i]);
         snprintf(to, sizeof to, PID1_STAGE "/root/%s", moved[i]);
         struct stat st;
-        if (lstat(to, &st) != 0) mkdir_or_die(to, 0755, (uid_t)-1);
+        if (lstat(to, &st) != 0) {
+            mkdir_or_die(to, 0755, (uid_t)-1);
+        } else if (!S_ISDIR(st.st_mode)) {
+            /* A symlink would be followed from the host's tree, where pid 1 still is. */
+            errno = 0;
+            die("the image's /%s is not a directory", moved[i]);
+        }
         mount_or_die(from, to, NULL, MS_MOVE, NULL);
     }
     /* As bubblewrap: pivot onto the new root with the old one on top of it, then detach the old. */
