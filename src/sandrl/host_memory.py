@@ -2,21 +2,18 @@
 
 Admission checks ask for ``MemAvailable`` on every create, and a burst of hundreds of creates
 would read the file hundreds of times in a second (the kernel sums every zone for each read):
-:func:`mem_available_bytes` takes a ``max_age_s`` so that those callers share a reading a few
-milliseconds old, which is as good a guard against running out of memory as a fresh one.
-Measurements (a benchmark's before and after) read it fresh.
+:func:`mem_available_bytes` takes a ``max_age_s`` so that those callers share a reading
+(:func:`sandrl.recent.recent`).
 """
 
 from __future__ import annotations
 
-import time
+from sandrl.recent import recent
 
 __all__ = ["ADMISSION_MEMORY_AGE_S", "mem_available_bytes", "meminfo_kb"]
 
 ADMISSION_MEMORY_AGE_S = 0.05
 """How old a reading an admission check accepts: a burst's creates share one."""
-
-_cached: tuple[float, int | None] = (float("-inf"), None)
 
 
 def meminfo_kb(key: str) -> int | None:
@@ -34,12 +31,9 @@ def meminfo_kb(key: str) -> int | None:
 
 def mem_available_bytes(max_age_s: float = 0.0) -> int | None:
     """``MemAvailable`` in bytes, read at most ``max_age_s`` ago (0: read now); None if unknown."""
-    global _cached
-    now = time.monotonic()
-    taken, value = _cached
-    if max_age_s > 0 and now - taken <= max_age_s:
-        return value
+    return recent("MemAvailable", _mem_available_bytes, max_age_s)
+
+
+def _mem_available_bytes() -> int | None:
     kb = meminfo_kb("MemAvailable")
-    value = None if kb is None else kb * 1024
-    _cached = (now, value)
-    return value
+    return None if kb is None else kb * 1024

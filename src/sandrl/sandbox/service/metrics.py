@@ -8,7 +8,7 @@ resource) and ``/proc/meminfo``.
 
 from __future__ import annotations
 
-import time
+import functools
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -16,12 +16,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily
 
 from sandrl.host_memory import mem_available_bytes
+from sandrl.recent import recent
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
-
-
-_pressure_read: dict[tuple[Path, str, str], tuple[float, float | None]] = {}
 
 
 def pressure_avg10(
@@ -30,14 +28,7 @@ def pressure_avg10(
     """The kernel's ``avg10`` stall percentage for ``resource`` (cpu, memory, io), or None without PSI;
     read at most ``max_age_s`` ago (0: now). A 10-second average moves little in 50 ms, so a burst
     of admission checks shares one reading (as they share ``MemAvailable``'s)."""
-    key = (root, resource, kind)
-    now = time.monotonic()
-    taken, value = _pressure_read.get(key, (float("-inf"), None))
-    if max_age_s > 0 and now - taken <= max_age_s:
-        return value
-    value = _read_avg10(root / resource, kind)
-    _pressure_read[key] = (now, value)
-    return value
+    return recent(("pressure", root, resource, kind), functools.partial(_read_avg10, root / resource, kind), max_age_s)
 
 
 def _read_avg10(path: Path, kind: str) -> float | None:
