@@ -156,12 +156,8 @@ async def _cycles(
         # and of the server process (none in process); the sandboxes' own processes are not counted.
         "cpu_ms_per_cycle": {"this_process": used[0], "server": used[1] if server_pid else None},
         "wall_s": round(wall, 3),
-        "create": summary_ms(creates),
-        "exec": summary_ms(runs),
-        "close": summary_ms(closes),
-        "errors": sum(errors.values()),
         "errors_by_code": errors,
-        "samples_s": {"create": creates, "exec": runs, "close": closes},
+        "samples_s": {"create": creates, "exec": runs, "close": closes},  # summarised by _pooled
     }
 
 
