@@ -14,7 +14,8 @@ from dataclasses import dataclass
 OOM_EXIT = 71
 """The agent's exit status when it cannot allocate memory."""
 KILLED_EXITS = (128 + signal.SIGKILL, -signal.SIGKILL)
-"""bubblewrap's status when the agent was SIGKILLed (128 + signal), or bubblewrap's own when it was."""
+"""The monitor's status when the agent was SIGKILLed (128 + signal), or the monitor's own when it was
+(bubblewrap, or the helper for a launch made ahead: both exit with the agent's status)."""
 
 
 @dataclass(frozen=True)
@@ -22,8 +23,8 @@ class CrashEvidence:
     """What a sandbox that ended on its own left behind, read before its cgroup goes."""
 
     exit_status: int | None
-    """bubblewrap's exit status: the agent's own, 128 + N when a signal N killed the agent, -N when one
-    killed bubblewrap itself; None while it still runs (the agent stopped answering)."""
+    """The monitor's exit status: the agent's own, 128 + N when a signal N killed the agent, -N when one
+    killed the monitor itself; None while it still runs (the agent stopped answering)."""
     oom_kills: int
     """Processes the sandbox's memory cgroup OOM-killed during its life."""
     memory_peak_bytes: int

@@ -262,8 +262,9 @@ class BwrapSandbox(ClosesOnExit):
             with contextlib.suppress(Exception):  # a frozen pid 1 could not hear the close
                 await asyncio.to_thread(self._group.freeze, False)
         # Closing the socket makes the agent (pid 1) exit, which kills and reaps everything in its
-        # pid namespace; bubblewrap's monitor exits only after that, so once it has exited no
-        # process of the sandbox is left. SIGKILL through the cgroup is the fallback.
+        # pid namespace; its monitor (bubblewrap, or the helper for a launch made ahead) exits only
+        # after that, so once it has exited no process of the sandbox is left. SIGKILL through the
+        # cgroup is the fallback.
         await self._conn.close()
         await wait_exited(self._proc, 2.0)
         await asyncio.get_running_loop().run_in_executor(HOST_CLEANUP, self._remove_traces)
