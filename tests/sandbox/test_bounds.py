@@ -32,6 +32,13 @@ from ..support import agent_host_pid, needs_sandbox
 pytestmark = needs_sandbox
 
 
+@pytest.fixture(scope="module")
+def provider(either_launch: BwrapProvider) -> BwrapProvider:
+    """Each bound and each crash verdict on a sandbox that bubblewrap set up and on one that the
+    helper did (a fork's child, whose monitor is the helper)."""
+    return either_launch
+
+
 # -- 7: unbounded read_file
 
 

@@ -6,12 +6,20 @@ import asyncio
 import subprocess
 import time
 
+import pytest
+
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider, BwrapSandbox
 
 from ..support import needs_sandbox
 
 pytestmark = needs_sandbox
+
+
+@pytest.fixture(scope="module")
+def provider(either_launch: BwrapProvider) -> BwrapProvider:
+    """Each limit on a sandbox that bubblewrap set up and on one that the helper did (a fork's child)."""
+    return either_launch
 
 
 async def test_memory_hog_is_oom_killed_inside(provider: BwrapProvider) -> None:
