@@ -689,25 +689,36 @@ static void keep_docker_caps(void) {
             die("raising ambient capability %d", docker_caps[i]);
 }
 
-/* Receive the root (a detached mount) and pid 1's arguments from the launcher; EOF (the launch was
- * not needed, or the launcher died) ends pid 1 quietly. */
-static int receive_root(int sock) {
+/* The message that carries the root from the launcher to pid 1: one byte and one fd. */
+struct fd_message {
     char byte;
+    struct iovec iov;
+    struct msghdr msg;
     union {
         struct cmsghdr align;
         char buf[CMSG_SPACE(sizeof(int))];
     } control;
-    struct iovec iov = {&byte, 1};
-    struct msghdr msg = {0};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.buf;
-    msg.msg_controllen = sizeof control.buf;
+};
+
+static void fd_message_init(struct fd_message *m) {
+    memset(m, 0, sizeof *m);
+    m->iov = (struct iovec){&m->byte, 1};
+    m->msg.msg_iov = &m->iov;
+    m->msg.msg_iovlen = 1;
+    m->msg.msg_control = m->control.buf;
+    m->msg.msg_controllen = sizeof m->control.buf;
+}
+
+/* Receive the root (a detached mount) from the launcher; EOF (the launch was not needed, or the
+ * launcher died) ends pid 1 quietly. */
+static int receive_root(int sock) {
+    struct fd_message m;
+    fd_message_init(&m);
     ssize_t n;
-    do n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    do n = recvmsg(sock, &m.msg, MSG_CMSG_CLOEXEC);
     while (n < 0 && errno == EINTR);
     if (n == 0) _exit(0);
-    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    struct cmsghdr *c = CMSG_FIRSTHDR(&m.msg);
     if (n != 1 || !c || c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) {
         errno = 0;
         die("pid 1: no root from the launcher");
@@ -717,25 +728,18 @@ static int receive_root(int sock) {
     return fd;
 }
 
+/* Send pid 1 its root, then its command line (as the provider sends a launch's: u32 length, then
+ * NUL-terminated strings). */
 static void send_root(int sock, int root_fd, char **args, int n_args) {
-    union {
-        struct cmsghdr align;
-        char buf[CMSG_SPACE(sizeof(int))];
-    } control;
-    memset(&control, 0, sizeof control);
-    char byte = 'r';
-    struct iovec iov = {&byte, 1};
-    struct msghdr msg = {0};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.buf;
-    msg.msg_controllen = sizeof control.buf;
-    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    struct fd_message m;
+    fd_message_init(&m);
+    m.byte = 'r';
+    struct cmsghdr *c = CMSG_FIRSTHDR(&m.msg);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
     c->cmsg_len = CMSG_LEN(sizeof(int));
     memcpy(CMSG_DATA(c), &root_fd, sizeof root_fd);
-    if (sendmsg(sock, &msg, MSG_NOSIGNAL) != 1) die("handing the root to pid 1");
+    if (sendmsg(sock, &m.msg, MSG_NOSIGNAL) != 1) die("handing the root to pid 1");
     size_t len = 0;
     for (int i = 0; i < n_args; i++) len += strlen(args[i]) + 1;
     unsigned char *buf = malloc(4 + len);
