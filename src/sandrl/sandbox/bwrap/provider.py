@@ -17,7 +17,11 @@ How one sandbox is made (``native/sandrl-helper.c`` does the privileged part, as
    keyring and drops to uid U with a clean environment.
 4. bubblewrap, run as U inside the outer namespace, adds pid, ipc, uts and cgroup namespaces,
    ``/proc`` (a few host facts masked) and a minimal ``/dev``, and starts the agent as pid 1
-   with Docker's default capabilities.
+   with Docker's default capabilities. A launch made ahead for a fork's child
+   (:mod:`.premade`) does the same without bubblewrap: the helper makes pid 1 in those
+   namespaces, stages bubblewrap's ``/proc`` and ``/dev`` before the image is known, and hands
+   pid 1 the root as a detached mount to pivot into; ``tests/sandbox`` holds both launches to
+   the same surface.
 5. The agent puts itself under the seccomp filter (with no_new_privs) and runs every command in
    the inner namespace as root, with at most Docker's default capabilities, under that filter.
    It serves execs and file transfers over a socket until the provider closes it or dies, or
