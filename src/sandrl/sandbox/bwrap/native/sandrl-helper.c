@@ -102,6 +102,36 @@ static void mkdir_or_die(const char *path, mode_t mode, uid_t uid) {
     if (uid != (uid_t)-1 && chown(path, uid, uid) != 0) die("chown %s", path);
 }
 
+/* An empty file readable by all: what a masked /proc entry shows (not /dev/null, a device the
+ * sandbox's nodev mounts would refuse to open), or where a device node is bound. */
+static void create_empty_or_die(const char *path) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0444);
+    if (fd < 0 || fchmod(fd, 0444)) die("creating %s", path);
+    close(fd);
+}
+
+static void drop_to_uid(uid_t uid) {
+    if (setgroups(0, NULL) || setresgid(uid, uid, uid) || setresuid(uid, uid, uid)) die("dropping to uid %u", uid);
+}
+
+/* As the sandbox's host uid, with a session keyring of its own (as runc gives each container):
+ * otherwise it would share the provider's, and through it the host's keys and every other sandbox. */
+static void become_sandbox_uid(uid_t uid) {
+    drop_to_uid(uid);
+    if (syscall(SYS_keyctl, KEYCTL_JOIN_SESSION_KEYRING, NULL) < 0) die("joining a new session keyring");
+}
+
+static void put_u32(unsigned char *p, uint32_t v) {
+    p[0] = (unsigned char)v;
+    p[1] = (unsigned char)(v >> 8);
+    p[2] = (unsigned char)(v >> 16);
+    p[3] = (unsigned char)(v >> 24);
+}
+
+static uint32_t get_u32(const unsigned char *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
 /* ---------------------------------------------------------------- launch */
 
 #ifndef SYS_open_tree
@@ -455,8 +485,7 @@ static void read_launch_bytes(int fd, void *buf, size_t len) {
 static void read_launch_args(int fd, int *argc, char ***argv) {
     unsigned char len_buf[4];
     read_launch_bytes(fd, len_buf, sizeof len_buf);
-    uint32_t len = (uint32_t)len_buf[0] | (uint32_t)len_buf[1] << 8 | (uint32_t)len_buf[2] << 16 |
-                   (uint32_t)len_buf[3] << 24;
+    uint32_t len = get_u32(len_buf);
     if (len == 0 || len > (1u << 20)) {
         errno = 0;
         die("launch: arguments of %u bytes", len);
@@ -523,12 +552,12 @@ static void start_root(const struct launch_opts *o, int *layer_fds) {
     mkdir_or_die(STAGE "/lower", 0755, (uid_t)-1);
     mkdir_or_die(STAGE "/upper", 0755, (uid_t)-1);
     mkdir_or_die(STAGE "/work", 0700, (uid_t)-1);
-    /* What masked /proc entries show: an empty file (not /dev/null, a device the sandbox's nodev
-     * mounts would refuse to open). */
-    int empty = open(STAGE "/empty", O_WRONLY | O_CREAT | O_CLOEXEC, 0444);
-    if (empty < 0 || fchmod(empty, 0444)) die("creating %s/empty", STAGE);
-    close(empty);
-    /* bubblewrap's scratch directory, made here so it lands on the sandbox's own tmpfs. */
+}
+
+/* What a full launch's bubblewrap needs on the sandbox's tmpfs: the file its masks of /proc
+ * entries bind, and its scratch directory. */
+static void stage_for_bwrap(const struct launch_opts *o) {
+    create_empty_or_die(STAGE "/empty");
     char scratch[64];
     snprintf(scratch, sizeof scratch, "/tmp/.bubblewrap-%u", o->uid);
     mkdir_or_die(scratch, 0755, o->uid);
@@ -603,12 +632,6 @@ static void mount_or_die(const char *src, const char *dst, const char *type, uns
 static void bind_or_die(const char *src, const char *dst, unsigned long flags) {
     mount_or_die(src, dst, NULL, MS_BIND, NULL);
     mount_or_die(NULL, dst, NULL, MS_BIND | MS_REMOUNT | MS_NOSUID | flags, NULL);
-}
-
-static void create_empty_or_die(const char *path) {
-    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0444);
-    if (fd < 0) die("creating %s", path);
-    close(fd);
 }
 
 static void symlink_or_die(const char *target, const char *path) {
@@ -744,8 +767,7 @@ static void send_root(int sock, int root_fd, char **args, int n_args) {
     for (int i = 0; i < n_args; i++) len += strlen(args[i]) + 1;
     unsigned char *buf = malloc(4 + len);
     if (!buf) die("malloc");
-    buf[0] = (unsigned char)len, buf[1] = (unsigned char)(len >> 8), buf[2] = (unsigned char)(len >> 16);
-    buf[3] = (unsigned char)(len >> 24);
+    put_u32(buf, (uint32_t)len);
     size_t off = 4;
     for (int i = 0; i < n_args; i++) {
         size_t l = strlen(args[i]) + 1;
@@ -830,9 +852,7 @@ static pid_t start_pid1(const struct launch_opts *o, const struct launch_ns *ns,
     if (m < 0) die("fork");
     if (m == 0) {
         close(report[0]);
-        uid_t uid = o->uid;
-        if (setgroups(0, NULL) || setresgid(uid, uid, uid) || setresuid(uid, uid, uid)) die("dropping to uid %u", uid);
-        if (syscall(SYS_keyctl, KEYCTL_JOIN_SESSION_KEYRING, NULL) < 0) die("joining a new session keyring");
+        become_sandbox_uid(o->uid);
         if (setns(ns->userns_fd, CLONE_NEWUSER)) die("entering the sandbox's user namespace");
         if (unshare(CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP))
             die("making the sandbox's namespaces");
@@ -914,8 +934,7 @@ static int premade_main(struct launch_opts *o) {
     if (ns.store_fd >= 0) close(ns.store_fd);
 
     /* The monitor, as bubblewrap's: unprivileged, it ends with pid 1 and with its status. */
-    uid_t uid = o->uid;
-    if (setgroups(0, NULL) || setresgid(uid, uid, uid) || setresuid(uid, uid, uid)) die("dropping to uid %u", uid);
+    drop_to_uid(o->uid);
     int status = 0;
     for (;;) {
         pid_t w = waitpid(-1, &status, 0);
@@ -944,35 +963,30 @@ static int launch_main(int argc, char **argv) {
         errno = 0;
         die("launch: need --tmpfs-bytes, --overlay and the bubblewrap arguments after --");
     }
-    {
-        /* Host uid `uid` is the supervisor (pid 1, root of the outer user namespace); the sandbox's
-         * own processes run in the nested one, where root is host uid+1 and uid n is host uid+1+n,
-         * so pid 1's uid is not mapped where they run. Namespaces are made by children while this
-         * process mounts: started first, used last. */
-        int with_store = 0;
-        for (int l = 0; l < o.n_layers; l++) with_store |= o.store_layer[l];
-        if (with_store && !o.store_uid) {
-            errno = 0;
-            die("launch: --store-layer needs --store-uid");
-        }
-        start_namespaces(&ns, &o, with_store);
-        private_mount_namespace();
-        start_root(&o, layer_fds);
-        finish_namespaces(&ns, &o, with_store);
-        finish_root(&o, layer_fds, &ns);
-        enter_network_namespace(&ns.sandbox, o.own_net);
+    /* Host uid `uid` is the supervisor (pid 1, root of the outer user namespace); the sandbox's own
+     * processes run in the nested one, where root is host uid+1 and uid n is host uid+1+n, so pid
+     * 1's uid is not mapped where they run. Namespaces are made by children while this process
+     * mounts: started first, used last. */
+    int with_store = 0;
+    for (int l = 0; l < o.n_layers; l++) with_store |= o.store_layer[l];
+    if (with_store && !o.store_uid) {
+        errno = 0;
+        die("launch: --store-layer needs --store-uid");
     }
+    start_namespaces(&ns, &o, with_store);
+    private_mount_namespace();
+    start_root(&o, layer_fds);
+    stage_for_bwrap(&o);
+    finish_namespaces(&ns, &o, with_store);
+    finish_root(&o, layer_fds, &ns);
+    enter_network_namespace(&ns.sandbox, o.own_net);
     if (ns.store_fd >= 0) close(ns.store_fd);
 
     /* The agent binary goes in as an open file: nothing of the host shows in the sandbox's tree. */
     int self_fd = open("/proc/self/exe", O_RDONLY);
     if (self_fd < 0) die("open /proc/self/exe");
 
-    uid_t uid = o.uid;
-    if (setgroups(0, NULL) || setresgid(uid, uid, uid) || setresuid(uid, uid, uid)) die("dropping to uid %u", uid);
-    /* A session keyring of the sandbox's own (as runc gives each container): otherwise it would
-     * share the provider's, and through it the host's keys and every other sandbox. */
-    if (syscall(SYS_keyctl, KEYCTL_JOIN_SESSION_KEYRING, NULL) < 0) die("joining a new session keyring");
+    become_sandbox_uid(o.uid);
 
     char **args = calloc((size_t)o.n_rest + 4, sizeof(char *));
     char userns_str[16], inner_str[16], self_path[40];
@@ -1084,17 +1098,6 @@ static void out_reserve(size_t extra) {
     if (!p) _exit(71);
     outbuf = p;
     out_cap = want;
-}
-
-static void put_u32(unsigned char *p, uint32_t v) {
-    p[0] = v & 0xff;
-    p[1] = (v >> 8) & 0xff;
-    p[2] = (v >> 16) & 0xff;
-    p[3] = (v >> 24) & 0xff;
-}
-
-static uint32_t get_u32(const unsigned char *p) {
-    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
 }
 
 static void send_frame(uint8_t type, uint32_t id, const void *payload, size_t len) {
