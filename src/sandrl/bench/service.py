@@ -225,6 +225,7 @@ async def run(
     *,
     rounds: int = ROUNDS,
     min_cycles: int = MIN_CYCLES,
+    channel: bool = True,
 ) -> dict[str, Any]:
     """The benchmark; returns the JSON line's dict."""
     console = console or Console(stderr=True)
@@ -234,7 +235,7 @@ async def run(
     with tempfile.TemporaryDirectory(prefix="sandrl-bench-service-") as tmp:
         local = BwrapProvider(Path(tmp) / "inproc")
         async with server_process(Path(tmp) / "server", max_live=levels[-1] + 8) as (url, token, pid):
-            config = ClientConfig(max_connections=max(64, 2 * levels[-1]), timeout_s=300, retries=0)
+            config = ClientConfig(max_connections=max(64, 2 * levels[-1]), timeout_s=300, retries=0, channel=channel)
             async with RemoteProvider(url, token=token, config=config) as remote:
                 console.print(f"exec round trip of `true`, 1 client, {n_exec} times")
                 inproc_rt = summary_ms(await _exec_round_trip(local, n_exec))
@@ -252,6 +253,8 @@ async def run(
     result: dict[str, Any] = {
         "bench": "service",
         "cpus": os.cpu_count(),
+        # How RemoteProvider's calls travel ("http" in the keys below is the service's port either way).
+        "transport": "channel" if channel else "http",
         "exec_round_trip": {"inproc": inproc_rt, "http": http_rt, "http_over_inproc_p50_ms": over},
         "levels": rows,
         "rounds": rounds,

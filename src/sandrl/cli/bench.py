@@ -53,16 +53,25 @@ def bench_service(
     n_exec: int = typer.Option(300, help="Execs for the one-client round-trip measure."),
     rounds: int = typer.Option(2, help="Bursts of each mode per level, alternating which goes first."),
     min_cycles: int = typer.Option(64, help="Cycles per burst at least (a client runs several when few)."),
+    transport: str = typer.Option(
+        "channel",
+        help="'channel' (the client's default: calls multiplexed on one connection) or 'http' (a request each).",
+    ),
     json_only: bool = typer.Option(False, "--json", help="Print only the JSON line."),
 ) -> None:
     """The sandbox service over HTTP beside the in-process provider."""
     from sandrl.bench.service import LEVELS, run
 
+    if transport not in ("channel", "http"):
+        raise ConfigError(f"--transport is 'channel' or 'http', not {transport!r}")
+
     if any(c < 1 for c in concurrency) or n_exec < 1 or rounds < 1 or min_cycles < 1:
         raise SandrlError("--concurrency, --n-exec, --rounds and --min-cycles must be at least 1")
     console = rich_console(quiet=json_only)
     levels = tuple(concurrency) or LEVELS
-    result = asyncio.run(run(levels, n_exec, console=console, rounds=rounds, min_cycles=min_cycles))
+    result = asyncio.run(
+        run(levels, n_exec, console=console, rounds=rounds, min_cycles=min_cycles, channel=transport == "channel")
+    )
     emit(result)
 
 

@@ -65,6 +65,7 @@ from sandrl.sandbox.base import (
     file_too_large,
     prebuilt_image,
 )
+from sandrl.sandbox.call_channel import CallChannel
 from sandrl.sandbox.http_pool import Answer, PooledTransport
 from sandrl.sandbox.service.api import (
     API_PREFIX,
@@ -117,6 +118,10 @@ class ClientConfig:
     """How long a create queues on a full server (0: fail at once with capacity_exhausted)."""
     exec_margin_s: float = 30.0
     """Added to an exec's timeout_s for the HTTP wait (the server answers exec_timeout within 5 s)."""
+    channel: bool = True
+    """Send the calls whose bodies fit in memory (create, exec, close...) over the service's call channel
+    (:mod:`sandrl.sandbox.call_channel`): one connection, calls answered as they finish. Falls back
+    to HTTP by itself on a server without one; plain ``http://`` only."""
 
     def __post_init__(self) -> None:
         if self.timeout_s <= 0 or self.connect_timeout_s <= 0 or self.exec_margin_s <= 0:
@@ -164,6 +169,11 @@ class RemoteProvider:
         self._path_prefix = parts.raw_path.decode("ascii").rstrip("/")
         fixed = {"host": parts.netloc.decode("ascii"), **{k.lower(): v for k, v in self._headers.items()}}
         self._fixed_head = "".join(f"{k}: {v}\r\n" for k, v in fixed.items())
+        self._channel = (
+            CallChannel(self._origin, self._path_prefix, self._fixed_head, connect_timeout_s=cfg.connect_timeout_s)
+            if self._pool is not None and cfg.channel
+            else None
+        )
 
     # -- the API
 
@@ -222,15 +232,19 @@ class RemoteProvider:
         if self._pool is None:
             r = await self.request(method, path, json=json, idempotent=idempotent, timeout=timeout, prefix=prefix)
             return r.content
-        pool, origin = self._pool, self._origin
+        pool, origin, channel = self._pool, self._origin, self._channel
         wait = timeout or self.config.timeout_s
         body = b"" if json is None else _json_bytes(json)
-        kind = "content-type: application/json\r\n" if json is not None else ""
         target = quote(self._path_prefix + prefix + path, safe=_PCHAR)
-        head = f"{method} {target} HTTP/1.1\r\n{self._fixed_head}{kind}content-length: {len(body)}\r\n\r\n".encode()
 
-        def attempt() -> Awaitable[Answer]:
-            return pool.fetch(origin, method, head, body, timeout=wait, pool_timeout=wait)
+        async def attempt() -> Answer:
+            if channel is not None and channel.available:
+                answer = await channel.fetch(method, target, body, timeout=wait)
+                if answer is not None:
+                    return answer
+            kind = "content-type: application/json\r\n" if json is not None else ""
+            head = f"{method} {target} HTTP/1.1\r\n{self._fixed_head}{kind}content-length: {len(body)}\r\n\r\n"
+            return await pool.fetch(origin, method, head.encode(), body, timeout=wait, pool_timeout=wait)
 
         answer = await self._with_policy(method, prefix + path, idempotent, wait, attempt)
         return answer.content
@@ -325,6 +339,8 @@ class RemoteProvider:
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def aclose(self) -> None:
+        if self._channel is not None:
+            await self._channel.aclose()
         await self._transport.aclose()
 
     async def __aenter__(self) -> RemoteProvider:

@@ -176,6 +176,12 @@ class FileWritten(BaseModel):
     size: int
 
 
+class ChannelInfo(BaseModel):
+    """The answer of ``GET /v1/channel`` when it opens the call channel (see :mod:`.channel_frames`)."""
+
+    max_call_bytes: int = Field(description="Longest body of a call on the channel; longer ones are answered 413.")
+
+
 class Health(BaseModel):
     status: str = Field(description="ok, or draining while the server shuts down.")
     live: int

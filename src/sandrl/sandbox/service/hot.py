@@ -12,7 +12,8 @@ route calls (:func:`~sandrl.sandbox.service.routes.create`, ``exec_in``, ``delet
 not sure of goes to the app unchanged, with the body it read: another route or method, a body that
 is not ``application/json``, one that does not validate, an id the route's pattern refuses. So a
 refused request gets FastAPI's own answer, and an error of the handler is answered by the app's own
-exception handlers: the wire is the same either way.
+exception handlers: the wire is the same either way. The handling itself is :class:`HotCalls`,
+which the call channel (:mod:`.channel`) uses too.
 """
 
 from __future__ import annotations
@@ -38,56 +39,79 @@ _ID = re.compile(SANDBOX_ID_PATTERN)
 Handler = Callable[[Request, Exception], Response | Awaitable[Response]]
 
 
-class HotRoutes:
-    """Serves ``POST /v1/sandboxes``, ``POST /v1/sandboxes/{id}/exec`` and ``DELETE /v1/sandboxes/{id}``
-    without FastAPI's routing; ``handlers`` are the app's exception handlers (``app.exception_handlers``)."""
+class HotCalls:
+    """The three hot routes' handling, shared by :class:`HotRoutes` (HTTP) and the call channel
+    (:mod:`.channel`); ``handlers`` are the app's exception handlers (``app.exception_handlers``)."""
 
-    def __init__(self, app: ASGIApp, *, service: SandboxService, handlers: Mapping[Any, Handler]) -> None:
-        self.app = app
+    def __init__(self, service: SandboxService, handlers: Mapping[Any, Handler]) -> None:
         self.service = service
         self.handlers = handlers
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        route = _route(scope) if scope["type"] == "http" and not scope.get("root_path") else None
-        if route is None:
-            await self.app(scope, receive, send)
-            return
-        method, sandbox_id = route
+    async def call(
+        self, route: tuple[str, str], body: bytes, *, json_body: bool, request: Callable[[], Request]
+    ) -> Response | None:
+        """The answer to ``route`` (as :func:`route` gives it) with ``body``; None when the body is not
+        JSON (``json_body``) that validates, to leave the request to the app. ``request`` makes the
+        request the app's exception handlers are given, when one is needed."""
+        kind, sandbox_id = route
         try:
-            if method == "delete":
-                response = await delete(self.service, sandbox_id)
-            else:
-                body = await _body(receive)
-                if body is None:
-                    return  # the client went away before it sent its request
-                model: type[BaseModel] = CreateRequest if method == "create" else ExecRequest
-                parsed = _parse(scope, body, model)
-                if parsed is None:
-                    await self.app(scope, _replay(body, receive), send)
-                    return
-                if isinstance(parsed, CreateRequest):
-                    response = await create(self.service, parsed)
-                else:
-                    assert isinstance(parsed, ExecRequest)
-                    response = await exec_in(self.service, sandbox_id, parsed)
+            if kind == "delete":
+                return await delete(self.service, sandbox_id)
+            model: type[BaseModel] = CreateRequest if kind == "create" else ExecRequest
+            parsed = _parse(body, model) if json_body else None
+            if parsed is None:
+                return None
+            if isinstance(parsed, CreateRequest):
+                return await create(self.service, parsed)
+            assert isinstance(parsed, ExecRequest)
+            return await exec_in(self.service, sandbox_id, parsed)
         except (SandrlError, HTTPException) as exc:
-            response = await self._answer(scope, receive, exc)
-        await response(scope, receive, send)
+            return await self.answer(request(), exc)
 
-    async def _answer(self, scope: Scope, receive: Receive, exc: Exception) -> Response:
-        """The app's answer to ``exc``: its handler for the nearest class, as Starlette looks it up."""
+    async def answer(self, request: Request, exc: Exception, *, internal: bool = False) -> Response:
+        """The app's answer to ``exc``: its handler for the nearest class, as Starlette looks it up;
+        the handler of ``Exception`` itself only when ``internal`` (over HTTP, Starlette's error
+        middleware calls that one)."""
         for cls in type(exc).__mro__:
             handler = self.handlers.get(cls)
-            if handler is not None and cls is not Exception:
-                answer = handler(Request(scope, receive), exc)
+            if handler is not None and (internal or cls is not Exception):
+                answer = handler(request, exc)
                 return await answer if inspect.isawaitable(answer) else answer
         raise exc
 
 
-def _route(scope: Scope) -> tuple[str, str] | None:
-    """Which hot route (``create``, ``exec``, ``delete``) and sandbox id the request is for, if any."""
-    path: str = scope["path"]
-    method: str = scope["method"]
+class HotRoutes:
+    """Serves ``POST /v1/sandboxes``, ``POST /v1/sandboxes/{id}/exec`` and ``DELETE /v1/sandboxes/{id}``
+    without FastAPI's routing, with :class:`HotCalls`."""
+
+    def __init__(self, app: ASGIApp, *, calls: HotCalls) -> None:
+        self.app = app
+        self.calls = calls
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        found = (
+            route(scope["method"], scope["path"]) if scope["type"] == "http" and not scope.get("root_path") else None
+        )
+        if found is None:
+            await self.app(scope, receive, send)
+            return
+        try:
+            body = b"" if found[0] == "delete" else await _body(receive)
+        except HTTPException as exc:  # the body limit's, raised from receive()
+            await (await self.calls.answer(Request(scope, receive), exc))(scope, receive, send)
+            return
+        if body is None:
+            return  # the client went away before it sent its request
+        json_body = _json_type(scope)
+        response = await self.calls.call(found, body, json_body=json_body, request=lambda: Request(scope, receive))
+        if response is None:
+            await self.app(scope, _replay(body, receive), send)
+            return
+        await response(scope, receive, send)
+
+
+def route(method: str, path: str) -> tuple[str, str] | None:
+    """Which hot route (``create``, ``exec``, ``delete``) and sandbox id a request is for, if any."""
     if path == _SANDBOXES:
         return ("create", "") if method == "POST" else None
     if not path.startswith(_SANDBOXES + "/"):
@@ -102,17 +126,20 @@ def _route(scope: Scope) -> tuple[str, str] | None:
     return None
 
 
-def _parse(scope: Scope, body: bytes, model: type[BaseModel]) -> BaseModel | None:
-    """``body`` as ``model`` when it is a JSON body that validates; None to leave it to FastAPI."""
+def _json_type(scope: Scope) -> bool:
+    """Whether the request's (first) ``Content-Type`` is exactly ``application/json``."""
     for name, value in scope["headers"]:
         if name == b"content-type":
-            if value != b"application/json":
-                return None
-            try:
-                return model.model_validate_json(body)
-            except ValidationError:
-                return None
-    return None
+            return bool(value == b"application/json")
+    return False
+
+
+def _parse(body: bytes, model: type[BaseModel]) -> BaseModel | None:
+    """``body`` as ``model`` when it validates; None to leave it to FastAPI."""
+    try:
+        return model.model_validate_json(body)
+    except ValidationError:
+        return None
 
 
 async def _body(receive: Receive) -> bytes | None:

@@ -36,6 +36,7 @@ from sandrl.sandbox.service.api import (
     OCTET_MEDIA_TYPE,
     SSE_MEDIA_TYPE,
     TAR_MEDIA_TYPE,
+    ChannelInfo,
     CreateRequest,
     ErrorBody,
     ExecRequest,
@@ -48,6 +49,7 @@ from sandrl.sandbox.service.api import (
     TimeoutRequest,
 )
 from sandrl.sandbox.service.auth import content_length
+from sandrl.sandbox.service.channel_frames import CHANNEL_EXTENSION, CHANNEL_PATH, UPGRADE
 from sandrl.sandbox.service.state import BoundedBody, Entry, SandboxService, StreamingSandbox
 
 _DESCRIPTIONS = {
@@ -138,6 +140,33 @@ def _json(model: BaseModel, status_code: int = 200) -> Response:
     model: FastAPI would validate it against ``response_model`` again and walk it with
     ``jsonable_encoder``, which cost as much as the rest of an exec's handling."""
     return Response(model.model_dump_json(), status_code=status_code, media_type="application/json")
+
+
+@router.get(
+    "/channel",
+    response_model=ChannelInfo,
+    responses={426: {"model": ErrorBody, "description": "Sent without the upgrade"}, **_errors()},
+)
+async def open_channel(request: Request) -> Response:
+    """Open the call channel: many calls in flight on one connection, answered in any order.
+
+    Only as an upgrade (``Connection: Upgrade``, ``Upgrade: sandrl-channel/1``), answered
+    ``101 Switching Protocols``; the framing is in :mod:`sandrl.sandbox.service.channel_frames`.
+    Each call on it is served as the same request over HTTP would be. sandrl's ``RemoteProvider``
+    opens it by itself.
+    """
+    consent = request.scope.get("extensions", {}).get(CHANNEL_EXTENSION)
+    if consent is None:
+        raise ServiceError(
+            f"{CHANNEL_PATH} opens the call channel: send it with 'Connection: Upgrade' and "
+            f"'Upgrade: {UPGRADE.decode()}' (sandrl's RemoteProvider does), or use the other routes over HTTP",
+            error_code="upgrade_required",
+            http_status=426,
+        )
+    info = ChannelInfo(max_call_bytes=service_of(request).config.max_json_bytes)
+    # What the channel's connection needs of the app: the calls' bound, and the hot routes' handling.
+    consent.update(max_call_bytes=info.max_call_bytes, hot_calls=request.app.state.hot_calls)
+    return _json(info)
 
 
 @router.post("/sandboxes", status_code=201, response_model=SandboxInfo, responses=_errors(404, 429, 503))

@@ -56,8 +56,10 @@ from sandrl.errors import SandboxFileError, SandrlError
 from sandrl.sandbox.base import SandboxProvider
 from sandrl.sandbox.service.api import API_PREFIX, Health
 from sandrl.sandbox.service.auth import BearerAuth, BodyLimit, LoopbackOnly, bind_host, load_token
+from sandrl.sandbox.service.channel import start_channel
+from sandrl.sandbox.service.channel_frames import UPGRADE as CHANNEL_UPGRADE
 from sandrl.sandbox.service.e2b import mount as mount_e2b
-from sandrl.sandbox.service.hot import HotRoutes
+from sandrl.sandbox.service.hot import HotCalls, HotRoutes
 from sandrl.sandbox.service.metrics import CONTENT_TYPE
 from sandrl.sandbox.service.routes import ERRORS, document_bearer, router, service_of
 from sandrl.sandbox.service.state import SandboxService, ServiceConfig
@@ -76,6 +78,7 @@ answer (as nginx's lingering close). Dropped bytes touch neither memory nor disk
 
 def http_protocol(header_timeout_s: float = HEADER_TIMEOUT_S) -> type[asyncio.Protocol]:
     """uvicorn's httptools protocol with a header timeout and a bounded lingering read after an early answer."""
+    import httptools
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     class ServiceHttpProtocol(HttpToolsProtocol):
@@ -101,8 +104,29 @@ def http_protocol(header_timeout_s: float = HEADER_TIMEOUT_S) -> type[asyncio.Pr
                 self._header_timer.cancel()
                 self._header_timer = None
             super().on_headers_complete()
-            if self.cycle is not None:
+            if self.cycle is not None and not (self.parser.should_upgrade() and self._should_upgrade()):
                 self.cycle.transport = HeadWithBody(self.transport, self.loop)
+
+        def _should_upgrade(self) -> bool:
+            return self._get_upgrade() == CHANNEL_UPGRADE or super()._should_upgrade()
+
+        def data_received(self, data: bytes) -> None:
+            # uvicorn's, but an upgrade to the call channel is opened here (and the offset of its
+            # first bytes kept), not handed to a WebSocket protocol.
+            self._unset_keepalive_if_required()
+            try:
+                self.parser.feed_data(data)
+            except httptools.HttpParserError:
+                msg = "Invalid HTTP request received."
+                self.logger.warning(msg)
+                self.send_400_response(msg)
+            except httptools.HttpParserUpgrade as upgrade:
+                if self._get_upgrade() == CHANNEL_UPGRADE:
+                    offset = int(upgrade.args[0]) if upgrade.args else len(data)
+                    self.transport.pause_reading()
+                    start_channel(self, data[offset:])
+                else:
+                    self._unsupported_upgrade_warning()
 
         def on_body(self, body: bytes) -> None:
             if self.cycle is not None and self.cycle.response_complete:
@@ -295,7 +319,8 @@ def create_app(service: SandboxService, *, token: str | None) -> FastAPI:
         return cfg.max_file_bytes if path.endswith(("/files", "/tar")) else cfg.max_json_bytes
 
     # Innermost: the hot routes skip FastAPI's routing, behind the same auth and body limits (:mod:`.hot`).
-    app.add_middleware(HotRoutes, service=service, handlers=app.exception_handlers)
+    app.state.hot_calls = hot_calls = HotCalls(service, app.exception_handlers)
+    app.add_middleware(HotRoutes, calls=hot_calls)
     app.add_middleware(BodyLimit, limit_for=limit_for)
     app.add_middleware(BearerAuth, token=token, on_refused=lambda code: failures.labels(code).inc())
     mount_e2b(app, service, token=token)  # its gateway goes in front of the bearer auth
