@@ -26,6 +26,7 @@ class Served:
     service: SandboxService
     provider: BwrapProvider
     token: str | None
+    server: BackgroundServer
 
 
 @pytest.fixture(scope="session")
@@ -54,7 +55,7 @@ def serving(
     service = SandboxService(provider, config or ServiceConfig(max_live=300))
     options = {} if header_timeout_s is None else {"header_timeout_s": header_timeout_s}
     with BackgroundServer(create_app(service, token=token), **options) as server:
-        yield Served(server.url, service, provider, token)
+        yield Served(server.url, service, provider, token, server)
 
 
 @pytest.fixture(scope="session")

@@ -11,8 +11,8 @@ HTTP would (the e2b gateway, loopback and bearer checks, body limits, routes, er
 metrics), with the headers that opened the channel (``Host``, ``Authorization``), so answers and
 errors are those of HTTP by construction. Bounds: a call's body is at most ``max_body`` bytes
 (larger ones are dropped as they arrive and answered 413, as HTTP answers them); at most
-``max_in_flight`` calls run at once, after which the connection is not read until one ends; the
-connection is not read either while the client is not reading its answers. Routes that stream
+``max_in_flight`` calls run at once, and calls read beyond them wait, the connection unread, until
+one ends; the connection is not read either while the client is not reading its answers. Routes that stream
 (``/exec/stream``, ``/files``, ``/tar``) are answered 400: they go over plain HTTP.
 """
 
@@ -22,6 +22,7 @@ import asyncio
 import logging
 import re
 import urllib.parse
+from collections import deque
 from collections.abc import Callable, Coroutine, MutableSet
 from http import HTTPStatus
 from typing import Any, cast
@@ -80,6 +81,8 @@ class ChannelProtocol(asyncio.Protocol):
         self._out: list[bytes] = []
         self._write_paused = False
         self._read_paused = False
+        self._backlog: deque[Frame] = deque()
+        """Calls read but not started, while ``max_in_flight`` run (at most one read's worth)."""
 
     # -- asyncio.Protocol
 
@@ -94,8 +97,8 @@ class ChannelProtocol(asyncio.Protocol):
             log.warning("closing a call channel: %s", exc)
             self._close()
             return
-        for f in frames:
-            self._start(f)
+        self._backlog.extend(frames)
+        self._start_calls()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.connections.discard(self)
@@ -154,7 +157,6 @@ class ChannelProtocol(asyncio.Protocol):
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
             self.in_flight += 1
-            self._reading()
 
     async def _call(self, call_id: int, scope: Scope, body: bytes) -> None:
         try:
@@ -178,9 +180,17 @@ class ChannelProtocol(asyncio.Protocol):
             self._ended()
         self._answer(call_id, status, answer)
 
+    def _start_calls(self) -> None:
+        while self._backlog and self.in_flight < self.max_in_flight:
+            if self.transport is None or self.transport.is_closing():
+                self._backlog.clear()
+                return
+            self._start(self._backlog.popleft())
+        self._reading()
+
     def _ended(self) -> None:
         self.in_flight -= 1
-        self._reading()
+        self._start_calls()
         if self.closing and not self.in_flight:
             self.loop.call_soon(self._close)  # after the answer this call is about to queue
 
@@ -204,7 +214,7 @@ class ChannelProtocol(asyncio.Protocol):
         """Read while the client reads its answers and fewer than ``max_in_flight`` calls run."""
         if self.transport is None or self.transport.is_closing():
             return
-        pause = self._write_paused or self.in_flight >= self.max_in_flight
+        pause = self._write_paused or bool(self._backlog) or self.in_flight >= self.max_in_flight
         if pause != self._read_paused:
             self._read_paused = pause
             if pause:
@@ -337,6 +347,6 @@ async def _upgrade(http: Any, rest: bytes) -> None:
     )
     transport.set_protocol(channel)
     channel.connection_made(transport)
+    transport.resume_reading()
     if rest:
         channel.data_received(rest)
-    transport.resume_reading()
