@@ -193,7 +193,7 @@ async def test_calls_past_max_in_flight_wait_unread_until_one_ends() -> None:
 # -- RemoteProvider on the channel
 
 
-async def test_remote_provider_sends_its_calls_on_one_channel(remote: RemoteProvider) -> None:
+async def test_remote_provider_sends_its_calls_on_one_channel(remote: RemoteProvider, served: Served) -> None:
     sandboxes = await asyncio.gather(*(remote.create(SandboxSpec(ttl_s=120)) for _ in range(3)))
     try:
         results = await asyncio.gather(*(sb.exec(f"echo {i}; echo e >&2; exit {i}") for i, sb in enumerate(sandboxes)))
@@ -205,6 +205,8 @@ async def test_remote_provider_sends_its_calls_on_one_channel(remote: RemoteProv
             await sb.close()
     assert remote._channel is not None and remote._channel._conn is not None and remote._channel._conn.open
     assert isinstance(remote._transport, PooledTransport) and remote._transport._open == 0  # no HTTP connection
+    gauge = [line for line in served.service.metrics.render().splitlines() if line.startswith(b"sandrl_call_channels ")]
+    assert float(gauge[0].split()[1]) >= 1
 
 
 async def test_answers_come_back_as_calls_finish(remote: RemoteProvider) -> None:

@@ -1,4 +1,8 @@
-"""``sandrl bench service``: the sandbox service over HTTP beside the in-process provider, in one run.
+"""``sandrl bench service``: the sandbox service beside the in-process provider, in one run.
+
+The client is ``RemoteProvider`` as it comes: its calls on the service's call channel (one
+upgraded connection), or with ``channel=False`` (``--transport http``) an HTTP request each. The
+result's keys say ``http`` for the service's side either way; ``transport`` says which.
 
 (a) exec round trip of ``true`` with one client, in process and over HTTP; (b) at each
 concurrency N, N clients each doing create -> ``execs`` execs -> close at once, over HTTP

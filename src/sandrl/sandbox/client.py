@@ -6,7 +6,11 @@ A rollout uses a remote host exactly as a local provider::
         async with await provider.create(SandboxSpec(memory_mb=4096)) as sandbox:
             result = await sandbox.exec("pytest -q", timeout_s=600)
 
-One connection pool per provider (:mod:`sandrl.sandbox.http_pool`), shared by its sandboxes. Failures are typed:
+Calls whose bodies fit in memory (create, exec, close, get, timeout) share one connection, the
+service's call channel (:mod:`sandrl.sandbox.call_channel`); the rest (file and tar transfers,
+streaming exec, list) and every call to a server without the channel go through one HTTP
+connection pool per provider (:mod:`sandrl.sandbox.http_pool`). Both are shared by the provider's
+sandboxes and fail alike. Failures are typed:
 
 - the server cannot be reached (refused, DNS, connect timeout): every call is retried with
   backoff (the request never arrived), then :class:`~sandrl.errors.SandboxUnavailableError`

@@ -347,6 +347,9 @@ async def _upgrade(http: Any, rest: bytes) -> None:
     )
     transport.set_protocol(channel)
     channel.connection_made(transport)
+    gauge = consent["open"]
+    gauge.inc()
+    channel.lost.add_done_callback(lambda _: gauge.dec())
     transport.resume_reading()
     if rest:
         channel.data_received(rest)

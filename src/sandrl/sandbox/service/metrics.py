@@ -80,6 +80,9 @@ class ServiceMetrics:
             "sandrl_exec_seconds", "Time of an exec, request to result.", buckets=LATENCY_BUCKETS, registry=r
         )
         self.failures = Counter("sandrl_failures", "Error answers, by error_code.", ["error_code"], registry=r)
+        self.channels = Gauge(
+            "sandrl_call_channels", "Call channels open (a client's calls on one connection).", registry=r
+        )
         self.reaped = Counter("sandrl_sandboxes_reaped", "Leftovers of a crashed predecessor removed.", registry=r)
         r.register(_HostCollector())
 

@@ -11,7 +11,8 @@ crashed predecessor left when it starts; SIGTERM (or Ctrl-C) drains: new creates
 requests in flight get ``drain_grace_s`` to finish, then every sandbox is closed.
 :class:`BackgroundServer` runs an app in a thread on a free port (tests, one-process setups).
 
-Both run uvicorn with :func:`http_protocol`: a connection must finish its request headers within
+Both run uvicorn with :func:`http_protocol`: it opens the call channel on an upgrade to it
+(:mod:`sandrl.sandbox.service.channel`), a connection must finish its request headers within
 ``header_timeout_s`` (uvicorn itself only times idle keep-alive connections, so a client that
 sends half a request line would hold a connection and its memory forever), and once the app has
 answered a request whose body it did not read (refused up front, cut at a limit, a write that
@@ -27,9 +28,12 @@ reading stalls its command, not the server's memory), and header reads time out.
 (loopback only) the server answers only loopback ``Host`` names and no request with an ``Origin``
 (a browser page, e.g. after DNS rebinding); any local process is trusted as before. envd
 (E2B) requests are refused before their body is read unless their token matches, and an unknown
-sandbox id is answered exactly as a wrong token, so ids cannot be probed. Not covered: a client
-that trickles a body slowly is not timed (only its headers are), and timing of refusals is
-close to but not proven constant.
+sandbox id is answered exactly as a wrong token, so ids cannot be probed. The call channel
+(:mod:`.channel`) is opened only when the app answers its upgrade as it would any request with
+those headers (loopback names, no ``Origin``, the token), its calls carry them, and each call's
+body is bounded as HTTP's. Not covered: a client that trickles a body slowly (or a channel's
+frame) is not timed (only its headers are), and timing of refusals is close to but not proven
+constant.
 """
 
 from __future__ import annotations
