@@ -396,3 +396,22 @@ async def test_draining_finishes_the_calls_in_flight(bwrap: BwrapProvider) -> No
 
 def _connections(served: Served) -> list[Any]:
     return list(served.server._server.server_state.connections)
+
+
+async def test_an_unexpected_error_is_answered_as_over_http(
+    channel: RawChannel,
+    http: httpx.AsyncClient,
+    remote: RemoteProvider,
+    served: Served,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    async with await remote.create(SandboxSpec(ttl_s=120)) as sb:
+        monkeypatch.setattr(served.service, "exec", broken)
+        target = f"/v1/sandboxes/{sb.id}/exec"
+        status, answer = await channel.call("POST", target, {"command": "true"})
+        r = await http.post(target, json={"command": "true"})
+        assert (status, answer) == (r.status_code, r.json()) and status == 500
+        assert answer["error_code"] == "internal_error" and "a bug" in answer["message"]

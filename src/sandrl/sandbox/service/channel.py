@@ -174,11 +174,18 @@ class ChannelProtocol(asyncio.Protocol):
                 status, answer = response.status_code, bytes(response.body)
         except Exception as exc:
             log.exception("internal error on %s %s over the call channel", scope["method"], scope["path"])
-            response = await self.hot_calls.answer(Request(scope), exc, internal=True)
-            status, answer = response.status_code, bytes(response.body)
+            status, answer = await self._internal_error(scope, exc)
         finally:
             self._ended()
         self._answer(call_id, status, answer)
+
+    async def _internal_error(self, scope: Scope, exc: Exception) -> tuple[int, bytes]:
+        """The app's answer to an unexpected error (its handler counts it), or a plain 500 if that fails too."""
+        try:
+            response = await self.hot_calls.answer(Request(scope), exc, internal=True)
+            return response.status_code, bytes(response.body)
+        except Exception:
+            return 500, error_response(500, "internal_error", "internal error: the server log has it")["body"]
 
     def _start_calls(self) -> None:
         while self._backlog and self.in_flight < self.max_in_flight:
