@@ -31,6 +31,7 @@ from sandrl.sandbox.service.channel_frames import (
     ChannelProtocolError,
     Frame,
     FrameReader,
+    TurnWriter,
     call_frame,
 )
 
@@ -52,12 +53,12 @@ class _Connection(asyncio.Protocol):
         self.open = True
         self._head = bytearray()
         self._reader = FrameReader(MAX_ANSWER)
-        self._out: list[bytes] = []
+        self._writer = TurnWriter(self.loop)
         self._writable = asyncio.Event()
         self._writable.set()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
+        self.transport = self._writer.transport = cast(asyncio.Transport, transport)  # uvloop's do not subclass
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -115,15 +116,7 @@ class _Connection(asyncio.Protocol):
             await self._writable.wait()
         if not self.open:
             raise httpx.ReadError("the call channel to the server closed")
-        if not self._out:
-            self.loop.call_soon(self._flush)
-        self._out.append(data)
-
-    def _flush(self) -> None:
-        """One write per turn of the loop for every call that turn made."""
-        out, self._out = self._out, []
-        if self.open and self.transport is not None and out:
-            self.transport.write(b"".join(out))
+        self._writer.write(data)
 
     def close(self, error: Exception) -> None:
         self.open = False

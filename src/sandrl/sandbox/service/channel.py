@@ -38,6 +38,7 @@ from sandrl.sandbox.service.channel_frames import (
     ChannelProtocolError,
     Frame,
     FrameReader,
+    TurnWriter,
     answer_frame,
 )
 from sandrl.sandbox.service.hot import HotCalls, route
@@ -78,7 +79,7 @@ class ChannelProtocol(asyncio.Protocol):
         self.in_flight = 0
         self.closing = False
         self.lost: asyncio.Future[None] = self.loop.create_future()
-        self._out: list[bytes] = []
+        self.writer = TurnWriter(self.loop)
         self._write_paused = False
         self._read_paused = False
         self._backlog: deque[Frame] = deque()
@@ -87,7 +88,7 @@ class ChannelProtocol(asyncio.Protocol):
     # -- asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
+        self.transport = self.writer.transport = cast(asyncio.Transport, transport)  # uvloop's do not subclass
         self.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
@@ -205,17 +206,8 @@ class ChannelProtocol(asyncio.Protocol):
         self._answer(call_id, status, error_response(status, error_code, message)["body"])
 
     def _answer(self, call_id: int, status: int, body: bytes) -> None:
-        if self.transport is None or self.transport.is_closing():
-            return
-        if not self._out:
-            self.loop.call_soon(self._flush)
-        self._out.append(answer_frame(call_id, status, body))
-
-    def _flush(self) -> None:
-        """One write per turn of the loop for every answer that turn made."""
-        out, self._out = self._out, []
-        if self.transport is not None and not self.transport.is_closing() and out:
-            self.transport.write(b"".join(out))
+        if self.transport is not None and not self.transport.is_closing():
+            self.writer.write(answer_frame(call_id, status, body))
 
     def _reading(self) -> None:
         """Read while the client reads its answers and fewer than ``max_in_flight`` calls run."""
@@ -230,7 +222,7 @@ class ChannelProtocol(asyncio.Protocol):
                 self.transport.resume_reading()
 
     def _close(self) -> None:
-        self._flush()
+        self.writer.flush()
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
 

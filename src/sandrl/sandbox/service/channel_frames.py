@@ -17,6 +17,7 @@ finish, not in the order they were sent, so a long exec holds up no other call.
 
 from __future__ import annotations
 
+import asyncio
 import struct
 from dataclasses import dataclass
 
@@ -61,6 +62,26 @@ def call_frame(call_id: int, method: str, target: str, body: bytes) -> bytes:
 
 def answer_frame(call_id: int, status: int, body: bytes) -> bytes:
     return frame(b"%d %d" % (call_id, status), body)
+
+
+class TurnWriter:
+    """Frames written during one turn of the event loop go out in one write, at its end: with many
+    calls in flight one send (and one wake-up of the other side) carries several."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.transport: asyncio.Transport | None = None
+        self._out: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        if not self._out:
+            self.loop.call_soon(self.flush)
+        self._out.append(data)
+
+    def flush(self) -> None:
+        out, self._out = self._out, []
+        if out and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(b"".join(out))
 
 
 class FrameReader:
