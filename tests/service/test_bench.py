@@ -35,6 +35,7 @@ async def test_bench_service_small_run() -> None:
         assert row["http"]["cpu_ms_per_cycle"]["server"] >= 0 and row["inproc"]["cpu_ms_per_cycle"]["server"] is None
     rt = result["exec_round_trip"]
     assert rt["http"]["n"] == rt["inproc"]["n"] == 20 and rt["http"]["p50_ms"] > 0
+    assert result["transport"] == "channel"
     assert set(result["met"]) == {
         "http_exec_over_inproc_p50_ms",
         "zero_errors_at_max",

@@ -4,7 +4,7 @@ The client is ``RemoteProvider`` as it comes: its calls on the service's call ch
 upgraded connection), or with ``channel=False`` (``--transport http``) an HTTP request each. The
 result's keys say ``http`` for the service's side either way; ``transport`` says which.
 
-(a) exec round trip of ``true`` with one client, in process and over HTTP; (b) at each
+(a) exec round trip of ``true`` with one client, in process and over HTTP (in alternating blocks); (b) at each
 concurrency N, N clients each doing create -> ``execs`` execs -> close at once, over HTTP
 and in process: throughput (cycles/s), create/exec/close latency, errors, and the CPU each side
 spent per cycle (the clients' process and the server's), which says which side limits. The server runs
@@ -83,19 +83,29 @@ async def server_process(state_dir: Path, max_live: int) -> AsyncIterator[tuple[
         stop_process(proc, grace_s=60)
 
 
-async def _exec_round_trip(provider: SandboxProvider, n: int) -> list[float]:
-    sandbox = await provider.create(SandboxSpec(ttl_s=600))
+RT_BLOCKS = 6
+
+
+async def _exec_round_trips(remote: SandboxProvider, local: SandboxProvider, n: int) -> tuple[list[float], list[float]]:
+    """``n`` round trips of ``exec true`` with one client on each provider (remote, local), in blocks
+    that alternate which goes first, so a host that drifts faster or slower favours neither."""
+    sandboxes = [await remote.create(SandboxSpec(ttl_s=600)), await local.create(SandboxSpec(ttl_s=600))]
+    samples: list[list[float]] = [[], []]
     try:
-        for _ in range(20):
-            await sandbox.exec("true")
-        out = []
-        for _ in range(n):
-            t = time.perf_counter()
-            await sandbox.exec("true")
-            out.append(time.perf_counter() - t)
-        return out
+        for sandbox in sandboxes:
+            for _ in range(20):
+                await sandbox.exec("true")
+        for block in range(RT_BLOCKS):
+            size = n // RT_BLOCKS + (1 if block < n % RT_BLOCKS else 0)
+            for side in (0, 1) if block % 2 == 0 else (1, 0):
+                for _ in range(size):
+                    t = time.perf_counter()
+                    await sandboxes[side].exec("true")
+                    samples[side].append(time.perf_counter() - t)
+        return samples[0], samples[1]
     finally:
-        await sandbox.close()
+        for sandbox in sandboxes:
+            await sandbox.close()
 
 
 def _cpu_seconds(server_pid: int | None) -> tuple[float, float]:
@@ -242,8 +252,8 @@ async def run(
             config = ClientConfig(max_connections=max(64, 2 * levels[-1]), timeout_s=300, retries=0, channel=channel)
             async with RemoteProvider(url, token=token, config=config) as remote:
                 console.print(f"exec round trip of `true`, 1 client, {n_exec} times")
-                inproc_rt = summary_ms(await _exec_round_trip(local, n_exec))
-                http_rt = summary_ms(await _exec_round_trip(remote, n_exec))
+                remote_rts, local_rts = await _exec_round_trips(remote, local, n_exec)
+                inproc_rt, http_rt = summary_ms(local_rts), summary_ms(remote_rts)
                 rows: list[dict[str, Any]] = []
                 for n in levels:
                     console.print(
