@@ -17,7 +17,6 @@ proxy that does not pass upgrades) answers the upgrade with an error status: the
 from __future__ import annotations
 
 import asyncio
-import http
 import itertools
 import logging
 from typing import cast
@@ -33,6 +32,7 @@ from sandrl.sandbox.service.channel_frames import (
     FrameReader,
     TurnWriter,
     call_frame,
+    status_phrase,
 )
 
 log = logging.getLogger("sandrl.client")
@@ -96,11 +96,7 @@ class _Connection(asyncio.Protocol):
             waiter.set_exception(httpx.RemoteProtocolError(f"an answer of {f.size} bytes is over {MAX_ANSWER}"))
             return
         code = int(status)
-        try:
-            reason = http.HTTPStatus(code).phrase
-        except ValueError:
-            reason = ""
-        waiter.set_result(Answer(code, reason, [], f.body))
+        waiter.set_result(Answer(code, status_phrase(code), [], f.body))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.close(httpx.ReadError(f"the call channel to the server closed{f': {exc}' if exc else ''}"))

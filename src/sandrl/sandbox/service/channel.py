@@ -24,7 +24,6 @@ import re
 import urllib.parse
 from collections import deque
 from collections.abc import Callable, Coroutine, MutableSet
-from http import HTTPStatus
 from typing import Any, cast
 
 import httptools
@@ -40,6 +39,7 @@ from sandrl.sandbox.service.channel_frames import (
     FrameReader,
     TurnWriter,
     answer_frame,
+    status_phrase,
 )
 from sandrl.sandbox.service.hot import HotCalls, route
 
@@ -312,7 +312,7 @@ async def _upgrade(http: Any, rest: bytes) -> None:
         return
     consent = scope["extensions"][CHANNEL_EXTENSION]
     if status != 200 or scope["path"] != CHANNEL_PATH or "hot_calls" not in consent:
-        reason = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else ""
+        reason = status_phrase(status)
         kept = b"".join(n + b": " + v + b"\r\n" for n, v in headers if n not in (b"content-length", b"connection"))
         head = b"HTTP/1.1 %d %s\r\n%scontent-length: %d\r\nconnection: close\r\n\r\n" % (
             status,

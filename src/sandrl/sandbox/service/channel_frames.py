@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import struct
 from dataclasses import dataclass
+from http import HTTPStatus
 
 from sandrl.sandbox.service.api import API_PREFIX
 
@@ -47,6 +48,14 @@ class Frame:
     """None when the body was over the reader's ``max_body``: its bytes were dropped as they came."""
     size: int
     """The body's length, as the frame declared it."""
+
+
+def status_phrase(status: int) -> str:
+    """The reason phrase of an HTTP status ("" for a status HTTP does not name)."""
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return ""
 
 
 def frame(head: bytes, body: bytes = b"") -> bytes:
