@@ -4,6 +4,7 @@ and a bare-socket client for what RemoteProvider would never send."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 from collections.abc import AsyncIterator
 from typing import Any, cast
@@ -415,3 +416,21 @@ async def test_an_unexpected_error_is_answered_as_over_http(
         r = await http.post(target, json={"command": "true"})
         assert (status, answer) == (r.status_code, r.json()) and status == 500
         assert answer["error_code"] == "internal_error" and "a bug" in answer["message"]
+
+
+@pytest.mark.parametrize("channel", [True, False])
+@pytest.mark.filterwarnings(
+    "ignore::pytest.PytestUnraisableExceptionWarning"
+)  # the first loop's socket, closed when collected
+def test_a_provider_serves_one_event_loop_after_another(served: Served, channel: bool) -> None:
+    """A provider kept across ``asyncio.run`` calls opens a channel (or connections) on each loop."""
+    provider = RemoteProvider(served.url, token=served.token, config=ClientConfig(channel=channel))
+
+    async def once() -> str:
+        async with await provider.create(SandboxSpec(ttl_s=60)) as sb:
+            return (await sb.exec("echo hi")).stdout
+
+    assert asyncio.run(once()) == "hi\n"
+    assert asyncio.run(once()) == "hi\n"
+    asyncio.run(provider.aclose())
+    gc.collect()  # the first loop's transports warn here, not in a later test

@@ -116,6 +116,9 @@ class _Connection(asyncio.Protocol):
 
     def close(self, error: Exception) -> None:
         self.open = False
+        if self.loop.is_closed():  # nothing of it can run any more; its socket closes with the transport
+            self.waiters.clear()
+            return
         self._writable.set()
         if not self.upgraded.done():
             self.upgraded.set_exception(error)
@@ -164,7 +167,9 @@ class CallChannel:
     async def _connection(self) -> _Connection | None:
         conn = self._conn
         if conn is not None and conn.open:
-            return conn
+            if conn.loop is asyncio.get_running_loop():
+                return conn
+            conn.open = False  # made on a loop before this one (a new asyncio.run): its transport went with it
         if not self.available:
             return None
         if self._opening is None:

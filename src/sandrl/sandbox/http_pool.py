@@ -136,13 +136,19 @@ class _Reply:
 class _Connection:
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
+    loop: asyncio.AbstractEventLoop
     idle_since: float = 0.0
     reused: bool = False
     reply: _Reply | None = None
     reusable: bool = False
 
     def usable(self, now: float) -> bool:
-        return not self.reader.at_eof() and not self.writer.is_closing() and now - self.idle_since < IDLE_EXPIRY_S
+        return (
+            not self.reader.at_eof()
+            and not self.writer.is_closing()
+            and now - self.idle_since < IDLE_EXPIRY_S
+            and self.loop is asyncio.get_running_loop()  # not one of an earlier asyncio.run
+        )
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -230,7 +236,7 @@ class PooledTransport(httpx.AsyncBaseTransport):
             self._wake()
             kind = httpx.ConnectTimeout if isinstance(exc, TimeoutError) else httpx.ConnectError
             raise kind(f"cannot connect to {origin[0]}:{origin[1]}: {exc or 'timed out'}") from exc
-        return _Connection(reader, writer)
+        return _Connection(reader, writer, asyncio.get_running_loop())
 
     def _release(self, conn: _Connection, origin: tuple[str, int]) -> None:
         """Back to the pool when both sides finished the exchange cleanly; closed otherwise."""
