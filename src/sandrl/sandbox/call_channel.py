@@ -172,13 +172,14 @@ class CallChannel:
             conn.open = False  # made on a loop before this one (a new asyncio.run): its transport went with it
         if not self.available:
             return None
-        if self._opening is None:
+        if self._opening is None or self._opening.get_loop() is not asyncio.get_running_loop():
             self._opening = opening = asyncio.ensure_future(self._open())
             opening.add_done_callback(self._opened)
         return await asyncio.shield(self._opening)
 
     def _opened(self, opening: asyncio.Future[_Connection | None]) -> None:
-        self._opening = None
+        if self._opening is opening:
+            self._opening = None
         if not opening.cancelled():
             opening.exception()  # retrieved here too: every caller that waited for it may have gone
 
