@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 from sandrl.sandbox.bwrap import BwrapProvider
@@ -62,6 +63,14 @@ def serving(
 def served(bwrap: BwrapProvider) -> Iterator[Served]:
     with serving(bwrap) as s:
         yield s
+
+
+@pytest.fixture
+async def http(served: Served) -> AsyncIterator[httpx.AsyncClient]:
+    """The service's native API with the token, for raw HTTP requests (test_hostile has a sync one of its own)."""
+    headers = {"Authorization": f"Bearer {served.token}"}
+    async with httpx.AsyncClient(base_url=served.url, headers=headers, timeout=60) as client:
+        yield client
 
 
 @pytest.fixture

@@ -40,13 +40,6 @@ async def sandbox(remote: RemoteProvider) -> AsyncIterator[RemoteSandbox]:
         await sb.close()
 
 
-@pytest.fixture
-async def http(served: Served) -> AsyncIterator[httpx.AsyncClient]:
-    headers = {"Authorization": f"Bearer {served.token}"}
-    async with httpx.AsyncClient(base_url=served.url, headers=headers, timeout=60) as client:
-        yield client
-
-
 async def test_remote_provider_is_a_sandbox_provider(remote: RemoteProvider, sandbox: RemoteSandbox) -> None:
     assert isinstance(remote, SandboxProvider)
     assert isinstance(sandbox, Sandbox)

@@ -98,13 +98,6 @@ async def channel(served: Served) -> AsyncIterator[RawChannel]:
     raw.close()
 
 
-@pytest.fixture
-async def http(served: Served) -> AsyncIterator[httpx.AsyncClient]:
-    headers = {"Authorization": f"Bearer {served.token}"}
-    async with httpx.AsyncClient(base_url=served.url, headers=headers, timeout=60) as client:
-        yield client
-
-
 # -- the framing
 
 

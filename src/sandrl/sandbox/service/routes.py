@@ -163,9 +163,9 @@ async def open_channel(request: Request) -> Response:
             error_code="upgrade_required",
             http_status=426,
         )
-    info = ChannelInfo(max_call_bytes=service_of(request).config.max_json_bytes)
-    # What the channel's connection needs of the app: the calls' bound, and the hot routes' handling.
     svc = service_of(request)
+    info = ChannelInfo(max_call_bytes=svc.config.max_json_bytes)
+    # What the channel's connection needs of the app: the calls' bound, and the hot routes' handling.
     consent.update(max_call_bytes=info.max_call_bytes, hot_calls=request.app.state.hot_calls, open=svc.metrics.channels)
     return _json(info)
 
