@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from sandrl.errors import SandboxError, SandboxNotFoundError, SandboxUnavailableError
+from sandrl.sandbox import call_channel
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.sandbox.client import ClientConfig, RemoteProvider, RemoteSandbox
@@ -427,3 +428,33 @@ def test_a_provider_serves_one_event_loop_after_another(served: Served, channel:
     assert asyncio.run(once()) == "hi\n"
     asyncio.run(provider.aclose())
     gc.collect()  # the first loop's transports warn here, not in a later test
+
+
+async def test_the_server_stops_reading_while_its_client_does_not_read_answers() -> None:
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        raise AssertionError("no call is made")
+
+    template = {"type": "http", "root_path": "", "headers": [], "state": {}}
+    channel = ChannelProtocol(app, template, max_body=100, hot_calls=cast(Any, None), connections=set(), tasks=set())
+    transport = _Transport()
+    channel.connection_made(transport)
+    channel.pause_writing()  # the transport's buffer of unread answers passed its high-water mark
+    assert not transport.reading
+    channel.resume_writing()
+    assert transport.reading
+
+
+async def test_an_answer_over_the_clients_bound_fails_its_call_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(call_channel, "MAX_ANSWER", 100)
+    conn = call_channel._Connection()
+    conn.connection_made(_Transport())
+    loop = asyncio.get_running_loop()
+    big, small = loop.create_future(), loop.create_future()
+    conn.waiters.update({1: big, 2: small})
+    wire = b"HTTP/1.1 101 Switching Protocols\r\n\r\n" + frame(b"1 200", b"x" * 5000) + frame(b"2 200", b"{}")
+    for i in range(0, len(wire), 700):
+        conn.data_received(wire[i : i + 700])
+    with pytest.raises(httpx.RemoteProtocolError, match="over 100"):
+        big.result()
+    assert small.result().status_code == 200 and small.result().content == b"{}"
+    assert conn.open and len(conn._reader._buf) < 1000  # the big body was never held
