@@ -33,13 +33,11 @@ class AlwaysPremade(BwrapProvider):
     """A provider whose every create takes a launch made ahead (:mod:`sandrl.sandbox.bwrap.premade`),
     whose helper does bubblewrap's part itself: the tests that hold a sandbox's surface run on both."""
 
-    async def _create(
-        self, spec: SandboxSpec, image_env: dict[str, str], plan: MountPlan, *, own_net: bool
-    ) -> BwrapSandbox:
-        self.premade.want(PremadeKind.of(spec, own_net=own_net), 1)
+    async def _create(self, spec: SandboxSpec, image_env: dict[str, str], plan: MountPlan) -> BwrapSandbox:
+        self.premade.want(PremadeKind.of(spec), 1)
         await self.premade.wait_full()
         taken = self.premade.taken
-        sandbox = await super()._create(spec, image_env, plan, own_net=own_net)
+        sandbox = await super()._create(spec, image_env, plan)
         assert self.premade.taken == taken + 1, f"not made ahead: {self.premade.last_error}"
         return sandbox
 

@@ -25,7 +25,7 @@ from ..support import kill_9_after_first_line, needs_sandbox
 pytestmark = needs_sandbox
 
 SPEC = SandboxSpec(ttl_s=120, memory_mb=300, pids=200)
-KIND = PremadeKind.of(SPEC, own_net=True)
+KIND = PremadeKind.of(SPEC)
 
 
 _UIDS: dict[int, set[int]] = {}
@@ -193,15 +193,18 @@ async def test_a_launch_whose_helper_died_is_replaced_by_a_full_one(own: BwrapPr
     assert _leftovers(own) == ([], [], [])
 
 
-async def test_other_limits_or_network_get_a_full_launch(own: BwrapProvider) -> None:
+async def test_other_limits_get_a_full_launch_and_the_network_one_made_ahead(own: BwrapProvider) -> None:
     own.premade.want(KIND, 1)
     await own.premade.wait_full()
     (ready,) = own.premade.idle[KIND]
     async with await own.create(SandboxSpec(ttl_s=60, memory_mb=512)) as other:
         assert other.id != ready.sid
-    async with await own.create(SandboxSpec(ttl_s=60, memory_mb=300, pids=200, network=True)) as networked:
-        assert networked.id != ready.sid
     assert list(own.premade.idle[KIND]) == [ready]
+    # Every sandbox has a namespace of its own: the network (slirp4netns) comes after the launch.
+    async with await own.create(SandboxSpec(ttl_s=60, memory_mb=300, pids=200, network=True)) as networked:
+        assert networked.id == ready.sid
+        devices = await networked.exec("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | sort")
+        assert devices.stdout.split() == ["lo", "tap0"]
 
 
 def test_a_dead_providers_launches_end_and_are_reaped(tmp_path: Path) -> None:
@@ -214,7 +217,7 @@ def test_a_dead_providers_launches_end_and_are_reaped(tmp_path: Path) -> None:
         from sandrl.sandbox.bwrap.launch import PremadeKind
         async def main():
             p = BwrapProvider({str(state)!r})
-            p.premade.want(PremadeKind.of(SandboxSpec(), own_net=True), 3)
+            p.premade.want(PremadeKind.of(SandboxSpec()), 3)
             await p.premade.wait_full()
             print(" ".join(f"{{l.sid}}:{{l.slot.uid}}" for q in p.premade.idle.values() for l in q), flush=True)
             await asyncio.sleep(1000)

@@ -68,16 +68,15 @@ _HELPER_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:
 @dataclass(frozen=True)
 class PremadeKind:
     """What a pre-made launch is made for: everything of a sandbox that is fixed before its image
-    (its own network namespace or the host's; its cgroup limits)."""
+    (its cgroup limits; a sandbox's network is added after its launch, :mod:`.nat`)."""
 
-    own_net: bool
     memory_mb: int | None
     pids: int | None
     cpus: float | None
 
     @staticmethod
-    def of(spec: SandboxSpec, *, own_net: bool) -> PremadeKind:
-        return PremadeKind(own_net, spec.memory_mb, spec.pids, spec.cpus)
+    def of(spec: SandboxSpec) -> PremadeKind:
+        return PremadeKind(spec.memory_mb, spec.pids, spec.cpus)
 
 
 @dataclass
@@ -88,7 +87,6 @@ class Launch:
     state: StateDir
     slot: Slot
     record: Path
-    own_net: bool
     cpus: frozenset[int]
     group: SandboxCgroup | None = None
     proc: subprocess.Popen[bytes] | None = None
@@ -148,10 +146,10 @@ class Launcher:
         self.bwrap = bwrap
         self.identity = identity
 
-    def launch(self, sid: str, spec: SandboxSpec, plan: MountPlan, own_net: bool, cpus: set[int]) -> Launch:
+    def launch(self, sid: str, spec: SandboxSpec, plan: MountPlan, cpus: set[int]) -> Launch:
         """Lock a slot, write the record, make the cgroups and start the helper; on failure, what
         it made is undone before it raises."""
-        launch = self._begin(sid, own_net, cpus)
+        launch = self._begin(sid, cpus)
         try:
             self._write_record(launch, spec)
             launch.group = self.cgroups.create(sid, memory_mb=spec.memory_mb, pids=spec.pids, cpus=spec.cpus)
@@ -167,7 +165,7 @@ class Launcher:
         """The first half of a launch, for a sandbox of ``kind`` whose image is not known yet: its
         cgroups with their limits, and a helper that makes every namespace and then waits for
         :meth:`finish`."""
-        launch = self._begin("sb-" + uuid.uuid4().hex[:12], kind.own_net, cpus)
+        launch = self._begin("sb-" + uuid.uuid4().hex[:12], cpus)
         launch.premade = True
         try:
             self._write_record(launch, None)
@@ -207,9 +205,9 @@ class Launcher:
 
     # -- the parts
 
-    def _begin(self, sid: str, own_net: bool, cpus: set[int]) -> Launch:
+    def _begin(self, sid: str, cpus: set[int]) -> Launch:
         slot = self.state.acquire_slot()
-        launch = Launch(sid, self.state, slot, self.state.record_dir(sid), own_net, frozenset(cpus))
+        launch = Launch(sid, self.state, slot, self.state.record_dir(sid), frozenset(cpus))
         try:
             self.state.claim(slot, sid)
         except BaseException:
@@ -241,8 +239,7 @@ class Launcher:
         argv = [str(self.helper), "launch", "--uid", str(launch.slot.uid)]
         for procs in launch.group.procs_files:
             argv += ["--cgroup-procs", str(procs)]
-        if launch.own_net:
-            argv.append("--own-net")  # the launcher makes it, owned by the commands' namespace
+        argv.append("--own-net")  # never the host's network namespace; owned by the commands' namespace
         return argv
 
     def _root(self, launch: Launch, spec: SandboxSpec, plan: MountPlan) -> list[str]:

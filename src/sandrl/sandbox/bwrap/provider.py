@@ -8,10 +8,11 @@ How one sandbox is made (``native/sandrl-helper.c`` does the privileged part, as
 2. Its cgroups are made with the spec's memory, pids and CPU limits (:mod:`.cgroups`).
 3. The helper joins them and, through two short-lived children, makes the outer user namespace
    (0..65536 -> U..U+65536, pid 1's), the inner one nested in it (0..65535 -> U+1..U+65536,
-   where every command runs) and, unless ``network=True``, a loopback-only network namespace
-   owned by the inner one, which it enters. Meanwhile, in a private mount namespace, it mounts
-   the image's layers idmapped (host directories through the inner namespace: host root ->
-   sandbox root; store layers: the store's own range -> sandbox ids), read-only, nosuid, nodev,
+   where every command runs) and a loopback-only network namespace owned by the inner one, which
+   it enters (``network=True`` adds slirp4netns's tap to it, :mod:`.nat`). Meanwhile, in a
+   private mount namespace, it mounts the image's layers idmapped (host directories through the
+   inner namespace: host root -> sandbox root; store layers: the store's own range -> sandbox
+   ids), read-only, nosuid, nodev,
    with overlayfs over a tmpfs of ``disk_mb`` on top: the sandbox may write anywhere, the image
    never changes, and the writable layer vanishes with the namespace. It joins a fresh session
    keyring and drops to uid U with a clean environment.
@@ -66,13 +67,14 @@ hostile; this backend protects the host, the provider and other sandboxes from i
   the sandbox's own; ``/sys`` is not mounted. As in Docker, the masks
   make the kernel refuse a fresh ``/proc`` in a nested pid namespace (``unshare --mount-proc``);
   nested user, mount and pid namespaces themselves still work.
-- **Network.** Loopback only by default, in a network namespace of the sandbox's own (its root
-  may bind low ports and use raw sockets there, as in Docker). ``network=True`` shares the
-  host's network namespace, loopback services included. Image builds have the network by
-  default (as Docker builds) through slirp4netns (:mod:`.nat`): their own namespace, the world
-  and the host's other addresses, never the host's loopback; slirp4netns itself runs with its
-  own mount namespace, no capabilities and a seccomp filter, in the sandbox's cgroup. (Without
-  slirp4netns installed a build step shares the host's network, with a warning.)
+- **Network.** Never the host's: every sandbox has a network namespace of its own, loopback only
+  by default (its root may bind low ports and use raw sockets there, as in Docker). With
+  ``network=True`` (and in image builds' ``RUN`` steps) it reaches the world through
+  slirp4netns (:mod:`.nat`), never the host's loopback, link-local addresses (cloud metadata),
+  the host's own addresses or private ranges (unless ``egress_allow`` names them): a cgroup BPF
+  filter (:mod:`.egress`) refuses them on slirp4netns's sockets. slirp4netns runs with its own
+  mount namespace, no capabilities and a seccomp filter, in the sandbox's cgroups. Without
+  slirp4netns or cgroup BPF a sandbox with the network is refused, not given the host's.
 - **Registry images.** Manifests, configs and layer blobs are checked against their digests
   before use; layers are unpacked by :mod:`sandrl.images.unpack` into the store's uid range,
   never through a symlink, never outside the layer (``../``, absolute names), without device
@@ -99,7 +101,7 @@ import time
 import uuid
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -114,10 +116,11 @@ from sandrl.sandbox.base import DEFAULT_OUTPUT_CAP, ImageSource, SandboxSpec
 from sandrl.sandbox.bwrap import protocol
 from sandrl.sandbox.bwrap.cgroups import CgroupManager
 from sandrl.sandbox.bwrap.dockerfile.source import image_for
+from sandrl.sandbox.bwrap.egress import EgressFilter, parse_allow
 from sandrl.sandbox.bwrap.helper import helper_path
 from sandrl.sandbox.bwrap.images import ImageStore, MountPlan
 from sandrl.sandbox.bwrap.launch import Launch, Launcher, PremadeKind, undo_when_done
-from sandrl.sandbox.bwrap.nat import start_nat
+from sandrl.sandbox.bwrap.nat import require_nat, start_nat
 from sandrl.sandbox.bwrap.premade import PremadeLaunches
 from sandrl.sandbox.bwrap.protocol import AgentConnection
 from sandrl.sandbox.bwrap.sandbox import HOST_CLEANUP, HOST_WORK, BwrapSandbox
@@ -141,7 +144,10 @@ class BwrapProvider:
         min_free_memory_mb: int = 256,
         bwrap: str | None = None,
         cgroup_root: Path = Path("/sys/fs/cgroup"),
+        egress_allow: Sequence[str] = (),
     ) -> None:
+        """``egress_allow``: private address ranges (CIDR) that sandboxes with the network may reach
+        (:func:`.egress.parse_allow`); loopback and link-local never."""
         if os.geteuid() != 0:
             raise SandboxUnavailableError(
                 "the bubblewrap sandbox backend must run as root (it sets up idmapped mounts and cgroups, "
@@ -163,6 +169,7 @@ class BwrapProvider:
         self._cgroup_missing = self.cgroups.missing()
         if len(self._cgroup_missing) < 3:
             self.cgroups.prepare()
+        self.egress = EgressFilter(parse_allow(tuple(egress_allow)))
         self.output_cap = output_cap
         self.max_live = max_live
         self.min_free_memory_mb = min_free_memory_mb
@@ -231,24 +238,23 @@ class BwrapProvider:
         unchanged), else its prebuilt image when the store has it, else ``host``."""
         return await image_for(self, source)
 
-    async def create(self, spec: SandboxSpec | None = None, *, nat: bool = False) -> BwrapSandbox:
-        """A new sandbox of ``spec``. With ``nat`` (image builds), ``network=True`` is the network
-        through slirp4netns (:mod:`.nat`: out to the world, not to the host's loopback) instead of
-        the host's own network namespace."""
+    async def create(self, spec: SandboxSpec | None = None) -> BwrapSandbox:
+        """A new sandbox of ``spec``; with ``network=True`` its egress goes through slirp4netns
+        (:mod:`.nat`: out to the world, not to the host or its private network)."""
         spec = spec or SandboxSpec()
         self._check_spec(spec)
+        if spec.network:
+            require_nat()
         image = self.images.get(spec.image)
-        nat = nat and spec.network
         self._admit()
         self._creating += 1
         try:
-            sandbox = await self._create(spec, image.env, image.plan, own_net=nat or not spec.network)
+            sandbox = await self._create(spec, image.env, image.plan)
         finally:
             self._creating -= 1
         try:
-            if nat:
-                handle = await start_nat(sandbox.host_pid, sandbox._group)
-                sandbox.add_close_callback(lambda _sandbox: handle.close())
+            if spec.network:
+                await start_nat(sandbox, self.egress)
             if spec.entrypoint and image.entrypoint:
                 await start_entrypoint(sandbox, image.entrypoint)
         except BaseException:
@@ -256,15 +262,13 @@ class BwrapProvider:
             raise
         return sandbox
 
-    async def _create(
-        self, spec: SandboxSpec, image_env: dict[str, str], plan: MountPlan, *, own_net: bool
-    ) -> BwrapSandbox:
+    async def _create(self, spec: SandboxSpec, image_env: dict[str, str], plan: MountPlan) -> BwrapSandbox:
         # The launch's blocking work (slot lock, record, cgroup dirs and limits, fork and exec: ~3.5 ms
         # of syscalls; ~0.5 ms to finish a pre-made one) runs in a thread: _launch_in_host_work.
         loop = asyncio.get_running_loop()
         cpus = os.sched_getaffinity(0)  # the caller's: the sandbox inherits them, as if spawned from its thread
         launch = None
-        premade = self.premade.take(PremadeKind.of(spec, own_net=own_net), cpus)
+        premade = self.premade.take(PremadeKind.of(spec), cpus)
         if premade is not None:
             try:
                 launch = await _launch_in_host_work(self.launcher.finish, premade, spec, plan)
@@ -272,7 +276,7 @@ class BwrapProvider:
                 launch = None
         if launch is None:
             sid = "sb-" + uuid.uuid4().hex[:12]
-            launch = await _launch_in_host_work(self.launcher.launch, sid, spec, plan, own_net, cpus)
+            launch = await _launch_in_host_work(self.launcher.launch, sid, spec, plan, cpus)
         sid = launch.sid
         conn: AgentConnection | None = None
         try:
@@ -337,7 +341,7 @@ class BwrapProvider:
     def expect_forks(self, spec: SandboxSpec, n: int, until: asyncio.Future[None] | None = None) -> None:
         """Forks of ``n`` children of ``spec`` will come again: keep their launches made ahead
         (:mod:`.premade`), made once ``until`` is done (at most :data:`.premade.REFILL_HOLD_S` later)."""
-        self.premade.want(PremadeKind.of(spec, own_net=not spec.network), n, until=until)
+        self.premade.want(PremadeKind.of(spec), n, until=until)
 
     async def close_all(self) -> None:
         await self.premade.close()

@@ -20,7 +20,7 @@ Anything else (multi-stage builds, ``COPY --from``, ``RUN --mount``, heredocs) i
 Each ``RUN``, ``COPY`` and ``ADD`` runs in a fresh build sandbox started from the image so far
 (with the network, as Docker builds have it, unless the build turns it off or ``RUN
 --network=none``: through slirp4netns, :mod:`sandrl.sandbox.bwrap.nat`, so out to the world but
-not to the host's loopback services); what the step changed is exported
+not to the host or its private network); what the step changed is exported
 (:func:`sandrl.sandbox.bwrap.export.export_changes`) as a read-only layer, and the image so far plus
 that layer is registered in the store as ``build-<key>``. The key hashes the parent's key, the
 instruction and the state it runs in (environment, working directory, user, shell) and, for
@@ -64,7 +64,7 @@ from sandrl.sandbox.bwrap.dockerfile.instructions import Instruction, expand, ke
 from sandrl.sandbox.bwrap.dockerfile.runtime import RUNTIME_KEYS, runtime_step
 from sandrl.sandbox.bwrap.export import export_changes, is_empty_layer
 from sandrl.sandbox.bwrap.images import HOST_IMAGE, ImageStore
-from sandrl.sandbox.bwrap.nat import RESOLV_CONF, nat_or_warn, point_dns_at_nat
+from sandrl.sandbox.bwrap.nat import RESOLV_CONF
 from sandrl.sandbox.bwrap.pulled import pull_into_store
 from sandrl.sandbox.bwrap.sandbox import BwrapSandbox
 
@@ -90,8 +90,9 @@ class BuildOptions:
     timeout_s: float = 600.0
     """The whole build (every step) must finish within this; Harbor's ``build_timeout_sec``."""
     network: bool = True
-    """Give ``RUN`` steps the host's network, as Docker builds have it (``RUN --network=none`` turns
-    it off for one step). Independent of the network of the image's sandboxes."""
+    """Give ``RUN`` steps the network, as Docker builds have it (through slirp4netns, never the host's
+    own network, :mod:`sandrl.sandbox.bwrap.nat`; ``RUN --network=none`` turns it off for one step).
+    Independent of the network of the image's sandboxes."""
     platform: str | None = None
     """The platform of registry images ``FROM`` names (``linux/arm64``...); default this host's."""
     cpus: float = float(min(2, os.cpu_count() or 1))
@@ -184,7 +185,7 @@ class BuildHost(Protocol):
 
     images: ImageStore
 
-    async def create(self, spec: SandboxSpec, *, nat: bool = False) -> BwrapSandbox: ...
+    async def create(self, spec: SandboxSpec) -> BwrapSandbox: ...
 
 
 class ImageBuilder:
@@ -480,16 +481,13 @@ class ImageBuilder:
             )
             layer_dir = self.store.root / "layers" / f".build-{uuid.uuid4().hex}"
             try:
-                nat = network and nat_or_warn()
-                sandbox = await self.provider.create(spec, nat=nat)
+                sandbox = await self.provider.create(spec)
                 try:
-                    if nat:
-                        await point_dns_at_nat(sandbox)
                     if inst.keyword == "RUN":
                         await self._run_step(inst, state, sandbox, remaining, index, total)
                     else:
                         await self._copy_step(inst, state, sandbox, context, env)
-                    await export_changes(sandbox, layer_dir, skip=RESOLV_CONF if nat else frozenset())
+                    await export_changes(sandbox, layer_dir, skip=RESOLV_CONF if network else frozenset())
                 finally:
                     await sandbox.close()
                 layers = list(state.layers)

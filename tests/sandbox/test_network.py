@@ -1,0 +1,129 @@
+"""A sandbox never shares the host's network: with ``network=True`` it reaches the world through its
+own NAT, never the host's loopback or addresses, cloud metadata or a private range (unless
+allowed), and names resolve as under Docker.
+
+Everything runs in namespaces the test makes (:mod:`tests.netns`): the provider and its sandboxes
+in a "host" namespace, every address aimed at in a "world" behind it. What reached the world is
+read from the world's own log, not from what the sandbox believed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sandrl.errors import ConfigError
+from sandrl.sandbox.bwrap.egress import parse_allow
+from sandrl.sandbox.bwrap.nat import nat_available
+
+from ..netns import WORLD_ADDR, WORLD_ADDRESSES, Netns, netns_reason, two_hosts, write_resolv_conf
+from ..support import REASON
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [
+    pytest.mark.skipif(REASON is not None, reason=str(REASON)),
+    pytest.mark.skipif(netns_reason() is not None, reason=str(netns_reason())),
+    pytest.mark.skipif(not nat_available(), reason="slirp4netns is not installed"),
+]
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Netns, Path]]:
+    """The host namespace and the world's log, with the world's servers running."""
+    log = tmp_path_factory.mktemp("world") / "arrivals"
+    log.touch()
+    with two_hosts() as (host, world):
+        servers = world.popen(
+            [sys.executable, "-m", "tests.sandbox.net_world", str(log)],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        try:
+            assert servers.stdout is not None and servers.stdout.readline().strip() == "ready"
+            yield host, log
+        finally:
+            assert servers.stdin is not None and servers.stdout is not None
+            servers.stdin.close()
+            servers.kill()
+            servers.wait()
+            servers.stdout.close()
+
+
+def probe(host: Netns, log: Path, tmp_path: Path, allow: str = "") -> tuple[dict[str, object], list[str]]:
+    """Run :mod:`tests.sandbox.net_probe` in ``host``, the host's resolver being the world's; its
+    result and what reached the world meanwhile."""
+    resolv = write_resolv_conf(tmp_path, WORLD_ADDRESSES["resolver"])
+    before = log.read_text().splitlines()
+    # A mount namespace of its own, so that its /etc/resolv.conf is the world's and nothing else changes.
+    script = 'mount --bind "$1" /etc/resolv.conf && shift && exec "$@"'
+    argv = ["unshare", "-m", "sh", "-c", script, "sh", str(resolv)]
+    argv += [sys.executable, "-m", "tests.sandbox.net_probe", str(tmp_path / "state"), allow]
+    done = subprocess.run(host.argv(argv), cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return result, log.read_text().splitlines()[len(before) :]
+
+
+def test_a_sandbox_with_the_network_reaches_the_world_and_nothing_of_the_host(
+    hosts: tuple[Netns, Path], tmp_path: Path
+) -> None:
+    host, log = hosts
+    result, arrivals = probe(host, log, tmp_path)
+    net = result["net"]
+    assert isinstance(net, dict), result
+    assert net["world-public"] == "reached"
+    assert net["world-veth"] == "reached"
+    assert net["by-name"] == "reached"
+    assert net["dns"] == WORLD_ADDRESSES["public"]  # through slirp's DNS, forwarded to the host's resolver
+    assert net["udp-public"] == "echoed"
+    assert result["net-resolv"] == "nameserver 10.0.2.3"
+    for name in (
+        "host-loopback",
+        "host-loopback-via-gateway",
+        "host-any-via-gateway",
+        "host-address",
+        "metadata",
+        "private",
+    ):
+        assert net[name] != "reached", (name, net)
+    assert net["resolver-not-dns"] != "reached"  # the resolver is open on port 53 only
+    assert net["udp-private"] != "echoed"
+    assert result["host-accepted"] == []  # nothing of the host's own namespace answered
+    # The world's own log: only the public addresses and the resolver's DNS port saw anything.
+    reached = {line for line in arrivals if not line.startswith("dns ")}
+    assert reached <= {f"tcp {WORLD_ADDRESSES['public']}", f"tcp {WORLD_ADDR}", f"udp {WORLD_ADDRESSES['public']}"}
+    assert f"tcp {WORLD_ADDRESSES['public']}" in reached
+    assert "dns svc.test" in arrivals
+    # Without the network: loopback only.
+    nonet = result["nonet"]
+    assert isinstance(nonet, dict), result
+    assert all(v != "reached" and v != "echoed" for k, v in nonet.items() if k != "dns"), nonet
+    assert nonet["dns"] != WORLD_ADDRESSES["public"]
+
+
+def test_an_allowed_private_range_is_reachable_and_metadata_never(hosts: tuple[Netns, Path], tmp_path: Path) -> None:
+    host, log = hosts
+    result, arrivals = probe(host, log, tmp_path, allow="10.77.0.0/24")
+    net = result["net"]
+    assert isinstance(net, dict), result
+    assert net["private"] == "reached"
+    assert net["udp-private"] == "echoed"
+    assert net["metadata"] != "reached"
+    assert net["host-address"] != "reached" and net["host-loopback-via-gateway"] != "reached"
+    assert f"tcp {WORLD_ADDRESSES['metadata']}" not in arrivals
+
+
+@pytest.mark.parametrize(
+    "entry",
+    ["169.254.0.0/16", "127.0.0.1", "0.0.0.0/0", "8.8.8.0/24", "fd00::/8", "10.0.0.0/33", "not-a-range"],
+)
+def test_the_allow_list_opens_only_private_ranges(entry: str) -> None:
+    with pytest.raises(ConfigError):
+        parse_allow([entry])
+    assert parse_allow(["10.1.0.0/16", "192.168.4.0/24"])  # inside private ranges: fine
