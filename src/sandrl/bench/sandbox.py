@@ -3,7 +3,9 @@
 In one run, on the same host, so the ratios are fair: (a) a plain subprocess ``/bin/true``,
 (b) bare ``bwrap ... true``, (c) sandrl cold create -> first exec returns, (d) the same from
 the warm pool, (e) exec round trip of ``true`` in a live sandbox, (f) memory per idle live
-sandbox with N live at once, and whether all N closed cleanly.
+sandbox with N live at once, and whether all N closed cleanly. (c), (d) and (f) again for
+``network=True`` sandboxes (their own namespace, slirp4netns and the egress filter,
+:mod:`sandrl.sandbox.bwrap.nat`): what the NAT costs, beside ``network=False`` in the same run.
 """
 
 from __future__ import annotations
@@ -164,10 +166,15 @@ async def _footprint(provider: BwrapProvider, spec: SandboxSpec, live: int, tick
     }
 
 
+NET_LIVE = 100
+"""At most this many idle sandboxes with the network for (f): one slirp4netns each."""
+
+
 async def run(n: int = 200, live: int = 500, pool_size: int = 8, console: Console | None = None) -> dict[str, Any]:
     console = console or Console(stderr=True)
     provider = BwrapProvider()
     spec = SandboxSpec()
+    net_spec = SandboxSpec(network=True)
     # Warm up: the helper build, the host image's layers, the page cache.
     for _ in range(3):
         async with await provider.create(spec) as sb:
@@ -185,8 +192,15 @@ async def run(n: int = 200, live: int = 500, pool_size: int = 8, console: Consol
         rtt = await _exec_rtt(provider, spec, n, lambda: progress.advance(task))
         progress.update(task, completed=0, total=max(4, n // 10), description="snapshot, fork, pause/resume")
         live_ops = await snapshots.run(provider, spec, max(4, n // 10), lambda: progress.advance(task))
+        progress.update(task, completed=0, description="cold create -> first exec, network=True")
+        cold_net = await _cold(provider, net_spec, n, lambda: progress.advance(task))
+        progress.update(task, completed=0, description="warm pool create -> first exec, network=True")
+        warm_net = await _warm(provider, net_spec, n, pool_size, lambda: progress.advance(task))
         progress.update(task, completed=0, total=live, description=f"{live} idle sandboxes")
         footprint = await _footprint(provider, spec, live, lambda: progress.advance(task))
+        net_live = min(live, NET_LIVE)
+        progress.update(task, completed=0, total=net_live, description=f"{net_live} idle sandboxes, network=True")
+        footprint_net = await _footprint(provider, net_spec, net_live, lambda: progress.advance(task))
     rows = {
         "subprocess_true": summary_ms(plain),
         "bwrap_true": summary_ms(bare),
@@ -194,10 +208,19 @@ async def run(n: int = 200, live: int = 500, pool_size: int = 8, console: Consol
         "warm_create_exec": summary_ms(warm),
         "exec_true": summary_ms(rtt),
         **live_ops,
+        "cold_create_exec_net": summary_ms(cold_net),
+        "warm_create_exec_net": summary_ms(warm_net),
     }
     ratios = {
         "cold_over_bwrap_p50": round(rows["cold_create_exec"]["p50_ms"] / rows["bwrap_true"]["p50_ms"], 3),
         "warm_over_bwrap_p50": round(rows["warm_create_exec"]["p50_ms"] / rows["bwrap_true"]["p50_ms"], 3),
+        "cold_net_over_cold_p50": round(rows["cold_create_exec_net"]["p50_ms"] / rows["cold_create_exec"]["p50_ms"], 3),
+    }
+    nat_cost = {
+        "cold_p50_ms": round(rows["cold_create_exec_net"]["p50_ms"] - rows["cold_create_exec"]["p50_ms"], 3),
+        "warm_p50_ms": round(rows["warm_create_exec_net"]["p50_ms"] - rows["warm_create_exec"]["p50_ms"], 3),
+        "host_mib_per_sandbox": round(footprint_net["host_mib_per_sandbox"] - footprint["host_mib_per_sandbox"], 3),
+        "processes_per_sandbox": round(footprint_net["processes_per_sandbox"] - footprint["processes_per_sandbox"], 2),
     }
     checks = {
         "warm_p50": rows["warm_create_exec"]["p50_ms"] <= TARGETS["warm_p50_ms"],
@@ -211,6 +234,9 @@ async def run(n: int = 200, live: int = 500, pool_size: int = 8, console: Consol
         "idle_memory": footprint["host_mib_per_sandbox"] <= TARGETS["idle_host_mib_per_sandbox"]
         and footprint["live"] == live
         and footprint["closed_cleanly"],
+        "net_sandboxes": footprint_net["live"] == min(live, NET_LIVE)
+        and footprint_net["create_errors"] == 0
+        and footprint_net["closed_cleanly"],
     }
     table = Table(title=f"sandrl bench sandbox ({os.cpu_count()} cores, n={n})")
     for col in ("measure", "p50 ms", "p95 ms", "p99 ms"):
@@ -226,6 +252,8 @@ async def run(n: int = 200, live: int = 500, pool_size: int = 8, console: Consol
         "fork_16_until_exec": "(i) fork 16, until all ran true",
         "fork_16_first_until_exec": "(i') the first fork 16 (nothing made ahead)",
         "pause_resume": "(j) pause + resume",
+        "cold_create_exec_net": "(c) cold create -> first exec, network=True",
+        "warm_create_exec_net": "(d) warm pool create -> first exec, network=True",
     }
     for key, label in labels.items():
         r = rows[key]
@@ -238,12 +266,23 @@ async def run(n: int = 200, live: int = 500, pool_size: int = 8, console: Consol
         f"RSS {fp['rss_mib_per_sandbox']:.2f} MiB, PSS {fp['pss_mib_per_sandbox']:.2f} MiB; "
         f"closed cleanly: {fp['closed_cleanly']}"
     )
+    fn = footprint_net
+    console.print(
+        f"(f) {fn['live']} idle live with the network: host {fn['host_mib_per_sandbox']:.2f} MiB each, "
+        f"{fn['processes_per_sandbox']:.1f} processes each; closed cleanly: {fn['closed_cleanly']}"
+    )
     console.print(f"ratios: cold/bwrap {ratios['cold_over_bwrap_p50']}x, warm/bwrap {ratios['warm_over_bwrap_p50']}x")
+    console.print(
+        f"NAT costs: +{nat_cost['cold_p50_ms']:.2f} ms cold, +{nat_cost['warm_p50_ms']:.2f} ms warm, "
+        f"+{nat_cost['host_mib_per_sandbox']:.2f} MiB host memory per idle sandbox"
+    )
     return {
         "bench": "sandbox",
         **rows,
         "ratios": ratios,
         "idle": footprint,
+        "idle_net": footprint_net,
+        "nat_cost": nat_cost,
         "targets": {**TARGETS, **snapshots.TARGETS},
         "checks": checks,
         "pass": all(checks.values()),
