@@ -38,7 +38,9 @@ def sandbox_run(
     pids: int = typer.Option(SandboxSpec.pids, help="Most processes at once."),
     disk_mb: int = typer.Option(SandboxSpec.disk_mb, help="Size of the writable layer in MiB."),
     timeout: float = typer.Option(60.0, help="Wall-clock limit in seconds; exit code 124 when hit."),
-    network: bool = typer.Option(False, "--network", help="Share the host's network (default: loopback only)."),
+    network: bool = typer.Option(
+        False, "--network", help="Egress through NAT, not to the host or private ranges (default: loopback only)."
+    ),
     server: str | None = typer.Option(None, help="A sandbox service URL (default $SANDRL_SERVER; none: local)."),
     token_file: str | None = typer.Option(None, help="File holding the service's token (default $SANDRL_TOKEN)."),
 ) -> None:

@@ -131,7 +131,8 @@ class SandboxSpec:
     disk_mb: int = _bounded(4096, Bounds(1, 1 << 24, whole=True))
     """Size of the writable copy-on-write layer; writes beyond it fail with ENOSPC."""
     network: bool = False
-    """Loopback only unless True; True shares the host's network."""
+    """Loopback only unless True; True gives egress through NAT from the sandbox's own network namespace
+    (never the host's loopback, link-local or private addresses; see ``docs/security.md``)."""
     ttl_s: float = _bounded(3600.0, Bounds(0, above=True, unit="seconds"))
     """The sandbox is killed this long after creation, whatever the client does."""
     workdir: str = "/workspace"

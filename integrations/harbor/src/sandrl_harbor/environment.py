@@ -17,7 +17,8 @@ How the environment is made: the task's Dockerfile is applied in a fresh sandbox
 store has that name (``sandrl images pull REF`` prints the name to pass as ``--ek image=``).
 Limits: the task's ``cpus``, ``memory_mb`` and ``storage_mb`` are enforced by the sandbox (cgroup
 quota, memory limit, writable-layer size); the network is loopback only unless the task allows the
-internet (the host's network then); allowlists, GPUs, Windows and compose tasks are refused.
+internet (then egress through NAT, never to the host or its private network); allowlists, GPUs,
+Windows and compose tasks are refused.
 Commands run with ``bash -c`` as root, or as the user asked (``runuser``), with the Dockerfile's
 ``ENV`` under the task's and the command's environment. A command past its timeout is killed and
 raises, as in Harbor's Docker environment.

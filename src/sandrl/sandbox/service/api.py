@@ -84,7 +84,9 @@ class SpecBody(BaseModel):
     memory_mb: int = _from_spec("memory_mb", "Memory limit (the writable layer counts too).")
     pids: int = _from_spec("pids", "Most processes and threads at once.")
     disk_mb: int = _from_spec("disk_mb", "Size of the writable layer.")
-    network: bool = _from_spec("network", "Share the host's network; loopback only when false.")
+    network: bool = _from_spec(
+        "network", "Egress through NAT (never the host or its private network); loopback only when false."
+    )
     ttl_s: float = _from_spec(
         "ttl_s", "Killed this long after creation; at least 1 s, at most the server's max.", ge=MIN_TTL_S
     )

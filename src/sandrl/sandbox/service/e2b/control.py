@@ -7,8 +7,9 @@ errors are ``{"code", "error_code", "message"}``, which is E2B's own error shape
 - **Templates** map to sandrl images: ``base`` to the default image ``host``, any other name
   (``name`` or ``name:latest``) to the image of that name in the server's store.
 - ``timeout`` is the sandbox's TTL in seconds; ``metadata`` its labels (the list filter);
-  ``envVars`` the environment of every command; ``allow_internet_access=true`` shares the host
-  network, as sandrl's ``network=True`` does; by default a sandbox has loopback only.
+  ``envVars`` the environment of every command; ``allow_internet_access=true`` gives egress
+  through NAT (never to the host or its private network), as sandrl's ``network=True`` does; by
+  default a sandbox has loopback only.
 - **Pause** freezes the sandbox's processes (memory kept) and stops its TTL; ``connect`` (and the
   older ``resume``) thaws it, and its TTL goes on. A sandbox running a command is not paused (409).
   With ``autoPause`` (the SDK's ``lifecycle={"on_timeout": "pause"}``) a sandbox is paused at its
@@ -125,7 +126,7 @@ def _check_supported(body: NewSandbox) -> None:
     if body.network and any(v for v in body.network.values()):
         raise not_supported(
             "network rules (allowOut, denyOut, rules)",
-            "use allow_internet_access=True for the host network, or leave it out for loopback only",
+            "use allow_internet_access=True for egress through NAT, or leave it out for loopback only",
         )
     if body.mcp:
         raise not_supported("MCP servers in sandboxes (mcp)")
