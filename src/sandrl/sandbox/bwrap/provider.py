@@ -102,11 +102,13 @@ import uuid
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
+from ipaddress import IPv4Network
 from pathlib import Path
 from typing import Any
 
 from sandrl.errors import (
     CapacityExhaustedError,
+    ConfigError,
     LimitUnsupportedError,
     SandboxCreateError,
     SandboxUnavailableError,
@@ -130,6 +132,8 @@ from sandrl.sandbox.entrypoint import start_entrypoint
 
 DEFAULT_STATE_DIR = Path(os.environ.get("SANDRL_STATE_DIR", "/var/lib/sandrl"))
 START_TIMEOUT_S = 15.0
+EGRESS_ALLOW_ENV = "SANDRL_EGRESS_ALLOW"
+"""Private ranges sandboxes with the network may reach on this host, comma-separated CIDRs."""
 
 
 class BwrapProvider:
@@ -144,10 +148,11 @@ class BwrapProvider:
         min_free_memory_mb: int = 256,
         bwrap: str | None = None,
         cgroup_root: Path = Path("/sys/fs/cgroup"),
-        egress_allow: Sequence[str] = (),
+        egress_allow: Sequence[str] | None = None,
     ) -> None:
         """``egress_allow``: private address ranges (CIDR) that sandboxes with the network may reach
-        (:func:`.egress.parse_allow`); loopback and link-local never."""
+        (:func:`.egress.parse_allow`; default ``$SANDRL_EGRESS_ALLOW``, comma-separated, else none);
+        loopback and link-local never."""
         if os.geteuid() != 0:
             raise SandboxUnavailableError(
                 "the bubblewrap sandbox backend must run as root (it sets up idmapped mounts and cgroups, "
@@ -169,7 +174,7 @@ class BwrapProvider:
         self._cgroup_missing = self.cgroups.missing()
         if len(self._cgroup_missing) < 3:
             self.cgroups.prepare()
-        self.egress = EgressFilter(parse_allow(tuple(egress_allow)))
+        self.egress = EgressFilter(_egress_allow(egress_allow))
         self.output_cap = output_cap
         self.max_live = max_live
         self.min_free_memory_mb = min_free_memory_mb
@@ -352,6 +357,16 @@ class BwrapProvider:
         self.premade.close_sync()
         for sandbox in list(self.live):
             sandbox._cleanup_sync()
+
+
+def _egress_allow(given: Sequence[str] | None) -> tuple[IPv4Network, ...]:
+    if given is not None:
+        return parse_allow(tuple(given))
+    ranges = [r for r in os.environ.get(EGRESS_ALLOW_ENV, "").replace(" ", "").split(",") if r]
+    try:
+        return parse_allow(ranges)
+    except ConfigError as exc:
+        raise ConfigError(f"${EGRESS_ALLOW_ENV}: {exc}") from None
 
 
 def _raise_fd_limit() -> None:
