@@ -458,3 +458,84 @@ async def test_an_answer_over_the_clients_bound_fails_its_call_only(monkeypatch:
         big.result()
     assert small.result().status_code == 200 and small.result().content == b"{}"
     assert conn.open and len(conn._reader._buf) < 1000  # the big body was never held
+
+
+async def test_no_call_starts_while_its_client_does_not_read_answers() -> None:
+    """Calls read while writes are paused (or read in one burst with the write that pauses them)
+    wait, the connection unread, until the client has drained its answers."""
+    started: list[str] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        started.append(scope["path"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"x"})
+
+    template = {"type": "http", "root_path": "", "headers": [], "state": {}}
+    channel = ChannelProtocol(app, template, max_body=100, hot_calls=cast(Any, None), connections=set(), tasks=set())
+    transport = _Transport()
+    channel.connection_made(transport)
+    channel.pause_writing()
+    channel.data_received(b"".join(call_frame(i, "GET", f"/c{i}", b"") for i in range(50)))
+    await asyncio.sleep(0.05)
+    assert started == [] and not transport.reading
+    channel.resume_writing()
+    for _ in range(20):
+        await asyncio.sleep(0.01)
+    assert started == [f"/c{i}" for i in range(50)] and transport.reading
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as f:
+        return int(next(line for line in f if line.startswith("VmRSS:")).split()[1]) << 10
+
+
+MiB = 1 << 20
+CALLS = 3000
+MAX_UNREAD = 16 * MiB
+TURN = 48 * MiB
+"""Answers of one turn of the server's event loop, queued before the bound is checked (8 of 6 MiB)."""
+RSS_BOUND = 256 * MiB
+"""What the server (in this process) may grow by for a client that never reads; its 3,000 answers of
+1 MiB of NULs (6 MiB of JSON each) would be 18 GiB."""
+
+
+async def test_a_client_that_never_reads_answers_does_not_grow_the_servers_memory(bwrap: BwrapProvider) -> None:
+    """The attack: one write of thousands of calls with large answers, none of them read. The server
+    stops reading the connection, and drops it once its answers unread pass the bound."""
+    with serving(bwrap, ServiceConfig(max_unread_bytes=MAX_UNREAD)) as served:
+        auth = {"authorization": f"Bearer {served.token}"}
+        async with httpx.AsyncClient(base_url=served.url, headers=auth, timeout=60) as http:
+            # pids bounds how many of the calls run at once (the memory of calls in flight is not this test's)
+            sid = (await http.post("/v1/sandboxes", json={"ttl_s": 300, "pids": 64})).json()["id"]
+            try:
+                status, _, raw = await RawChannel.upgrade(served.url, auth)
+                assert status == 101
+                connections = served.server._server.server_state.connections
+                channel = next(c for c in connections if isinstance(c, ChannelProtocol))
+                body = json.dumps({"command": "head -c 1M /dev/zero", "timeout_s": 60}).encode()
+                wire = b"".join(call_frame(i, "POST", f"/v1/sandboxes/{sid}/exec", body) for i in range(CALLS))
+                before, peak_rss, peak_unread, quiet = _rss(), 0, 0, 0
+                raw.writer.write(wire)
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + 60
+                while loop.time() < deadline and quiet < 20:
+                    await asyncio.sleep(0.05)
+                    peak_rss = max(peak_rss, _rss() - before)
+                    transport = channel.transport
+                    assert transport is not None
+                    peak_unread = max(peak_unread, transport.get_write_buffer_size())
+                    if peak_rss > RSS_BOUND or peak_unread > MAX_UNREAD + TURN:
+                        break  # failed: stop before the host runs out of memory
+                    settled = channel.lost.done() or (channel.in_flight == 0 and channel._write_paused)
+                    quiet = quiet + 1 if settled else 0
+                raw.close()
+                assert peak_unread <= MAX_UNREAD + TURN, f"{peak_unread / MiB:.0f} MiB of answers held unread"
+                assert peak_rss <= RSS_BOUND, (
+                    f"the server grew by {peak_rss / MiB:.0f} MiB for a client that reads nothing"
+                )
+                assert channel.lost.done(), "a client that never reads is dropped once over the bound"
+                # the server goes on serving others
+                r = await http.post(f"/v1/sandboxes/{sid}/exec", json={"command": "echo ok"})
+                assert r.status_code == 200 and r.json()["stdout"] == "ok\n"
+            finally:
+                await http.delete(f"/v1/sandboxes/{sid}")

@@ -12,8 +12,19 @@ metrics), with the headers that opened the channel (``Host``, ``Authorization``)
 errors are those of HTTP by construction. Bounds: a call's body is at most ``max_body`` bytes
 (larger ones are dropped as they arrive and answered 413, as HTTP answers them); at most
 ``max_in_flight`` calls run at once, and calls read beyond them wait, the connection unread, until
-one ends; the connection is not read either while the client is not reading its answers. Routes that stream
-(``/exec/stream``, ``/files``, ``/tar``) are answered 400: they go over plain HTTP.
+one ends. Routes that stream (``/exec/stream``, ``/files``, ``/tar``) are answered 400: they go over
+plain HTTP.
+
+Back-pressure: a client that does not read its answers stalls itself, not the server's memory.
+While the connection's writes are paused (answers the client has not taken pass the transport's
+high-water mark) no call starts, those already read wait, and the connection is not read; all
+resumes when the client has drained its answers. Calls already in flight when writes paused still
+answer, into the connection's buffer: past ``max_unread`` bytes of answers unread (the service's
+``max_unread_bytes``) the channel is dropped (aborted: what it held is freed, its calls' answers
+are lost as on a broken connection). What the server holds for a client that never reads is thus
+one read's worth of calls, their answers up to ``max_unread`` (and the answers of one turn of the
+event loop), and the calls in flight (at most ``max_in_flight``, as for a client that reads) while
+they run.
 """
 
 from __future__ import annotations
@@ -42,6 +53,7 @@ from sandrl.sandbox.service.channel_frames import (
     status_phrase,
 )
 from sandrl.sandbox.service.hot import HotCalls, route
+from sandrl.sandbox.service.state import ServiceConfig
 
 log = logging.getLogger("sandrl.service")
 MAX_IN_FLIGHT = 4096
@@ -65,6 +77,7 @@ class ChannelProtocol(asyncio.Protocol):
         connections: MutableSet[Any],
         tasks: MutableSet[asyncio.Task[None]],
         max_in_flight: int = MAX_IN_FLIGHT,
+        max_unread: int = ServiceConfig.max_unread_bytes,
     ) -> None:
         self.app = app
         self.scope = scope
@@ -73,6 +86,7 @@ class ChannelProtocol(asyncio.Protocol):
         self.connections = connections
         self.tasks = tasks
         self.max_in_flight = max_in_flight
+        self.max_unread = max_unread
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.reader = FrameReader(max_body)
@@ -83,7 +97,7 @@ class ChannelProtocol(asyncio.Protocol):
         self._write_paused = False
         self._read_paused = False
         self._backlog: deque[Frame] = deque()
-        """Calls read but not started, while ``max_in_flight`` run (at most one read's worth)."""
+        """Calls read but not started, while ``max_in_flight`` run or writes are paused (one read's worth at most)."""
 
     # -- asyncio.Protocol
 
@@ -112,7 +126,7 @@ class ChannelProtocol(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._write_paused = False
-        self._reading()
+        self._start_calls()
 
     def shutdown(self) -> None:
         """uvicorn's graceful shutdown: calls in flight finish, new ones are refused, then the connection closes."""
@@ -189,7 +203,7 @@ class ChannelProtocol(asyncio.Protocol):
             return 500, error_response(500, "internal_error", "internal error: the server log has it")["body"]
 
     def _start_calls(self) -> None:
-        while self._backlog and self.in_flight < self.max_in_flight:
+        while self._backlog and self.in_flight < self.max_in_flight and not self._write_paused:
             if self.transport is None or self.transport.is_closing():
                 self._backlog.clear()
                 return
@@ -206,11 +220,28 @@ class ChannelProtocol(asyncio.Protocol):
         self._answer(call_id, status, error_response(status, error_code, message)["body"])
 
     def _answer(self, call_id: int, status: int, body: bytes) -> None:
-        if self.transport is not None and not self.transport.is_closing():
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
             self.writer.write(answer_frame(call_id, status, body))
+            if self._write_paused:
+                self._check_unread(transport)
+
+    def _check_unread(self, transport: asyncio.Transport) -> None:
+        """Drop the channel once its client has left more than ``max_unread`` bytes of answers unread."""
+        unread = transport.get_write_buffer_size() + self.writer.queued
+        if unread > self.max_unread:
+            log.warning(
+                "dropping a call channel: its client left %d bytes of answers unread (the bound is %d) "
+                "with %d calls still in flight",
+                unread,
+                self.max_unread,
+                self.in_flight,
+            )
+            self._backlog.clear()
+            transport.abort()  # not close(): that would hold every unread byte until the client took it
 
     def _reading(self) -> None:
-        """Read while the client reads its answers and fewer than ``max_in_flight`` calls run."""
+        """Read while calls can start: the client reads its answers and fewer than ``max_in_flight`` run."""
         if self.transport is None or self.transport.is_closing():
             return
         pause = self._write_paused or bool(self._backlog) or self.in_flight >= self.max_in_flight
@@ -340,6 +371,7 @@ async def _upgrade(http: Any, rest: bytes) -> None:
         http.app,
         template,
         max_body=consent["max_call_bytes"],
+        max_unread=consent["max_unread"],
         hot_calls=consent["hot_calls"],
         connections=http.connections,
         tasks=http.tasks,

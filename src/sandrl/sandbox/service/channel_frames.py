@@ -81,14 +81,18 @@ class TurnWriter:
         self.loop = loop
         self.transport: asyncio.Transport | None = None
         self._out: list[bytes] = []
+        self.queued = 0
+        """Bytes written this turn, not yet handed to the transport."""
 
     def write(self, data: bytes) -> None:
         if not self._out:
             self.loop.call_soon(self.flush)
         self._out.append(data)
+        self.queued += len(data)
 
     def flush(self) -> None:
         out, self._out = self._out, []
+        self.queued = 0
         if out and self.transport is not None and not self.transport.is_closing():
             self.transport.write(b"".join(out))
 

@@ -165,8 +165,13 @@ async def open_channel(request: Request) -> Response:
         )
     svc = service_of(request)
     info = ChannelInfo(max_call_bytes=svc.config.max_json_bytes)
-    # What the channel's connection needs of the app: the calls' bound, and the hot routes' handling.
-    consent.update(max_call_bytes=info.max_call_bytes, hot_calls=request.app.state.hot_calls, open=svc.metrics.channels)
+    # What the channel's connection needs of the app: its bounds, and the hot routes' handling.
+    consent.update(
+        max_call_bytes=info.max_call_bytes,
+        max_unread=svc.config.max_unread_bytes,
+        hot_calls=request.app.state.hot_calls,
+        open=svc.metrics.channels,
+    )
     return _json(info)
 
 

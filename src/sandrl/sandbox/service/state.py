@@ -76,11 +76,14 @@ class ServiceConfig:
     the bound stops an endless file such as a link to /dev/zero)."""
     keepalive_s: float = 15.0
     """A streaming exec sends a keep-alive comment after this long without output."""
+    max_unread_bytes: int = 64 << 20
+    """A call channel whose client leaves more bytes of answers than this unread (held in the server's
+    memory) is dropped; no call starts on it while its client is not reading (:mod:`.channel`)."""
 
     def __post_init__(self) -> None:
         if self.max_live is not None and self.max_live < 1:
             raise InvalidSpecError("max_live must be at least 1")
-        for name in ("max_ttl_s", "max_paused_s", "drain_grace_s", "exec_grace_s", "keepalive_s"):
+        for name in ("max_ttl_s", "max_paused_s", "drain_grace_s", "exec_grace_s", "keepalive_s", "max_unread_bytes"):
             if not getattr(self, name) > 0:
                 raise InvalidSpecError(f"{name} must be positive")
 
