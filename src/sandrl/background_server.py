@@ -48,23 +48,41 @@ async def serve_on_loop(app: Any, host: str = "127.0.0.1", *, name: str = "serve
 
 
 class BackgroundServer:
-    """Serve ``app`` in a daemon thread on a free port of 127.0.0.1 (or the host and port given)."""
+    """Serve ``app`` in a daemon thread on a free port of 127.0.0.1 (or the host and port given);
+    over TLS when given ``tls`` (a certificate chain file and its key file)."""
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *, name: str = "server") -> None:
+    def __init__(
+        self,
+        app: Any,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        name: str = "server",
+        tls: tuple[str, str] | None = None,
+    ) -> None:
         self.name = name
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, port))
         self.host, self.port = self._sock.getsockname()[:2]
+        self._scheme = "https" if tls is not None else "http"
+        certfile, keyfile = tls if tls is not None else (None, None)
         config = uvicorn.Config(
-            app, log_level="warning", ws="none", lifespan="on", access_log=False, timeout_graceful_shutdown=10
+            app,
+            log_level="warning",
+            ws="none",
+            lifespan="on",
+            access_log=False,
+            timeout_graceful_shutdown=10,
+            ssl_certfile=certfile,
+            ssl_keyfile=keyfile,
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True)
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{self._scheme}://{self.host}:{self.port}"
 
     def start(self, timeout_s: float = 30.0) -> BackgroundServer:
         self._thread.start()

@@ -3,7 +3,8 @@
 Every request (method, path, query, headers with Authorization and Range, body) is forwarded to the
 upstream registry and its response streamed back byte for byte (``aiter_raw``: no decoding). Told to,
 the proxy answers the next N requests whose path matches a pattern with an error status (429 with a
-``Retry-After``, 503...) instead of forwarding them, cuts a response after K body bytes by closing
+``Retry-After``, 503, a 401 with the challenge a test wrote...) or a redirect instead of forwarding
+them, cuts a response after K body bytes by closing
 the connection, or stalls one for a while after K bytes. It records every request, so a test can
 assert that a blob was fetched exactly once.
 
@@ -55,6 +56,7 @@ class _Fault:
     remaining: int
     status: int = 0  # answer with this status instead of forwarding
     retry_after: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()  # sent with that answer
     cut_after: int = -1  # forward, but close the connection after this many body bytes
     stall_after: int = -1  # forward, but stop sending for stall_s after this many body bytes
     stall_s: float = 0.0
@@ -127,13 +129,26 @@ class FaultProxy:
         times: int = 1,
         retry_after: str | None = "0",
         method: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
-        """Answer the next ``times`` requests whose path matches ``pattern`` (``re.search``) with ``status``.
+        """Answer the next ``times`` requests whose path matches ``pattern`` (``re.search``) with ``status``
+        (and ``headers``: a ``WWW-Authenticate`` challenge...).
 
         ``Retry-After`` is sent with a 429 or 503 unless ``retry_after`` is None; "0" keeps tests fast.
         """
+        fault = _Fault(
+            re.compile(pattern), method, times, status=status, retry_after=retry_after, headers=_pairs(headers)
+        )
         with self._lock:
-            self._faults.append(_Fault(re.compile(pattern), method, times, status=status, retry_after=retry_after))
+            self._faults.append(fault)
+
+    def redirect_next(self, pattern: str, location: str, *, status: int = 307, times: int = 1) -> None:
+        """Answer the next ``times`` matching requests with a redirect to ``location``, as Docker Hub
+        sends a blob to its CDN. ``{path}`` in ``location`` is the request's path (``{url}``: the
+        proxy's URL): a redirect to the proxy itself forwards on once the fault is spent."""
+        with self._lock:
+            fault = _Fault(re.compile(pattern), "GET", times, status=status, headers=(("location", location),))
+            self._faults.append(fault)
 
     def cut_next(self, pattern: str, *, after_bytes: int, times: int = 1, method: str | None = "GET") -> None:
         """Forward the next ``times`` matching requests, but close the connection after ``after_bytes`` body bytes.
@@ -221,7 +236,7 @@ class FaultProxy:
         fault = self._take_fault(method, path)
         if fault is not None and fault.status:
             record.fault = f"status {fault.status}"
-            await self._answer_error(send, record, fault)
+            await self._answer_error(send, record, fault, path)
             return
 
         body = bytearray()
@@ -286,13 +301,20 @@ class FaultProxy:
             out.append((lower.encode("latin-1"), value.encode("latin-1")))
         return out
 
-    async def _answer_error(self, send: Send, record: ProxiedRequest, fault: _Fault) -> None:
+    async def _answer_error(self, send: Send, record: ProxiedRequest, fault: _Fault, path: str) -> None:
         code = ERROR_CODES.get(fault.status, "UNKNOWN")
         body = json.dumps({"errors": [{"code": code, "message": "injected by the fault proxy", "detail": None}]})
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         if fault.retry_after is not None and fault.status in (429, 503):
             headers.append((b"retry-after", fault.retry_after.encode()))
+        for name, value in fault.headers:
+            value = value.replace("{path}", path).replace("{url}", self.url)
+            headers.append((name.lower().encode("latin-1"), value.encode("latin-1")))
         await send({"type": "http.response.start", "status": fault.status, "headers": headers})
         await send({"type": "http.response.body", "body": body.encode() if record.method != "HEAD" else b""})
         record.status = fault.status
         record.body_bytes = len(body) if record.method != "HEAD" else 0
+
+
+def _pairs(headers: dict[str, str] | None) -> tuple[tuple[str, str], ...]:
+    return tuple((headers or {}).items())

@@ -15,6 +15,16 @@ TOML file (``SANDRL_REGISTRIES_CONFIG``, default ``~/.config/sandrl/registries.t
 A mirror keeps the repository path: ``docker.io/library/python:3.11-slim`` is fetched from
 ``<mirror>/v2/library/python/manifests/3.11-slim``. After the mirrors, the registry itself is
 tried. Plain ``http://`` is used only for a mirror named so, or for a registry on loopback.
+
+Delegates (the file only): origins a mirror or registry (by the URL it is reached at) may redirect
+blobs to or name as its token service although they are neither its own nor public https (see
+:mod:`sandrl.images.destinations`), e.g. a mirror whose blob storage is on a private network::
+
+    [delegates]
+    "http://10.0.0.5:5000" = ["http://10.0.0.6:9000"]
+    "https://registry.example.com" = ["https://gitlab.example.com"]
+
+A delegate is trusted as its registry is: it also gets the registry's credentials.
 """
 
 from __future__ import annotations
@@ -127,9 +137,11 @@ def is_loopback(host: str) -> bool:
 
 @dataclass(frozen=True)
 class Mirrors:
-    """Registry host → mirror base URLs, tried in order before the registry itself."""
+    """Registry host → mirror base URLs, tried in order before the registry itself; and the
+    delegates of mirrors and registries (endpoint URL → origins)."""
 
     table: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    delegates: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, text: str, *, where: str = "SANDRL_REGISTRY_MIRRORS") -> Mirrors:
@@ -156,7 +168,7 @@ class Mirrors:
             if not isinstance(listed, list) or not all(isinstance(u, str) for u in listed):
                 raise ConfigError(f"{path}: mirrors.{registry} must be a URL or a list of URLs")
             table[_registry_key(registry)] = tuple(_mirror_url(u, str(path)) for u in listed)
-        return cls(table)
+        return cls(table, _delegates(data.get("delegates", {}), path))
 
     @classmethod
     def from_environment(cls) -> Mirrors:
@@ -164,15 +176,22 @@ class Mirrors:
         config = os.environ.get("SANDRL_REGISTRIES_CONFIG")
         path = Path(config) if config else Path.home() / ".config" / "sandrl" / "registries.toml"
         merged: dict[str, tuple[str, ...]] = {}
+        delegates: dict[str, tuple[str, ...]] = {}
         if path.is_file() or config:
-            merged.update(cls.from_file(path).table)
+            from_file = cls.from_file(path)
+            merged.update(from_file.table)
+            delegates = from_file.delegates
         env = cls.parse(os.environ.get("SANDRL_REGISTRY_MIRRORS", ""))
         for registry, urls in env.table.items():
             merged[registry] = urls + tuple(u for u in merged.get(registry, ()) if u not in urls)
-        return cls(merged)
+        return cls(merged, delegates)
 
     def for_registry(self, registry: str) -> tuple[str, ...]:
         return self.table.get(registry, ())
+
+    def delegates_of(self, endpoint: str) -> tuple[str, ...]:
+        """The origins ``endpoint`` (a mirror's URL, or ``https://HOST`` of a registry) may send the client to."""
+        return self.delegates.get(endpoint.rstrip("/"), ())
 
 
 def _registry_key(registry: str) -> str:
@@ -184,6 +203,19 @@ def _mirror_url(url: str, where: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ConfigError(f"{where}: mirror {url!r} must be an http:// or https:// URL")
     return url.rstrip("/")
+
+
+def _delegates(section: object, path: Path) -> dict[str, tuple[str, ...]]:
+    if not isinstance(section, dict):
+        raise ConfigError(f"{path}: [delegates] must be a table of endpoint URL = [origin URL, ...]")
+    table: dict[str, tuple[str, ...]] = {}
+    for endpoint, origins in section.items():
+        listed = [origins] if isinstance(origins, str) else origins
+        if not isinstance(listed, list) or not all(isinstance(o, str) for o in listed):
+            raise ConfigError(f"{path}: delegates.{endpoint} must be an origin URL or a list of them")
+        where = f"{path} [delegates]"
+        table[_mirror_url(endpoint, where)] = tuple(_mirror_url(o, where) for o in listed)
+    return table
 
 
 def endpoints(ref: Reference, mirrors: Mirrors) -> list[str]:

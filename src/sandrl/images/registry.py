@@ -6,6 +6,11 @@
 - **Auth:** a ``401`` challenge is answered as Docker does: ``Bearer`` → a token from the
   challenge's realm (anonymous, or with the credential of ``config.json``), ``Basic`` → the
   credential itself. Tokens are kept per endpoint and scope.
+- **Elsewhere:** a redirect (at most :data:`~sandrl.images.destinations.MAX_REDIRECTS`) and a
+  token realm are followed only where :mod:`sandrl.images.destinations` admits them (the
+  registry's own origin or host, its configured delegates, public https at a checked address);
+  credentials go only to the registry's own token service. A redirect's target gets no
+  ``Authorization`` and its ``401`` is not answered.
 - **Checks:** every manifest and blob is hashed and compared with its digest (the one asked for,
   the index's, or the registry's ``Docker-Content-Digest``); a blob may not exceed the size its
   descriptor gives; a manifest is at most 4 MiB. Nothing unchecked is returned or kept.
@@ -18,27 +23,33 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
+import itertools
 import json
 import os
 import random
 import re
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 import httpx
 
 from sandrl.errors import LayerError, RegistryError
 from sandrl.images.credentials import Credential, DockerConfig
+from sandrl.images.destinations import MAX_REDIRECTS, Destination, admit, may_get_credentials, origin_of
 from sandrl.images.manifest import ACCEPT, MAX_MANIFEST_BYTES, Descriptor
 from sandrl.images.reference import Mirrors, Reference, endpoints, is_loopback
 
 __all__ = ["FetchedManifest", "RegistryClient"]
 
 _RETRY_STATUS = {408, 429, 500, 502, 503, 504}
+_REDIRECT_STATUS = {301, 302, 303, 307, 308}
+_MAX_TOKEN_ANSWER = 1 << 20
 _CHALLENGE_PARAM = re.compile(r'(\w+)="([^"]*)"')
 _CHUNK = 1 << 20
 MAX_RETRY_AFTER_S = 30.0
@@ -55,11 +66,14 @@ class FetchedManifest:
 
 
 class _Attempt(Exception):
-    """One endpoint's failure, kept for the message when every endpoint failed."""
+    """One endpoint's failure, kept for the message when every endpoint failed. Never leaves this
+    module: the public methods turn it into a :class:`~sandrl.errors.RegistryError`."""
 
-    def __init__(self, what: str, *, status: int | None = None) -> None:
+    def __init__(self, what: str, *, status: int | None = None, final: bool = False) -> None:
         super().__init__(what)
         self.status = status
+        self.final = final
+        """Asking this endpoint again cannot help (a refused redirect, a plain-http registry)."""
 
 
 def _digest_of(body: bytes, algorithm: str = "sha256") -> str:
@@ -78,20 +92,38 @@ class RegistryClient:
         backoff_s: float = 0.5,
         timeout_s: float = 60.0,
         max_connections: int = 16,
+        verify: ssl.SSLContext | None = None,
     ) -> None:
+        """``verify``: the TLS trust for registries and what they send the client to (default:
+        certifi's roots)."""
         self.mirrors = mirrors if mirrors is not None else Mirrors.from_environment()
         self.docker_config = docker_config if docker_config is not None else DockerConfig()
         self.retries = retries
         self.backoff_s = backoff_s
+        timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 15.0))
+        # Redirects are followed by hand (_follow), each hop admitted by sandrl.images.destinations.
         self._http = httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 15.0)),
-            follow_redirects=True,  # blob GETs are often sent to a CDN; httpx drops Authorization there
+            timeout=timeout,
+            follow_redirects=False,
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
             headers={"User-Agent": "sandrl"},
             trust_env=False,
+            verify=verify if verify is not None else True,
+        )
+        # Public targets (a CDN, a token service on another host) are connected to by a checked
+        # address; no connection is kept, so none made for one name is reused for another.
+        self._pinned = httpx.AsyncClient(
+            timeout=timeout,
+            follow_redirects=False,
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=0),
+            headers={"User-Agent": "sandrl"},
+            trust_env=False,
+            verify=verify if verify is not None else True,
         )
         self._tokens: dict[tuple[str, str], str] = {}
         self._token_locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._withheld: dict[tuple[str, str], str] = {}
+        """(endpoint, scope) → the realm its credentials were not sent to (for the 401's message)."""
 
     async def __aenter__(self) -> RegistryClient:
         return self
@@ -101,6 +133,7 @@ class RegistryClient:
 
     async def aclose(self) -> None:
         await self._http.aclose()
+        await self._pinned.aclose()
 
     # -- manifests
 
@@ -129,6 +162,8 @@ class RegistryClient:
         response = await self._send(base, ref, "GET", url, headers={"Accept": ACCEPT}, stream=True)
         try:
             body = await _read_bounded(response, MAX_MANIFEST_BYTES, f"the manifest of {ref}")
+        except httpx.HTTPError as exc:
+            raise _Attempt(f"the answer broke off ({_describe(exc)})") from exc
         finally:
             await response.aclose()
         algorithm = (wanted or "sha256:").split(":", 1)[0]
@@ -148,11 +183,22 @@ class RegistryClient:
         if desc.size > limit:
             raise LayerError(f"{ref}: the blob {desc.digest} is {desc.size} bytes, over the bound of {limit}")
         url = f"{endpoint}/v2/{ref.repository}/blobs/{desc.digest}"
-        response = await self._send(endpoint, ref, "GET", url, stream=True)
-        try:
-            body = await _read_bounded(response, desc.size, f"the blob {desc.digest} of {ref}")
-        finally:
-            await response.aclose()
+        for failures in itertools.count(1):
+            try:
+                response = await self._send(endpoint, ref, "GET", url, stream=True)
+                try:
+                    body = await _read_bounded(response, desc.size, f"the blob {desc.digest} of {ref}")
+                finally:
+                    await response.aclose()
+                break
+            except (httpx.HTTPError, _Attempt) as exc:
+                # _send has retried what retrying can mend; a body that broke off is asked again here.
+                if isinstance(exc, _Attempt) or failures > self.retries:
+                    raise RegistryError(
+                        f"cannot get the blob {desc.digest} of {ref} from {endpoint}: {_describe_attempt(exc)}; "
+                        "check that the registry still has this image, then run the pull again"
+                    ) from exc
+                await asyncio.sleep(self._backoff(failures))
         algorithm = desc.digest.split(":", 1)[0]
         if _digest_of(body, algorithm) != desc.digest:
             raise LayerError(f"{ref}: the blob {desc.digest} from {endpoint} does not match its digest: refused")
@@ -201,12 +247,14 @@ class RegistryClient:
                                 on_bytes(len(chunk))
                 finally:
                     await response.aclose()
-            except (httpx.TransportError, _Attempt) as exc:
+            except (httpx.HTTPError, _Attempt) as exc:
                 failures += 1
+                if isinstance(exc, _Attempt) and exc.final:
+                    raise RegistryError(f"downloading {desc.digest} of {ref} from {endpoint}: {exc}") from exc
                 if failures > self.retries:
                     raise RegistryError(
                         f"downloading {desc.digest} of {ref} from {endpoint} failed {failures} times (last: "
-                        f"{_describe(exc)}); run the pull again: it continues where it stopped"
+                        f"{_describe_attempt(exc)}); run the pull again: it continues where it stopped"
                     ) from exc
                 await asyncio.sleep(self._backoff(failures))
                 continue
@@ -232,20 +280,17 @@ class RegistryClient:
         headers: dict[str, str] | None = None,
         stream: bool = False,
     ) -> httpx.Response:
-        """One request with auth and retries; a response of status 200/206, else :class:`_Attempt`."""
+        """One request with auth, redirects and retries; a response of status 200/206, else :class:`_Attempt`."""
         if urlsplit(base).scheme == "http" and not (is_loopback(urlsplit(base).netloc) or self._is_mirror(base)):
-            raise _Attempt("plain http is used only for loopback registries and mirrors named as http://")
+            raise _Attempt("plain http is used only for loopback registries and mirrors named as http://", final=True)
         scope = f"repository:{ref.repository}:pull"
+        what = "a " + url.rsplit("/", 2)[-2].removesuffix("s") if "/v2/" in url else "a request"
         attempt = 0
         authed = False
         while True:
-            sent = dict(headers or {})
             token = self._tokens.get((base, scope))
-            if token is not None:
-                sent["Authorization"] = token
             try:
-                request = self._http.build_request(method, url, headers=sent)
-                response = await self._http.send(request, stream=True)
+                response, served_by = await self._follow(base, method, url, headers or {}, token, what)
             except httpx.TransportError as exc:
                 attempt += 1
                 # No answer at all (no such host, refused) rarely changes in seconds: give up sooner.
@@ -260,6 +305,13 @@ class RegistryClient:
                     await response.aread()
                 return response
             detail = await _error_detail(response)
+            if status == 401 and origin_of(served_by.url) != origin_of(base):
+                raise _Attempt(
+                    f"401 from {served_by.url[:200]}, where {base} redirected it: a redirect's target is never sent "
+                    "credentials",
+                    status=status,
+                    final=True,
+                )
             if status == 401 and not authed:
                 authed = True
                 await self._authenticate(base, ref, scope, response.headers.get("WWW-Authenticate", ""), token)
@@ -271,12 +323,66 @@ class RegistryClient:
                     continue
             if status == 401:
                 host = urlsplit(base).netloc
+                withheld = self._withheld.get((base, scope))
+                why = (
+                    f"; sandrl sent no credentials to the token service {withheld[:200]}, which is not on {host}: "
+                    f'if it is this registry\'s, name it in the registries config ([delegates] "{base}" = '
+                    f'["{urlsplit(withheld).scheme}://{urlsplit(withheld).netloc}"])'
+                    if withheld
+                    else ""
+                )
                 raise _Attempt(
                     f"401 unauthorized: {detail}; log in (docker login {host}) or check the credentials in "
-                    f"{self.docker_config.path}",
+                    f"{self.docker_config.path}{why}",
                     status=status,
                 )
             raise _Attempt(f"{status} {detail}", status=status)
+
+    async def _follow(
+        self, base: str, method: str, url: str, headers: dict[str, str], token: str | None, what: str
+    ) -> tuple[httpx.Response, Destination]:
+        """``url``'s answer once redirects are followed, each hop admitted; and who gave it."""
+        here = Destination(url, own=True)
+        delegates = self.mirrors.delegates_of(base)
+        for hops in itertools.count():
+            sent = dict(headers)
+            if token is not None and origin_of(here.url) == origin_of(base):
+                sent["Authorization"] = token
+            response = await self._request(here, method, sent)
+            if response.status_code not in _REDIRECT_STATUS:
+                return response, here
+            location = response.headers.get("Location", "")
+            await response.aclose()
+            if not location:
+                raise _Attempt(f"{response.status_code} from {here.url[:200]} without a Location", final=True)
+            if hops >= MAX_REDIRECTS:
+                raise _Attempt(
+                    f"more than {MAX_REDIRECTS} redirects (the last to {location[:200]!r}): a loop, or a registry "
+                    "to avoid",
+                    final=True,
+                )
+            try:
+                here = await admit(base, urljoin(here.url, location), kind="redirect", delegates=delegates, what=what)
+            except RegistryError as exc:
+                raise _Attempt(str(exc), final=True) from exc
+        raise AssertionError("unreachable")
+
+    async def _request(
+        self,
+        destination: Destination,
+        method: str,
+        headers: dict[str, str],
+        *,
+        params: dict[str, str] | None = None,
+        data: dict[str, str] | None = None,
+    ) -> httpx.Response:
+        """One request to ``destination`` (its checked addresses in turn, if it has several), streamed."""
+        client = self._http if destination.own else self._pinned
+        *others, last = destination.requests(method, headers, params=params, data=data)
+        for request in others:
+            with contextlib.suppress(httpx.ConnectError):
+                return await client.send(request, stream=True)
+        return await client.send(last, stream=True)
 
     def _is_mirror(self, base: str) -> bool:
         return any(base in urls for urls in self.mirrors.table.values())
@@ -297,11 +403,11 @@ class RegistryClient:
             if self._tokens.get(key) not in (None, stale):
                 return  # another request of this pull got a token meanwhile
             host = urlsplit(base).netloc
-            origin = endpoints(ref, Mirrors())[-1]
-            cred = self.docker_config.lookup(ref.registry if base == origin else host)  # a mirror has its own
+            registry = ref.registry if base == endpoints(ref, Mirrors())[-1] else None  # a mirror has its own
             scheme, _, rest = challenge.partition(" ")
             params = dict(_CHALLENGE_PARAM.findall(rest))
             if scheme.lower() == "basic":
+                cred = self.docker_config.lookup(registry or host)
                 if cred is None:
                     raise _Attempt(
                         f"401: {host} wants a user name and password; add them to {self.docker_config.path} "
@@ -313,13 +419,24 @@ class RegistryClient:
                 return
             if scheme.lower() != "bearer" or "realm" not in params:
                 raise _Attempt(f"401 with a challenge sandrl does not know: {challenge[:200]!r}", status=401)
-            self._tokens[key] = "Bearer " + await self._token(params, scope, cred)
+            realm = params["realm"]
+            delegates = self.mirrors.delegates_of(base)
+            try:
+                destination = await admit(base, realm, kind="realm", delegates=delegates)
+            except RegistryError as exc:
+                raise _Attempt(str(exc), status=401, final=True) from exc
+            cred = None
+            if may_get_credentials(base, realm, registry=registry, delegates=delegates):
+                cred = self.docker_config.lookup(registry or host)
+            else:
+                self._withheld[key] = realm
+            self._tokens[key] = "Bearer " + await self._token(destination, params, scope, cred)
 
-    async def _token(self, params: dict[str, str], scope: str, cred: Credential | None) -> str:
+    async def _token(self, realm: Destination, params: dict[str, str], scope: str, cred: Credential | None) -> str:
         query = {"scope": params.get("scope", scope)}
         if "service" in params:
             query["service"] = params["service"]
-        realm = params["realm"]
+        where = realm.url[:200]
         try:
             if cred is not None and cred.identity_token:
                 form = {
@@ -328,23 +445,30 @@ class RegistryClient:
                     "client_id": "sandrl",
                     **query,
                 }
-                response = await self._http.post(realm, data=form)
+                response = await self._request(realm, "POST", {}, data=form)
             else:
-                auth = httpx.BasicAuth(cred.username, cred.password) if cred is not None else None
-                response = await self._http.get(realm, params=query, auth=auth)
-        except httpx.TransportError as exc:
-            raise _Attempt(f"the token service {realm} did not answer ({_describe(exc)})") from exc
+                headers = {}
+                if cred is not None:
+                    pair = f"{cred.username}:{cred.password}".encode()
+                    headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
+                response = await self._request(realm, "GET", headers, params=query)
+            try:
+                body = await _read_bounded(response, _MAX_TOKEN_ANSWER, f"the token service {where}'s answer")
+            finally:
+                await response.aclose()
+        except (httpx.HTTPError, LayerError) as exc:
+            raise _Attempt(f"the token service {where} did not answer ({_describe(exc)})") from exc
         if response.status_code != 200:
             raise _Attempt(
-                f"the token service {realm} refused ({response.status_code}); check the credentials", status=401
+                f"the token service {where} refused ({response.status_code}); check the credentials", status=401
             )
         try:
-            data: Any = response.json()
+            data: Any = json.loads(body)
             token = data.get("token") or data.get("access_token")
         except (ValueError, AttributeError):
             token = None
         if not isinstance(token, str) or not token:
-            raise _Attempt(f"the token service {realm} answered without a token")
+            raise _Attempt(f"the token service {where} answered without a token")
         return token
 
 
@@ -363,7 +487,7 @@ async def _error_detail(response: httpx.Response) -> str:
     """The registry's own error code, short (``MANIFEST_UNKNOWN: manifest unknown``)."""
     try:
         body = await _read_bounded(response, 64 << 10, "an error answer")
-    except LayerError:
+    except (LayerError, httpx.HTTPError):  # the status says enough
         body = b""
     finally:
         await response.aclose()
@@ -377,6 +501,11 @@ async def _error_detail(response: httpx.Response) -> str:
 
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _describe_attempt(exc: BaseException) -> str:
+    """An endpoint's failure as the user reads it: an attempt's own words, else the exception."""
+    return str(exc) if isinstance(exc, _Attempt) else _describe(exc)
 
 
 def _file_digest(path: Path, algorithm: str) -> str:
