@@ -8,6 +8,7 @@ out of that namespace, whatever the code under test does.
   veth interface) serving a one-layer image; with ``realm`` in the spec it asks for a Bearer token
   from there, with ``redirect`` it sends blobs there (``{digest}`` is the blob's digest);
 - "elsewhere", a token service and CDN over TLS on port :data:`ELSEWHERE_PORT` of every address:
+  its tokens open the image only if asked with credentials when the spec says ``private``;
   ``cdn.test`` (a name, in this mount namespace's /etc/hosts) is :data:`PUBLIC`, a global address
   that exists only on the veth interface; the certificate names ``cdn.test`` but not that address,
   so TLS passes only if it is checked against the name;
@@ -118,13 +119,15 @@ def _registry(blobs: dict[str, bytes], manifest: bytes, spec: dict[str, Any], se
     return app
 
 
-def _elsewhere(blobs: dict[str, bytes], seen: list[dict[str, str]]) -> FastAPI:
+def _elsewhere(blobs: dict[str, bytes], spec: dict[str, Any], seen: list[dict[str, str]]) -> FastAPI:
     app = FastAPI()
 
     @app.get("/token")
     async def token(request: Request) -> Response:
         _record(request, seen)
-        return JSONResponse({"token": TOKEN})
+        anonymous = not request.headers.get("authorization")
+        # As Docker Hub's: an anonymous request gets a token all the same, one a private image refuses.
+        return JSONResponse({"token": "anonymous" if spec.get("private") and anonymous else TOKEN})
 
     @app.get("/blobs/{digest}")
     async def blob(request: Request, digest: str) -> Response:
@@ -176,7 +179,7 @@ def main() -> None:
     at_registry: list[dict[str, str]] = []
     at_elsewhere: list[dict[str, str]] = []
     registry = BackgroundServer(_registry(blobs, manifest, spec, at_registry), REGISTRY_ADDR, REGISTRY_PORT, tls=tls)
-    elsewhere = BackgroundServer(_elsewhere(blobs, at_elsewhere), "0.0.0.0", ELSEWHERE_PORT, tls=tls)
+    elsewhere = BackgroundServer(_elsewhere(blobs, spec, at_elsewhere), "0.0.0.0", ELSEWHERE_PORT, tls=tls)
     with registry, elsewhere, Tripwire("127.0.0.1", TRIPWIRE_PORT) as lo, Tripwire(OTHER_PRIVATE, TRIPWIRE_PORT) as pv:
         error = asyncio.run(_pull(spec, work, ca))
         tripped = {"127.0.0.1": lo.connections, OTHER_PRIVATE: pv.connections}

@@ -120,6 +120,16 @@ def test_credentials_are_not_sent_to_a_token_service_on_another_host(namespace: 
     assert {r["authorization"] for r in result["registry"]} >= {f"Bearer {TOKEN}"}
 
 
+def test_a_private_image_behind_a_foreign_token_service_says_what_to_do(namespace: str, tmp_path: Path) -> None:
+    realm = f"https://cdn.test:{ELSEWHERE_PORT}/token"
+    result = _pull(namespace, tmp_path, realm=realm, credentials=True, private=True)
+    assert result["error"] is not None and result["error"]["type"] == "RegistryError", result["error"]
+    message = result["error"]["message"]
+    assert f"sandrl sent no credentials to the token service {realm}" in message
+    assert f'[delegates] "https://{REGISTRY}" = ["https://cdn.test:{ELSEWHERE_PORT}"]' in message
+    assert all(r["authorization"] == "" for r in result["elsewhere"])
+
+
 def test_the_registrys_own_token_service_gets_its_credentials(namespace: str, tmp_path: Path) -> None:
     """The control: the same pull with the token service on the registry's own host, another port."""
     result = _pull(namespace, tmp_path, realm=OWN_HOST_REALM, credentials=True)
