@@ -135,6 +135,8 @@ def test_a_pinned_request_goes_to_the_checked_address_and_checks_tls_against_the
     for request in (first, second):
         assert request.headers["Host"] == "cdn.example:8443" and request.headers["Range"] == "bytes=5-"
         assert request.extensions["sni_hostname"] == "cdn.example"
+    (idna,) = Destination("https://bücher.example/x", own=False, addresses=("8.8.8.8",)).requests("GET", {})
+    assert idna.extensions["sni_hostname"] == "xn--bcher-kva.example" == idna.headers["Host"]
     (own,) = Destination("https://ghcr.io/v2/x", own=True).requests("GET", {})
     assert own.url.host == "ghcr.io" and "sni_hostname" not in own.extensions
 

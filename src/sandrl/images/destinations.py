@@ -38,6 +38,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from sandrl.errors import RegistryError
+from sandrl.images.reference import REGISTRIES_CONFIG
 
 __all__ = [
     "MAX_REDIRECTS",
@@ -90,7 +91,7 @@ class Destination:
         url = httpx.URL(self.url).copy_merge_params(params or {})
         if not self.addresses:
             return [httpx.Request(method, url, headers=headers, data=data)]
-        host = url.host
+        host = url.raw_host.decode("ascii")  # a name as DNS and TLS spell it (IDNA)
         pinned = {**headers, "Host": url.netloc.decode("ascii")}
         extensions = {} if _is_address(host) else {"sni_hostname": host}
         return [
@@ -162,7 +163,7 @@ async def admit(
         f"a registry's {kind} is followed only to {'its own origin' if kind == 'redirect' else 'its own host'} "
         "or to https on a public address; if this is your registry and it hands out "
         f"{'blobs' if kind == 'redirect' else 'tokens'} from {there[0]}://{parts.netloc}, name that origin "
-        f'for it in the registries config ([delegates] "{endpoint}" = ["{there[0]}://{parts.netloc}"])'
+        f'for it in {REGISTRIES_CONFIG}: [delegates] "{endpoint}" = ["{there[0]}://{parts.netloc}"]'
     )
     if there[0] != "https":
         raise RegistryError(f"{refused}: plain http to another origin; {hint}")

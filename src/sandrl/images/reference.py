@@ -40,7 +40,10 @@ from urllib.parse import urlsplit
 
 from sandrl.errors import ConfigError
 
-__all__ = ["DOCKER_HUB", "Mirrors", "Reference", "endpoints", "parse_reference", "store_name"]
+__all__ = ["DOCKER_HUB", "REGISTRIES_CONFIG", "Mirrors", "Reference", "endpoints", "parse_reference", "store_name"]
+
+REGISTRIES_CONFIG = "the registries config ($SANDRL_REGISTRIES_CONFIG, default ~/.config/sandrl/registries.toml)"
+"""How messages name the file, wherever it is."""
 
 DOCKER_HUB = "docker.io"
 DOCKER_HUB_ENDPOINT = "https://registry-1.docker.io"

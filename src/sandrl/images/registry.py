@@ -43,7 +43,7 @@ from sandrl.errors import LayerError, RegistryError
 from sandrl.images.credentials import Credential, DockerConfig
 from sandrl.images.destinations import MAX_REDIRECTS, Destination, admit, may_get_credentials, origin_of
 from sandrl.images.manifest import ACCEPT, MAX_MANIFEST_BYTES, Descriptor
-from sandrl.images.reference import Mirrors, Reference, endpoints, is_loopback
+from sandrl.images.reference import REGISTRIES_CONFIG, Mirrors, Reference, endpoints, is_loopback
 
 __all__ = ["FetchedManifest", "RegistryClient"]
 
@@ -326,8 +326,8 @@ class RegistryClient:
                 withheld = self._withheld.get((base, scope))
                 why = (
                     f"; sandrl sent no credentials to the token service {withheld[:200]}, which is not on {host}: "
-                    f'if it is this registry\'s, name it in the registries config ([delegates] "{base}" = '
-                    f'["{urlsplit(withheld).scheme}://{urlsplit(withheld).netloc}"])'
+                    f'if it is this registry\'s, name it in {REGISTRIES_CONFIG}: [delegates] "{base}" = '
+                    f'["{urlsplit(withheld).scheme}://{urlsplit(withheld).netloc}"]'
                     if withheld
                     else ""
                 )
