@@ -1,22 +1,39 @@
-"""What the host image shows of the host's own directories: everything but what host root alone may read.
+"""What the host image shows of the host's own directories: only what the host's unprivileged users may read.
 
 The ``host`` image mounts the live host directories (``/usr``, ``/etc``, and ``/bin``,
-``/sbin``, ``/lib*`` where they are real directories) as lower layers. Sandbox root maps to
-host root for those, with ``CAP_DAC_OVERRIDE`` over them, so a file the host keeps from its
-users (not world-readable; a directory not world-readable and searchable) must be hidden by
-an overlayfs whiteout in a *mask* layer above its directory.
+``/sbin``, ``/lib*`` where they are real directories) as lower layers, idmapped so that host
+root's files are the sandbox root's (it can change them, copy-on-write, as root in any image).
+Two things keep what the host keeps from its users (not world-readable; a directory not
+world-readable and searchable) out of a sandbox:
 
-The set of such entries is kept live for the whole process: one scan per directory, then
-inotify on every visible directory beneath it. The queued events are read *synchronously*
-when an image is asked for (:meth:`HostViews.hidden`), and fsnotify queues an event before
-the system call that made or chmod'ed the file returns, so a sandbox created after a
-root-only file appeared (created, chmod'ed, moved in) never has it unmasked. An event
-queue overflow means a rescan; a host without enough inotify watches gets a full scan per
-call (slow, still right).
+- **Every read goes through an unprivileged view** (the helper's ``--host-layer``): each host
+  directory is seen through a read-only overlay of its own whose mounter has no
+  ``CAP_DAC_OVERRIDE`` and owns nothing in it, and overlayfs checks every lookup, open and exec
+  against the host's inode as it is at that moment with its mounter's credentials. So a file the
+  host makes 0600, a directory it makes 0700, a root-only file it adds, while a sandbox runs, are
+  unreadable to that sandbox's root at once (through any name: a hard link elsewhere changes the
+  same inode). The sandbox's own overlay cannot do it: it checks the caller against a copy of the
+  mode taken when the inode was first looked up, and its mounter must write the sandbox's files.
+  The kernel stacks at most two overlays, so a host directory that is itself on overlayfs (sandrl
+  in a container) cannot be viewed so (:func:`viewable`): it is mounted as it is, with a warning,
+  and there a sandbox sees what becomes root-only while it runs until it ends.
+- **Root-only entries are hidden by name** when a sandbox is made: an overlayfs whiteout in a
+  *mask* layer above its directory. The set of such entries is kept live for the whole process:
+  one scan per directory, then inotify on every visible directory beneath it. The queued events
+  are read *synchronously* when an image is asked for (:meth:`HostViews.hidden`), and fsnotify
+  queues an event before the system call that made or chmod'ed the file returns, so a sandbox
+  created after a root-only file appeared (created, chmod'ed, moved in) never has it unmasked. An
+  event queue overflow means a rescan; a host without enough inotify watches gets a full scan per
+  call (slow, still right).
 
-What stays open: a sandbox already running when a root-only file appears can see it until
-it ends (its lower layer is the live directory, its mask the one it started with); and a
-file made root-only through a hard link outside these directories sends no event to them.
+What stays open: a file a sandbox opened while it was world-readable stays open (as for any
+host user); the names, sizes and times of root-only entries that appear in a world-readable
+directory while a sandbox runs show in it (as ``ls -l`` shows them to any host user). And a
+directory of a mask layer (one that held a root-only entry when the sandbox was made) keeps the
+mode it had then for the sandbox's own overlay, whose path walk checks it: if the host later
+makes that directory unsearchable, the world-readable files in it that the sandbox had already
+looked up (still in its dentry cache) stay readable to it; any other lookup in it goes through
+the view and is refused.
 """
 
 from __future__ import annotations
@@ -63,6 +80,7 @@ _WATCH_MASK = (
     | _IN_DONT_FOLLOW
 )
 _EVENT = struct.Struct("iIII")
+_LIBC = ctypes.CDLL(None, use_errno=True)
 MASK_VERSION = "mask-2"
 """Part of every mask layer's key: bump it when a mask's content or ownership changes meaning."""
 
@@ -105,7 +123,7 @@ class HostViews:
         self._fd = -1
         self._pid = -1
         self._degraded = False
-        self._libc = ctypes.CDLL(None, use_errno=True)
+        self._libc = _LIBC
 
     def hidden(self, root: Path) -> tuple[int, frozenset[str]]:
         """``root``'s root-only entries (paths relative to it; nothing below a hidden directory)
@@ -281,6 +299,32 @@ class HostViews:
                 self._refresh(tree, "")  # the root: its parent is not watched
             elif mask & _IN_ATTRIB:
                 self._refresh(tree, rel)
+
+
+_STACKING_FS = {0x794C7630: "overlayfs", 0xF15F: "ecryptfs"}
+"""Filesystems stacked on others (``f_type`` from statfs): the kernel stacks at most two."""
+_WARNED: set[str] = set()
+
+
+def viewable(host_dir: Path) -> bool:
+    """Whether ``host_dir`` can be seen through the unprivileged view (not on a stacking filesystem
+    already: the view's overlay and the sandbox's own on it would be one too many); warns once if not."""
+    buf = ctypes.create_string_buffer(256)  # struct statfs: f_type is its first field, a long
+    if _LIBC.statfs(os.fsencode(host_dir), buf) != 0:
+        return True  # gone or unreadable: the launch says so, as for any layer
+    kind = _STACKING_FS.get(ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF)
+    if kind is None:
+        return True
+    if str(host_dir) not in _WARNED:
+        _WARNED.add(str(host_dir))
+        warnings.warn(
+            f"{host_dir} is on {kind}, on which the kernel cannot stack the host image's unprivileged view and "
+            "a sandbox's overlay: it is shown as it is, so a file the host makes root-only there while a host-image "
+            "sandbox runs is readable in that sandbox until it ends (sandboxes made afterwards hide it); run sandrl "
+            "on a host whose system directories are not on an overlay, or use images from a registry",
+            stacklevel=3,
+        )
+    return False
 
 
 _VIEWS: HostViews | None = None

@@ -17,10 +17,12 @@ directories are 0700, so no host user reaches a layer at all. A store written by
 sandrl (layers owned by host root) is shifted once, when a store is first opened on it as root.
 
 The built-in image ``host`` is the host's own ``/usr`` (with ``/bin``, ``/sbin``, ``/lib*``
-as on the host) and ``/etc``, minus every entry the host's unprivileged users could not read
-(``/etc/shadow``, ssh host keys, a 0600 file under ``/usr/local``...), which are hidden by
-overlayfs whiteouts kept current with the host (:mod:`.host_views`). Nothing else of the host
-appears: ``/root``, ``/home``, ``/var``, ``/tmp`` and ``/run`` start empty.
+as on the host) and ``/etc``, live, minus every entry the host's unprivileged users could not read
+(``/etc/shadow``, ssh host keys, a 0600 file under ``/usr/local``...): hidden by overlayfs
+whiteouts kept current with the host when a sandbox is made, and unreadable through an
+unprivileged view of each directory whenever the host makes them so later (:mod:`.host_views`).
+Nothing else of the host appears: ``/root``, ``/home``, ``/var``, ``/opt``, ``/tmp`` and ``/run``
+start empty.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandrl.errors import ConfigError, ImageNotFoundError, SandboxError, SandboxUnavailableError
-from sandrl.sandbox.bwrap.host_views import host_views, mask_layer
+from sandrl.sandbox.bwrap.host_views import host_views, mask_layer, viewable
 from sandrl.sandbox.bwrap.layer_owners import STORE_UID_BASE, copy_shifted, shift_in_place, store_id
 
 __all__ = ["HOST_IMAGE", "STORE_UID_BASE", "Image", "ImageStore", "MountPlan", "stack_layers"]
@@ -82,6 +84,10 @@ class MountPlan:
     """Indices into ``layers`` whose files are in the store's uid mapping (on-disk owner
     ``STORE_UID_BASE + n`` is sandbox uid ``n``); the others are host directories (host root is
     sandbox root)."""
+    host_views: frozenset[int] = frozenset()
+    """Indices into ``layers`` of host directories seen through the unprivileged view, which reads
+    only what the host's users may read as the host is at each moment (:mod:`.host_views`); a host
+    directory not in it (on a stacking filesystem: :func:`~.host_views.viewable`) is shown as it is."""
 
 
 def stack_layers(plan: MountPlan, layers: tuple[Path, ...]) -> MountPlan:
@@ -104,7 +110,12 @@ def stack_layers(plan: MountPlan, layers: tuple[Path, ...]) -> MountPlan:
                 added.append(len(all_layers) - 1)
         store_layers.update(added)
         overlays.append((target, (*added, *indices)))
-    return MountPlan(layers=tuple(all_layers), overlays=tuple(overlays), store_layers=frozenset(store_layers))
+    return MountPlan(
+        layers=tuple(all_layers),
+        overlays=tuple(overlays),
+        store_layers=frozenset(store_layers),
+        host_views=plan.host_views,
+    )
 
 
 @dataclass(frozen=True)
@@ -347,15 +358,16 @@ class ImageStore:
         names, links = self._host_top_level()
         shown = [(name, self.host_root / name) for name in names]
         shown.append(("etc", self.host_etc))
-        states = [(name, path, *views.hidden(path)) for name, path in shown]
-        key = (links, [(str(path), generation) for _, path, generation, _ in states])
+        states = [(name, path, *views.hidden(path), viewable(path)) for name, path in shown]
+        key = (links, [(str(path), generation, view) for _, path, generation, _, view in states])
         if self._host is not None and self._host[0] == key:
             return self._host[1]
         base = self.root / "host"
         layers: list[Path] = [self._skeleton(base, links, [name for name, _ in shown if name != "etc"])]
         store_layers = {0}
+        viewed: set[int] = set()
         overlays: list[tuple[str, tuple[int, ...]]] = [("/", (0,))]
-        for name, path, _, hidden in states:
+        for name, path, _, hidden, view in states:
             indices: list[int] = []
             mask = mask_layer(base, name, path, hidden)
             if mask is not None:
@@ -364,10 +376,18 @@ class ImageStore:
                 indices.append(len(layers) - 1)
             layers.append(path)
             indices.append(len(layers) - 1)
+            if view:
+                viewed.add(len(layers) - 1)
             overlays.append((f"/{name}", tuple(indices)))
+        plan = MountPlan(
+            layers=tuple(layers),
+            overlays=tuple(overlays),
+            store_layers=frozenset(store_layers),
+            host_views=frozenset(viewed),
+        )
         image = Image(
             name=HOST_IMAGE,
-            plan=MountPlan(layers=tuple(layers), overlays=tuple(overlays), store_layers=frozenset(store_layers)),
+            plan=plan,
             env={"PATH": DEFAULT_PATH},
             workdir="/workspace",
         )

@@ -249,7 +249,8 @@ class Launcher:
         if store_layers and not launch.premade:
             argv += ["--store-uid", str(STORE_UID_BASE)]  # a pre-made launch was given it up front
         for i, layer in enumerate(plan.layers):
-            argv += ["--store-layer" if i in store_layers else "--layer", str(layer)]
+            kind = "--store-layer" if i in store_layers else "--host-layer" if i in plan.host_views else "--layer"
+            argv += [kind, str(layer)]
         for target, indices in plan.overlays:
             argv += ["--overlay", target, ",".join(str(i) for i in indices)]
         return argv

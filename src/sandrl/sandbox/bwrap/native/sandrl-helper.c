@@ -384,7 +384,7 @@ static int clone_layer(const char *src) {
 
 /* Make a cloned layer read-only, with its files seen through the idmapping of `userns_fd`
  * (host root -> sandbox root for host directories, the store's own range -> sandbox ids for
- * store layers). */
+ * store layers). A host directory given as --host-layer is then seen through mount_host_view. */
 static void idmap_layer(int fd, const char *src, int userns_fd) {
     struct sandrl_mount_attr attr = {0};
     attr.attr_set = SANDRL_MOUNT_ATTR_IDMAP | SANDRL_MOUNT_ATTR_RDONLY | SANDRL_MOUNT_ATTR_NODEV |
@@ -392,6 +392,33 @@ static void idmap_layer(int fd, const char *src, int userns_fd) {
     attr.userns_fd = (uint64_t)userns_fd;
     if (syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH | AT_RECURSIVE, &attr, sizeof attr) != 0)
         die("idmapping %s (the kernel or the filesystem may not support idmapped mounts)", src);
+}
+
+/* Show the host directory attached at `lower` at `view` through a read-only overlay of its own,
+ * mounted without CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH. Overlayfs checks every lookup, open
+ * and exec of a file against the file's own inode as it is *now*, with its mounter's credentials
+ * (the sandbox's overlay, stacked on this one, with the caller's against a copy of the mode that
+ * can be stale). This mounter is host root, which owns nothing there (the layer is idmapped: host
+ * root's files are the sandbox's root's), so only what the host's unprivileged users may read can
+ * be read through it, whenever the host changes it: a file made 0600 or a directory made 0700
+ * after the sandbox looked at it, a root-only file made later. Copy-up reads through it too. */
+static void mount_host_view(const char *lower, const char *view) {
+    mkdir_or_die(view, 0755, (uid_t)-1);
+    struct __user_cap_header_struct h = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct saved[2], d[2];
+    if (syscall(SYS_capget, &h, saved)) die("capget");
+    memcpy(d, saved, sizeof d);
+    d[CAP_TO_INDEX(CAP_DAC_OVERRIDE)].effective &= ~CAP_TO_MASK(CAP_DAC_OVERRIDE);
+    d[CAP_TO_INDEX(CAP_DAC_READ_SEARCH)].effective &= ~CAP_TO_MASK(CAP_DAC_READ_SEARCH);
+    if (syscall(SYS_capset, &h, d)) die("capset");
+    char data[PATH_MAX + 64];
+    /* Without an upper layer overlayfs wants two lower ones: the second is empty. */
+    snprintf(data, sizeof data, "lowerdir=%s:" STAGE "/view-empty", lower);
+    int failed = mount("overlay", view, "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV, data);
+    int err = errno;
+    if (syscall(SYS_capset, &h, saved)) die("capset");
+    errno = err;
+    if (failed) die("mounting the host's unprivileged view of %s", lower);
 }
 
 static void attach_layer(int fd, const char *dest) {
@@ -411,6 +438,7 @@ static void join_cgroup(const char *procs_path) {
 struct launch_opts {
     const char *layers[MAX_LAYERS];
     int store_layer[MAX_LAYERS];
+    int host_view[MAX_LAYERS]; /* --host-layer: seen through mount_host_view */
     const char *ov_target[MAX_OVERLAYS];
     const char *ov_layers[MAX_OVERLAYS];
     int n_layers, n_ov;
@@ -440,9 +468,10 @@ static void parse_launch_opts(int argc, char **argv, struct launch_opts *o) {
             o->tmpfs_bytes = strtoull(argv[++i], NULL, 10);
         } else if (!strcmp(a, "--store-uid") && i + 1 < argc) {
             o->store_uid = (uid_t)strtoul(argv[++i], NULL, 10);
-        } else if ((!strcmp(a, "--layer") || !strcmp(a, "--store-layer")) && i + 1 < argc &&
-                   o->n_layers < MAX_LAYERS) {
+        } else if ((!strcmp(a, "--layer") || !strcmp(a, "--store-layer") || !strcmp(a, "--host-layer")) &&
+                   i + 1 < argc && o->n_layers < MAX_LAYERS) {
             o->store_layer[o->n_layers] = a[2] == 's';
+            o->host_view[o->n_layers] = a[2] == 'h';
             o->layers[o->n_layers++] = argv[++i];
         } else if (!strcmp(a, "--overlay") && i + 2 < argc && o->n_ov < MAX_OVERLAYS) {
             o->ov_target[o->n_ov] = argv[++i];
@@ -572,6 +601,13 @@ static void finish_root(const struct launch_opts *o, int *layer_fds, const struc
     for (int l = 0; l < o->n_layers; l++) {
         snprintf(path, sizeof path, STAGE "/lower/%d", l);
         attach_layer(layer_fds[l], path);
+        if (o->host_view[l]) {
+            char view[64];
+            mkdir_or_die(STAGE "/view", 0755, (uid_t)-1);
+            mkdir_or_die(STAGE "/view-empty", 0755, (uid_t)-1);
+            snprintf(view, sizeof view, STAGE "/view/%d", l);
+            mount_host_view(path, view);
+        }
     }
     for (int ov = 0; ov < o->n_ov; ov++) {
         char upper[64], work[64], target[PATH_MAX], lowers[4096] = "";
@@ -589,7 +625,8 @@ static void finish_root(const struct launch_opts *o, int *layer_fds, const struc
                 die("launch: overlay %s names layer %d of %d", o->ov_target[ov], idx, o->n_layers);
             }
             size_t len = strlen(lowers);
-            snprintf(lowers + len, sizeof lowers - len, "%s" STAGE "/lower/%d", len ? ":" : "", idx);
+            snprintf(lowers + len, sizeof lowers - len, "%s" STAGE "/%s/%d", len ? ":" : "",
+                     o->host_view[idx] ? "view" : "lower", idx);
         }
         snprintf(target, sizeof target, STAGE "/root%s", strcmp(o->ov_target[ov], "/") ? o->ov_target[ov] : "");
         if (ov == 0) mkdir_or_die(STAGE "/root", 0755, (uid_t)-1);
