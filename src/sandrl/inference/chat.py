@@ -115,7 +115,8 @@ class ChatFormat:
         return self.tokenizer.decode(ids)
 
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text)
+        """``text`` as it encodes in a message (what an observation's token budget counts)."""
+        return self.tokenizer.encode_text(text)
 
     def reply_text(self, output_ids: Sequence[int]) -> str:
         """The model's reply as text: its ids without the final stop token, special tokens kept."""
@@ -142,9 +143,9 @@ def tool_parser_for(tokenizer: Tokenizer, name: str | None = None) -> ToolCallPa
 
 
 def _stand_in_assistant(assistant: Message) -> dict[str, Any]:
-    # The real content could hold text that encodes to special tokens and arguments could be long;
-    # neither changes what follows the turn's closing token, so a short stand-in is rendered. One
-    # call at most: some templates (Llama 3.1) refuse several, and the count changes nothing after.
+    # The real content and arguments could be long and change nothing of what follows the turn's
+    # closing token, so a short stand-in is rendered. One call at most: some templates (Llama 3.1)
+    # refuse several, and the count changes nothing after.
     calls = list(assistant.get("tool_calls") or ())[:1]
     stand_in: dict[str, Any] = {"role": "assistant", "content": "a"}
     if calls:

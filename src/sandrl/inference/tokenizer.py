@@ -3,7 +3,9 @@
 The byte tokenizer is what models built from a config (``tiny``) use: ids 0-255 are the
 bytes of UTF-8 text, so any text round-trips exactly and no vocabulary file is needed;
 a few special tokens follow. User text never encodes to a special token, so a message
-cannot forge a turn boundary.
+cannot forge a turn boundary. A Hugging Face tokenizer's vocabulary can spell its special
+tokens in text, so :class:`HFTokenizer` renders messages through
+:class:`~sandrl.inference.literal_content.LiteralContentTemplate` for the same guarantee.
 
 The chat template renders each turn on its own and turns simply follow one another::
 
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from sandrl.errors import ConfigError
+from sandrl.inference.literal_content import LiteralContentTemplate
 
 Message = Mapping[str, Any]
 """A chat message in OpenAI's shape: ``{"role", "content"}``, plus ``tool_calls`` on an assistant
@@ -54,7 +57,12 @@ class Tokenizer(Protocol):
     def pad_token_id(self) -> int: ...
 
     def encode(self, text: str) -> list[int]:
-        """Ids of plain text, without special tokens."""
+        """Ids of a text prompt as a server tokenizes one (``/v1/completions``, ``/generate``): no bos added,
+        and a Hugging Face tokenizer's added tokens written in the text are matched, as SGLang and vLLM do."""
+        ...
+
+    def encode_text(self, text: str) -> list[int]:
+        """Ids of ``text`` as message content encodes: all of it text, never a special or added token."""
         ...
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str: ...
@@ -66,7 +74,10 @@ class Tokenizer(Protocol):
     def encode_messages(
         self, messages: Sequence[Message], *, add_generation_prompt: bool = False, tools: Tools | None = None
     ) -> list[int]:
-        """Render a conversation with the chat template; ``tools`` are offered as the template offers them."""
+        """Render a conversation with the chat template; ``tools`` are offered as the template offers them.
+
+        Message content (and tools) encodes as text (:meth:`encode_text`): only the template's own
+        structure holds special tokens (:mod:`sandrl.inference.literal_content` says why and how)."""
         ...
 
     @property
@@ -123,6 +134,9 @@ class ByteTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
+
+    def encode_text(self, text: str) -> list[int]:
+        return self.encode(text)  # bytes: no text is a special token
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
         # Bytes are gathered first because one character spans several byte tokens; a model
@@ -228,6 +242,7 @@ class HFTokenizer:
         if not ids and hf_tokenizer.eos_token_id is not None:
             ids = [int(hf_tokenizer.eos_token_id)]
         self._eos = tuple(dict.fromkeys(ids))
+        self._literal: LiteralContentTemplate | None = None
 
     @classmethod
     def from_dir(cls, directory: str | Path, eos_token_ids: Sequence[int] = ()) -> HFTokenizer:
@@ -255,6 +270,14 @@ class HFTokenizer:
     def encode(self, text: str) -> list[int]:
         return [int(i) for i in self._tok.encode(text, add_special_tokens=False)]
 
+    def encode_text(self, text: str) -> list[int]:
+        return self._literal_template().encode_text(text)
+
+    def _literal_template(self) -> LiteralContentTemplate:
+        if self._literal is None:
+            self._literal = LiteralContentTemplate(self._tok)
+        return self._literal
+
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
         return str(self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
@@ -273,17 +296,9 @@ class HFTokenizer:
     ) -> list[int]:
         if self.chat_template is None:
             raise ConfigError("this checkpoint's tokenizer has no chat template; use /v1/completions or /generate")
-        try:
-            ids = self._tok.apply_chat_template(
-                [dict(m) for m in messages],
-                tools=[dict(t) for t in tools] if tools else None,
-                add_generation_prompt=add_generation_prompt,
-                tokenize=True,
-                return_dict=False,
-            )
-        except Exception as exc:  # jinja's TemplateError and the template's own raise_exception
-            raise ConfigError(f"the chat template cannot render this conversation: {exc}") from exc
-        return [int(i) for i in ids]
+        return self._literal_template().encode_messages(
+            messages, add_generation_prompt=add_generation_prompt, tools=tools
+        )
 
     def save(self, directory: str | Path) -> None:
         self._tok.save_pretrained(str(directory))
