@@ -50,13 +50,12 @@ from sandrl.sandbox.service.state import SandboxService, StreamingSandbox
 
 log = logging.getLogger("sandrl.service")
 
-_LENT = {
-    "GET": re.compile(rf"^(/healthz|{API_PREFIX}/sandboxes/[^/]+(/files|/tar)?)$"),
-    "POST": re.compile(rf"^{API_PREFIX}/sandboxes/[^/]+/exec(/stream)?$"),
-    "PUT": re.compile(rf"^{API_PREFIX}/sandboxes/[^/]+/(files|tar)$"),
+LENT_ROUTES = {
+    "GET": re.compile(rf"/healthz|{API_PREFIX}/sandboxes/[^/]+(/files|/tar)?"),
+    "POST": re.compile(rf"{API_PREFIX}/sandboxes/[^/]+/exec(/stream)?"),
+    "PUT": re.compile(rf"{API_PREFIX}/sandboxes/[^/]+/(files|tar)"),
 }
-LENT_ROUTES = {method: pattern.pattern for method, pattern in _LENT.items()}
-"""What the loan's server answers, by method: a path (as routed, i.e. unquoted) must match."""
+"""What the loan's server answers, by method: the whole path (as routed, i.e. unquoted) must match."""
 
 
 class Lent(DelegatingSandbox[Sandbox]):
@@ -115,9 +114,9 @@ class LentRoutes:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             method, path = scope["method"], scope["path"]
-            pattern = _LENT.get(method)
+            pattern = LENT_ROUTES.get(method)
             envd = any(name == b"e2b-sandbox-id" for name, _ in scope.get("headers", ()))
-            if envd or pattern is None or scope.get("root_path") or not pattern.match(path):
+            if envd or pattern is None or scope.get("root_path") or not pattern.fullmatch(path):
                 message = (
                     f"{method} {path} is not lent: a loan lends the sandbox's commands and files "
                     "(exec, exec/stream, files, tar), not its life (TTL, pause, snapshot, fork, delete) or others"
@@ -190,8 +189,10 @@ async def lend(sandbox: Sandbox) -> AsyncIterator[Loan]:
     spec = dataclasses.replace(spec, ttl_s=min(spec.ttl_s, service.config.max_ttl_s))
     entry = await service.create(spec, {"sandrl.lent": "1"})
     token = secrets.token_hex(24)
+    app = create_app(service, token=token)
+    app.add_middleware(LentRoutes)  # outermost: what is not lent reaches nothing of the app
     try:
-        async with serve_on_loop(LentRoutes(create_app(service, token=token)), name="sandbox loan") as url:
+        async with serve_on_loop(app, name="sandbox loan") as url:
             yield Loan(url, token, entry.id)
     finally:
         service.entries.pop(entry.id, None)
