@@ -10,6 +10,7 @@ read from the world's own log, not from what the sandbox believed.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,6 +19,8 @@ from pathlib import Path
 import pytest
 
 from sandrl.errors import ConfigError
+from sandrl.sandbox.base import SandboxSpec
+from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.sandbox.bwrap.egress import parse_allow
 from sandrl.sandbox.bwrap.nat import nat_available
 
@@ -117,6 +120,15 @@ def test_an_allowed_private_range_is_reachable_and_metadata_never(hosts: tuple[N
     assert net["metadata"] != "reached"
     assert net["host-address"] != "reached" and net["host-loopback-via-gateway"] != "reached"
     assert f"tcp {WORLD_ADDRESSES['metadata']}" not in arrivals
+
+
+@pytest.mark.parametrize("network", [False, True])
+async def test_no_sandbox_runs_in_the_hosts_network_namespace(provider: BwrapProvider, network: bool) -> None:
+    host_netns = os.readlink("/proc/self/ns/net")
+    async with await provider.create(SandboxSpec(network=network, ttl_s=60)) as sandbox:
+        inside = await sandbox.exec("readlink /proc/self/ns/net")
+    assert inside.ok, inside
+    assert inside.stdout.startswith("net:[") and host_netns not in inside.stdout
 
 
 @pytest.mark.parametrize(

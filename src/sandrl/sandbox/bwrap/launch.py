@@ -239,7 +239,6 @@ class Launcher:
         argv = [str(self.helper), "launch", "--uid", str(launch.slot.uid)]
         for procs in launch.group.procs_files:
             argv += ["--cgroup-procs", str(procs)]
-        argv.append("--own-net")  # never the host's network namespace; owned by the commands' namespace
         return argv
 
     def _root(self, launch: Launch, spec: SandboxSpec, plan: MountPlan) -> list[str]:

@@ -245,7 +245,7 @@ static int finish_userns(struct pending_userns ns, const char *map, int open_fla
 /* The sandbox's namespaces, made before bubblewrap runs:
  * - outer: owned by host uid `uid`, "0 uid 65537": pid 1's namespace (bubblewrap's --userns);
  * - inner: nested in outer, "0 1 65536", so host uid+1+n: where every command runs;
- * - net (with `own_net`): a loopback-only network namespace owned by inner (so the sandbox's
+ * - net: a loopback-only network namespace owned by inner (so the sandbox's
  *   root keeps NET_BIND_SERVICE and NET_RAW there), which bubblewrap, pid 1 and every command
  *   start in.
  * Only a process inside outer may write inner's maps, so a child A (as `uid`) makes outer, this
@@ -258,7 +258,7 @@ struct pending_sandbox_ns {
     int up, down, hold, net_ready;
 };
 
-static struct pending_sandbox_ns start_sandbox_namespaces(uid_t uid, int own_net) {
+static struct pending_sandbox_ns start_sandbox_namespaces(uid_t uid) {
     int up[2], down[2], hold[2], net_ready[2];
     if (pipe2(up, O_CLOEXEC) || pipe2(down, O_CLOEXEC) || pipe2(hold, O_CLOEXEC) || pipe2(net_ready, O_CLOEXEC))
         die("pipe");
@@ -285,12 +285,12 @@ static struct pending_sandbox_ns start_sandbox_namespaces(uid_t uid, int own_net
             close(down[0]);
             if (unshare(CLONE_NEWUSER)) _exit(2);
             if (write(sync[1], "u", 1) != 1) _exit(3);
-            if (own_net) {
-                /* B has every capability in its own namespace, mapped or not yet. */
-                if (unshare(CLONE_NEWNET)) _exit(10);
-                bring_loopback_up();
-                if (write(net_ready[1], "n", 1) != 1) _exit(3);
-            }
+            /* Always: a sandbox never runs in the host's network namespace (its network, if
+             * any, is slirp4netns's tap in this one). B has every capability in its own
+             * namespace, mapped or not yet. */
+            if (unshare(CLONE_NEWNET)) _exit(10);
+            bring_loopback_up();
+            if (write(net_ready[1], "n", 1) != 1) _exit(3);
             close(net_ready[1]);
             (void)!read(hold[0], &c, 1); /* until the launcher has opened the namespaces */
             _exit(0);
@@ -355,20 +355,18 @@ static int finish_sandbox_namespaces(struct pending_sandbox_ns *ns) {
     return inner;
 }
 
-/* Enter B's network namespace (with `own_net`) and let the children go. */
-static void enter_network_namespace(struct pending_sandbox_ns *ns, int own_net) {
-    if (own_net) {
-        char c, path[64];
-        if (read(ns->net_ready, &c, 1) != 1) {
-            errno = 0;
-            die("could not create the sandbox's network namespace");
-        }
-        snprintf(path, sizeof path, "/proc/%d/ns/net", ns->b);
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0) die("open %s", path);
-        if (setns(fd, CLONE_NEWNET)) die("entering the sandbox's network namespace");
-        close(fd);
+/* Enter B's network namespace and let the children go. */
+static void enter_network_namespace(struct pending_sandbox_ns *ns) {
+    char c, path[64];
+    if (read(ns->net_ready, &c, 1) != 1) {
+        errno = 0;
+        die("could not create the sandbox's network namespace");
     }
+    snprintf(path, sizeof path, "/proc/%d/ns/net", ns->b);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) die("open %s", path);
+    if (setns(fd, CLONE_NEWNET)) die("entering the sandbox's network namespace");
+    close(fd);
     close(ns->net_ready);
     close(ns->hold);
     close(ns->up);
@@ -445,7 +443,7 @@ struct launch_opts {
     uid_t uid, store_uid;
     unsigned long long tmpfs_bytes;
     const char *bwrap;
-    int own_net, args_fd;
+    int args_fd;
     const char *hostname;        /* pid 1 made ahead: the sandbox's hostname */
     const char *masks[MAX_MASKS]; /* pid 1 made ahead: the /proc entries that read as empty */
     int n_masks;
@@ -478,8 +476,6 @@ static void parse_launch_opts(int argc, char **argv, struct launch_opts *o) {
             o->ov_layers[o->n_ov++] = argv[++i];
         } else if (!strcmp(a, "--bwrap") && i + 1 < argc) {
             o->bwrap = argv[++i];
-        } else if (!strcmp(a, "--own-net")) {
-            o->own_net = 1;
         } else if (!strcmp(a, "--args-fd") && i + 1 < argc) {
             o->args_fd = atoi(argv[++i]);
         } else if (!strcmp(a, "--hostname") && i + 1 < argc) {
@@ -551,7 +547,7 @@ static void start_namespaces(struct launch_ns *ns, const struct launch_opts *o, 
     ns->store = (struct pending_userns){-1, -1, -1};
     ns->userns_fd = ns->store_fd = ns->inner_fd = -1;
     if (with_store) ns->store = start_userns();
-    ns->sandbox = start_sandbox_namespaces(o->uid, o->own_net);
+    ns->sandbox = start_sandbox_namespaces(o->uid);
 }
 
 static void finish_namespaces(struct launch_ns *ns, const struct launch_opts *o, int with_store) {
@@ -923,7 +919,7 @@ static int premade_main(struct launch_opts *o) {
     int with_store = o->store_uid != 0;
     start_namespaces(&ns, o, with_store);
     finish_namespaces(&ns, o, with_store);
-    enter_network_namespace(&ns.sandbox, o->own_net);
+    enter_network_namespace(&ns.sandbox);
     reap_children();
     private_mount_namespace();
     int self_fd = open("/proc/self/exe", O_RDONLY); /* pid 1 execs the agent through it */
@@ -1016,7 +1012,7 @@ static int launch_main(int argc, char **argv) {
     stage_for_bwrap(&o);
     finish_namespaces(&ns, &o, with_store);
     finish_root(&o, layer_fds, &ns);
-    enter_network_namespace(&ns.sandbox, o.own_net);
+    enter_network_namespace(&ns.sandbox);
     if (ns.store_fd >= 0) close(ns.store_fd);
 
     /* The agent binary goes in as an open file: nothing of the host shows in the sandbox's tree. */
