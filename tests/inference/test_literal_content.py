@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from sandrl.errors import ConfigError
 from sandrl.inference.base import Generation, SamplingParams
 from sandrl.inference.chat import ChatFormat
 from sandrl.inference.engine import Engine
@@ -171,6 +172,19 @@ def test_a_tool_result_continuation_holds_no_forged_turns(family: str, family_to
     assert _added(tok, forged.ids) == _added(tok, clean.ids)
 
 
+def test_an_observations_token_budget_counts_tokens_as_they_render(family_tokenizer_dir: FamilyDir) -> None:
+    """Output full of special-token text is counted as the text it renders as (several tokens each), not
+    one token per match: the cut observation stays within its budget in the model's context."""
+    from sandrl.rollout.agents.observation import cut
+
+    tok = _tokenizer("qwen2.5", family_tokenizer_dir)
+    chat = ChatFormat(tok)
+    text, _ = cut(chat, FORGED * 100, 200)
+    tool = {"role": "tool", "tool_call_id": "c", "name": "bash"}
+    rendered = len(chat.render([{**tool, "content": text}])) - len(chat.render([{**tool, "content": ""}]))
+    assert rendered <= 200 + len(tok.encode_text("\n[... 9999 tokens omitted ...]\n")) + 2
+
+
 # -- through HTTP -----------------------------------------------------------------------------
 
 
@@ -275,3 +289,19 @@ def test_a_metaspace_tokenizer_keeps_its_ids_where_content_is_re_encoded() -> No
     assert tok.encode_messages(messages, add_generation_prompt=True) == hf.apply_chat_template(
         messages, add_generation_prompt=True, tokenize=True, return_dict=False
     )
+
+
+def test_a_python_tokenizer_encodes_text_and_refuses_what_it_cannot_keep_apart() -> None:
+    """Without tokenizer.json there are no offsets to find the template's own tokens by: clean content
+    renders as before, content holding token text is refused by name (never encoded as tokens)."""
+    from transformers import ByT5Tokenizer
+
+    hf = ByT5Tokenizer()
+    hf.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    hf.chat_template = EDGES.replace("<|im_{{ m.content }}|>", "{{ m.content }}")
+    tok = HFTokenizer(hf)
+    clean = [{"role": "user", "content": "hi"}]
+    assert tok.encode_messages(clean) == hf.apply_chat_template(clean, tokenize=True, return_dict=False)
+    assert tok.decode(tok.encode_text(FORGED)) == FORGED and len(tok.encode_text(FORGED)) > len(tok.encode(FORGED))
+    with pytest.raises(ConfigError, match="fast tokenizer"):
+        tok.encode_messages([{"role": "user", "content": FORGED}])

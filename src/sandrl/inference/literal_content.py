@@ -31,14 +31,23 @@ What is exact: content with no added token's text (nor one's start or end at its
 no marker, and the ids are ``apply_chat_template(tokenize=True)``'s, bit for bit. Content with
 such text: its stretch is encoded whole, template text and content together, so no BPE merge is
 cut at the content's edges; the ids are those the tokenizer would give that stretch if the
-added tokens were not in its vocabulary, and the rendering decodes back to the same text.
+added tokens were not in its vocabulary (a stretch that does not start the text is encoded after
+a seam token, as one that does not start it: SentencePiece's Metaspace adds its prefix space to
+the first only), and the ids decode back to the text the template rendered.
+
+Why not transformers' ``apply_chat_template(sanitize_control_tokens=True)`` (5.2x): it needs a
+newer transformers than sandrl requires; it treats as control tokens the special ones and only
+those added tokens the template's text holds (Qwen2.5's ``<|fim_prefix|>`` in content stays a
+token); it leaves dict keys as they are (tool-call arguments' and tool schemas' keys are
+rendered); and it encodes the text on either side of a marked token apart (a BPE seam there).
 
 What it does not cover: a template that builds a token from parts of a message (Phi-4's
 ``'<|' + message['role'] + '|>'``) still makes one from a role such as ``end``; none of the
 families sandrl is tested with does. Whitespace added tokens (Gemma's ``"\\n"``) are how such a
 tokenizer writes whitespace and stay matched. A template that cuts a marker, or JSON-escapes it
 with ``ensure_ascii``, leaves the marker's characters as text: the content's token text is then
-lost from the rendering, never turned into a token.
+lost from the rendering, never turned into a token. A Python (slow) tokenizer, with no offsets to
+find the template's tokens by, refuses content holding token text (:class:`ConfigError`).
 """
 
 from __future__ import annotations
@@ -153,6 +162,11 @@ class LiteralContentTemplate:
         return self._encode_escaped(rendered, table)
 
     def _encode_escaped(self, rendered: str, table: list[str]) -> list[int]:
+        if getattr(self._tok, "backend_tokenizer", None) is None:  # the offsets below need a fast tokenizer
+            raise ConfigError(
+                "message content holding the tokenizer's special-token text can only be encoded as text with a "
+                "fast tokenizer (a checkpoint with tokenizer.json)"
+            )
         encoded = self._tok(rendered, add_special_tokens=False, return_offsets_mapping=True)
         ids = [int(i) for i in encoded["input_ids"]]
         offsets = [(int(a), int(b)) for a, b in encoded["offset_mapping"]]
@@ -179,8 +193,10 @@ class LiteralContentTemplate:
     def _plain_ids(self, text: str, *, first: bool) -> list[int]:
         if not text:
             return []
-        if first or _SEAM in text:  # a text holding the seam is encoded as a first stretch (exact for byte-level BPE)
-            ids: list[int] = self._plain_encoder(seamed=False).encode(text, add_special_tokens=False).ids
+        if getattr(self._tok, "backend_tokenizer", None) is None:  # a Python tokenizer: it can skip added tokens
+            ids: list[int] = self._tok.encode(text, add_special_tokens=False, split_special_tokens=True)
+        elif first or _SEAM in text:  # a text holding the seam is encoded as a first stretch (exact for byte-level BPE)
+            ids = self._plain_encoder(seamed=False).encode(text, add_special_tokens=False).ids
         else:
             seamed = self._plain_encoder(seamed=True)
             ids = seamed.encode(_SEAM + text, add_special_tokens=False).ids
@@ -202,13 +218,7 @@ class LiteralContentTemplate:
             from tokenizers import AddedToken
             from tokenizers import Tokenizer as Backend
 
-            backend = getattr(self._tok, "backend_tokenizer", None)
-            if backend is None:
-                raise ConfigError(
-                    "message content holding the tokenizer's special-token text can only be encoded as text with a "
-                    "fast tokenizer (a checkpoint with tokenizer.json)"
-                )
-            spec = json.loads(backend.to_str())
+            spec = json.loads(self._tok.backend_tokenizer.to_str())
             spec["added_tokens"] = []
             plain = Backend.from_str(json.dumps(spec))
             if seamed:
