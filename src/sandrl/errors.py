@@ -22,6 +22,7 @@ that says what went wrong *and what to do about it*.
      │    │    └── SandboxFileTooLargeError  the file is larger than the read's bound (max_bytes)
      │    ├── SandboxRequestTooLargeError  a request (command, env, path) exceeds the agent's frame limit
      │    ├── ImageNotFoundError        no image of that name in the store
+     │    ├── LayerTooLargeError        a snapshot's, fork's or build step's layer is over its bound
      │    └── SandboxHostLostError      a fleet's sandbox host went away (retry on another host)
      ├── TaskError                   a task that cannot be loaded or run
      │    ├── InvalidTaskError       a task directory or instance file that is malformed
@@ -180,6 +181,16 @@ class ImageNotFoundError(SandboxError):
 
     error_code = "image_not_found"
     http_status = 404
+
+
+class LayerTooLargeError(SandboxError):
+    """A new layer (a snapshot's, a fork's, a build step's) would write more into the image store than
+    it may: more than the sandbox's ``disk_mb`` as the store counts it, more files or deeper nesting
+    than a layer holds, a file the store's filesystem cannot hold, or more than the store's free space
+    less its reserve. Nothing of the layer is left in the store; the sandbox runs on."""
+
+    error_code = "layer_too_large"
+    http_status = 507
 
 
 class SandboxHostLostError(SandboxError):

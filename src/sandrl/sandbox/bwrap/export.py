@@ -20,20 +20,25 @@ format, ready to be stacked as a read-only lower layer over the layers the sandb
   sandbox's own mount, not the layer.
 
 The copy reads the upper directories through ``/proc/<helper pid>/root`` and writes the layer
-tree directly (:mod:`.upper_copy`: no symlink followed, contents by ``sendfile``, owners shifted
-on the way). The sandbox keeps running; export while no command is writing (a snapshot freezes
+tree directly (:mod:`.upper_copy`: no symlink followed, contents by ``sendfile``, holes kept as
+holes, owners shifted on the way), within the layer's bounds (:mod:`.layer_budget`: the sandbox's
+``disk_mb`` as the store counts it, the store's free space less its reserve): over one, it raises
+:class:`~sandrl.errors.LayerTooLargeError` and leaves nothing in ``dest``'s directory but ``dest``
+itself, for its caller to remove. The sandbox keeps running; export while no command is writing (a snapshot freezes
 it first), or the layer holds whatever state the files were in.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import posixpath
 import shutil
 from pathlib import Path
 
 from sandrl.errors import SandboxError
+from sandrl.sandbox.bwrap.layer_budget import LayerBudget, StoreReserve
 from sandrl.sandbox.bwrap.layer_owners import store_id
 from sandrl.sandbox.bwrap.sandbox import UPPER_DIR, BwrapSandbox
 from sandrl.sandbox.bwrap.upper_copy import copy_upper
@@ -55,21 +60,50 @@ def _excluded(name: str, is_root_overlay: bool, target: str = "/", skip: frozens
 
 
 def _export_overlay(
-    host_pid: int, base: int, k: int, target_dir: Path, is_root_overlay: bool, target: str, skip: frozenset[str]
+    host_pid: int,
+    base: int,
+    k: int,
+    target_dir: Path,
+    is_root_overlay: bool,
+    target: str,
+    skip: frozenset[str],
+    budget: LayerBudget,
 ) -> int:
     """Copy one upper dir into ``target_dir``; return how many entries it held (its root included)."""
     source = f"/proc/{host_pid}/root{UPPER_DIR}/{k}"
     try:
-        return copy_upper(source, str(target_dir), base, lambda name: _excluded(name, is_root_overlay, target, skip))
+        return copy_upper(
+            source, str(target_dir), base, lambda name: _excluded(name, is_root_overlay, target, skip), budget, target
+        )
     except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # the store filled up under other writers' files
+            raise budget.no_room() from exc
         raise SandboxError(
             f"exporting the writable layer {k} of sandbox (helper pid {host_pid}) failed: {exc}; "
             "the sandbox may have ended meanwhile"
         ) from exc
 
 
-def _export_sync(host_pid: int, base: int, overlays: list[str], dest: Path, skip: frozenset[str]) -> None:
+def _export_sync(
+    host_pid: int, base: int, overlays: list[str], dest: Path, skip: frozenset[str], budget: LayerBudget
+) -> None:
     dest.mkdir(parents=True, exist_ok=True)
+    try:
+        _export_overlays(host_pid, base, overlays, dest, skip, budget)
+    except BaseException:
+        # Over a bound, cancelled, failed: what was written goes now, in this thread, which is the
+        # one writing (a cancelled caller's own removal could run before the copy has stopped).
+        for entry in os.scandir(dest):
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                os.unlink(entry.path)
+        raise
+
+
+def _export_overlays(
+    host_pid: int, base: int, overlays: list[str], dest: Path, skip: frozenset[str], budget: LayerBudget
+) -> None:
     # "/" first, so a nested mount point's directory exists before its own tree goes in.
     for k, target in sorted(enumerate(overlays), key=lambda item: item[1].count("/") if item[1] != "/" else -1):
         rel = target.strip("/")
@@ -80,7 +114,11 @@ def _export_sync(host_pid: int, base: int, overlays: list[str], dest: Path, skip
                 target_dir.unlink()
             staging = dest.parent / f".{dest.name}.{k}.part"
             shutil.rmtree(staging, ignore_errors=True)
-            count = _export_overlay(host_pid, base, k, staging, False, target, skip)
+            try:
+                count = _export_overlay(host_pid, base, k, staging, False, target, skip, budget)
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
             if count <= 1:  # only the upper dir itself: nothing changed under this mount point
                 shutil.rmtree(staging)
                 continue
@@ -89,7 +127,7 @@ def _export_sync(host_pid: int, base: int, overlays: list[str], dest: Path, skip
             _store_owned_dirs(dest, target_dir.parent)
             os.rename(staging, target_dir)
         else:
-            _export_overlay(host_pid, base, k, target_dir, True, target, skip)
+            _export_overlay(host_pid, base, k, target_dir, True, target, skip, budget)
 
 
 def _store_owned_dirs(dest: Path, path: Path) -> None:
@@ -104,14 +142,24 @@ def _store_owned_dirs(dest: Path, path: Path) -> None:
         os.chmod(d, 0o755)
 
 
-async def export_changes(sandbox: BwrapSandbox, dest: Path, *, skip: frozenset[str] = frozenset()) -> None:
+async def export_changes(
+    sandbox: BwrapSandbox,
+    dest: Path,
+    *,
+    skip: frozenset[str] = frozenset(),
+    reserve: StoreReserve | None = None,
+    hint: str = "remove what need not be kept before the snapshot, or create the sandbox with a larger disk_mb",
+) -> None:
     """Copy what ``sandbox`` changed into ``dest`` as a layer tree (``dest/<mount point>`` per overlay).
 
     ``skip``: absolute paths in the sandbox left out of the layer (a build's ``/etc/resolv.conf``,
-    which Docker's builds do not commit either).
+    which Docker's builds do not commit either). ``reserve``: what the filesystem of ``dest`` keeps
+    free (the store's; default :meth:`StoreReserve.from_env`). ``hint``: what the error of a layer
+    over the sandbox's ``disk_mb`` tells its reader to do.
 
     ``dest`` is made if missing; it should be on the filesystem of the image store so that the
     store can take it over with a rename. Needs root (it reads the sandbox through ``/proc``).
+    Raises :class:`~sandrl.errors.LayerTooLargeError` when the layer is over a bound (see the module).
     """
     if sandbox.closed:
         raise SandboxError(f"sandbox {sandbox.id} is closed; export its changes before closing it")
@@ -119,7 +167,31 @@ async def export_changes(sandbox: BwrapSandbox, dest: Path, *, skip: frozenset[s
     if plan is None or sandbox.uid == 0:
         raise SandboxError(f"sandbox {sandbox.id} has no mount plan or uid; it was not made by BwrapProvider")
     overlays = [target for target, _ in plan.overlays]
-    await asyncio.to_thread(_export_sync, sandbox.host_pid, sandbox.uid, overlays, Path(dest), skip)
+    dest = Path(dest)
+    budget = LayerBudget(
+        _existing(dest),
+        reserve or StoreReserve.from_env(),
+        disk_mb=sandbox.spec.disk_mb,
+        owner=f"sandbox {sandbox.id}'s changes",
+        hint=hint,
+    )
+    try:  # the sandbox's writable tmpfs: what it holds tells a layer that cannot fit before any copy
+        disk = os.statvfs(f"/proc/{sandbox.host_pid}/root{UPPER_DIR}")
+    except OSError as exc:
+        raise SandboxError(f"sandbox {sandbox.id}'s writable layer cannot be read ({exc}); it may have ended") from exc
+    budget.expect((disk.f_blocks - disk.f_bfree) * disk.f_frsize, disk.f_files - disk.f_ffree)
+    try:
+        await asyncio.to_thread(_export_sync, sandbox.host_pid, sandbox.uid, overlays, dest, skip, budget)
+    except asyncio.CancelledError:
+        budget.stop()  # the copy goes on in its thread otherwise; it stops at its next write and cleans up
+        raise
+
+
+def _existing(path: Path) -> Path:
+    """``path`` or its nearest existing parent: where its filesystem's free space is read."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
 
 
 def is_empty_layer(layer: Path) -> bool:

@@ -11,6 +11,10 @@ Layout under the store's root::
     layers/<id>/           one layer: a directory tree (for a full image, a whole rootfs)
     host/                  what the built-in ``host`` image needs (skeleton, masks)
 
+New layers (snapshots, forks, build steps, imports) never take the store's filesystem below its
+reserve (:class:`~.layer_budget.StoreReserve`: ``$SANDRL_STORE_MIN_FREE_MB``, else 5% of it, and
+5% of its inodes), and keep holes as holes (:mod:`.layer_budget`).
+
 Every file of a layer (``layers/`` and ``host/``) is owned in the store's own uid mapping,
 never by host root, and no file has a setuid or setgid bit (:mod:`.layer_owners`); the store's
 directories are 0700, so no host user reaches a layer at all. A store written by an older
@@ -40,6 +44,7 @@ from pathlib import Path
 
 from sandrl.errors import ConfigError, ImageNotFoundError, SandboxError, SandboxUnavailableError
 from sandrl.sandbox.bwrap.host_views import host_views, mask_layer, viewable
+from sandrl.sandbox.bwrap.layer_budget import LayerBudget, StoreReserve
 from sandrl.sandbox.bwrap.layer_owners import STORE_UID_BASE, copy_shifted, shift_in_place, store_id
 
 __all__ = ["HOST_IMAGE", "STORE_UID_BASE", "Image", "ImageStore", "MountPlan", "stack_layers"]
@@ -130,10 +135,19 @@ class Image:
 
 
 class ImageStore:
-    """Images on disk under ``root`` (default ``<state dir>/images``)."""
+    """Images on disk under ``root`` (default ``<state dir>/images``); ``reserve``: what new layers
+    leave free on its filesystem (default :meth:`StoreReserve.from_env`)."""
 
-    def __init__(self, root: Path, *, host_etc: Path = Path("/etc"), host_root: Path = Path("/")) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        host_etc: Path = Path("/etc"),
+        host_root: Path = Path("/"),
+        reserve: StoreReserve | None = None,
+    ) -> None:
         self.root = root
+        self.reserve = reserve or StoreReserve.from_env()
         self.host_etc = host_etc
         self.host_root = host_root
         self._host: tuple[object, Image] | None = None
@@ -240,7 +254,8 @@ class ImageStore:
         The tree's owners are the sandbox's (host root = sandbox root, as a debootstrap rootfs or
         an exported layer has them); in the store they are shifted into the store's mapping and
         setuid/setgid bits are dropped (:mod:`.layer_owners`). A moved tree is fixed inside the
-        store's private directory before it becomes a layer.
+        store's private directory before it becomes a layer; a copied one keeps its holes and never
+        takes the store below its reserve (:class:`~sandrl.errors.LayerTooLargeError`).
         """
         if not source.is_dir() or source.is_symlink():
             raise ConfigError(f"{source} is not a directory; a layer is a directory tree")
@@ -253,10 +268,13 @@ class ImageStore:
                 os.rename(source, tmp)
                 shift_in_place(tmp)
             else:
-                copy_shifted(source, tmp)
+                owner = f"the tree {source}"
+                copy_shifted(source, tmp, LayerBudget(layers, self.reserve, disk_mb=None, owner=owner, hint=""))
             os.rename(tmp, target)
-        except OSError as exc:
+        except BaseException as exc:
             shutil.rmtree(tmp, ignore_errors=True)
+            if not isinstance(exc, OSError):
+                raise
             raise SandboxError(
                 f"cannot bring {source} into the image store at {layers} ({exc}); the store must be written "
                 "as root, and a tree moved in must be on the store's filesystem (or add it with move=False)"

@@ -24,9 +24,19 @@ import os
 import stat
 from pathlib import Path
 
+from sandrl.sandbox.bwrap.layer_budget import BLOCK, LayerBudget, copy_into_new
 from sandrl.sandbox.bwrap.state import STORE_UID_BASE, UID_RANGE
 
-__all__ = ["KEPT_XATTRS", "STORE_UID_BASE", "copy_shifted", "from_host", "layer_mode", "shift_in_place", "store_id"]
+__all__ = [
+    "KEPT_XATTRS",
+    "STORE_UID_BASE",
+    "copy_shifted",
+    "copy_xattrs",
+    "from_host",
+    "layer_mode",
+    "shift_in_place",
+    "store_id",
+]
 NOBODY = 65534
 KEPT_XATTRS = ("trusted.overlay.opaque", "user.*")
 """Extended attributes a layer keeps; every other one is dropped on the way into the store."""
@@ -66,12 +76,22 @@ def _drop_xattrs(path: str) -> None:
                 os.removexattr(path, name, follow_symlinks=False)
 
 
-def _copy_xattrs(src: str, dst: str) -> None:
-    with contextlib.suppress(OSError):
-        for name in os.listxattr(src, follow_symlinks=False):
-            if kept_xattr(name):
-                with contextlib.suppress(OSError):
-                    os.setxattr(dst, name, os.getxattr(src, name, follow_symlinks=False), follow_symlinks=False)
+def copy_xattrs(src: str, dst: str, budget: LayerBudget) -> None:
+    """Copy the kept extended attributes of ``src`` to ``dst`` (no symlink followed), charged to ``budget``."""
+    try:
+        names = [name for name in os.listxattr(src, follow_symlinks=False) if kept_xattr(name)]
+    except OSError:
+        return
+    kept: list[tuple[str, bytes]] = []
+    for name in names:
+        with contextlib.suppress(OSError):
+            kept.append((name, os.getxattr(src, name, follow_symlinks=False)))
+    if not kept:
+        return
+    budget.xattrs(sum(len(name) + len(value) for name, value in kept))
+    for name, value in kept:
+        with contextlib.suppress(OSError):
+            os.setxattr(dst, name, value, follow_symlinks=False)
 
 
 def _fix(path: str, st: os.stat_result) -> None:
@@ -96,48 +116,43 @@ def shift_in_place(root: Path) -> None:
                 _fix(path, os.lstat(path))
 
 
-def copy_shifted(source: Path, target: Path) -> None:
+def copy_shifted(source: Path, target: Path, budget: LayerBudget) -> None:
     """Copy the tree ``source`` to the new directory ``target`` as a store layer (see the module).
 
     Each file is created private (0600) and root's, then gets its store owner and stripped mode
     (:func:`_place_meta`), so no moment leaves a setuid file of host root in ``target``.
-    Hard links stay links; device nodes other than overlayfs whiteouts and sockets are left out
+    Hard links stay links, holes stay holes, and every write is charged to ``budget``
+    (:mod:`.layer_budget`); device nodes other than overlayfs whiteouts and sockets are left out
     (layers are mounted ``nodev``; they would do nothing).
     """
     links: dict[tuple[int, int], str] = {}
     dirs: list[tuple[str, os.stat_result]] = []
     src_top, dst_top = str(source), str(target)
+    budget.charge(BLOCK, 1)
     os.mkdir(dst_top, 0o700)
-    _place_meta(src_top, dst_top, os.lstat(src_top), dirs)
+    _place_meta(src_top, dst_top, os.lstat(src_top), dirs, budget)
     for dirpath, dirnames, filenames in os.walk(src_top):
         rel = os.path.relpath(dirpath, src_top)
         dst_dir = dst_top if rel == "." else os.path.join(dst_top, rel)
         for name in [*dirnames, *filenames]:
             src, dst = os.path.join(dirpath, name), os.path.join(dst_dir, name)
             st = os.lstat(src)
-            if _place(src, dst, st, links):
-                _place_meta(src, dst, st, dirs)
+            if _place(src, dst, st, links, budget, os.path.join(rel, name)):
+                _place_meta(src, dst, st, dirs, budget)
     for path, st in reversed(dirs):  # children first: adding entries moved each parent's times
         os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
-def copy_into_new(fin: int, dst: str) -> None:
-    """Copy the open file ``fin`` into ``dst``, a new file (never through a symlink, never over one), mode 0600
-    until its owner and mode are set."""
-    fout = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        while os.sendfile(fout, fin, None, 1 << 30) > 0:
-            pass
-    finally:
-        os.close(fout)
-
-
-def _place(src: str, dst: str, st: os.stat_result, links: dict[tuple[int, int], str]) -> bool:
+def _place(
+    src: str, dst: str, st: os.stat_result, links: dict[tuple[int, int], str], budget: LayerBudget, rel: str
+) -> bool:
     """Create ``dst`` like ``src`` (content, not metadata); False when it is left out or a hard link."""
-    mode = st.st_mode
+    mode, name = st.st_mode, os.path.basename(dst)
     if stat.S_ISDIR(mode):
+        budget.directory(rel, name)
         os.mkdir(dst, 0o700)
     elif stat.S_ISREG(mode):
+        budget.entry(name)
         key = (st.st_dev, st.st_ino)
         if key in links:
             os.link(links[key], dst)
@@ -146,22 +161,28 @@ def _place(src: str, dst: str, st: os.stat_result, links: dict[tuple[int, int], 
             links[key] = dst
         fin = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
-            copy_into_new(fin, dst)
+            copy_into_new(fin, os.fstat(fin), dst, budget, rel)
         finally:
             os.close(fin)
     elif stat.S_ISLNK(mode):
-        os.symlink(os.readlink(src), dst)
+        target = os.readlink(src)
+        budget.symlink(name, target)
+        os.symlink(target, dst)
     elif stat.S_ISCHR(mode) and st.st_rdev == 0:
+        budget.entry(name)
         os.mknod(dst, stat.S_IFCHR | 0o000, 0)  # an overlayfs whiteout
     elif stat.S_ISFIFO(mode):
+        budget.entry(name)
         os.mkfifo(dst, 0o600)
     else:
         return False
     return True
 
 
-def _place_meta(src: str, dst: str, st: os.stat_result, dirs: list[tuple[str, os.stat_result]]) -> None:
-    _copy_xattrs(src, dst)
+def _place_meta(
+    src: str, dst: str, st: os.stat_result, dirs: list[tuple[str, os.stat_result]], budget: LayerBudget
+) -> None:
+    copy_xattrs(src, dst, budget)
     os.chown(dst, from_host(st.st_uid), from_host(st.st_gid), follow_symlinks=False)
     if not stat.S_ISLNK(st.st_mode):
         os.chmod(dst, stat.S_IMODE(layer_mode(st.st_mode)))

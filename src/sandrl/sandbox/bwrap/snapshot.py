@@ -66,14 +66,14 @@ async def snapshot_sandbox(store: ImageStore, sandbox: BwrapSandbox, name: str |
         raise ConfigError(f"an image named {name!r} exists; give the snapshot another name")
     layer_dir = store.root / "layers" / f".snapshot-{uuid.uuid4().hex}"
     was_paused = sandbox.paused
-    if not was_paused:
-        await asyncio.to_thread(sandbox._group.freeze, True)
     try:
-        await export_changes(sandbox, layer_dir)
-    finally:
         if not was_paused:
-            await asyncio.to_thread(sandbox._group.freeze, False)
-    try:
+            await asyncio.to_thread(sandbox._group.freeze, True)
+        try:
+            await export_changes(sandbox, layer_dir, reserve=store.reserve)
+        finally:
+            if not was_paused:
+                await asyncio.to_thread(sandbox._group.freeze, False)
         base_meta = store.meta(sandbox.spec.image)
         below = base_meta.get("layers")
         layers = [str(x) for x in below] if isinstance(below, list) else []
@@ -90,7 +90,8 @@ async def snapshot_sandbox(store: ImageStore, sandbox: BwrapSandbox, name: str |
             config={**(config if isinstance(config, dict) else {}), "snapshot_of": sandbox.id},
         )
     finally:
-        shutil.rmtree(layer_dir, ignore_errors=True)
+        if layer_dir.exists():  # what a failed export (one over its bounds) left: no partial layer stays
+            await asyncio.to_thread(shutil.rmtree, layer_dir, True)
     return name
 
 

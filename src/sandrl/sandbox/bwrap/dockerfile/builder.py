@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
-from sandrl.errors import ConfigError, ImageBuildError, ImageError, ImageNotFoundError
+from sandrl.errors import ConfigError, ImageBuildError, ImageError, ImageNotFoundError, LayerTooLargeError
 from sandrl.images.manifest import Platform
 from sandrl.sandbox.base import ExecResult, SandboxSpec
 from sandrl.sandbox.bwrap.dockerfile.context_copy import (
@@ -79,6 +79,7 @@ DEFAULT_SHELL = ("/bin/sh", "-c")
 METADATA_ONLY = {"CMD", "ENTRYPOINT", "EXPOSE", "LABEL", "VOLUME", "HEALTHCHECK", "STOPSIGNAL", "MAINTAINER", "ONBUILD"}
 _DEBIAN_ALIASES = {"debian", "debian:bookworm", "debian:12", "debian:bookworm-slim", "debian:12-slim", "debian:stable"}
 _TAIL_LINES = 25
+BUILD_HINT = "make the step write less, or give the build more disk (BuildOptions.disk_mb: a task's storage_mb)"
 
 StepStatus = Literal["cached", "built", "metadata"]
 
@@ -296,7 +297,10 @@ class ImageBuilder:
                 else:
                     state = await self._from(inst, global_args, options)
             elif inst.keyword in ("RUN", "COPY", "ADD"):
-                status = await self._layer_step(inst, state, context, options, deadline, index, total)
+                try:
+                    status = await self._layer_step(inst, state, context, options, deadline, index, total)
+                except LayerTooLargeError as exc:
+                    raise ImageBuildError(f"step {index}/{total} ({inst.where}) `{_short(inst.text)}`: {exc}") from exc
                 cached += status == "cached"
                 built += status == "built"
             else:
@@ -487,7 +491,8 @@ class ImageBuilder:
                         await self._run_step(inst, state, sandbox, remaining, index, total)
                     else:
                         await self._copy_step(inst, state, sandbox, context, env)
-                    await export_changes(sandbox, layer_dir, skip=RESOLV_CONF if network else frozenset())
+                    skip = RESOLV_CONF if network else frozenset()
+                    await export_changes(sandbox, layer_dir, skip=skip, reserve=self.store.reserve, hint=BUILD_HINT)
                 finally:
                     await sandbox.close()
                 layers = list(state.layers)
