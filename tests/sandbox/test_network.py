@@ -139,3 +139,68 @@ def test_the_allow_list_opens_only_private_ranges(entry: str) -> None:
     with pytest.raises(ConfigError):
         parse_allow([entry])
     assert parse_allow(["10.1.0.0/16", "192.168.4.0/24"])  # inside private ranges: fine
+
+
+FILTER_PROBE = """
+import json, socket, subprocess, sys, uuid
+from pathlib import Path
+from sandrl.sandbox.bwrap.cgroups import CgroupManager
+from sandrl.sandbox.bwrap.egress import EgressFilter
+kill_base = CgroupManager().kill_base
+group = kill_base.parent / ("sandrl-egress-test-" + uuid.uuid4().hex[:8])
+group.mkdir(parents=True)
+try:
+    EgressFilter().attach(group)
+    child = '''
+import json, socket, sys
+out = {}
+for name, family, address in json.loads(sys.argv[1]):
+    s = socket.socket(getattr(socket, family), socket.SOCK_STREAM)
+    s.settimeout(3)
+    try:
+        s.connect((address, 80))
+        out[name] = "reached"
+    except PermissionError:
+        out[name] = "refused"
+    except OSError as exc:
+        out[name] = type(exc).__name__
+    finally:
+        s.close()
+print(json.dumps(out))
+'''
+    join = 'echo 0 > "$1" && shift && exec "$@"'
+    argv = ["sh", "-c", join, "sh", str(group / "cgroup.procs"), sys.executable, "-c", child, sys.argv[1]]
+    host = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    other = subprocess.run(["unshare", "-n", *argv], capture_output=True, text=True, check=True).stdout
+    print(json.dumps({"host": json.loads(host), "own-namespace": json.loads(other)}))
+finally:
+    group.rmdir()
+"""
+
+
+def test_the_filter_judges_only_the_hosts_namespace_and_refuses_ipv6(hosts: tuple[Netns, Path]) -> None:
+    host, log = hosts
+    public, private = WORLD_ADDRESSES["public"], WORLD_ADDRESSES["private"]
+    targets = [
+        ("public", "AF_INET", public),
+        ("private", "AF_INET", private),
+        ("mapped-private", "AF_INET6", f"::ffff:{private}"),
+        ("mapped-public", "AF_INET6", f"::ffff:{public}"),
+        ("loopback6", "AF_INET6", "::1"),
+    ]
+    argv = [sys.executable, "-c", FILTER_PROBE, json.dumps(targets)]
+    before = len(log.read_text().splitlines())
+    done = subprocess.run(host.argv(argv), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert log.read_text().splitlines()[before:] == [f"tcp {public}"]  # what the world saw
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["host"] == {
+        "public": "reached",
+        "private": "refused",
+        "mapped-private": "refused",
+        "mapped-public": "refused",  # sandboxes get IPv4 only: every IPv6 destination is refused
+        "loopback6": "refused",
+    }
+    # A process of another network namespace (a sandbox's own) is not judged: its world is its own.
+    assert result["own-namespace"]["private"] != "refused"
+    assert result["own-namespace"]["loopback6"] != "refused"

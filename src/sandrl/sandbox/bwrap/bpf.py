@@ -92,6 +92,9 @@ class Program:
     def jne(self, dst: int, src: int, to: str) -> None:
         self.emit(0x5D, dst, src, off=to)  # JMP | JNE | X
 
+    def ja(self, to: str) -> None:
+        self.emit(0x05, off=to)  # JMP | JA
+
     def exit(self) -> None:
         self.emit(0x95)
 

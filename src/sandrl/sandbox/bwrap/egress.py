@@ -24,10 +24,12 @@ talk to their own loopback as they like.
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
 import os
 import socket
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network, IPv6Address
 from pathlib import Path
@@ -105,18 +107,33 @@ def _le32(packed: bytes) -> int:
     return int.from_bytes(packed, sys.byteorder)
 
 
-def _program4(rules: EgressRules) -> bpf.Program:
+_DNS_PORT = _le32(DNS_PORT.to_bytes(2, "big") + b"\0\0")
+
+
+def _program(rules: EgressRules, checks: Callable[[bpf.Program], None]) -> bpf.Program:
+    """A program that allows what does not come from the host's network namespace, then runs
+    ``checks`` (which jump to ``allow`` or ``deny``, or fall through to allow)."""
     p = bpf.Program()
-    p.mov(6, 1)
+    p.mov(6, 1)  # keep the context: the call clobbers r1-r5
     p.call(bpf.GET_NETNS_COOKIE)  # r1 is still the context
     p.load_u64_imm(2, rules.netns_cookie)
     p.jne(0, 2, "allow")  # not the host's namespace: a sandbox's own traffic
+    checks(p)
+    p.label("allow")
+    p.mov_imm(0, 1)
+    p.exit()
+    p.label("deny")
+    p.mov_imm(0, 0)
+    p.exit()
+    return p
+
+
+def _checks4(rules: EgressRules, p: bpf.Program) -> None:
     p.load_u32(7, 6, bpf.USER_IP4)
     p.load_u32(8, 6, bpf.USER_PORT)
-    port = _le32(DNS_PORT.to_bytes(2, "big") + b"\0\0")
     for i, server in enumerate(rules.nameservers4):
         p.jne32_imm(7, _le32(server.packed), f"ns{i}")
-        p.jeq32_imm(8, port, "allow")
+        p.jeq32_imm(8, _DNS_PORT, "allow")
         p.label(f"ns{i}")
 
     def match(nets: tuple[IPv4Network, ...], to: str) -> None:
@@ -130,37 +147,18 @@ def _program4(rules: EgressRules) -> bpf.Program:
         p.jeq32_imm(7, _le32(address.packed), "deny")
     match(rules.allow, "allow")
     match(PRIVATE, "deny")
-    p.label("allow")
-    p.mov_imm(0, 1)
-    p.exit()
-    p.label("deny")
-    p.mov_imm(0, 0)
-    p.exit()
-    return p
 
 
-def _program6(rules: EgressRules) -> bpf.Program:
-    p = bpf.Program()
-    p.mov(6, 1)
-    p.call(bpf.GET_NETNS_COOKIE)
-    p.load_u64_imm(2, rules.netns_cookie)
-    p.jne(0, 2, "allow")
+def _checks6(rules: EgressRules, p: bpf.Program) -> None:
     p.load_u32(8, 6, bpf.USER_PORT)
-    p.jne32_imm(8, _le32(DNS_PORT.to_bytes(2, "big") + b"\0\0"), "deny")
+    p.jne32_imm(8, _DNS_PORT, "deny")
     for i, server in enumerate(rules.nameservers6):
         for word in range(4):
             p.load_u32(7, 6, bpf.USER_IP6 + 4 * word)
             p.jne32_imm(7, _le32(server.packed[4 * word : 4 * word + 4]), f"ns{i}")
-        p.mov_imm(0, 1)
-        p.exit()
+        p.ja("allow")
         p.label(f"ns{i}")
-    p.label("deny")
-    p.mov_imm(0, 0)
-    p.exit()
-    p.label("allow")
-    p.mov_imm(0, 1)
-    p.exit()
-    return p
+    p.ja("deny")  # every other IPv6 destination
 
 
 class EgressFilter:
@@ -195,8 +193,9 @@ class EgressFilter:
             ) from exc
 
     def _load(self, rules: EgressRules) -> None:
-        programs = {bpf.CONNECT4: _program4(rules), bpf.SENDMSG4: _program4(rules)}
-        programs |= {bpf.CONNECT6: _program6(rules), bpf.SENDMSG6: _program6(rules)}
+        v4 = _program(rules, functools.partial(_checks4, rules))
+        v6 = _program(rules, functools.partial(_checks6, rules))
+        programs = {bpf.CONNECT4: v4, bpf.SENDMSG4: v4, bpf.CONNECT6: v6, bpf.SENDMSG6: v6}
         fds: dict[int, int] = {}
         try:
             for attach_type, program in programs.items():
