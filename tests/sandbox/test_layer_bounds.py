@@ -147,11 +147,20 @@ async def test_a_layer_over_disk_mb_is_refused_and_leaves_nothing(provider: Bwra
         assert (await sandbox.exec("true")).ok  # thawed
 
 
-async def test_a_layer_of_too_many_entries_is_refused(provider: BwrapProvider) -> None:
+@pytest.mark.parametrize(
+    "make",
+    [
+        "open(f'/workspace/{d}/{f}', 'w').close()",
+        # one file, each link an entry of its own (the sandbox's tmpfs counts each as an inode too)
+        "os.link('/workspace/one', f'/workspace/{d}/{f}')",
+    ],
+    ids=["files", "hard-links"],
+)
+async def test_a_layer_of_too_many_entries_is_refused(provider: BwrapProvider, make: str) -> None:
     async with await provider.create(SandboxSpec(ttl_s=120, disk_mb=64)) as sandbox:
         made = await sandbox.exec(
-            "python3 -c \"import os\nfor d in range(70):\n os.mkdir(f'/workspace/{d}')\n"
-            " for f in range(1000): open(f'/workspace/{d}/{f}', 'w').close()\""
+            "python3 -c \"import os\nopen('/workspace/one', 'w').close()\nfor d in range(70):\n"
+            f" os.mkdir(f'/workspace/{{d}}')\n for f in range(1000): {make}\""
         )
         assert made.ok, made
         before = _store_state(provider)

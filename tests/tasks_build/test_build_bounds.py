@@ -7,9 +7,12 @@ copied ``RUN truncate -s 100T /x`` as zeros fills that, not the host's disk.
 
 from __future__ import annotations
 
+import io
 import os
+import tarfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,4 +74,42 @@ async def test_a_build_step_over_its_disk_fails_at_that_step_and_leaves_nothing(
     with pytest.raises(ImageBuildError, match=r"step 2/2 .*`RUN mkdir /d.*disk_mb=1 \(1 MiB\)") as refused:
         await ImageBuilder(provider).build(tmp_path / "Dockerfile", options=BuildOptions(network=False, disk_mb=1))
     assert "BuildOptions.disk_mb" in str(refused.value)
+    assert _store_state(provider) == before
+
+
+def _gzip_bomb(path: Path, size: int) -> None:
+    """A .tar.gz of one file of ``size`` zeros: ~1/1000 of that on disk."""
+    with tarfile.open(path, "w:gz") as tar:
+        info = tarfile.TarInfo("zeros")
+        info.size = size
+        tar.addfile(info, _Zeros(size))
+
+
+class _Zeros(io.RawIOBase):
+    def __init__(self, size: int) -> None:
+        self.left = size
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        n = min(len(buffer), self.left)
+        buffer[:n] = bytes(n)
+        self.left -= n
+        return n
+
+
+@pytest.mark.parametrize("instruction", ["COPY big /big", "ADD bomb.tar.gz /unpacked/"], ids=["sparse", "gzip-bomb"])
+async def test_copy_and_add_refuse_more_than_the_builds_disk_before_reading_it(
+    provider: BwrapProvider, tmp_path: Path, instruction: str
+) -> None:
+    """The build context is the task's: its files are read into the host's memory to be copied in,
+    so more than the build sandbox's disk is refused before they are read, not after."""
+    with open(tmp_path / "big", "wb") as f:
+        f.truncate(1 << 30)  # 1 GiB of holes: nothing on disk, 1 GiB once read
+    _gzip_bomb(tmp_path / "bomb.tar.gz", 256 << 20)
+    (tmp_path / "Dockerfile").write_text(f"FROM host\n{instruction}\n")
+    before = _store_state(provider)
+    with pytest.raises(ImageBuildError, match=r"more than the build's disk \(64 MiB"):
+        await ImageBuilder(provider).build(tmp_path / "Dockerfile", options=BuildOptions(network=False, disk_mb=64))
     assert _store_state(provider) == before

@@ -117,14 +117,16 @@ class StoreReserve:
 
     def describe(self, st: os.statvfs_result) -> str:
         how = f"${MIN_FREE_ENV}" if self.min_free_mb is not None else f"5% of it; ${MIN_FREE_ENV} sets it"
-        return f"keeps {self.kept_bytes(st) // _MIB} MiB free ({how})"
+        inodes = f" and {self.kept_inodes(st)} inodes" if st.f_files else ""
+        return f"keeps {self.kept_bytes(st) // _MIB} MiB free ({how}){inodes}"
 
 
 class LayerBudget:
     """What one new layer may still write into the store at ``store_dir`` (see the module).
 
-    ``owner`` names the layer in errors ("sandbox sb-1's changes"), ``hint`` says what to do when
-    it is over ``disk_mb`` (None: only the store's free space and the entry bound apply).
+    ``owner`` names the layer in errors ("sandbox sb-1's changes"); ``hint`` says what to do when
+    it is over ``disk_mb`` or :func:`max_entries` (``disk_mb`` None: no such bound, only the
+    store's reserve, depth and path length apply).
     """
 
     def __init__(
@@ -143,7 +145,7 @@ class LayerBudget:
         self._next_entries_check = CHECK_EVERY_ENTRIES
         self._room = 0
         self._stopped = False
-        self._check_free(expected=0)
+        self._check_free()
 
     def stop(self) -> None:
         """Make the copy's next charge fail (its caller was cancelled): from any thread."""
@@ -165,25 +167,21 @@ class LayerBudget:
                 f"it kept; {self.hint}"
             )
         if self.max_entries is not None and self.entries > self.max_entries:
-            raise LayerTooLargeError(
-                f"{self.owner}: the layer would hold more than {self.max_entries} files, directories and links "
-                f"(a layer holds at most one per 4 KiB of disk_mb, and 65536 whatever the disk): refused, and "
-                f"nothing of it kept; {self.hint}"
-            )
+            raise self._too_many()
         if self.written > self._room:
             raise self._no_room(self.written)
         if self.written >= self._next_check or self.entries >= self._next_entries_check:
             self._next_check = self.written + CHECK_EVERY_BYTES
             self._next_entries_check = self.entries + CHECK_EVERY_ENTRIES
-            self._check_free(expected=0)
+            self._check_free()
 
     def entry(self, name: str) -> None:
         """One entry named ``name`` in a directory of the layer: an inode and a directory entry."""
         self.charge((8 + len(name) + 3) & ~3, 1)
 
     def directory(self, path: str, name: str) -> None:
-        """A directory at ``path`` (inside the layer, for errors): its entry, its first block, its depth."""
-        depth = path.count("/") + 1
+        """A directory at ``path`` (in the sandbox, or in the tree copied): its entry, its first block, its depth."""
+        depth = sum(1 for part in path.split("/") if part)
         if depth > MAX_DEPTH or len(os.fsencode(path)) > MAX_PATH:
             raise LayerTooLargeError(
                 f"{self.owner}: the layer has directories nested deeper than {MAX_DEPTH} levels or paths longer "
@@ -217,28 +215,34 @@ class LayerBudget:
         """The store's filesystem said it is full (ENOSPC) while the layer was written."""
         return self._no_room(self.written)
 
-    def _no_room(self, expected: int) -> LayerTooLargeError:
+    def _too_many(self) -> LayerTooLargeError:
+        return LayerTooLargeError(
+            f"{self.owner}: the layer would hold more than {self.max_entries} files, directories and links "
+            f"(a layer holds at most one per 4 KiB of disk_mb, and 65536 whatever the disk): refused, and "
+            f"nothing of it kept; {self.hint}"
+        )
+
+    def _no_room(self, layer: int) -> LayerTooLargeError:
         try:
             st = os.statvfs(self.store_dir)
         except OSError as exc:
             return LayerTooLargeError(f"{self.owner}: the image store at {self.store_dir} cannot be read ({exc})")
         free = st.f_bavail * st.f_frsize
         return LayerTooLargeError(
-            f"{self.owner}: the image store at {self.store_dir} has {free // _MIB} MiB free and "
-            f"{st.f_favail} inodes, and sandrl {self.reserve.describe(st)} and 5% of its inodes: the layer "
-            f"(about {_human(expected)} so far) does not fit, and nothing of it was kept; free space "
-            "(`sandrl images prune`, remove snapshots) or lower the reserve"
+            f"{self.owner}: the image store at {self.store_dir} has {free // _MIB} MiB free and {st.f_favail} "
+            f"inodes, and sandrl {self.reserve.describe(st)}: a layer of {_human(layer)} or more does not fit, "
+            "and nothing of it was kept; free space (`sandrl images prune`, remove snapshots) or lower the reserve"
         )
 
     def expect(self, nbytes: int, inodes: int) -> None:
         """Refuse at once a layer that cannot fit: the sandbox's disk holds ``nbytes`` of data in
-        ``inodes`` (each one entry at least, a few of them its overlays' own)."""
+        ``inodes`` (each one entry at least, but for a few of its overlays' own)."""
         if self.max_entries is not None and inodes > self.max_entries + _OVERLAY_INODES:
-            self.charge(0, inodes - _OVERLAY_INODES)
+            raise self._too_many()
         if nbytes > self._room:
             raise self._no_room(nbytes)
 
-    def _check_free(self, expected: int) -> None:
+    def _check_free(self) -> None:
         try:
             st = os.statvfs(self.store_dir)
         except OSError as exc:
@@ -246,8 +250,8 @@ class LayerBudget:
                 f"{self.owner}: the image store at {self.store_dir} cannot be read ({exc})"
             ) from exc
         room = st.f_bavail * st.f_frsize - self.reserve.kept_bytes(st)
-        if room < expected or (st.f_files and st.f_favail <= self.reserve.kept_inodes(st)):
-            raise self._no_room(expected)
+        if room < 0 or (st.f_files and st.f_favail <= self.reserve.kept_inodes(st)):
+            raise self._no_room(self.written)
         self._room = self.written + room
 
 

@@ -102,7 +102,7 @@ def copy_upper(
             dst = os.path.join(out_dir, name)
             mode = st.st_mode
             if stat.S_ISDIR(mode):
-                budget.directory(path, name)  # and its depth: os.fwalk recurses, ~1000 deep at most
+                budget.directory(posixpath.join(where, path), name)  # and its depth: os.fwalk recurses
                 os.mkdir(dst, 0o700)
                 keep_dirs.append(name)
                 dirs.append((dst, st))

@@ -441,7 +441,7 @@ class ImageBuilder:
             content: object = None
             args: object = state.args
         else:
-            content = sources_digest(inst, context, env)
+            content = sources_digest(inst, context, env, options.disk_mb << 20)
             args = [copy_args(inst, env), {k: expand(v, env, inst.where) for k, v in inst.flags.items()}]
         key = _hash(
             state.key,
@@ -551,7 +551,7 @@ class ImageBuilder:
             into_dir = probe.exit_code == 0
         owner = await owner_of(inst, sandbox, env)
         mode = mode_of(inst, env)
-        archive = tar_of(inst, matched, posixpath.basename(dest_abs), into_dir, owner, mode)
+        archive = tar_of(inst, matched, posixpath.basename(dest_abs), into_dir, owner, mode, sandbox.spec.disk_mb << 20)
         extract_at = (
             dest_abs
             if into_dir or matched[0].is_dir() or is_archive(inst, matched[0])

@@ -5,6 +5,11 @@ the build context only (a pattern that leads outside it, or a URL, is refused), 
 archive is unpacked by ``ADD``, and ``--chown`` / ``--chmod`` set owners and modes in the archive.
 The digest hashes what is copied (paths, types, modes, contents; not times), for the step's
 cache key.
+
+The context is the task's, and hostile like its Dockerfile: its files are read into this process to
+be hashed and archived, so what a step copies is bounded by the build sandbox's disk (``limit``, its
+``disk_mb``) before it is read: a sparse file of 100 TiB, or an ``ADD`` archive that unpacks to
+more than the disk, is refused rather than read into the host's memory.
 """
 
 from __future__ import annotations
@@ -23,23 +28,46 @@ from sandrl.sandbox.base import Sandbox
 from sandrl.sandbox.bwrap.dockerfile.instructions import Instruction, expand, words
 
 
+class _Bound:
+    """Bytes a step's copy may still read (see the module): an entry's as its tar archive holds it
+    (a 512-byte header, the contents in 512-byte records), so the archive made in memory stays about within it."""
+
+    def __init__(self, inst: Instruction, limit: int) -> None:
+        self.inst, self.limit, self.used = inst, limit, 0
+
+    def take(self, size: int) -> None:
+        self.used += tarfile.BLOCKSIZE + -(-size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+        if self.used > self.limit:
+            raise self.inst.error(
+                f"the files it copies are more than the build's disk ({self.limit >> 20} MiB, its sandbox's disk_mb: "
+                "a task's storage_mb): refused before reading them; copy less, or give the task more storage"
+            )
+
+
 def tar_of(
-    inst: Instruction, matched: list[Path], dest_name: str, into_dir: bool, owner: tuple[int, int], mode: int | None
+    inst: Instruction,
+    matched: list[Path],
+    dest_name: str,
+    into_dir: bool,
+    owner: tuple[int, int],
+    mode: int | None,
+    limit: int,
 ) -> bytes:
     """The files ``matched`` as one tar archive, laid out as ``COPY`` / ``ADD`` puts them at the
     destination: a directory's contents, an archive's members, a file under its own name when
-    copied into a directory, else under ``dest_name``."""
+    copied into a directory, else under ``dest_name``; their contents ``limit`` bytes at most."""
     archive = io.BytesIO()
+    bound = _Bound(inst, limit)
     with tarfile.open(fileobj=archive, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for path in matched:
             if path.is_dir():
-                _add_tree(tar, path, "", owner, mode)
+                _add_tree(tar, path, "", owner, mode, bound)
             elif is_archive(inst, path):
-                _add_archive(tar, inst, path, owner)
+                _add_archive(tar, inst, path, owner, bound)
             elif into_dir:
-                _add_one(tar, path, path.name, owner, mode)
+                _add_one(tar, path, path.name, owner, mode, bound)
             else:
-                _add_one(tar, path, dest_name, owner, mode)
+                _add_one(tar, path, dest_name, owner, mode, bound)
     return archive.getvalue()
 
 
@@ -90,14 +118,17 @@ def _walk(root: Path) -> Iterator[Path]:
             yield base / name
 
 
-def sources_digest(inst: Instruction, context: Path, env: Mapping[str, str]) -> str:
-    """A hash of every file a COPY/ADD copies: paths, types, modes, contents (not times)."""
+def sources_digest(inst: Instruction, context: Path, env: Mapping[str, str], limit: int) -> str:
+    """A hash of every file a COPY/ADD copies: paths, types, modes, contents (not times); their
+    contents ``limit`` bytes at most."""
     sources, _ = copy_args(inst, env)
     digest = hashlib.sha256()
+    bound = _Bound(inst, limit)
     for pattern in sources:
         for path in match(inst, context, pattern):
             for item in [path, *(_walk(path) if path.is_dir() and not path.is_symlink() else [])]:
                 st = item.lstat()
+                bound.take(st.st_size if stat.S_ISREG(st.st_mode) else 0)
                 digest.update(f"{item.relative_to(context)}\0{st.st_mode:o}\0".encode())
                 if stat.S_ISLNK(st.st_mode):
                     digest.update(os.readlink(item).encode())
@@ -155,8 +186,11 @@ def _tar_info(
     return info
 
 
-def _add_one(tar: tarfile.TarFile, path: Path, arcname: str, owner: tuple[int, int], mode: int | None) -> None:
+def _add_one(
+    tar: tarfile.TarFile, path: Path, arcname: str, owner: tuple[int, int], mode: int | None, bound: _Bound
+) -> None:
     info = _tar_info(tar, path, arcname, owner, mode)
+    bound.take(info.size if info.isreg() else 0)
     if info.isreg():
         with open(path, "rb") as f:
             tar.addfile(info, f)
@@ -164,13 +198,15 @@ def _add_one(tar: tarfile.TarFile, path: Path, arcname: str, owner: tuple[int, i
         tar.addfile(info)
 
 
-def _add_tree(tar: tarfile.TarFile, root: Path, prefix: str, owner: tuple[int, int], mode: int | None) -> None:
+def _add_tree(
+    tar: tarfile.TarFile, root: Path, prefix: str, owner: tuple[int, int], mode: int | None, bound: _Bound
+) -> None:
     """The contents of ``root`` (not itself), as Docker's COPY of a directory."""
     for item in _walk(root):
-        _add_one(tar, item, posixpath.join(prefix, item.relative_to(root).as_posix()), owner, mode)
+        _add_one(tar, item, posixpath.join(prefix, item.relative_to(root).as_posix()), owner, mode, bound)
 
 
-def _add_archive(tar: tarfile.TarFile, inst: Instruction, path: Path, owner: tuple[int, int]) -> None:
+def _add_archive(tar: tarfile.TarFile, inst: Instruction, path: Path, owner: tuple[int, int], bound: _Bound) -> None:
     """ADD of a local tar archive: its members, unpacked (any compression tarfile reads)."""
     chown = "chown" in inst.flags
     with tarfile.open(path, mode="r:*") as archive:
@@ -184,5 +220,6 @@ def _add_archive(tar: tarfile.TarFile, inst: Instruction, path: Path, owner: tup
             if chown:
                 member.uid, member.gid = owner
                 member.uname = member.gname = ""
+            bound.take(member.size if member.isreg() else 0)  # as its header says: no more is read
             data = archive.extractfile(member) if member.isreg() else None
             tar.addfile(member, data)
