@@ -19,10 +19,11 @@ import pytest
 from sandrl.errors import LayerTooLargeError
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider, BwrapSandbox
+from sandrl.sandbox.bwrap.images import ImageStore
 from sandrl.sandbox.bwrap.layer_budget import StoreReserve
 
 from ..support import REASON, needs_sandbox
-from .small_fs import KINDS, allocated_bytes, holds_apparent_size, provider_on_small_store
+from .small_fs import KINDS, allocated_bytes, holds_apparent_size, provider_on_small_store, small_filesystem
 
 pytestmark = needs_sandbox
 
@@ -203,3 +204,21 @@ async def test_a_layer_the_store_has_no_room_for_is_refused_before_it_is_copied(
         assert _store_state(small) == before
         image = await sandbox.snapshot()  # the default reserve leaves room for it
     await small.remove_image(image)
+
+
+def test_an_imported_tree_keeps_its_holes(tmp_path: Path) -> None:
+    """``sandrl images import`` (a tree copied into the store) keeps holes as a snapshot does."""
+    with small_filesystem(tmp_path / "store", "tmpfs"):
+        store = ImageStore(tmp_path / "store")
+        source = tmp_path / "tree"
+        source.mkdir()
+        with open(source / "x", "wb") as f:
+            f.truncate(TIB)
+            f.seek(TIB // 2)
+            f.write(MARK.encode())
+        layer = store.root / "layers" / store.add_layer(source)
+        st = (layer / "x").stat()
+        assert st.st_size == TIB and st.st_blocks * 512 <= 64 << 10
+        with open(layer / "x", "rb") as f:
+            f.seek(TIB // 2)
+            assert f.read(4) == MARK.encode()
