@@ -55,7 +55,10 @@ class Netns:
         return ["nsenter", f"--net={self.path}", "--", *argv]
 
     def run(self, argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(self.argv(argv), check=True, capture_output=True, text=True, **kwargs)
+        done = subprocess.run(self.argv(argv), capture_output=True, text=True, **kwargs)
+        if done.returncode != 0:
+            raise AssertionError(f"in {self.name}: {' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()}")
+        return done
 
     def popen(self, argv: list[str], **kwargs: Any) -> subprocess.Popen[str]:
         return subprocess.Popen(self.argv(argv), text=True, **kwargs)

@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -131,6 +132,19 @@ async def test_no_sandbox_runs_in_the_hosts_network_namespace(provider: BwrapPro
     assert inside.stdout.startswith("net:[") and host_netns not in inside.stdout
 
 
+async def test_a_sandbox_with_the_network_leaves_the_hosts_mounts_as_they_were(
+    provider: BwrapProvider, hosts: tuple[Netns, Path]
+) -> None:
+    """slirp4netns's own sandbox pivots its root: where the host's mounts are shared (``/run/netns``
+    after ``ip netns``), its detach of the old root once unmounted them on the host."""
+    host, _ = hosts
+    before = Path("/proc/self/mountinfo").read_text()
+    async with await provider.create(SandboxSpec(network=True, ttl_s=60)) as sandbox:
+        assert (await sandbox.exec("true")).ok
+    assert Path("/proc/self/mountinfo").read_text() == before
+    host.run(["true"])  # its namespace is still there to enter
+
+
 @pytest.mark.parametrize(
     "entry",
     ["169.254.0.0/16", "127.0.0.1", "0.0.0.0/0", "8.8.8.0/24", "fd00::/8", "10.0.0.0/33", "not-a-range"],
@@ -191,8 +205,11 @@ def test_the_filter_judges_only_the_hosts_namespace_and_refuses_ipv6(hosts: tupl
     argv = [sys.executable, "-c", FILTER_PROBE, json.dumps(targets)]
     before = len(log.read_text().splitlines())
     done = subprocess.run(host.argv(argv), cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert log.read_text().splitlines()[before:] == [f"tcp {public}"]  # what the world saw
     assert done.returncode == 0, done.stderr[-3000:]
+    deadline = time.monotonic() + 5  # the world logs after it accepts: the connect may return first
+    while len(log.read_text().splitlines()) == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert log.read_text().splitlines()[before:] == [f"tcp {public}"]  # what the world saw
     result = json.loads(done.stdout)
     assert result["host"] == {
         "public": "reached",

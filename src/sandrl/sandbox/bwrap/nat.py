@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import shutil
 import subprocess
@@ -45,7 +46,18 @@ READY_TIMEOUT_S = 10.0
 MTU = 65520
 _JOIN_THEN_EXEC = 'n=$1; shift; while [ "$n" -gt 0 ]; do echo 0 >"$1" || exit 125; shift; n=$((n - 1)); done; exec "$@"'
 """slirp4netns joins the sandbox's cgroups before it runs (so its first socket is filtered): the shell
-writes itself into each ``cgroup.procs``, then becomes slirp4netns."""
+writes itself into each ``cgroup.procs``, then becomes slirp4netns. All of it in a mount namespace
+of its own whose mounts are private: ``--enable-sandbox`` pivots slirp4netns's root and detaches the
+old one, and where the host's mounts are shared (``/run/netns`` once ``ip netns`` has run; every
+mount under systemd) that detach reached the host's own mount table and unmounted them there."""
+
+
+@functools.cache
+def _private_mounts() -> list[str]:
+    found = shutil.which("unshare")
+    if found is None:
+        raise SandboxCreateError("unshare (util-linux) is not installed: apt-get install util-linux")
+    return [found, "--mount", "--propagation", "private"]
 
 
 def nat_available() -> bool:
@@ -121,7 +133,7 @@ async def _start(program: str, sandbox: BwrapSandbox, log: IO[bytes]) -> Nat:
     ]
     try:
         process = subprocess.Popen(
-            ["/bin/sh", "-c", _JOIN_THEN_EXEC, "sh", str(len(procs)), *procs, *argv],
+            [*_private_mounts(), "/bin/sh", "-c", _JOIN_THEN_EXEC, "sh", str(len(procs)), *procs, *argv],
             pass_fds=(ready_w, exit_r),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
