@@ -162,12 +162,23 @@ def ray_cluster() -> Iterator[Any]:
             os.environ["PYTHONPATH"] = before
 
 
+@pytest.fixture(scope="session")
+def inference_token_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The inference server's token, which the runs name in [model] token_file (read on every node)."""
+    path = tmp_path_factory.mktemp("inference-token") / "token"
+    path.write_text(secrets.token_hex(24))
+    path.chmod(0o600)
+    return path
+
+
 @pytest.fixture
-def served() -> Iterator[tuple[Engine, str]]:
-    """A fresh tiny engine (version 0, the trainer's initial weights) behind SGLang's routes, and its URL."""
+def served(inference_token_file: Path) -> Iterator[tuple[Engine, str]]:
+    """A fresh tiny engine (version 0, the trainer's initial weights) behind SGLang's routes, and its URL;
+    started with a token, as a server that takes the trainer's weights must be."""
     engine = Engine.load("tiny", EngineConfig(num_threads=1))
+    app = create_app(engine, token=inference_token_file.read_text().strip())
     try:
-        with BackgroundServer(create_app(engine), name="inference server") as server:
+        with BackgroundServer(app, name="inference server") as server:
             yield engine, server.url
     finally:
         engine.close()

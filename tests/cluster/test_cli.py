@@ -23,6 +23,7 @@ groups_per_step = 1
 [model]
 name = "tiny"
 inference = "{inference}"
+token_file = "{token_file}"
 
 [tasks]
 family = "echo"
@@ -48,7 +49,7 @@ print("RAY_MODULES", sorted(m for m in sys.modules if m == "ray" or m.startswith
 @needs_sandbox
 def test_neither_the_cli_nor_a_train_run_imports_ray_without_the_flag(tmp_path: Path) -> None:
     config = tmp_path / "run.toml"
-    config.write_text(TINY_RUN.format(out=tmp_path / "out", steps=1, inference="embedded"))
+    config.write_text(TINY_RUN.format(out=tmp_path / "out", steps=1, inference="embedded", token_file=""))
     env = {**os.environ, "SANDRL_STATE_DIR": str(tmp_path / "state")}
     r = subprocess.run(
         [sys.executable, "-c", NO_RAY, str(config)], capture_output=True, text=True, env=env, timeout=240
@@ -59,7 +60,11 @@ def test_neither_the_cli_nor_a_train_run_imports_ray_without_the_flag(tmp_path: 
 
 
 def test_sandrl_train_ray_runs_the_config_as_written(
-    tmp_path: Path, ray_cluster: Any, both_up: dict[str, SandboxHost], served: tuple[Engine, str]
+    tmp_path: Path,
+    ray_cluster: Any,
+    both_up: dict[str, SandboxHost],
+    served: tuple[Engine, str],
+    inference_token_file: Path,
 ) -> None:
     _, url = served
     hosts = "".join(
@@ -69,7 +74,8 @@ def test_sandrl_train_ray_runs_the_config_as_written(
     )
     config = tmp_path / "cluster.toml"
     cluster = "\n[cluster]\nworkers = 2\nworker_cpus = 0.5\ntrainer_threads = 1\n"
-    config.write_text(TINY_RUN.format(out="out", steps=2, inference=url) + cluster + hosts)
+    run = TINY_RUN.format(out="out", steps=2, inference=url, token_file=inference_token_file)
+    config.write_text(run + cluster + hosts)
     r = subprocess.run(
         [str(SANDRL), "train", str(config), "--ray", ray_cluster.address, "--mode", "sync"],
         capture_output=True,

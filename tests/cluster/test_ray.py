@@ -42,9 +42,10 @@ def expected_reward(engine: Engine) -> float:
     return float(probs[0::2].sum())
 
 
-def run_config(out: Path, **sections: dict[str, Any]) -> RunConfig:
+def run_config(out: Path, token_file: Path, **sections: dict[str, Any]) -> RunConfig:
     data: dict[str, dict[str, Any]] = {
         "run": {"output_dir": str(out), "steps": 3, "groups_per_step": 2},
+        "model": {"token_file": str(token_file)},  # the inference server's token
         "tasks": {"family": "echo", "count": 8},
         "rollout": {"group_size": 4, "concurrency": 8, "max_turns": 1, "max_new_tokens": 8, "max_attempts": 4},
         "train": {"lr": 3e-2, "loss": {"loss_type": "dapo"}},
@@ -85,14 +86,20 @@ def _check_exactly_once(out: Path, result: dict[str, Any], steps: int, groups: i
 
 
 async def test_async_training_over_the_cluster_learns_and_places_by_capacity(
-    tmp_path: Path, ray_cluster: Any, both_up: dict[str, SandboxHost], served: tuple[Engine, str]
+    tmp_path: Path,
+    ray_cluster: Any,
+    both_up: dict[str, SandboxHost],
+    served: tuple[Engine, str],
+    inference_token_file: Path,
 ) -> None:
     engine, inference_url = served
     before = expected_reward(engine)
     out = tmp_path / "learn"
     # 10 steps reached +0.13 once in CI (0.99 in most runs): 20 keep the +0.2 bar clear of that tail.
     steps = 20
-    config = run_config(out, run={"steps": steps, "mode": "async"}, **{"async": {"max_staleness": 1}})
+    config = run_config(
+        out, inference_token_file, run={"steps": steps, "mode": "async"}, **{"async": {"max_staleness": 1}}
+    )
     started = time.monotonic()
     result = await run_cluster_training(
         config, cluster_config(both_up, inference_url), address="auto", agent=ParityAgent(tokens=1, work_s=0.5)
@@ -122,10 +129,10 @@ async def _wait_for(check: Any, timeout_s: float = 60.0) -> None:
 
 
 async def test_killing_a_sandbox_host_mid_run_loses_duplicates_and_misscores_nothing(
-    tmp_path: Path, ray_cluster: Any, both_up: dict[str, SandboxHost], inference_url: str
+    tmp_path: Path, ray_cluster: Any, both_up: dict[str, SandboxHost], inference_url: str, inference_token_file: Path
 ) -> None:
     out = tmp_path / "host-dies"
-    config = run_config(out, run={"steps": 4, "mode": "async"})
+    config = run_config(out, inference_token_file, run={"steps": 4, "mode": "async"})
     run = asyncio.ensure_future(
         run_cluster_training(
             config, cluster_config(both_up, inference_url), address="auto", agent=ParityAgent(work_s=1.0)
@@ -153,14 +160,14 @@ async def test_killing_a_sandbox_host_mid_run_loses_duplicates_and_misscores_not
 
 
 async def test_killing_a_rollout_worker_mid_run_reissues_its_groups(
-    tmp_path: Path, ray_cluster: Any, both_up: dict[str, SandboxHost], inference_url: str
+    tmp_path: Path, ray_cluster: Any, both_up: dict[str, SandboxHost], inference_url: str, inference_token_file: Path
 ) -> None:
     import ray
 
     from sandrl.cluster.ray import worker_name
 
     out = tmp_path / "worker-dies"
-    config = run_config(out, run={"steps": 4, "mode": "async"})
+    config = run_config(out, inference_token_file, run={"steps": 4, "mode": "async"})
     run = asyncio.ensure_future(
         run_cluster_training(
             config, cluster_config(both_up, inference_url), address="auto", agent=ParityAgent(work_s=1.0)

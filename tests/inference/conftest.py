@@ -15,11 +15,21 @@ from sandrl.inference.model import TinyModelConfig, build_tiny_model, save_weigh
 from sandrl.inference.server import BackgroundServer, create_app
 from sandrl.inference.tokenizer import ByteTokenizer
 
+TOKEN = "inference-test-token-0123456789"
+"""The token of the servers of :func:`fresh_served` (the shared one, :func:`served`, has none)."""
+
 
 @dataclass
 class Served:
     engine: Engine
     url: str
+    app: Any = None
+    token: str | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """What a client of this server sends: its token, when it has one."""
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
 
 @pytest.fixture(scope="session")
@@ -37,19 +47,22 @@ def engine() -> Iterator[Engine]:
 
 @pytest.fixture(scope="session")
 def served() -> Iterator[Served]:
-    """A real uvicorn server on 127.0.0.1 serving the tiny model (its weights are never updated)."""
+    """A real uvicorn server on 127.0.0.1 serving the tiny model (its weights are never updated), without a
+    token: loopback callers only, the control routes refused."""
     eng = Engine.load("tiny")
-    with BackgroundServer(create_app(eng)) as server:
-        yield Served(eng, server.url)
+    app = create_app(eng)
+    with BackgroundServer(app) as server:
+        yield Served(eng, server.url, app)
     eng.close()
 
 
 @pytest.fixture
 def fresh_served() -> Iterator[Served]:
-    """A server of its own, for tests that swap its weights."""
+    """A server of its own, for tests that swap its weights: started with :data:`TOKEN`, as a trainer's is."""
     eng = Engine.load("tiny")
-    with BackgroundServer(create_app(eng)) as server:
-        yield Served(eng, server.url)
+    app = create_app(eng, token=TOKEN)
+    with BackgroundServer(app) as server:
+        yield Served(eng, server.url, app, TOKEN)
     eng.close()
 
 

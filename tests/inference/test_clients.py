@@ -78,7 +78,9 @@ async def test_client_stops_on_stop_token(kind: str, served: Any, tokenizer: Byt
 
 @pytest.mark.parametrize("kind", ["sglang", "openai"])
 async def test_client_updates_weights(kind: str, fresh_served: Any, other_checkpoint: Path) -> None:
-    client = SGLangClient(fresh_served.url) if kind == "sglang" else OpenAIClient(fresh_served.url)
+    http = HTTPConfig(api_key=fresh_served.token)  # the trainer's server has a token: weight updates need it
+    url = fresh_served.url
+    client = SGLangClient(url, http=http) if kind == "sglang" else OpenAIClient(url, http=http)
     async with client:
         assert await client.update_weights(str(other_checkpoint)) == 1
         assert await client.update_weights(str(other_checkpoint)) == 2
@@ -220,7 +222,8 @@ async def test_sglang_client_update_policy_and_per_token_versions(
 ) -> None:
     """Through SGLang's routes (plain update, or pause in_place / retract around it) against sandrl's server,
     which also tells the client which weights produced each token."""
-    async with SGLangClient(fresh_served.url, update_policy=policy) as client:
+    http = HTTPConfig(api_key=fresh_served.token)
+    async with SGLangClient(fresh_served.url, update_policy=policy, http=http) as client:
         params = SamplingParams(max_new_tokens=300, ignore_eos=True, seed=1)
         flight = asyncio.ensure_future(client.generate([1, 2, 3], params))
         while fresh_served.engine.stats.steps < 5:

@@ -131,7 +131,7 @@ class RolloutClient:
 
 @pytest.fixture
 async def client(fresh_served: Any) -> AsyncIterator[RolloutClient]:
-    async with httpx.AsyncClient(base_url=fresh_served.url, timeout=120) as http:
+    async with httpx.AsyncClient(base_url=fresh_served.url, timeout=120, headers=fresh_served.headers) as http:
         yield RolloutClient(http)
 
 

@@ -29,15 +29,21 @@ BASH = {
 
 
 async def _session(url: str) -> dict[str, Any]:
+    """A session opened on ``sandrl serve inference`` (its route is open to loopback callers of a server without
+    a token): ``{"id", "base_url", "api_key"}``."""
     async with httpx.AsyncClient() as http:
         r = await http.post(f"{url}/v1/sessions")
         assert r.status_code == 200, r.text
         return dict(r.json())
 
 
-async def _record(url: str, session_id: str) -> dict[str, Any]:
+def _key(opened: dict[str, Any]) -> dict[str, str]:
+    return {"Authorization": f"Bearer {opened['api_key']}"}
+
+
+async def _record(url: str, opened: dict[str, Any]) -> dict[str, Any]:
     async with httpx.AsyncClient() as http:
-        r = await http.get(f"{url}/v1/sessions/{session_id}")
+        r = await http.get(f"{url}/v1/sessions/{opened['id']}", headers=_key(opened))
         assert r.status_code == 200, r.text
         return dict(r.json())
 
@@ -46,7 +52,7 @@ async def test_a_session_extends_its_ids_turn_by_turn(served: Served, tokenizer:
     opened = await _session(served.url)
     messages: list[dict[str, Any]] = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
     prompts: list[list[int]] = []
-    async with openai.AsyncOpenAI(base_url=opened["base_url"], api_key="unused", max_retries=0) as client:
+    async with openai.AsyncOpenAI(base_url=opened["base_url"], api_key=opened["api_key"], max_retries=0) as client:
         for turn in range(3):
             r = await client.chat.completions.create(
                 model="tiny",
@@ -63,7 +69,7 @@ async def test_a_session_extends_its_ids_turn_by_turn(served: Served, tokenizer:
                 r.choices[0].message.model_dump(exclude_none=True),
                 {"role": "user", "content": f"again {turn}"},
             ]
-    record = await _record(served.url, opened["id"])
+    record = await _record(served.url, opened)
     ids, mask = record["ids"], record["loss_mask"]
     assert record["segment_starts"] == [0] and len(record["turns"]) == 3
     for seen, turn in zip(prompts, record["turns"], strict=True):
@@ -76,23 +82,23 @@ async def test_a_session_extends_its_ids_turn_by_turn(served: Served, tokenizer:
     closed = ids[first["output_end"] - 1] in tokenizer.eos_token_ids
     expected = ([] if closed else [tokenizer.im_end_id]) + tokenizer.encode_turn("user", "again 0")
     assert appended == expected + tokenizer.assistant_prefix_ids()
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(headers=_key(opened)) as http:
         assert (await http.delete(f"{served.url}/v1/sessions/{opened['id']}")).status_code == 200
         gone = await http.get(f"{served.url}/v1/sessions/{opened['id']}")
-        assert gone.status_code == 404 and gone.json()["error_code"] == "session_not_found"
+        assert gone.status_code == 401  # its key went with it
 
 
 async def test_a_rewritten_history_starts_a_new_segment(served: Served) -> None:
     opened = await _session(served.url)
     messages: list[dict[str, Any]] = [{"role": "user", "content": "first"}]
-    async with openai.AsyncOpenAI(base_url=opened["base_url"], api_key="unused", max_retries=0) as client:
+    async with openai.AsyncOpenAI(base_url=opened["base_url"], api_key=opened["api_key"], max_retries=0) as client:
         r = await client.chat.completions.create(model="tiny", messages=messages, max_tokens=6, seed=1)  # type: ignore[arg-type]
         reply = r.choices[0].message.model_dump(exclude_none=True)
         # The harness summarises: it rewrites the first message before going on.
         rewritten = [{"role": "user", "content": "first (summarised)"}, reply, {"role": "user", "content": "next"}]
         r2: Any = await client.chat.completions.create(model="tiny", messages=rewritten, max_tokens=6, seed=2)  # type: ignore[arg-type]
     assert r2.session["new_segment"] and "message 0" in r2.session["segment_reason"]
-    record = await _record(served.url, opened["id"])
+    record = await _record(served.url, opened)
     start = record["segment_starts"][1]
     assert record["segment_starts"] == [0, start] and start == record["turns"][0]["output_end"]
     second = record["turns"][1]
@@ -122,22 +128,34 @@ class ScriptedReplies:
         return None
 
 
+@dataclass
+class RunnerGateway:
+    """The runner's gateway (:func:`create_gateway_app`) on a loopback port, its sessions opened in-process."""
+
+    gateway: Gateway
+    url: str
+    policy: ScriptedReplies
+
+    def open(self) -> dict[str, Any]:
+        """A session as the runner hands it to a harness: ``{"id", "base_url", "api_key"}``."""
+        session = self.gateway.open()
+        return {"id": session.id, "base_url": f"{self.url}/v1/sessions/{session.id}", "api_key": session.key}
+
+
 @pytest.fixture
-async def scripted_gateway() -> AsyncIterator[tuple[str, ScriptedReplies]]:
+async def scripted_gateway() -> AsyncIterator[RunnerGateway]:
     call = json.dumps({"name": "bash", "arguments": {"command": "ls -la"}})
     policy = ScriptedReplies([f"Looking.\n<tool_call>\n{call}\n</tool_call>", "Done."])
     gateway = Gateway(policy, model_name="scripted")  # type: ignore[arg-type]
     with BackgroundServer(create_gateway_app(gateway)) as server:
-        yield server.url, policy
+        yield RunnerGateway(gateway, server.url, policy)
 
 
-async def test_tool_calls_through_the_openai_client(
-    scripted_gateway: tuple[str, ScriptedReplies], tokenizer: ByteTokenizer
-) -> None:
-    url, policy = scripted_gateway
-    opened = await _session(url)
+async def test_tool_calls_through_the_openai_client(scripted_gateway: RunnerGateway, tokenizer: ByteTokenizer) -> None:
+    policy = scripted_gateway.policy
+    opened = scripted_gateway.open()
     messages: list[dict[str, Any]] = [{"role": "user", "content": "list the files"}]
-    async with openai.AsyncOpenAI(base_url=opened["base_url"], api_key="unused", max_retries=0) as client:
+    async with openai.AsyncOpenAI(base_url=opened["base_url"], api_key=opened["api_key"], max_retries=0) as client:
         r = await client.chat.completions.create(model="any", messages=messages, tools=[BASH], tool_choice="auto")  # type: ignore[arg-type,list-item]
         choice = r.choices[0]
         assert choice.finish_reason == "tool_calls" and choice.message.content == "Looking."
@@ -152,7 +170,7 @@ async def test_tool_calls_through_the_openai_client(
         r2: Any = await client.chat.completions.create(model="any", messages=messages, tools=[BASH])  # type: ignore[arg-type,list-item]
         assert r2.choices[0].message.content == "Done." and not r2.session["new_segment"]
         assert r2.usage.completion_tokens == len("Done.") + 1
-    record = await _record(url, opened["id"])
+    record = scripted_gateway.gateway.get(opened["id"]).record()
     # The whole session is the byte template's rendering of the conversation with its tools.
     conversation = [
         {"role": "user", "content": "list the files"},
@@ -164,13 +182,10 @@ async def test_tool_calls_through_the_openai_client(
     assert policy.calls[1] == record["ids"][: record["turns"][1]["output_start"]]
 
 
-async def test_requests_the_gateway_cannot_serve_are_refused_by_name(
-    scripted_gateway: tuple[str, ScriptedReplies],
-) -> None:
-    url, _ = scripted_gateway
-    opened = await _session(url)
+async def test_requests_the_gateway_cannot_serve_are_refused_by_name(scripted_gateway: RunnerGateway) -> None:
+    opened = scripted_gateway.open()
     base = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(headers=_key(opened)) as http:
         for extra, word in (
             ({"stream": True}, "stream"),
             ({"n": 2}, "n must be 1"),
@@ -179,8 +194,8 @@ async def test_requests_the_gateway_cannot_serve_are_refused_by_name(
         ):
             r = await http.post(f"{opened['base_url']}/chat/completions", json={**base, **extra})
             assert r.status_code == 400 and word in r.json()["message"], r.text
-        r = await http.post(f"{url}/v1/sessions/sess-nope/chat/completions", json=base)
-        assert r.status_code == 404 and r.json()["error"]["code"] == "session_not_found"
+        r = await http.post(f"{scripted_gateway.url}/v1/sessions/sess-nope/chat/completions", json=base)
+        assert r.status_code == 401 and r.json()["error_code"] == "unauthorized"  # no session, so no key opens it
 
 
 def test_idle_sessions_are_forgotten_when_another_opens() -> None:

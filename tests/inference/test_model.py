@@ -116,7 +116,7 @@ async def test_a_checkpoint_with_a_hugging_face_tokenizer_is_served(tmp_path: Pa
         assert tok.encode("hello you") == [4, 8] and tok.decode([4, 8]) == "hello you"
         assert tok.encode_messages([{"role": "user", "content": "hello"}], add_generation_prompt=True) == [2, 4, 3]
         app = create_app(engine)
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as http:
             r = await http.post(
                 "/v1/chat/completions",
                 json={"model": "hf", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 5, "seed": 1},

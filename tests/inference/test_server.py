@@ -91,7 +91,7 @@ async def test_model_info_health_and_version(http: httpx.AsyncClient) -> None:
 
 
 async def test_update_weights_from_disk_route(fresh_served: Any, other_checkpoint: Path) -> None:
-    async with httpx.AsyncClient(base_url=fresh_served.url, timeout=30) as http:
+    async with httpx.AsyncClient(base_url=fresh_served.url, timeout=30, headers=fresh_served.headers) as http:
         r = await http.post("/update_weights_from_disk", json={"model_path": str(other_checkpoint)})
         assert r.status_code == 200, r.text
         assert r.json()["success"] is True and r.json()["weight_version"] == "1"

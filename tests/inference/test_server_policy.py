@@ -18,6 +18,8 @@ from sandrl.inference.engine import Engine
 from sandrl.inference.server import BackgroundServer, create_app
 from sandrl.inference.tokenizer import ByteTokenizer
 
+from .conftest import TOKEN
+
 
 def test_serve_inference_takes_the_update_policy(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: dict[str, Any] = {}
@@ -39,8 +41,9 @@ async def test_a_plain_update_follows_the_servers_policy(tokenizer: ByteTokenize
     prompts = [tokenizer.encode_messages([{"role": "user", "content": f"t{i}"}]) for i in range(4)]
     params = SamplingParams(max_new_tokens=200, ignore_eos=True, seed=3)
     try:
-        with BackgroundServer(create_app(engine, update_policy="in_place")) as srv:
-            async with httpx.AsyncClient(base_url=srv.url, timeout=60) as http:
+        with BackgroundServer(create_app(engine, update_policy="in_place", token=TOKEN)) as srv:
+            auth = {"Authorization": f"Bearer {TOKEN}"}
+            async with httpx.AsyncClient(base_url=srv.url, timeout=60, headers=auth) as http:
                 assert (await http.get("/get_server_info")).json()["update_policy"] == "in_place"
                 steps = engine.stats.steps
                 flights = [asyncio.ensure_future(engine.generate(p, params)) for p in prompts]

@@ -25,7 +25,7 @@ async def http(served: Any) -> AsyncIterator[httpx.AsyncClient]:
 @pytest.fixture
 async def own(fresh_served: Any) -> AsyncIterator[httpx.AsyncClient]:
     """A client of a server of its own (its weights change, it is paused, its requests aborted)."""
-    async with httpx.AsyncClient(base_url=fresh_served.url, timeout=60) as client:
+    async with httpx.AsyncClient(base_url=fresh_served.url, timeout=60, headers=fresh_served.headers) as client:
         yield client
 
 
@@ -236,7 +236,8 @@ async def test_update_weight_version(own: httpx.AsyncClient) -> None:
     assert r.status_code == 400 and "integers" in r.json()["message"]
 
 
-async def test_cache_memory_and_tensor_routes(http: httpx.AsyncClient) -> None:
+async def test_cache_memory_and_tensor_routes(own: httpx.AsyncClient) -> None:
+    http = own  # control routes: the server with a token
     for method in ("GET", "POST"):
         r = await http.request(method, "/flush_cache")
         assert r.status_code == 200 and r.text.startswith("Cache flushed.")

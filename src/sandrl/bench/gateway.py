@@ -1,7 +1,7 @@
 """``sandrl bench gateway``: what the session gateway adds to a chat turn, at hundreds of sessions.
 
-One real server (the embedded tiny model behind uvicorn on loopback) serves both paths, in the
-same run:
+One real server (the embedded tiny model behind uvicorn on loopback, with a token of the run's
+own) serves both paths, in the same run:
 
 - **gateway**: ``sessions`` conversations at once, each opened with ``POST /v1/sessions`` and
   driven turn by turn through ``{base_url}/chat/completions`` as a harness would (the whole
@@ -30,6 +30,7 @@ import httpx
 
 from sandrl.background_server import BackgroundServer
 from sandrl.errors import ConfigError
+from sandrl.http_auth import new_token
 from sandrl.inference.engine import Engine, EngineConfig
 from sandrl.inference.server import create_app
 from sandrl.inference.tokenizer import TINY
@@ -50,6 +51,7 @@ async def _gateway_session(
     if opened.status_code != 200:
         return overheads, latencies, prompts, turns
     base = opened.json()["base_url"]
+    key = {"Authorization": f"Bearer {opened.json()['api_key']}"}  # the session's own key, as a harness sends it
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": "You are a shell agent."},
         {"role": "user", "content": f"Task {index}: list the files."},
@@ -64,7 +66,7 @@ async def _gateway_session(
             "return_token_ids": True,
         }
         started = time.perf_counter()
-        r = await http.post(f"{base}/chat/completions", json=body)
+        r = await http.post(f"{base}/chat/completions", json=body, headers=key)
         latencies.append(time.perf_counter() - started)
         if r.status_code != 200:
             errors += 1
@@ -87,9 +89,10 @@ async def _direct_turn(http: httpx.AsyncClient, url: str, prompt: list[int], see
     return elapsed
 
 
-async def _run(url: str, sessions: int, turns: int, max_tokens: int) -> dict[str, Any]:
+async def _run(url: str, token: str, sessions: int, turns: int, max_tokens: int) -> dict[str, Any]:
     limits = httpx.Limits(max_connections=sessions, max_keepalive_connections=sessions)
-    async with httpx.AsyncClient(limits=limits, timeout=600) as http:
+    headers = {"Authorization": f"Bearer {token}"}
+    async with httpx.AsyncClient(limits=limits, timeout=600, headers=headers) as http:
         await _gateway_session(http, url, -1, 1, max_tokens)  # warm-up: the first request loads lazily
         started = time.perf_counter()
         results = await asyncio.gather(*(_gateway_session(http, url, i, turns, max_tokens) for i in range(sessions)))
@@ -136,8 +139,9 @@ def bench_gateway(
         raise ConfigError("bench gateway: sessions, turns and max_tokens must be >= 1")
     engine = Engine.load(model, EngineConfig(seed=seed))
     try:
-        with BackgroundServer(create_app(engine), name="inference server") as server:
-            result = asyncio.run(_run(server.url, sessions, turns, max_tokens))
+        token = new_token()
+        with BackgroundServer(create_app(engine, token=token), name="inference server") as server:
+            result = asyncio.run(_run(server.url, token, sessions, turns, max_tokens))
     finally:
         engine.close()
     return {**result, "model": model}

@@ -31,8 +31,14 @@ def serve_sandboxes(
 @app.command("inference")
 def serve_inference(
     model: str = typer.Option("tiny", help="'tiny' (built from a config) or a local Hugging Face checkpoint dir."),
-    host: str = typer.Option("127.0.0.1", help="Address to bind."),
+    host: str = typer.Option("127.0.0.1", help="Address to bind (without a token: loopback only)."),
     port: int = typer.Option(30000, help="Port to bind."),
+    token_file: str | None = typer.Option(
+        None,
+        help="File holding the bearer token (or set $SANDRL_INFERENCE_TOKEN). Without one: loopback callers only, "
+        "and the control routes (weights, pause, flush, abort) refused.",
+    ),
+    max_body_mb: float = typer.Option(16.0, help="Largest request body, MiB; larger ones are refused (413)."),
     max_batch_size: int = typer.Option(64, help="Most requests decoded together."),
     seed: int = typer.Option(0, help="Seed of the tiny model's weights and of sampling."),
     update_policy: str = typer.Option(
@@ -51,6 +57,8 @@ def serve_inference(
 
     if update_policy not in UPDATE_POLICIES:
         raise ConfigError(f"--update-policy must be one of {', '.join(UPDATE_POLICIES)}, got {update_policy!r}")
+    if not max_body_mb > 0:
+        raise ConfigError(f"--max-body-mb must be positive, got {max_body_mb}")
     policy = cast("UpdatePolicy", update_policy)
     if tool_parser is not None:
         from sandrl.inference.toolcalls import get_parser
@@ -63,4 +71,6 @@ def serve_inference(
         engine_config=EngineConfig(max_batch_size=max_batch_size, seed=seed),
         update_policy=policy,
         tool_parser=tool_parser,
+        token_file=token_file,
+        max_body_bytes=int(max_body_mb * 2**20),
     )

@@ -101,7 +101,8 @@ class ClusterConfig:
             return (run.model.inference,)
         raise ConfigError(
             "with --ray the policy is served by inference servers: set [cluster] inference = [URL, ...] "
-            "(or [model] inference = URL); start each with `sandrl serve inference --model NAME --host 0.0.0.0`"
+            "(or [model] inference = URL); start each with `sandrl serve inference --model NAME --host 0.0.0.0 "
+            "--token-file FILE` and name the same token in [model] token_file"
         )
 
     def resolved(self) -> ClusterConfig:

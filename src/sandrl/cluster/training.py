@@ -114,7 +114,7 @@ async def run_cluster_training(
     handles: list[Any] = []
     trainer: cluster_ray.RemoteTrainer | None = None
     writer = TrajectoryWriter(out / "rollouts.jsonl", append=True) if config.run.save_rollouts else None
-    policy = EndpointsClient(endpoints)
+    policy = EndpointsClient(endpoints, http=config.model.http())  # the trainer pushes the weights, with the token
     pool: WorkerPool | None = None
     session: Session | None = None
     result: dict[str, Any] = {}

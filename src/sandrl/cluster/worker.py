@@ -96,7 +96,8 @@ class RolloutWorker:
         if self._policy is None and spec.inference:
             # The tokenizer of [model] name, read on this node: the agent renders its prompts with it.
             tokenizer = model_tokenizer(spec.run.model.name) if spec.agent is None else None
-            self._policy = self._endpoints = EndpointsClient(spec.inference, tokenizer=tokenizer)
+            http = spec.run.model.http()  # [model] token_file, read on this node
+            self._policy = self._endpoints = EndpointsClient(spec.inference, http=http, tokenizer=tokenizer)
         # The fleet's hosts have capacities of their own (HostConfig); [rollout] host_capacity is one machine's.
         rollout = dataclasses.replace(
             spec.run.rollout, concurrency=spec.concurrency, host_capacity=None, capacity_file=""

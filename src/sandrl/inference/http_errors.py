@@ -45,7 +45,7 @@ def install_error_handlers(app: FastAPI, *, not_found_hint: str) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = "not_found" if exc.status_code == 404 else "http_error"
+        code = {404: "not_found", 413: "payload_too_large"}.get(exc.status_code, "http_error")
         message = f"{request.method} {request.url.path}: {exc.detail}"
         if exc.status_code == 404:
             message += f" ({not_found_hint})"

@@ -60,12 +60,21 @@ OpenAI's routes are in :mod:`sandrl.inference.openai_routes`; sandrl's session g
 (``/v1/sessions``, token-exact OpenAI sessions for agent harnesses) in :mod:`sandrl.inference.gateway`. Errors are
 ``{"code", "error_code", "message"}`` everywhere.
 
+Who may call what (:mod:`sandrl.inference.auth`): with a token (``--token-file``, or
+``$SANDRL_INFERENCE_TOKEN``) every route but ``/health`` and ``/health_generate`` needs
+``Authorization: Bearer <token>``, as SGLang's ``--api-key``; without one the server binds
+loopback only, answers only requests addressed to a loopback name and from no web page, and
+refuses the control routes (weights, pause, continue, abort, flush, memory) with 403
+``token_required``. A session's routes take that session's key. Bodies over ``max_body_bytes``
+(16 MiB) are refused with 413 before they are read.
+
 :func:`serve` runs it with uvicorn (``sandrl serve inference``); :class:`BackgroundServer`
 runs it in a thread on a free port, for tests and for embedding in one process.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -78,9 +87,10 @@ from fastapi import APIRouter, FastAPI, Request
 
 from sandrl.background_server import BackgroundServer as BackgroundServer
 from sandrl.errors import ConfigError
+from sandrl.inference.auth import MAX_BODY_BYTES, bind_host, install_guards, load_token
 from sandrl.inference.batch import UPDATE_POLICIES, UpdatePolicy
 from sandrl.inference.engine import Engine, EngineConfig
-from sandrl.inference.gateway.gateway import Gateway
+from sandrl.inference.gateway.gateway import Gateway, harness_router
 from sandrl.inference.gateway.gateway import router as gateway_router
 from sandrl.inference.http_errors import install_error_handlers
 from sandrl.inference.openai_routes import router as openai_router
@@ -88,6 +98,8 @@ from sandrl.inference.serving import engine_of
 from sandrl.inference.sglang_control import router as control_router
 from sandrl.inference.sglang_generate import router as generate_router
 from sandrl.inference.tokenizer import TINY
+
+log = logging.getLogger(__name__)
 
 sglang_router = APIRouter()
 
@@ -129,8 +141,13 @@ def create_app(
     return_original_logprob: bool | None = None,
     tool_parser: str | None = None,
     update_policy: UpdatePolicy = "pause",
+    token: str | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> FastAPI:
     """The FastAPI app serving ``engine``; with ``owns_engine`` the app's shutdown closes the engine.
+
+    ``token``: the bearer token every route but health needs; None: loopback callers only, and the
+    control routes refused (see the module docstring). ``max_body_bytes``: the largest request body.
 
     ``return_original_logprob``: whether ``/generate`` log-probs are at temperature 1 (true) or at
     the sampling temperature (false) when a request does not say; None reads SGLang's switch,
@@ -163,14 +180,24 @@ def create_app(
     app.include_router(control_router)
     app.include_router(openai_router)
     app.include_router(gateway_router)
-    app.state.gateway = (
+    app.include_router(harness_router)
+    gateway = (
         Gateway(engine, model_name=app.state.served_model_name, tool_parser=tool_parser)
         if engine.tokenizer is not None
         else None
     )
+    app.state.gateway = gateway
 
     install_error_handlers(
         app, not_found_hint="not an SGLang route sandrl serves: see sandrl.inference.server for the list"
+    )
+    install_guards(
+        app,
+        token=token,
+        key_of=gateway.key_of if gateway is not None else lambda _id: None,
+        max_body_bytes=max_body_bytes,
+        advice="this server has no token: start it with --token-file FILE (or $SANDRL_INFERENCE_TOKEN) to serve "
+        "other names",
     )
     return app
 
@@ -189,11 +216,19 @@ def serve(
     log_level: str = "info",
     update_policy: UpdatePolicy = "pause",
     tool_parser: str | None = None,
+    token_file: Path | str | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> None:
     """Load ``model`` (``tiny`` or a local checkpoint directory) and serve it until interrupted.
 
     ``update_policy`` is the weight updates' default, for the engine and the update route alike;
-    ``tool_parser`` the session gateway's (None: detected from the chat template)."""
+    ``tool_parser`` the session gateway's (None: detected from the chat template). The token is read
+    from ``token_file``, else ``$SANDRL_INFERENCE_TOKEN``; without one only loopback is served."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    token = load_token(token_file)
+    host, warning = bind_host(host, token)
+    if warning:
+        log.warning(warning)
     config = replace(engine_config or EngineConfig(), update_policy=update_policy)
     engine = Engine.load(model, config)
     app = create_app(
@@ -202,7 +237,10 @@ def serve(
         owns_engine=True,
         update_policy=update_policy,
         tool_parser=tool_parser,
+        token=token,
+        max_body_bytes=max_body_bytes,
     )
+    log.info("serving %s on http://%s:%d (%s)", model, host, port, "bearer token" if token else "no token: loopback")
     try:
         uvicorn.run(app, host=host, port=port, log_level=log_level, ws="none")
     finally:

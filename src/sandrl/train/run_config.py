@@ -247,6 +247,7 @@ def _resolve_paths(config: RunConfig, base: Path) -> RunConfig:
     model = config.model
     if model.name != "tiny" and (base / model.name).exists():
         model = dataclasses.replace(model, name=absolute(model.name))
+    model = dataclasses.replace(model, token_file=absolute(model.token_file))
     return dataclasses.replace(
         config,
         run=dataclasses.replace(config.run, output_dir=absolute(config.run.output_dir)),

@@ -8,6 +8,7 @@ defaults; these defaults are the only ones.
     [model]                     # ModelConfig
     name = "tiny"
     inference = "embedded"      # or the URL of a server, or vllm://HOST:PORT
+    # token_file = "/etc/sandrl-inference.token"   # that server's token (or $SANDRL_INFERENCE_TOKEN)
 
     [tasks]                     # TasksConfig: a task directory, or a generated family
     family = "echo"             # or path = "verified.jsonl" with swebench_images = "swebench"
@@ -32,6 +33,7 @@ from typing import Literal
 
 from sandrl.errors import ConfigError
 from sandrl.inference.batch import UPDATE_POLICIES, UpdatePolicy
+from sandrl.inference.transport import HTTPConfig
 from sandrl.inference.vllm import SCHEME as VLLM_SCHEME
 from sandrl.inference.vllm import server_url
 from sandrl.rollout.agents.llm import LLMAgentConfig
@@ -67,6 +69,13 @@ class ModelConfig:
     weights; each token records its version), ``pause`` (they finish on the old weights first;
     new ones wait) or ``abort_and_resume`` (they stop, and resume from their tokens on the new
     weights). The embedded engine, SGLang servers (sandrl's included) and vLLM servers honour it."""
+    token_file: str = ""
+    """A file holding the inference server's token, sent as ``Authorization: Bearer <token>`` on every
+    request: the token of ``sandrl serve inference --token-file``, or the ``--api-key`` of an SGLang
+    or vLLM server. Read where the client runs (each rollout worker's node under ``--ray``); a
+    relative path is relative to the config file. Empty: ``$SANDRL_INFERENCE_TOKEN`` if set, else
+    no token (a ``sandrl serve inference`` without one serves loopback only and refuses weight
+    updates). Not used with ``inference = "embedded"``."""
 
     def __post_init__(self) -> None:
         if self.update_policy not in UPDATE_POLICIES:
@@ -88,6 +97,12 @@ class ModelConfig:
     @property
     def embedded(self) -> bool:
         return self.inference == EMBEDDED
+
+    def http(self) -> HTTPConfig:
+        """The inference clients' HTTP settings: the server's token, read now (see :attr:`token_file`)."""
+        from sandrl.inference.auth import load_client_token  # the HTTP stack: only where a client is made
+
+        return HTTPConfig(api_key=load_client_token(self.token_file or None))
 
 
 @dataclass(frozen=True)

@@ -30,22 +30,27 @@ async def open_policy(model: ModelConfig) -> AsyncIterator[InferenceClient]:
             await engine.aclose()
         return
     tokenizer = model_tokenizer(model.name)
+    http = model.http()
     client: InferenceClient
     if model.api == "vllm":
         from sandrl.inference.vllm import VLLMClient
 
-        async with VLLMClient(model.inference, tokenizer=tokenizer, update_policy=model.update_policy) as client:
+        async with VLLMClient(
+            model.inference, http=http, tokenizer=tokenizer, update_policy=model.update_policy
+        ) as client:
             await client.health()
             yield client
     elif model.api == "openai":
         from sandrl.inference.openai import OpenAIClient
 
-        async with OpenAIClient(model.inference, tokenizer=tokenizer) as client:
+        async with OpenAIClient(model.inference, http=http, tokenizer=tokenizer) as client:
             await client.health()
             yield client
     else:
         from sandrl.inference.sglang import SGLangClient
 
-        async with SGLangClient(model.inference, tokenizer=tokenizer, update_policy=model.update_policy) as client:
+        async with SGLangClient(
+            model.inference, http=http, tokenizer=tokenizer, update_policy=model.update_policy
+        ) as client:
             await client.health()
             yield client

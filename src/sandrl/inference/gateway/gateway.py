@@ -1,13 +1,28 @@
 """The session gateway: an OpenAI-compatible endpoint per session, in front of any policy.
 
-Routes (mounted on ``sandrl serve inference`` and on the gateway ``sandrl eval`` / ``sandrl
-train`` start for harness agents; :func:`create_gateway_app` serves them alone in front of any
-:class:`~sandrl.inference.base.InferenceClient`: the embedded engine, SGLang, vLLM):
+Two ways it is served:
 
-- ``POST /v1/sessions`` → ``{"id", "base_url"}``: a harness's OpenAI client takes ``base_url``.
-  An optional body sets the session's budget, ``max_turns`` and ``max_total_tokens``: a call over
-  it is refused as ``context_length_exceeded`` (OpenAI's words for either budget: clients give up on
-  them at once) and the record's ``stopped`` says which.
+- **The runner's** (:func:`create_gateway_app`, which ``sandrl eval`` / ``sandrl train`` serve on
+  a loopback port for harness agents, in front of any
+  :class:`~sandrl.inference.base.InferenceClient`: the embedded engine, SGLang, vLLM): sessions
+  are opened only in-process, by the runner for its episode (:meth:`Gateway.open`), and the
+  harness is handed the session's ``base_url`` and its key. Only a session's own routes are
+  served (chat completions, models); there is no route to open, list, read or close one.
+- **On** ``sandrl serve inference``: also ``POST /v1/sessions`` (behind the server's token when
+  it has one), ``GET`` and ``DELETE /v1/sessions/{id}``.
+
+Every session route needs that session's key, ``Authorization: Bearer <key>`` (an OpenAI
+client's ``api_key``), or the inference server's token: one session's key cannot read, write or
+close another (:mod:`sandrl.inference.auth`, which also bounds request bodies and, without a
+token, answers only requests addressed to loopback and from no web page).
+
+Routes:
+
+- ``POST /v1/sessions`` → ``{"id", "base_url", "api_key"}``: a harness's OpenAI client takes
+  ``base_url`` and ``api_key`` (the session's key). An optional body sets the session's budget,
+  ``max_turns`` and ``max_total_tokens``: a call over it is refused as ``context_length_exceeded``
+  (OpenAI's words for either budget: clients give up on them at once) and the record's
+  ``stopped`` says which. At most ``max_sessions`` are held (429 ``too_many_sessions`` beyond).
 - ``POST {base_url}/chat/completions``: OpenAI's chat completion with ``tools``, ``tool_choice``
   (``auto``, or ``none``: calls are not parsed), ``n`` = 1, ``temperature``, ``top_p``,
   ``max_tokens`` / ``max_completion_tokens``, ``stop``, ``stop_token_ids``, ``seed``,
@@ -37,6 +52,7 @@ from fastapi import APIRouter, FastAPI, Request
 from pydantic import BaseModel, ConfigDict
 
 from sandrl.errors import ConfigError, SessionNotFoundError
+from sandrl.inference.auth import MAX_BODY_BYTES, install_guards
 from sandrl.inference.base import InferenceClient, SamplingParams
 from sandrl.inference.chat import ChatFormat, tool_parser_for
 from sandrl.inference.gateway.session import Completion, Session
@@ -78,12 +94,16 @@ class Gateway:
         self._chats: dict[str, ChatFormat] = {}
 
     def open(self, *, max_turns: int | None = None, max_total_tokens: int | None = None) -> Session:
+        """A new session (its ``key`` is its harness's credential); refused past ``max_sessions``."""
         self._forget_idle()
         if len(self.sessions) >= self.max_sessions:
-            raise ConfigError(
-                f"the gateway holds {self.max_sessions} sessions already: DELETE finished ones",
+            error = ConfigError(
+                f"the gateway holds {self.max_sessions} sessions already, its most: close finished ones "
+                f"(DELETE /v1/sessions/{{id}}); a session idle for {self.idle_ttl_s:g} s is forgotten",
                 error_code="too_many_sessions",
             )
+            error.http_status = 429
+            raise error
         session = Session.new(max_turns=max_turns, max_total_tokens=max_total_tokens)
         self.sessions[session.id] = session
         return session
@@ -93,6 +113,11 @@ class Gateway:
         cutoff = time.monotonic() - self.idle_ttl_s
         for stale in [sid for sid, s in self.sessions.items() if s.used_at < cutoff and not s.lock.locked()]:
             del self.sessions[stale]
+
+    def key_of(self, session_id: str) -> str | None:
+        """The key of the session ``session_id``; None when there is none."""
+        session = self.sessions.get(session_id)
+        return session.key if session is not None else None
 
     def get(self, session_id: str) -> Session:
         session = self.sessions.get(session_id)
@@ -220,7 +245,10 @@ def _params(body: ChatRequest, max_context: int | None) -> SamplingParams:
     )
 
 
+harness_router = APIRouter(prefix="/v1/sessions")
+"""A session's own routes, what its harness calls (behind its key)."""
 router = APIRouter(prefix="/v1/sessions")
+"""The routes that open, read and close sessions (``sandrl serve inference``, beside :data:`harness_router`)."""
 
 
 def gateway_of(request: Request) -> Gateway:
@@ -243,15 +271,16 @@ class OpenRequest(BaseModel):
 async def open_session(request: Request, body: OpenRequest | None = None) -> dict[str, Any]:
     limits = body or OpenRequest()
     session = gateway_of(request).open(max_turns=limits.max_turns, max_total_tokens=limits.max_total_tokens)
-    return {"id": session.id, "base_url": f"{str(request.base_url).rstrip('/')}/v1/sessions/{session.id}"}
+    base_url = f"{str(request.base_url).rstrip('/')}/v1/sessions/{session.id}"
+    return {"id": session.id, "base_url": base_url, "api_key": session.key}
 
 
-@router.post("/{session_id}/chat/completions")
+@harness_router.post("/{session_id}/chat/completions")
 async def chat_completions(session_id: str, body: ChatRequest, request: Request) -> dict[str, Any]:
     return await gateway_of(request).complete(session_id, body)
 
 
-@router.get("/{session_id}/models")
+@harness_router.get("/{session_id}/models")
 async def models(session_id: str, request: Request) -> dict[str, Any]:
     gateway = gateway_of(request)
     gateway.get(session_id)
@@ -269,10 +298,20 @@ async def close_session(session_id: str, request: Request) -> dict[str, Any]:
     return gateway_of(request).close(session_id).record()
 
 
-def create_gateway_app(gateway: Gateway) -> FastAPI:
-    """An app serving only the session routes of ``gateway`` (for a policy that is not the embedded engine)."""
-    app = FastAPI(title="sandrl session gateway")
+def create_gateway_app(gateway: Gateway, *, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+    """The runner's gateway: a session's own routes, behind its key, on loopback (see the module docstring).
+
+    Sessions are opened in-process (:meth:`Gateway.open`); the app has no route that opens, lists,
+    reads or closes one."""
+    app = FastAPI(title="sandrl session gateway", openapi_url=None, docs_url=None, redoc_url=None)
     app.state.gateway = gateway
-    app.include_router(router)
-    install_error_handlers(app, not_found_hint="the session gateway serves /v1/sessions routes only")
+    app.include_router(harness_router)
+    install_error_handlers(app, not_found_hint="the session gateway serves /v1/sessions/{id}/chat/completions only")
+    install_guards(
+        app,
+        token=None,
+        key_of=gateway.key_of,
+        max_body_bytes=max_body_bytes,
+        advice="the session gateway serves the harnesses of its run's episodes, on this machine only",
+    )
     return app

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sandrl.errors import ConfigError, InferenceError
+from sandrl.http_auth import new_token
 from sandrl.inference.base import Generation, InferenceClient, SamplingParams
 from sandrl.inference.chat import ChatFormat
 from sandrl.inference.toolcalls import ToolCallParser
@@ -134,6 +135,9 @@ class Session:
     """See the module docstring."""
 
     id: str
+    key: str = field(default_factory=new_token, repr=False)
+    """The session's own credential: its harness's ``api_key``, sent as ``Authorization: Bearer``; no other
+    session's routes take it."""
     chat_tools_key: str | None = None
     ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)

@@ -8,13 +8,15 @@ plain function runs in). It returns how it ended (``submitted``, ``done``...; No
 ``--agent module:function`` names one; ``--agent mini-swe-agent`` is
 :mod:`sandrl.rollout.agents.mini_swe_agent`.
 
-The :class:`HarnessAgent` opens a gateway session with the episode's budget (``max_turns`` and
-``max_total_tokens`` are enforced by the gateway: the call over budget is refused and the episode
-ends ``truncated``), runs the harness within the agent's wall time, and returns the session's ids,
-loss mask, log-probs, segments and turns (each turn's commands are the ones run after its
-completion). What the policy did wrong, however the harness reports it, is the episode's outcome;
-a failure of sandrl's own machinery under the harness (the inference server, the sandbox) is
-raised as the infra error it is, even when the harness caught it.
+The :class:`HarnessAgent` opens a gateway session in-process with the episode's budget
+(``max_turns`` and ``max_total_tokens`` are enforced by the gateway: the call over budget is
+refused and the episode ends ``truncated``), hands the harness the session's ``base_url`` and key
+(``api_key``: no other session answers to it, and the gateway has no route to open one), runs the
+harness within the agent's wall time, and returns the session's ids, loss mask, log-probs,
+segments and turns (each turn's commands are the ones run after its completion). What the policy
+did wrong, however the harness reports it, is the episode's outcome; a failure of sandrl's own
+machinery under the harness (the inference server, the sandbox) is raised as the infra error it
+is, even when the harness caught it.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ class HarnessContext:
     """The session's OpenAI endpoint (``{base_url}/chat/completions``)."""
     model: str
     api_key: str
+    """The session's key, the OpenAI client's ``api_key``: the gateway answers this session's routes only to it."""
     task: Task
     sandbox: Sandbox
     budget: Budget
@@ -167,7 +170,7 @@ class HarnessAgent:
         ctx = HarnessContext(
             base_url=f"{self.base_url}/v1/sessions/{session.id}",
             model=self.gateway.model_name,
-            api_key="sandrl",
+            api_key=session.key,
             task=task,
             sandbox=sandbox,
             budget=budget,
