@@ -99,3 +99,20 @@ def test_eval_with_no_episode_able_to_run_exits_non_zero(state_dir: Path, tmp_pa
     assert r.returncode == 1, r.stderr
     assert '"verified": 0' in r.stdout  # the JSON line still ends the output, for scripts
     assert "error: no episode could run: all 1 ended without a reward (image_build_failed x1)" in r.stderr
+
+
+@needs_sandbox
+@pytest.mark.parametrize(
+    ("args", "env"),
+    [
+        (["serve", "sandboxes", "--port", "0", "--egress-allow", "8.8.8.0/24"], {}),
+        (["sandbox", "run", "--network", "--", "true"], {"SANDRL_EGRESS_ALLOW": "169.254.0.0/16"}),
+    ],
+)
+def test_an_egress_allow_list_past_the_private_ranges_is_one_clear_line(
+    state_dir: Path, args: list[str], env: dict[str, str]
+) -> None:
+    r = run(args, state_dir, **env)
+    assert r.returncode == 2, r
+    assert "Traceback" not in r.stderr
+    assert "egress allow-list entry" in r.stderr

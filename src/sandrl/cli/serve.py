@@ -21,11 +21,16 @@ def serve_sandboxes(
     token_file: str | None = typer.Option(None, help="File holding the bearer token (or set $SANDRL_TOKEN)."),
     max_live: int | None = typer.Option(None, help="Most live sandboxes; further creates get capacity_exhausted."),
     state_dir: str | None = typer.Option(None, help="State directory (default /var/lib/sandrl)."),
+    egress_allow: list[str] | None = typer.Option(
+        None,
+        help="A private range (CIDR) that sandboxes with the network may reach; repeat for more "
+        "(default $SANDRL_EGRESS_ALLOW, else none). Loopback and link-local never.",
+    ),
 ) -> None:
     """Serve sandboxes over HTTP: the native /v1 API, Prometheus /metrics."""
     from sandrl.sandbox.service.server import serve
 
-    serve(host, port, token_file=token_file, max_live=max_live, state_dir=state_dir)
+    serve(host, port, token_file=token_file, max_live=max_live, state_dir=state_dir, egress_allow=egress_allow)
 
 
 @app.command("inference")

@@ -355,10 +355,13 @@ def serve(
     config: ServiceConfig | None = None,
     provider: SandboxProvider | None = None,
     log_level: str = "info",
+    egress_allow: list[str] | None = None,
 ) -> None:
     """Serve sandboxes until SIGTERM or Ctrl-C (``sandrl serve sandboxes``).
 
     The token comes from ``token_file`` or ``$SANDRL_TOKEN``; without one only loopback is served.
+    ``egress_allow``: private ranges sandboxes with the network may reach (default
+    ``$SANDRL_EGRESS_ALLOW``; :mod:`sandrl.sandbox.bwrap.egress`).
     """
     from dataclasses import replace
 
@@ -372,7 +375,7 @@ def serve(
     cfg = config or ServiceConfig()
     if max_live is not None:
         cfg = replace(cfg, max_live=max_live)
-    service = SandboxService(provider or BwrapProvider(state_dir), cfg)
+    service = SandboxService(provider or BwrapProvider(state_dir, egress_allow=egress_allow or None), cfg)
     app = create_app(service, token=token)
     log.info("serving sandboxes on http://%s:%d (%s)", host, port, "bearer token" if token else "no auth")
     uv = uvicorn.Config(
