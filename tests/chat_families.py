@@ -23,10 +23,14 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
+
+from sandrl.inference.base import Generation, SamplingParams
+from sandrl.inference.tokenizer import Tokenizer
 
 TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
 LLAMA31_SHA256 = "e10ca381b1ccc5cf9db52e371f3b6651576caee0a630b452e2816b2d404d4b65"
@@ -372,3 +376,40 @@ def build_model_dir(family: str, path: Path, *, seed: int = 0) -> Path:
     model.generation_config = transformers.GenerationConfig(**generation)
     model.save_pretrained(str(path))
     return path
+
+
+BASH_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "description": "Run a command.",
+        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+    },
+}
+"""An OpenAI tool schema the families' templates render."""
+
+
+@dataclass
+class TemplateReplies:
+    """A policy whose replies are the template's own renderings of given assistant messages; it
+    records each prompt it is given."""
+
+    tok: Tokenizer
+    replies: Sequence[list[int]]
+    calls: list[list[int]] = field(default_factory=list)
+    max_context: int | None = 8192
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.tok
+
+    async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation:
+        ids = list(self.replies[min(len(self.calls), len(self.replies) - 1)])
+        self.calls.append(list(input_ids))
+        return Generation(ids, [-0.5] * len(ids), "stop", 0, len(input_ids))
+
+    async def update_weights(self, path: str, *, version: int | None = None) -> int:
+        raise NotImplementedError
+
+    async def health(self) -> None:
+        return None

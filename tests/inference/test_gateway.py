@@ -16,16 +16,8 @@ from sandrl.inference.gateway import Gateway, create_gateway_app
 from sandrl.inference.server import BackgroundServer
 from sandrl.inference.tokenizer import ByteTokenizer
 
+from ..chat_families import BASH_TOOL
 from .conftest import Served
-
-BASH = {
-    "type": "function",
-    "function": {
-        "name": "bash",
-        "description": "Run a command.",
-        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
-    },
-}
 
 
 async def _session(url: str) -> dict[str, Any]:
@@ -156,7 +148,7 @@ async def test_tool_calls_through_the_openai_client(scripted_gateway: RunnerGate
     opened = scripted_gateway.open()
     messages: list[dict[str, Any]] = [{"role": "user", "content": "list the files"}]
     async with openai.AsyncOpenAI(base_url=opened["base_url"], api_key=opened["api_key"], max_retries=0) as client:
-        r = await client.chat.completions.create(model="any", messages=messages, tools=[BASH], tool_choice="auto")  # type: ignore[arg-type,list-item]
+        r = await client.chat.completions.create(model="any", messages=messages, tools=[BASH_TOOL], tool_choice="auto")  # type: ignore[arg-type,list-item]
         choice = r.choices[0]
         assert choice.finish_reason == "tool_calls" and choice.message.content == "Looking."
         calls = choice.message.tool_calls
@@ -167,7 +159,7 @@ async def test_tool_calls_through_the_openai_client(scripted_gateway: RunnerGate
             choice.message.model_dump(exclude_none=True),
             {"role": "tool", "tool_call_id": call.id, "content": "a.txt\nb.txt"},
         ]
-        r2: Any = await client.chat.completions.create(model="any", messages=messages, tools=[BASH])  # type: ignore[arg-type,list-item]
+        r2: Any = await client.chat.completions.create(model="any", messages=messages, tools=[BASH_TOOL])  # type: ignore[arg-type,list-item]
         assert r2.choices[0].message.content == "Done." and not r2.session["new_segment"]
         assert r2.usage.completion_tokens == len("Done.") + 1
     record = scripted_gateway.gateway.get(opened["id"]).record()
@@ -178,7 +170,7 @@ async def test_tool_calls_through_the_openai_client(scripted_gateway: RunnerGate
         {"role": "tool", "content": "a.txt\nb.txt"},
         {"role": "assistant", "content": "Done."},
     ]
-    assert record["ids"] == tokenizer.encode_messages(conversation, tools=[BASH])
+    assert record["ids"] == tokenizer.encode_messages(conversation, tools=[BASH_TOOL])
     assert policy.calls[1] == record["ids"][: record["turns"][1]["output_start"]]
 
 

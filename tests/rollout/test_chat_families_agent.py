@@ -3,7 +3,7 @@ family's own format, token-exact ids, the template's own end-of-turn token, one 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ from sandrl.rollout.agents.tools import SANDBOX_TOOLS
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.tasks import Task
 
-from ..chat_families import FAMILIES
+from ..chat_families import FAMILIES, TemplateReplies
 from .conftest import answer_of
 
 FamilyDir = Callable[[str], Path]
@@ -29,31 +29,6 @@ THINKS = ("qwen3", "glm45")
 
 def _call(call_id: str, name: str, **arguments: Any) -> dict[str, Any]:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
-
-
-@dataclass
-class TemplateReplies:
-    """A policy whose replies are the template's own renderings of given assistant messages."""
-
-    tok: Tokenizer
-    replies: Sequence[list[int]]
-    calls: list[list[int]] = field(default_factory=list)
-    max_context: int | None = 8192
-
-    @property
-    def tokenizer(self) -> Tokenizer:
-        return self.tok
-
-    async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation:
-        ids = list(self.replies[min(len(self.calls), len(self.replies) - 1)])
-        self.calls.append(list(input_ids))
-        return Generation(ids, [-0.5] * len(ids), "stop", 0, len(input_ids))
-
-    async def update_weights(self, path: str, *, version: int | None = None) -> int:
-        raise NotImplementedError
-
-    async def health(self) -> None:
-        return None
 
 
 @pytest.mark.parametrize("family", FAMILIES)
