@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import torch
 
@@ -54,6 +55,13 @@ def served() -> Iterator[Served]:
     with BackgroundServer(app) as server:
         yield Served(eng, server.url, app)
     eng.close()
+
+
+@pytest.fixture
+async def http(served: Served) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of the shared server (no credentials)."""
+    async with httpx.AsyncClient(base_url=served.url, timeout=60) as client:
+        yield client
 
 
 @pytest.fixture

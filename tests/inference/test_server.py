@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from sandrl.inference.tokenizer import ByteTokenizer
-
-
-@pytest.fixture
-async def http(served: Any) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=served.url, timeout=30) as client:
-        yield client
 
 
 async def test_generate_answers_in_sglang_shape(http: httpx.AsyncClient, tokenizer: ByteTokenizer) -> None:

@@ -34,13 +34,6 @@ MiB = 2**20
 
 
 @pytest.fixture
-async def anon(served: Served) -> AsyncIterator[httpx.AsyncClient]:
-    """A client of the shared server, which has no token."""
-    async with httpx.AsyncClient(base_url=served.url, timeout=30) as client:
-        yield client
-
-
-@pytest.fixture
 async def tokened(fresh_served: Served) -> AsyncIterator[httpx.AsyncClient]:
     """A client without credentials of a server started with a token."""
     assert fresh_served.token is not None
@@ -50,24 +43,24 @@ async def tokened(fresh_served: Served) -> AsyncIterator[httpx.AsyncClient]:
 
 @pytest.mark.parametrize(("method", "path", "body"), CONTROL)
 async def test_control_routes_are_refused_without_a_token(
-    anon: httpx.AsyncClient, served: Served, method: str, path: str, body: Any
+    http: httpx.AsyncClient, served: Served, method: str, path: str, body: Any
 ) -> None:
     before = served.engine.weight_version
-    r = await anon.request(method, path, json=body)
+    r = await http.request(method, path, json=body)
     assert r.status_code == 403 and r.json()["error_code"] == "token_required", r.text
     assert "--token-file" in r.json()["message"] and "token_file" in r.json()["message"]
     assert not served.engine.paused and served.engine.weight_version == before
 
 
-async def test_a_server_without_a_token_answers_only_loopback_names(anon: httpx.AsyncClient) -> None:
+async def test_a_server_without_a_token_answers_only_loopback_names(http: httpx.AsyncClient) -> None:
     generate = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1}}
-    assert (await anon.post("/generate", json=generate)).status_code == 200
+    assert (await http.post("/generate", json=generate)).status_code == 200
     for headers, code in (
         ({"Host": "attacker.example"}, "forbidden_host"),
         ({"Origin": "http://attacker.example"}, "forbidden_origin"),
     ):
         for method, path in (("POST", "/generate"), ("POST", "/v1/sessions"), ("GET", "/get_model_info")):
-            r = await anon.request(method, path, json=generate if path == "/generate" else None, headers=headers)
+            r = await http.request(method, path, json=generate if path == "/generate" else None, headers=headers)
             assert r.status_code == 403 and r.json()["error_code"] == code, (path, r.text)
 
 

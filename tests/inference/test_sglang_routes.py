@@ -17,12 +17,6 @@ LONG = {"max_new_tokens": 400, "ignore_eos": True}
 
 
 @pytest.fixture
-async def http(served: Any) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=served.url, timeout=60) as client:
-        yield client
-
-
-@pytest.fixture
 async def own(fresh_served: Any) -> AsyncIterator[httpx.AsyncClient]:
     """A client of a server of its own (its weights change, it is paused, its requests aborted)."""
     async with httpx.AsyncClient(base_url=fresh_served.url, timeout=60, headers=fresh_served.headers) as client:

@@ -94,3 +94,9 @@ def allocated_bytes(root: Path) -> int:
                 seen.add((st.st_dev, st.st_ino))
                 total += st.st_blocks * 512
     return total
+
+
+def store_state(provider: BwrapProvider) -> tuple[set[str], set[str]]:
+    """Everything in the store's layer directory (temporary entries included) and its image names:
+    equal before and after a refused layer when nothing of it stayed."""
+    return set(os.listdir(provider.images.root / "layers")), set(provider.images.names())

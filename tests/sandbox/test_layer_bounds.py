@@ -10,7 +10,6 @@ filesystem of their own (:mod:`.small_fs`).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +22,14 @@ from sandrl.sandbox.bwrap.images import ImageStore
 from sandrl.sandbox.bwrap.layer_budget import StoreReserve
 
 from ..support import REASON, needs_sandbox
-from .small_fs import KINDS, allocated_bytes, holds_apparent_size, provider_on_small_store, small_filesystem
+from .small_fs import (
+    KINDS,
+    allocated_bytes,
+    holds_apparent_size,
+    provider_on_small_store,
+    small_filesystem,
+    store_state,
+)
 
 pytestmark = needs_sandbox
 
@@ -37,11 +43,6 @@ def small(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
         pytest.skip(REASON)
     with provider_on_small_store(tmp_path_factory.mktemp("small-store"), request.param) as provider:
         yield provider
-
-
-def _store_state(provider: BwrapProvider) -> tuple[set[str], set[str]]:
-    """Everything in the store's layer directory (temporary entries included) and its image names."""
-    return set(os.listdir(provider.images.root / "layers")), set(provider.images.names())
 
 
 def _top_layer(provider: BwrapProvider, image: str) -> Path:
@@ -101,13 +102,13 @@ async def test_a_100_tib_sparse_file_is_kept_as_holes_or_refused_clearly(small: 
     kept = holds_apparent_size(small.images.root / "layers", size)
     async with await small.create(SandboxSpec(ttl_s=120, disk_mb=32)) as sandbox:
         await _sparse(sandbox, "/x", size, mark_at)
-        before = _store_state(small)
+        before = store_state(small)
         if not kept:
             for attempt in (sandbox.snapshot, lambda: sandbox.fork(2)):
                 with pytest.raises(LayerTooLargeError, match=r"/x has an apparent size of 100 TiB") as refused:
                     await attempt()
                 assert "remove it or make it smaller" in str(refused.value)
-                assert _store_state(small) == before
+                assert store_state(small) == before
             assert len(small.live) == 1
             assert (await sandbox.exec("true")).ok  # thawed
             return
@@ -137,14 +138,14 @@ async def test_a_layer_over_disk_mb_is_refused_and_leaves_nothing(provider: Bwra
         made = await sandbox.exec(trick)
         assert made.ok, made
         assert sandbox.disk_usage()[0] < 1 << 20  # within the sandbox's own bound
-        before = _store_state(provider)
+        before = store_state(provider)
         live = set(provider.live)
         with pytest.raises(LayerTooLargeError, match=r"disk_mb=1 \(1 MiB\)") as refused:
             await sandbox.snapshot()
         assert "create the sandbox with a larger disk_mb" in str(refused.value)
         with pytest.raises(LayerTooLargeError, match="disk_mb=1"):
             await sandbox.fork(2)
-        assert _store_state(provider) == before and provider.live == live
+        assert store_state(provider) == before and provider.live == live
         assert (await sandbox.exec("true")).ok  # thawed
 
 
@@ -164,10 +165,10 @@ async def test_a_layer_of_too_many_entries_is_refused(provider: BwrapProvider, m
             f" os.mkdir(f'/workspace/{{d}}')\n for f in range(1000): {make}\""
         )
         assert made.ok, made
-        before = _store_state(provider)
+        before = store_state(provider)
         with pytest.raises(LayerTooLargeError, match=r"more than 65536 files"):
             await sandbox.snapshot()
-        assert _store_state(provider) == before
+        assert store_state(provider) == before
 
 
 async def test_a_tree_nested_too_deep_is_refused_clearly(provider: BwrapProvider) -> None:
@@ -176,10 +177,10 @@ async def test_a_tree_nested_too_deep_is_refused_clearly(provider: BwrapProvider
             "python3 -c \"import os\nos.chdir('/workspace')\nfor _ in range(1500): os.mkdir('d'); os.chdir('d')\""
         )
         assert made.ok, made
-        before = _store_state(provider)
+        before = store_state(provider)
         with pytest.raises(LayerTooLargeError, match="nested deeper than"):
             await sandbox.snapshot()
-        assert _store_state(provider) == before
+        assert store_state(provider) == before
 
 
 async def test_a_layer_the_store_has_no_room_for_is_refused_before_it_is_copied(small: BwrapProvider) -> None:
@@ -187,11 +188,11 @@ async def test_a_layer_the_store_has_no_room_for_is_refused_before_it_is_copied(
     async with await small.create(SandboxSpec(ttl_s=120, disk_mb=512, memory_mb=1024)) as sandbox:
         made = await sandbox.exec("head -c 314572800 /dev/urandom > /workspace/big")  # 300 MiB: more than the store
         assert made.ok, made
-        before = _store_state(small)
+        before = store_state(small)
         with pytest.raises(LayerTooLargeError, match=r"the image store .* has \d+ MiB free") as refused:
             await sandbox.snapshot()
         assert "SANDRL_STORE_MIN_FREE_MB" in str(refused.value)
-        assert _store_state(small) == before
+        assert store_state(small) == before
         # Room for the layer, but not with the reserve kept.
         await sandbox.exec("rm /workspace/big && head -c 104857600 /dev/urandom > /workspace/big")
         default = store.reserve
@@ -201,7 +202,7 @@ async def test_a_layer_the_store_has_no_room_for_is_refused_before_it_is_copied(
                 await sandbox.snapshot()
         finally:
             store.reserve = default
-        assert _store_state(small) == before
+        assert store_state(small) == before
         image = await sandbox.snapshot()  # the default reserve leaves room for it
     await small.remove_image(image)
 

@@ -8,7 +8,6 @@ copied ``RUN truncate -s 100T /x`` as zeros fills that, not the host's disk.
 from __future__ import annotations
 
 import io
-import os
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +20,7 @@ from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.sandbox.bwrap.dockerfile.builder import BuildOptions, ImageBuilder
 
-from ..sandbox.small_fs import KINDS, allocated_bytes, holds_apparent_size, provider_on_small_store
+from ..sandbox.small_fs import KINDS, allocated_bytes, holds_apparent_size, provider_on_small_store, store_state
 from .conftest import REASON
 
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
@@ -41,18 +40,14 @@ def small(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
         yield provider
 
 
-def _store_state(provider: BwrapProvider) -> tuple[set[str], set[str]]:
-    return set(os.listdir(provider.images.root / "layers")), set(provider.images.names())
-
-
 async def test_a_build_step_keeps_holes_or_is_refused_clearly(small: BwrapProvider, tmp_path: Path) -> None:
     (tmp_path / "Dockerfile").write_text(SPARSE)
     options = BuildOptions(network=False, disk_mb=64)
-    before = _store_state(small)
+    before = store_state(small)
     if not holds_apparent_size(small.images.root / "layers", 100 * TIB):  # ext4: 16 TiB at most
         with pytest.raises(ImageBuildError, match=r"step 2/2 .*/x has an apparent size of 100 TiB"):
             await ImageBuilder(small).build(tmp_path / "Dockerfile", options=options)
-        assert _store_state(small) == before
+        assert store_state(small) == before
         return
     result = await ImageBuilder(small).build(tmp_path / "Dockerfile", options=options)
     layers = small.images.meta(result.image)["layers"]
@@ -70,11 +65,11 @@ async def test_a_build_step_over_its_disk_fails_at_that_step_and_leaves_nothing(
 ) -> None:
     # 600 directories: nothing on the build sandbox's tmpfs, 2.4 MiB on the store's filesystem.
     (tmp_path / "Dockerfile").write_text("FROM host\nRUN mkdir /d && cd /d && seq 1 600 | xargs mkdir\n")
-    before = _store_state(provider)
+    before = store_state(provider)
     with pytest.raises(ImageBuildError, match=r"step 2/2 .*`RUN mkdir /d.*disk_mb=1 \(1 MiB\)") as refused:
         await ImageBuilder(provider).build(tmp_path / "Dockerfile", options=BuildOptions(network=False, disk_mb=1))
     assert "BuildOptions.disk_mb" in str(refused.value)
-    assert _store_state(provider) == before
+    assert store_state(provider) == before
 
 
 def _gzip_bomb(path: Path, size: int) -> None:
@@ -109,7 +104,7 @@ async def test_copy_and_add_refuse_more_than_the_builds_disk_before_reading_it(
         f.truncate(1 << 30)  # 1 GiB of holes: nothing on disk, 1 GiB once read
     _gzip_bomb(tmp_path / "bomb.tar.gz", 256 << 20)
     (tmp_path / "Dockerfile").write_text(f"FROM host\n{instruction}\n")
-    before = _store_state(provider)
+    before = store_state(provider)
     with pytest.raises(ImageBuildError, match=r"more than the build's disk \(64 MiB"):
         await ImageBuilder(provider).build(tmp_path / "Dockerfile", options=BuildOptions(network=False, disk_mb=64))
-    assert _store_state(provider) == before
+    assert store_state(provider) == before
