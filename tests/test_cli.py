@@ -116,3 +116,11 @@ def test_an_egress_allow_list_past_the_private_ranges_is_one_clear_line(
     assert r.returncode == 2, r
     assert "Traceback" not in r.stderr
     assert "egress allow-list entry" in r.stderr
+
+
+def test_tasks_list_takes_builtin(state_dir: Path) -> None:
+    # `sandrl eval builtin` runs the shipped suite; the `tasks` commands take the same name.
+    r = run(["tasks", "list", "builtin"], state_dir, COLUMNS="200")
+    assert r.returncode == 0, r.stderr
+    assert "fix-word-frequency" in r.stdout
+    assert r.stdout.strip().endswith(" tasks, 0 problems")

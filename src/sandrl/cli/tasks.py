@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
 
 import typer
 from rich.console import Console
@@ -22,20 +21,22 @@ from sandrl.tasks.loader import TaskProblem, load_tasks
 from sandrl.tasks.swebench_specs import images_setting
 from sandrl.tasks.task import Task
 from sandrl.wiring.suite import AgentKind, TaskRun, TaskValidation, run_suite, validate_suite
+from sandrl.wiring.tasks import task_path
 
 app = typer.Typer(no_args_is_help=True, help="Task sets: list, validate, run with the oracle or a null agent.")
 
 
-def _load(path: Path, console: Console, swebench_images: str | None) -> tuple[list[Task], list[TaskProblem]]:
+def _load(spec: str, console: Console, swebench_images: str | None) -> tuple[list[Task], list[TaskProblem]]:
     try:
         images_setting(swebench_images)
     except ValueError as exc:
         raise ConfigError(f"--swebench-images: {exc}") from exc
+    path = task_path(spec)
     tasks, problems = load_tasks(path, swebench_images=swebench_images)
     for problem in problems:
         console.print(f"[red]problem[/] {problem.path}: {problem.problem}", highlight=False, soft_wrap=True)
     if not tasks and not problems:
-        raise ConfigError(f"no tasks under {path}; give a task directory or a directory of them")
+        raise ConfigError(f"no tasks under {path}; give a task directory, a directory of them, or 'builtin'")
     return tasks, problems
 
 
@@ -52,7 +53,7 @@ def _progress(console: Console) -> Progress:
 
 @app.command("list")
 def tasks_list(
-    path: Path = typer.Argument(..., help="A task directory, a directory of them, or a SWE-bench file."),
+    path: str = typer.Argument(..., help="A task directory, a directory of them, a SWE-bench file, or 'builtin'."),
     swebench_images: str | None = typer.Option(None, help=SWEBENCH_IMAGES_HELP),
 ) -> None:
     """List the tasks under PATH, and the ones that do not load."""
@@ -77,7 +78,7 @@ def tasks_list(
 
 @app.command("validate")
 def tasks_validate(
-    path: Path = typer.Argument(..., help="A task directory or a directory of them."),
+    path: str = typer.Argument(..., help="A task directory, a directory of them, or 'builtin' (the shipped suite)."),
     concurrency: int = typer.Option(2, help="Tasks validated at once (each uses two sandboxes)."),
     swebench_images: str | None = typer.Option(None, help=SWEBENCH_IMAGES_HELP),
 ) -> None:
@@ -126,7 +127,7 @@ def tasks_validate(
 
 @app.command("run")
 def tasks_run(
-    path: Path = typer.Argument(..., help="A task directory or a directory of them."),
+    path: str = typer.Argument(..., help="A task directory, a directory of them, or 'builtin' (the shipped suite)."),
     agent: str = typer.Option("oracle", help="oracle (the reference solution) or null (does nothing)."),
     concurrency: int = typer.Option(2, help="Tasks run at once."),
     json_out: bool = typer.Option(False, "--json", help="End with one JSON line of the results."),

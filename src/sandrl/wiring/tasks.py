@@ -10,17 +10,21 @@ from sandrl.tasks.task import Task
 from sandrl.wiring.config import TasksConfig
 
 
+def task_path(spec: str | Path) -> Path:
+    """Where the tasks of ``spec`` are: the shipped suite for ``builtin``, else the path itself."""
+    if str(spec) == "builtin":
+        from sandrl.tasks.builtin import SUITE_DIR
+
+        return SUITE_DIR
+    return Path(spec)
+
+
 def load_task_set(spec: str | Path, *, swebench_images: str | None = None) -> list[Task]:
     """The tasks of ``spec`` (``builtin`` or a path); loading problems are a ConfigError listing them.
 
     ``swebench_images``: where SWE-bench instances run (:attr:`TasksConfig.swebench_images`).
     """
-    if str(spec) == "builtin":
-        from sandrl.tasks.builtin import SUITE_DIR
-
-        path = SUITE_DIR
-    else:
-        path = Path(spec)
+    path = task_path(spec)
     tasks, problems = load_tasks(path, swebench_images=swebench_images or None)
     if problems:
         listed = "\n".join(f"  {p.problem}" for p in problems[:10])
