@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -124,3 +127,65 @@ def test_tasks_list_takes_builtin(state_dir: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert "fix-word-frequency" in r.stdout
     assert r.stdout.strip().endswith(" tasks, 0 problems")
+
+
+def _commands(command: Any, path: list[str]) -> Iterator[tuple[list[str], Any]]:
+    yield path, command
+    for name, sub in getattr(command, "commands", {}).items():
+        yield from _commands(sub, [*path, name])
+
+
+def test_every_help_keeps_its_bracketed_words() -> None:
+    # Rich markup ate them: `sandrl train --help` read "(default:  mode)" and "needs a  section".
+    from typer.main import get_command
+    from typer.testing import CliRunner
+
+    from sandrl.cli import app
+
+    runner = CliRunner()
+    checked: list[str] = []
+    for path, command in _commands(get_command(app), []):
+        texts = [command.help or "", *(getattr(p, "help", None) or "" for p in command.params)]
+        bracketed = [word for text in texts for word in re.findall(r"\[[^\]\s]+\]", text)]
+        result = runner.invoke(app, [*path, "--help"])
+        assert result.exit_code == 0, (path, result.output)
+        shown = " ".join(result.output.split())
+        for word in bracketed:
+            assert word in shown, (path, word, result.output)
+            checked.append(word)
+    assert {"[run]", "[cluster]", "[/variant]"} <= set(checked)
+
+
+def test_version() -> None:
+    r = subprocess.run([str(SANDRL), "--version"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert re.fullmatch(r"sandrl \d+\.\d+\S*\n", r.stdout), r.stdout
+
+
+@pytest.mark.parametrize(
+    ("toml", "said"),
+    [
+        ('[run]\nstepz = 1\n[tasks]\nfamily = "echo"\n', "[run]: unknown key(s) stepz; valid keys are output_dir"),
+        ('[tasks]\nfamily = "echo"\n[train.loss]\nloss_typo = 1\n', "[train.loss]: unknown key(s) loss_typo"),
+        ("[run]\nsteps = 2\n", "a [tasks] section is required"),
+        (
+            '[tasks]\nfamily = "echo"\n[rollout.timeouts]\nsetup_timeout_s = "long"\n',
+            "[rollout.timeouts] setup_timeout_s must be a number",
+        ),
+        (
+            '[tasks]\nfamily = "echo"\n[async]\nupdate_interval = 5\n',
+            "[async]: update_interval (5) > max_staleness + 1",
+        ),
+        ('[tasks]\nfamily = "echo"\n[train]\nlr = -1.0\n', "[train]: lr must be a finite number > 0"),
+        # A closing tag that opens nothing made rich raise: a traceback instead of the message.
+        ('[tasks]\nfamily = "[/oops] [bold]"\n', "'[/oops] [bold]'"),
+    ],
+)
+def test_a_config_error_keeps_its_section_names(state_dir: Path, tmp_path: Path, toml: str, said: str) -> None:
+    config = tmp_path / "run.toml"
+    config.write_text(toml)
+    r = run(["train", str(config)], state_dir)
+    assert r.returncode == 2, r
+    assert "Traceback" not in r.stderr
+    assert r.stderr.startswith(f"error: {config}: "), r.stderr
+    assert said in " ".join(r.stderr.split()), r.stderr

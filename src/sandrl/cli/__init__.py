@@ -25,19 +25,36 @@ Heavy components (PyTorch, Ray) are imported inside the commands that need them,
 from __future__ import annotations
 
 import sys
+from importlib.metadata import version
 
 import typer
 
 from sandrl.cli import bench, demo, images, sandbox, serve, tasks, train
 from sandrl.cli import eval as eval_
-from sandrl.cli.output import err_console, one_line_warnings
+from sandrl.cli.output import err_console, one_line_warnings, print_error
 from sandrl.errors import SandrlError
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="Agentic RL post-training with fast sandboxes.")
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    # Help text is text: rich markup would eat every bracketed word ("needs a [cluster] section").
+    rich_markup_mode=None,
+    help="Agentic RL post-training with fast sandboxes.",
+)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"sandrl {version('sandrl')}")
+        raise typer.Exit()
 
 
 @app.callback()
-def _root() -> None:
+def _root(
+    _version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print sandrl's version and exit."
+    ),
+) -> None:
     # Before any command: warnings print as one line each (the loaders warn about task settings).
     one_line_warnings()
 
@@ -58,8 +75,8 @@ def main() -> None:
     try:
         app()
     except SandrlError as exc:
-        err_console.print(f"[bold red]error[/]: {exc.message}", highlight=False, soft_wrap=True)
+        print_error(exc.message)
         sys.exit(2)
     except KeyboardInterrupt:
-        err_console.print("[bold red]interrupted[/]")
+        err_console.print("interrupted", style="bold red")
         sys.exit(130)

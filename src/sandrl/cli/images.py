@@ -17,6 +17,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TransferSpeedColumn
 from rich.table import Table
 
@@ -74,7 +75,7 @@ def images_build(
     def show(event: StepEvent) -> None:
         if event.phase == "done":
             console.print(
-                f"[bold]step {event.index}/{event.total}[/] {event.instruction.text[:100]} "
+                f"[bold]step {event.index}/{event.total}[/] {escape(event.instruction.text[:100])} "
                 f"[dim]{event.status} {event.duration_s:.2f} s[/]",
                 highlight=False,
             )
@@ -86,7 +87,7 @@ def images_build(
         finally:
             await provider.close_all()
         console.print(
-            f"built [bold]{result.image}[/]: {result.steps} steps, {result.cached} cached, "
+            f"built [bold]{escape(result.image)}[/]: {result.steps} steps, {result.cached} cached, "
             f"{result.built} built, in {result.duration_s:.1f} s"
         )
 
@@ -209,8 +210,8 @@ def images_ls(
             source = f"{base}" if base else "-"
         digest = str(config.get("digest") or "-")
         table.add_row(
-            name,
-            source,
+            escape(name),
+            escape(source),
             digest[:19] + "..." if len(digest) > 22 else digest,
             str(len(layers)) if isinstance(layers, list) else "-",
             when,
@@ -308,8 +309,10 @@ def images_templates(
     table = Table("task", "template", "on this host")
     for task_id, name in names.items():
         state = "built now" if name in built else "missing" if name in missing else "present"
-        table.add_row(task_id, name, state)
+        table.add_row(escape(task_id), escape(name), state)
     console.print(table)
     if missing:
-        console.print(f"{len(missing)} template(s) missing here: `sandrl images templates {tasks} --build` makes them")
+        console.print(
+            f"{len(missing)} template(s) missing here: `sandrl images templates {escape(tasks)} --build` makes them"
+        )
     emit({"templates": names, "built": sorted(set(built)), "missing": missing})

@@ -4,6 +4,10 @@ Every command that has a result for scripts ends with it as one JSON line on std
 "benchmarks print a card, then one JSON line"); its tables, cards and progress go to a rich
 console on stderr, which ``--json`` silences. The few commands whose table *is* the result
 (``tasks list``, ``images ls``) print it on stdout.
+
+Text is text: a message, a task id, a path or a sandbox's output is never read as rich markup
+(``[run]`` would vanish, ``[/x]`` would raise). Styles are added around it (:func:`print_error`),
+and text put into a markup string goes through :func:`rich.markup.escape`.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from rich.console import Console
+from rich.text import Text
 
 # Errors, warnings and the local `sandbox run`'s notes; `main()` prints SandrlError here.
 err_console = Console(stderr=True)
@@ -45,6 +50,11 @@ def rich_console(*, quiet: bool = False, stderr: bool = True, wide: bool = False
         stream = sys.stderr if stderr else sys.stdout
         return Console(stderr=stderr, width=None if stream.isatty() else _PIPED_WIDTH)
     return Console(stderr=stderr)
+
+
+def print_error(message: str, label: str = "error") -> None:
+    """``label: message`` as one line on stderr, the label in bold red and the message as written."""
+    err_console.print(Text.assemble((label, "bold red"), ": ", message), highlight=False, soft_wrap=True)
 
 
 def emit(result: Mapping[str, Any], out: Path | None = None) -> None:

@@ -9,7 +9,9 @@ from __future__ import annotations
 import time
 
 from rich.console import Console
+from rich.markup import escape
 from rich.panel import Panel
+from rich.text import Text
 
 from sandrl.sandbox.base import ExecResult, SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider
@@ -27,7 +29,10 @@ def _show(console: Console, title: str, result: ExecResult) -> None:
         flags.append("output truncated")
     extra = f", {', '.join(flags)}" if flags else ""
     console.print(
-        Panel(body, title=f"{title}  [dim]exit {result.exit_code}, {result.duration_s * 1000:.1f} ms{extra}[/]")
+        Panel(
+            Text(body),  # the sandbox's output, printed as it came
+            title=f"{escape(title)}  [dim]exit {result.exit_code}, {result.duration_s * 1000:.1f} ms{extra}[/]",
+        )
     )
 
 
@@ -38,7 +43,7 @@ async def run_demo(console: Console) -> None:
     t = time.perf_counter()
     sandbox = await provider.create(spec)
     console.print(
-        f"created [bold]{sandbox.id}[/] in {(time.perf_counter() - t) * 1000:.1f} ms "
+        f"created [bold]{escape(sandbox.id)}[/] in {(time.perf_counter() - t) * 1000:.1f} ms "
         f"(cpus={spec.cpus}, memory={spec.memory_mb} MiB, pids={spec.pids}, disk={spec.disk_mb} MiB, no network)"
     )
     async with sandbox:

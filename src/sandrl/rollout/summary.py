@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from sandrl.rollout.trajectory import STATUSES, Trajectory
@@ -90,7 +91,7 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
         f"{summary['retries']} retries"
     )
     if summary["errors"]:
-        out.print("errors: " + ", ".join(f"{k} x{v}" for k, v in summary["errors"].items()))
+        out.print("errors: " + ", ".join(f"{k} x{v}" for k, v in summary["errors"].items()), markup=False)
     if "forked_groups" in summary:
         f = summary["forked_groups"]
         out.print(
@@ -158,7 +159,8 @@ def print_failures(trajectories: Sequence[Trajectory], console: Console | None =
     for t in failed[:FAILURES_SHOWN]:
         reward = "-" if t.reward is None else f"{t.reward:g}"
         out.print(
-            f"[red]fail[/] {t.task_id} #{t.sample_index} ({t.status}, reward {reward}): {failure_reason(t)}",
+            f"[red]fail[/] {escape(str(t.task_id))} #{t.sample_index} ({t.status}, reward {reward}): "
+            f"{escape(failure_reason(t) or '')}",
             highlight=False,
             markup=True,
             soft_wrap=True,
