@@ -30,9 +30,9 @@ async def test_eval_says_why_each_failed_episode_failed(task_root: Path, provide
     result = await evaluate(config, provider=provider, progress=False, console=console)
     assert nothing_ran(result) is None  # it ran, and failed: a reward 0, not a broken run
     printed = console.file.getvalue()  # type: ignore[attr-defined]
-    (line,) = [line for line in printed.splitlines() if line.startswith("fail ")]
-    # The task, how the episode ended, its reward, and the verifier's exit code with what it said last.
-    assert line.startswith("fail echo-0-0000 #0 (completed, reward 0): verifier exit ")
+    (line,) = [line for line in printed.splitlines() if line.startswith("  x")]
+    # How many episodes, on which task, and the verifier's exit code with what it said last.
+    assert line.startswith("  x1 (1 task: echo-0-0000): verifier exit ")
     assert "|" in line or "printed nothing" in line
 
 
@@ -50,7 +50,7 @@ async def test_eval_with_no_episode_able_to_run_says_why(tmp_path: Path, provide
     why = nothing_ran(result)
     assert why is not None and why.startswith("no episode could run: all 2 ended without a reward (image_build_failed")
     assert "exit" in why  # the build step's failure, as the builder reported it
-    assert "fail unbuildable #0 (infra_error, reward -): infra error in image" in console.file.getvalue()  # type: ignore[attr-defined]
+    assert "x2 (1 task: unbuildable): infra error in image" in console.file.getvalue()  # type: ignore[attr-defined]
 
 
 async def test_eval_llm_embedded(task_root: Path, provider: BwrapProvider) -> None:

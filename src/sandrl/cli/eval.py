@@ -1,8 +1,10 @@
 """``sandrl eval TASKS``: an agent over tasks in sandboxes, each episode verified.
 
-The summary, the failed episodes (why each did not pass) and progress go to stderr; the command
-ends with one JSON line on stdout (:func:`sandrl.wiring.evaluate.result_line`), and exits 1 when no
-episode could run at all (every one an infra error), saying why.
+The summary, the per-task pass@k table, the failures grouped by why, and progress go to stderr;
+the resolved config, the results and every trajectory to ``runs/eval/<UTC time>/`` (or
+``--results-dir``). The command ends with one JSON line on stdout
+(:func:`sandrl.wiring.evaluate.result_line`), and exits 1 when no episode could run at all (every
+one an infra error), saying why.
 """
 
 from __future__ import annotations
@@ -33,12 +35,14 @@ def eval_tasks(
     ),
     model: str = typer.Option("tiny", help="'tiny' or a checkpoint dir (embedded: the model; URL: its tokenizer)."),
     samples: int = typer.Option(1, help="Episodes per task (a GRPO group)."),
-    concurrency: int = typer.Option(8, help="Episodes at once."),
+    concurrency: int | None = typer.Option(None, help="Episodes at once (default: [rollout]'s, 8)."),
     out: Path | None = typer.Option(None, "--out", "--save-rollouts", help="Write every trajectory here (JSONL)."),
-    max_turns: int = typer.Option(20, help="Turns per episode."),
-    max_total_tokens: int = typer.Option(8192, help="Tokens per episode, prompt included."),
-    max_new_tokens: int = typer.Option(512, help="Tokens per model reply."),
-    temperature: float = typer.Option(1.0, help="Sampling temperature."),
+    max_turns: int | None = typer.Option(None, help="Turns per episode (default: [rollout]'s, 4)."),
+    max_total_tokens: int | None = typer.Option(
+        None, help="Tokens per episode, prompt included (default: [rollout]'s, 2048)."
+    ),
+    max_new_tokens: int | None = typer.Option(None, help="Tokens per model reply (default: [rollout]'s, 128)."),
+    temperature: float | None = typer.Option(None, help="Sampling temperature (default: [rollout]'s, 1.0)."),
     run_id: str | None = typer.Option(None, help="Prefix of the episode ids; fixed = ids stable across runs."),
     host_capacity: str | None = typer.Option(
         None, help="Commands at once (the rest queue): a number, or a `sandrl bench contention` result file."
@@ -50,10 +54,16 @@ def eval_tasks(
     sandboxes: str = typer.Option(
         "local", help="'local' (bubblewrap here) or 'e2b' (an E2B-compatible service: E2B_API_KEY, E2B_API_URL...)."
     ),
+    task: str | None = typer.Option(None, "--task", help="Only the tasks whose name matches this glob, e.g. 'fix-*'."),
+    limit: int | None = typer.Option(None, help="At most N tasks: a sample drawn with --seed."),
+    seed: int = typer.Option(0, help="Seeds the --limit sample and the replay agent."),
+    results_dir: Path | None = typer.Option(
+        None, help="Where config.json, results.json and rollouts.jsonl go (default: runs/eval/<UTC time>/)."
+    ),
 ) -> None:
     """Run an agent over tasks in sandboxes; print a summary, then one JSON line."""
     from sandrl.capacity import parse_capacity
-    from sandrl.wiring.evaluate import EvalConfig, evaluate, nothing_ran, result_line
+    from sandrl.wiring.evaluate import EvalConfig, default_results_dir, evaluate, nothing_ran, result_line
 
     config = EvalConfig(
         tasks,
@@ -74,8 +84,13 @@ def eval_tasks(
         swebench_images=swebench_images,
         fork_groups=fork_groups,
         sandboxes=sandboxes,
+        task_pattern=task,
+        limit=limit,
+        seed=seed,
+        results_dir=results_dir if results_dir is not None else default_results_dir(),
     )
     result = asyncio.run(evaluate(config, console=err_console))
+    err_console.print(f"results: {config.results_dir}", markup=False, highlight=False, soft_wrap=True)
     emit(result_line(config, result))
     why = nothing_ran(result)
     if why is not None:

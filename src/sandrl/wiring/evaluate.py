@@ -1,8 +1,9 @@
-"""``sandrl eval``: run an agent over a task set and report (and optionally save) every episode.
+"""``sandrl eval``: run an agent over a task set; report pass@k per task and why episodes failed.
 
 ::
 
     sandrl eval builtin --agent oracle
+    sandrl eval builtin --agent null --task 'fix-*' --limit 4 --seed 1 --results-dir runs/eval/null
     sandrl eval tasks/ --agent llm --inference embedded --model tiny --samples 4 --out rollouts.jsonl
     sandrl eval tasks/ --agent llm --inference http://127.0.0.1:30000 --model /ckpt/step-10
 
@@ -10,14 +11,21 @@ The policy for ``--agent llm`` is the embedded engine (``--inference embedded``,
 ``--model``) or a server with SGLang's routes (``--inference URL``); over HTTP ``--model``
 names where the tokenizer is (``tiny``: the byte tokenizer; a checkpoint directory: its files).
 The episodes run as a training run's do (:func:`~sandrl.wiring.runner.build_runner`); an option
-left unset keeps :class:`~sandrl.wiring.config.RolloutConfig`'s default.
+left unset keeps :class:`~sandrl.wiring.config.RolloutConfig`'s default. The per-task table and
+the grouped failures are :mod:`sandrl.wiring.eval_report`'s; with a results directory the resolved
+config, the results and every trajectory are written there.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import fnmatch
+import json
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,14 +38,21 @@ from sandrl.rollout.agents.harness import HARNESSES
 from sandrl.rollout.agents.scripted import DEFAULT_REPLAY, NullAgent, OracleAgent, ReplayAgent, ThinkTime
 from sandrl.rollout.jsonl import TrajectoryWriter
 from sandrl.rollout.runner import RunResult
-from sandrl.rollout.summary import print_failures, print_summary
+from sandrl.rollout.summary import print_summary
 from sandrl.sandbox.base import SandboxProvider
 from sandrl.tasks.swebench_specs import images_setting
+from sandrl.tasks.task import Task
 from sandrl.wiring.config import ModelConfig, RolloutConfig
+from sandrl.wiring.eval_report import print_report, report
 from sandrl.wiring.policy import open_policy
 from sandrl.wiring.runner import build_runner, open_agent
 from sandrl.wiring.sandboxes import open_provider
-from sandrl.wiring.tasks import load_task_set
+from sandrl.wiring.tasks import load_task_set, task_path
+
+CONFIG_FILE = "config.json"
+"""The resolved config, in the results directory."""
+RESULTS_FILE = "results.json"
+"""The summary, the per-task pass@k and the grouped failures, in the results directory."""
 
 AgentName = Literal["llm", "oracle", "null", "replay"]
 AGENTS: tuple[AgentName, ...] = ("llm", "oracle", "null", "replay")
@@ -91,8 +106,19 @@ class EvalConfig:
     """Set each task up once per group and fork its episodes from it (``--fork-groups``; ``[rollout] fork_groups``)."""
     sandboxes: str | None = None
     """``local`` or ``e2b``: :attr:`~sandrl.wiring.config.RolloutConfig.sandboxes`."""
+    task_pattern: str | None = None
+    """Only the tasks whose name matches this glob (``--task``, e.g. ``fix-*``)."""
+    limit: int | None = None
+    """At most this many tasks (``--limit``): a sample drawn with ``seed``, the same for the same seed."""
+    seed: int = 0
+    """Seeds the ``--limit`` sample and the replay agent's think times."""
+    results_dir: Path | None = None
+    """Where the resolved config (``config.json``), the results (``results.json``) and, without
+    ``out``, every trajectory (``rollouts.jsonl``) are written; None: nowhere."""
 
     def __post_init__(self) -> None:
+        if self.limit is not None and self.limit < 1:
+            raise ConfigError(f"--limit must be at least 1 task, got {self.limit}")
         if self.host_capacity is not None and self.host_capacity < 1:
             raise ConfigError(f"--host-capacity must be at least 1 command at once, got {self.host_capacity}")
         if self.agent not in AGENTS and not self.uses_harness:
@@ -142,6 +168,17 @@ class EvalConfig:
         except ConfigError as exc:
             raise ConfigError(f"sandrl eval: {exc.message}") from exc
 
+    def rollouts_path(self) -> Path | None:
+        """Where every trajectory is written: ``out``, else the results directory's ``rollouts.jsonl``."""
+        if self.out is not None:
+            return self.out
+        return self.results_dir / "rollouts.jsonl" if self.results_dir is not None else None
+
+    def resolved(self) -> dict[str, Any]:
+        """Every setting of this evaluation, the episode settings as resolved, as JSON-ready data."""
+        fields = {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(self).items()}
+        return {**fields, "replay": list(self.replay), "rollout": dataclasses.asdict(self.rollout())}
+
     def model_config(self) -> ModelConfig | None:
         """The policy the agent samples; None for the agents without a model."""
         if not self.uses_model:
@@ -158,8 +195,24 @@ def scripted_agent(config: EvalConfig) -> Agent | None:
         return NullAgent()
     if config.agent == "replay":
         low, high = config.think_s
-        return ReplayAgent(list(config.replay), ThinkTime(round(low * 100), round(high * 100), 100.0))
+        return ReplayAgent(list(config.replay), ThinkTime(round(low * 100), round(high * 100), 100.0), seed=config.seed)
     return None
+
+
+def select_tasks(tasks: Sequence[Task], config: EvalConfig) -> list[Task]:
+    """The tasks ``--task`` and ``--limit`` keep, in name order; a pattern matching none is a ConfigError."""
+    chosen = sorted(tasks, key=lambda t: t.id)
+    if config.task_pattern is not None:
+        chosen = [t for t in chosen if fnmatch.fnmatchcase(t.id, config.task_pattern)]
+        if not chosen:
+            names = ", ".join(t.id for t in sorted(tasks, key=lambda t: t.id)[:5])
+            raise ConfigError(
+                f"--task {config.task_pattern!r} matches none of the {len(tasks)} tasks under "
+                f"{task_path(config.tasks)} (a glob on task names, e.g. {names}, ...)"
+            )
+    if config.limit is not None and config.limit < len(chosen):
+        chosen = sorted(random.Random(config.seed).sample(chosen, config.limit), key=lambda t: t.id)
+    return chosen
 
 
 async def evaluate(
@@ -170,9 +223,12 @@ async def evaluate(
     console: Console | None = None,
 ) -> RunResult:
     """Run the evaluation; print the summary; return every group and the summary."""
-    tasks = load_task_set(config.tasks, swebench_images=config.swebench_images)
+    tasks = select_tasks(load_task_set(config.tasks, swebench_images=config.swebench_images), config)
     model = config.model_config()
-    writer = TrajectoryWriter(config.out) if config.out is not None else None
+    if config.results_dir is not None:
+        start_results_dir(config)
+    rollouts = config.rollouts_path()
+    writer = TrajectoryWriter(rollouts) if rollouts is not None else None
     try:
         async with contextlib.AsyncExitStack() as stack:
             policy: InferenceClient | None = None
@@ -195,8 +251,35 @@ async def evaluate(
         if writer is not None:
             writer.close()
     print_summary(result.summary, console)
-    print_failures(result.trajectories, console)
+    print_report(result.trajectories, console or Console(stderr=True))
+    if config.results_dir is not None:
+        results = {**result_line(config, result), **report(result.trajectories)}
+        (config.results_dir / RESULTS_FILE).write_text(json.dumps(results, indent=2, default=str) + "\n")
     return result
+
+
+def default_results_dir(now: datetime | None = None) -> Path:
+    """``runs/eval/<UTC time>/``, relative to the working directory (a run in the same second gets ``-2``...)."""
+    base = Path("runs") / "eval" / (now or datetime.now(UTC)).strftime("%Y%m%dT%H%M%SZ")
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
+
+
+def start_results_dir(config: EvalConfig) -> None:
+    """Make the results directory and write the resolved config into it, before any episode runs;
+    a directory that holds an earlier eval's results is refused rather than overwritten."""
+    assert config.results_dir is not None
+    path = config.results_dir
+    if (path / RESULTS_FILE).exists() or (path / CONFIG_FILE).exists():
+        raise ConfigError(f"--results-dir {path} holds an earlier eval's results; give another directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        (path / CONFIG_FILE).write_text(json.dumps(config.resolved(), indent=2, default=str) + "\n")
+    except OSError as exc:
+        raise ConfigError(f"--results-dir {path}: cannot write there: {exc}") from exc
 
 
 def nothing_ran(result: RunResult) -> str | None:
@@ -216,11 +299,15 @@ def nothing_ran(result: RunResult) -> str | None:
 
 def result_line(config: EvalConfig, result: RunResult) -> dict[str, Any]:
     """The JSON line ``sandrl eval`` ends with."""
+    mean = report(result.trajectories)["mean"]
     return {
         "eval": config.tasks,
         "agent": config.agent,
         "samples": config.samples,
         "wall_s": round(result.wall_s, 3),
         "out": str(config.out) if config.out is not None else None,
+        "results_dir": str(config.results_dir) if config.results_dir is not None else None,
         **result.summary,
+        "pass@1": mean["pass@1"],
+        f"pass@{config.samples}": mean["pass@n"],
     }
