@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from sandrl.inference.tokenizer import ByteTokenizer
+from sandrl.rollout import read_jsonl
 from sandrl.wiring.config import RolloutConfig
 from sandrl.wiring.eval_report import pass_at_k
 from sandrl.wiring.evaluate import EvalConfig, select_tasks
@@ -141,3 +143,39 @@ def test_limit_is_a_sample_drawn_with_the_seed(tasks: Path) -> None:
     picks = [chosen(tasks, None, 1, seed) for seed in range(8)]
     assert picks == [chosen(tasks, None, 1, seed) for seed in range(8)]  # the same seed, the same tasks
     assert len(set(picks)) > 1  # not always the first
+
+
+@needs_sandbox
+def test_eval_with_a_run_config_evaluates_as_the_run_trained(tasks: Path, tmp_path: Path) -> None:
+    run_config = tmp_path / "train.toml"
+    run_config.write_text(
+        '[model]\nname = "tiny"\ninference = "embedded"\n\n'
+        f'[tasks]\npath = "{tasks}"\n\n'
+        '[rollout]\ngroup_size = 2\nmax_turns = 1\nmax_new_tokens = 8\ntemperature = 0.5\nformat = "tools"\n'
+        'system_prompt = "Answer in one command."\n\n'
+        "[rollout.timeouts]\nsetup_timeout_s = 45.0\n"
+    )
+    out = tmp_path / "results"
+    r = sandrl(
+        ["eval", str(tasks), "--config", str(run_config), "--task", "good-a", "--results-dir", str(out)], tmp_path
+    )
+    assert r.returncode == 0, r.stderr
+    config = json.loads((out / "config.json").read_text())
+    # The run's agent and policy, and every episode setting it trained with, unless an option says otherwise.
+    assert (config["agent"], config["model"], config["inference"]) == ("llm", "tiny", "embedded")
+    rollout = config["rollout"]
+    assert (rollout["max_turns"], rollout["max_new_tokens"], rollout["temperature"]) == (1, 8, 0.5)
+    assert rollout["format"] == "tools" and rollout["system_prompt"] == "Answer in one command."
+    assert rollout["timeouts"]["setup_timeout_s"] == 45.0
+    assert rollout["group_size"] == 1  # --samples, not the run's group size: pass@k is eval's to choose
+    (episode,) = read_jsonl(out / "rollouts.jsonl")
+    assert episode.agent == "llm" and episode.num_turns == 1 and episode.stop_reason == "max_turns"
+    assert "Answer in one command." in ByteTokenizer().decode(episode.ids[: episode.prompt_len])
+    r = sandrl(
+        ["eval", str(tasks), "--config", str(run_config), "--task", "good-a", "--agent", "null", "--max-turns", "3"],
+        tmp_path,
+    )
+    assert r.returncode == 0, r.stderr
+    (run_dir,) = (tmp_path / "runs" / "eval").iterdir()
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["agent"] == "null" and config["rollout"]["max_turns"] == 3 and config["rollout"]["temperature"] == 0.5

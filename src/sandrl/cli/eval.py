@@ -23,17 +23,27 @@ app = typer.Typer()
 @app.command("eval")
 def eval_tasks(
     tasks: str = typer.Argument(..., help="A task directory, a directory of them, a SWE-bench file, or 'builtin'."),
-    agent: str = typer.Option(
-        "oracle", help="llm, oracle, null, replay, mini-swe-agent, terminus-2 or module:function (see the README)."
+    agent: str | None = typer.Option(
+        None,
+        help="llm, oracle, null, replay, mini-swe-agent, terminus-2 or module:function (see the README); "
+        "default: the --config run's agent, else oracle.",
     ),
     inference: str | None = typer.Option(
-        None, help="'embedded', an SGLang-routes server's URL or vllm://HOST:PORT (agents with a model)."
+        None,
+        help="'embedded', an SGLang-routes server's URL or vllm://HOST:PORT (agents with a model); "
+        "default: the --config run's.",
     ),
-    format: str = typer.Option("fenced", "--format", help="The llm agent's actions: 'fenced' bash blocks or 'tools'."),
+    format: str | None = typer.Option(
+        None, "--format", help="The llm agent's actions: 'fenced' bash blocks or 'tools' (default: [rollout]'s)."
+    ),
     tool_parser: str | None = typer.Option(
         None, help="Tool-call parser: hermes, glm45, llama3_json (default: detected from the chat template)."
     ),
-    model: str = typer.Option("tiny", help="'tiny' or a checkpoint dir (embedded: the model; URL: its tokenizer)."),
+    model: str | None = typer.Option(
+        None,
+        help="'tiny' or a checkpoint dir (embedded: the model; URL: its tokenizer); "
+        "default: the --config run's, else tiny.",
+    ),
     samples: int = typer.Option(1, help="Episodes per task (a GRPO group)."),
     concurrency: int | None = typer.Option(None, help="Episodes at once (default: [rollout]'s, 8)."),
     out: Path | None = typer.Option(None, "--out", "--save-rollouts", help="Write every trajectory here (JSONL)."),
@@ -48,11 +58,19 @@ def eval_tasks(
         None, help="Commands at once (the rest queue): a number, or a `sandrl bench contention` result file."
     ),
     swebench_images: str | None = typer.Option(None, help=SWEBENCH_IMAGES_HELP),
-    fork_groups: bool = typer.Option(
-        False, "--fork-groups", help="Set each task up once per group of --samples, and fork its episodes from it."
+    fork_groups: bool | None = typer.Option(
+        None, "--fork-groups", help="Set each task up once per group of --samples, and fork its episodes from it."
     ),
-    sandboxes: str = typer.Option(
-        "local", help="'local' (bubblewrap here) or 'e2b' (an E2B-compatible service: E2B_API_KEY, E2B_API_URL...)."
+    sandboxes: str | None = typer.Option(
+        None,
+        help="'local' (bubblewrap here) or 'e2b' (an E2B-compatible service: E2B_API_KEY, E2B_API_URL...); "
+        "default: [rollout]'s, local.",
+    ),
+    config: Path | None = typer.Option(
+        None,
+        "--config",
+        help="A training run's config (its config.toml): evaluate as it trained (agent, format, system prompt, "
+        "sampling, budgets, timeouts); the options given override it.",
     ),
     task: str | None = typer.Option(None, "--task", help="Only the tasks whose name matches this glob, e.g. 'fix-*'."),
     limit: int | None = typer.Option(None, help="At most N tasks: a sample drawn with --seed."),
@@ -63,15 +81,25 @@ def eval_tasks(
 ) -> None:
     """Run an agent over tasks in sandboxes; print a summary, then one JSON line."""
     from sandrl.capacity import parse_capacity
-    from sandrl.wiring.evaluate import EvalConfig, default_results_dir, evaluate, nothing_ran, result_line
+    from sandrl.train.run_config import load_run_config
+    from sandrl.wiring.evaluate import (
+        EvalConfig,
+        default_results_dir,
+        evaluate,
+        nothing_ran,
+        result_line,
+        rollout_of,
+    )
 
-    config = EvalConfig(
+    run = load_run_config(config) if config is not None else None
+    trained_with = rollout_of(run.rollout) if run is not None else None
+    eval_config = EvalConfig(
         tasks,
-        agent=agent,
-        inference=inference,
+        agent=agent or (trained_with.agent if trained_with is not None else "oracle"),
+        inference=inference or (run.model.inference if run is not None else None),
         format=format,
         tool_parser=tool_parser,
-        model=model,
+        model=model or (run.model.name if run is not None else "tiny"),
         samples=samples,
         concurrency=concurrency,
         out=out,
@@ -88,10 +116,12 @@ def eval_tasks(
         limit=limit,
         seed=seed,
         results_dir=results_dir if results_dir is not None else default_results_dir(),
+        trained_with=trained_with,
+        trained_model=run.model if run is not None else None,
     )
-    result = asyncio.run(evaluate(config, console=err_console))
-    err_console.print(f"results: {config.results_dir}", markup=False, highlight=False, soft_wrap=True)
-    emit(result_line(config, result))
+    result = asyncio.run(evaluate(eval_config, console=err_console))
+    err_console.print(f"results: {eval_config.results_dir}", markup=False, highlight=False, soft_wrap=True)
+    emit(result_line(eval_config, result))
     why = nothing_ran(result)
     if why is not None:
         err_console.print(f"[bold red]error[/]: {why}", highlight=False, soft_wrap=True)

@@ -9,9 +9,11 @@ It sits above :mod:`sandrl.rollout`, :mod:`sandrl.inference`, :mod:`sandrl.sandb
                  carrying the model's tokenizer and context length
     runner.py    build_runner(rollout, provider, policy=..., agent=...): RunnerConfig, EpisodeConfig
                  (budget, per-phase timeouts), the LLM agent and its sampling, the RolloutRunner
-    tasks.py     task_set(tasks, root), load_task_set(path): the tasks
+    tasks.py     task_set(tasks, root), load_task_set(path), task_path(spec): the tasks ('builtin': the suite)
     sandboxes.py open_provider(rollout): [rollout] sandboxes, local (bubblewrap) or e2b (an E2B service)
-    evaluate.py  sandrl eval: EvalConfig (overrides of RolloutConfig) and evaluate()
+    evaluate.py  sandrl eval: EvalConfig (overrides of RolloutConfig, or of a training run's), evaluate(),
+                 the task filters and the results directory
+    eval_report.py  pass@k per task (Chen et al.'s unbiased estimator) and the failures grouped by reason
     suite.py     sandrl tasks run / validate: the oracle and null agents through the same runner
 
 A caller with a model::

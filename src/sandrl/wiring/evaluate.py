@@ -75,8 +75,8 @@ class EvalConfig:
     """One of :data:`AGENTS`, ``mini-swe-agent``, or ``module:function`` (a harness)."""
     inference: str | None = None
     """``embedded`` or the URL of an inference server; needed by the agents with a model (llm, harnesses)."""
-    format: str = "fenced"
-    """The llm agent's action format: ``fenced`` or ``tools``."""
+    format: str | None = None
+    """The llm agent's action format: ``fenced`` or ``tools``; None: ``trained_with``'s or the default."""
     tool_parser: str | None = None
     """The tool-call parser (hermes, glm45, llama3_json); None: detected from the chat template."""
     model: str = "tiny"
@@ -102,7 +102,7 @@ class EvalConfig:
     """Commands at once across the sandboxes, the rest queue (``RunnerConfig.host_capacity``)."""
     swebench_images: str | None = None
     """Where SWE-bench instances run: :attr:`~sandrl.wiring.config.TasksConfig.swebench_images`."""
-    fork_groups: bool = False
+    fork_groups: bool | None = None
     """Set each task up once per group and fork its episodes from it (``--fork-groups``; ``[rollout] fork_groups``)."""
     sandboxes: str | None = None
     """``local`` or ``e2b``: :attr:`~sandrl.wiring.config.RolloutConfig.sandboxes`."""
@@ -112,6 +112,11 @@ class EvalConfig:
     """At most this many tasks (``--limit``): a sample drawn with ``seed``, the same for the same seed."""
     seed: int = 0
     """Seeds the ``--limit`` sample and the replay agent's think times."""
+    trained_with: RolloutConfig | None = None
+    """A training run's ``[rollout]`` (``--config``): the episode settings start from it instead of
+    :class:`RolloutConfig`'s defaults, so the policy is evaluated as it was trained."""
+    trained_model: ModelConfig | None = None
+    """The training run's ``[model]``: its API and token settings; ``model`` and ``inference`` still name what runs."""
     results_dir: Path | None = None
     """Where the resolved config (``config.json``), the results (``results.json``) and, without
     ``out``, every trajectory (``rollouts.jsonl``) are written; None: nowhere."""
@@ -159,11 +164,12 @@ class EvalConfig:
             "tool_parser": self.tool_parser,
             "sandboxes": self.sandboxes,
         }
+        if self.fork_groups is not None:
+            given["fork_groups"] = self.fork_groups
+        start = self.trained_with if self.trained_with is not None else RolloutConfig()
         try:
-            return RolloutConfig(
-                group_size=self.samples,
-                fork_groups=self.fork_groups,
-                **{k: v for k, v in given.items() if v is not None},
+            return dataclasses.replace(
+                start, group_size=self.samples, **{k: v for k, v in given.items() if v is not None}
             )
         except ConfigError as exc:
             raise ConfigError(f"sandrl eval: {exc.message}") from exc
@@ -177,14 +183,27 @@ class EvalConfig:
     def resolved(self) -> dict[str, Any]:
         """Every setting of this evaluation, the episode settings as resolved, as JSON-ready data."""
         fields = {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(self).items()}
-        return {**fields, "replay": list(self.replay), "rollout": dataclasses.asdict(self.rollout())}
+        model = self.model_config()
+        return {
+            **{k: v for k, v in fields.items() if k not in ("trained_with", "trained_model")},
+            "replay": list(self.replay),
+            "rollout": dataclasses.asdict(self.rollout()),
+            "model_config": dataclasses.asdict(model) if model is not None else None,
+        }
 
     def model_config(self) -> ModelConfig | None:
         """The policy the agent samples; None for the agents without a model."""
         if not self.uses_model:
             return None
         assert self.inference is not None
+        if self.trained_model is not None:
+            return dataclasses.replace(self.trained_model, name=self.model, inference=self.inference)
         return ModelConfig(name=self.model, inference=self.inference)
+
+
+def rollout_of(section: RolloutConfig) -> RolloutConfig:
+    """The episode settings of a training run's ``[rollout]`` (a subclass with GRPO's keys), without them."""
+    return RolloutConfig(**{f.name: getattr(section, f.name) for f in dataclasses.fields(RolloutConfig) if f.init})
 
 
 def scripted_agent(config: EvalConfig) -> Agent | None:
