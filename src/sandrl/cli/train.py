@@ -1,17 +1,21 @@
-"""``sandrl train CONFIG [--mode sync|async] [--load-rollouts FILE] [--rollout-only] [--ray auto|ADDRESS]``.
+"""``sandrl train CONFIG [--set section.key=value]... [--steps N] [--output-dir DIR] [--mode sync|async] ...``.
 
 ::
 
     sandrl train configs/tiny.toml                      # the [run] mode (sync by default)
     sandrl train configs/tiny.toml --mode async
+    sandrl train configs/tiny.toml --steps 2 --output-dir /tmp/try --set train.lr=3e-5
     sandrl train configs/tiny.toml --rollout-only       # collect into rollouts.jsonl, no training
     sandrl train configs/tiny.toml --load-rollouts runs/tiny/rollouts.jsonl   # no sandboxes, no server
     sandrl train cluster.toml --ray auto                # on a Ray cluster: see sandrl.cluster.training
 
-The run writes under ``[run] output_dir``: ``config.toml`` (the resolved config), ``metrics.jsonl``
-(one line per step), ``rollouts.jsonl`` and ``checkpoints/``; started again, it resumes from the
-newest checkpoint. It prints a progress line per step on stderr and ends with one JSON line on
-stdout (the last step's metrics).
+``--set`` changes any setting of the file, typed and checked as the file's own (see
+:mod:`sandrl.train.overrides`); ``--steps`` and ``--output-dir`` are ``--set run.steps=`` and
+``--set run.output_dir=``. The run writes under ``[run] output_dir`` (relative to the working
+directory): ``config.toml`` (the resolved config), ``metrics.jsonl`` (one line per step),
+``rollouts.jsonl`` and ``checkpoints/``; started again, it resumes from the newest checkpoint (a
+run whose steps are all done says so: raise ``--steps`` to train on). It prints a progress line
+per step on stderr and ends with one JSON line on stdout (the last step's metrics).
 
 ``--ray`` is routed here rather than in :mod:`sandrl.train`: the cluster package builds on the
 train package, so the train package must not import it back.
@@ -34,6 +38,19 @@ app = typer.Typer()
 @app.command("train")
 def train_cmd(
     config: Path = typer.Argument(..., help="The run's TOML config (see configs/tiny.toml)."),
+    set_: list[str] = typer.Option(
+        [],
+        "--set",
+        metavar="SECTION.KEY=VALUE",
+        help="Change one setting of the config, e.g. --set train.lr=3e-5 --set train.loss.loss_type=grpo "
+        "(repeatable; typed and checked as in the file).",
+    ),
+    steps: int | None = typer.Option(
+        None, help="Train this many steps in all ([run] steps); a resumed run trains on up to it."
+    ),
+    output_dir: str | None = typer.Option(
+        None, help="Where the run writes ([run] output_dir; relative to the working directory)."
+    ),
     mode: str | None = typer.Option(None, help="sync or async (default: [run] mode)."),
     load_rollouts: Path | None = typer.Option(None, help="Train on saved trajectories: no sandboxes, no inference."),
     rollout_only: bool = typer.Option(False, help="Collect rollouts without training."),
@@ -42,16 +59,21 @@ def train_cmd(
     ),
 ) -> None:
     """Train a policy with GRPO in sandboxes; a progress line per step, then one JSON line."""
+    overrides = [*set_]
+    if steps is not None:
+        overrides.append(f"run.steps={steps}")
+    if output_dir is not None:
+        overrides.append(f"run.output_dir={output_dir}")
     if ray is not None:
         if load_rollouts is not None:
             raise ConfigError("--load-rollouts trains on saved trajectories in this process: drop --ray")
         from sandrl.cluster.training import train_on_ray
 
-        emit(train_on_ray(config, ray, mode=mode, rollout_only=rollout_only))
+        emit(train_on_ray(config, ray, mode=mode, rollout_only=rollout_only, overrides=overrides))
         return
     # Imported here: the train package brings in PyTorch, which `sandrl --help` should not wait for.
     from sandrl.train.command import run_training
     from sandrl.train.run_config import load_run_config
 
-    run_config = load_run_config(config)
+    run_config = load_run_config(config, overrides)
     emit(asyncio.run(run_training(run_config, mode=mode, load_rollouts=load_rollouts, rollout_only=rollout_only)))

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,8 @@ from sandrl.cluster.hosts import HostConfig
 from sandrl.errors import ConfigError
 from sandrl.toml_config import read_toml, type_name
 from sandrl.train.config import from_mapping
-from sandrl.train.run_config import RunConfig, dumps, from_dict
+from sandrl.train.overrides import apply_overrides
+from sandrl.train.run_config import SECTION_TYPES, RunConfig, dumps, from_dict
 
 
 @dataclass(frozen=True)
@@ -146,8 +147,8 @@ def _absolute(path: str, base: Path) -> str:
     return str(base / path) if path and not Path(path).is_absolute() else path
 
 
-def load_cluster_run(path: str | Path) -> tuple[RunConfig, ClusterConfig]:
-    """The run config and the ``[cluster]`` section of the file at ``path``, both checked."""
+def load_cluster_run(path: str | Path, overrides: Sequence[str] = ()) -> tuple[RunConfig, ClusterConfig]:
+    """The run config (``--set`` ``overrides`` applied) and the ``[cluster]`` section of the file at ``path``."""
     file = Path(path)
     data = read_toml(file)
     if "cluster" not in data:
@@ -157,7 +158,7 @@ def load_cluster_run(path: str | Path) -> tuple[RunConfig, ClusterConfig]:
         )
     table = data.pop("cluster")
     base = file.resolve().parent
-    run = from_dict(data, where=str(file), base=base)
+    run = from_dict(apply_overrides(data, overrides, SECTION_TYPES), where=str(file), base=base)
     cluster = cluster_from_dict(table, where=f"{file}: [cluster]", base=base)
     return run, cluster
 

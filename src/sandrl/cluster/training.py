@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -171,8 +172,12 @@ async def run_cluster_training(
 
 
 def train_on_ray(
-    config_path: Path, address: str, mode: str | None = None, rollout_only: bool = False
+    config_path: Path,
+    address: str,
+    mode: str | None = None,
+    rollout_only: bool = False,
+    overrides: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The body of ``sandrl train CONFIG --ray ADDRESS``: the run's last step and the cluster's metrics."""
-    config, cluster = load_cluster_run(config_path)
+    config, cluster = load_cluster_run(config_path, overrides)
     return asyncio.run(run_cluster_training(config, cluster, address=address, mode=mode, rollout_only=rollout_only))

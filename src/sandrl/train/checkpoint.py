@@ -102,6 +102,17 @@ def latest(root: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
+def steps_done(root: str | Path) -> int:
+    """The steps the newest complete checkpoint under ``root`` holds; 0 when there is none."""
+    last = latest(root)
+    if last is None:
+        return 0
+    try:
+        return int(json.loads((last / "state.json").read_text())["steps"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise TrainError(f"{last} is not a training checkpoint (no readable state.json): {exc}") from exc
+
+
 def load(
     path: str | Path, *, model: Any, optimizer: torch.optim.Optimizer, reference: Any = None, device: torch.device
 ) -> TrainerState:

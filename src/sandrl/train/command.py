@@ -3,7 +3,8 @@
 ``sandrl train`` (:mod:`sandrl.cli.train`), ``sandrl demo`` and ``sandrl bench train`` call it. The
 run writes under ``[run] output_dir``: ``config.toml`` (the resolved config), ``metrics.jsonl``
 (one line per step), ``rollouts.jsonl`` and ``checkpoints/``; started again, it resumes from the
-newest checkpoint.
+newest checkpoint. A run whose checkpoint already holds all ``[run] steps`` trains nothing: it says
+so, and how to train on, without starting sandboxes or a server.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from rich.console import Console
 from sandrl.errors import ConfigError
 from sandrl.rollout.agent import Agent
 from sandrl.sandbox.base import SandboxProvider
-from sandrl.train import async_, sync
+from sandrl.train import async_, checkpoint, sync
 from sandrl.train.driver_common import open_session
 from sandrl.train.run_config import MODES, RunConfig
 
@@ -40,6 +41,10 @@ async def run_training(
     if chosen not in MODES:
         raise ConfigError(f"--mode must be one of {', '.join(MODES)}, got {chosen!r}")
     driver = sync if load_rollouts is not None or chosen == "sync" else async_
+    if config.run.resume and not rollout_only:
+        done = checkpoint.steps_done(config.output_dir / "checkpoints")
+        if done >= config.run.steps:
+            return _complete(config, done, console or Console(stderr=True))
     last: dict[str, Any] = {}
     async with open_session(
         config,
@@ -56,3 +61,20 @@ async def run_training(
         if lines:
             last = {**json.loads(lines[-1]), **last}
     return last
+
+
+def _complete(config: RunConfig, done: int, console: Console) -> dict[str, Any]:
+    """What a run that has nothing left to train prints and returns: its last step, marked complete."""
+    out = config.output_dir
+    console.print(
+        f"the run in {out} is complete: {done} of {config.run.steps} steps done, nothing trained now. "
+        f"To train on from its last checkpoint, raise the steps (--steps {done + config.run.steps}); "
+        "for a new run, --output-dir ANOTHER_DIR",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+    metrics = out / "metrics.jsonl"
+    lines = metrics.read_text().splitlines() if metrics.is_file() else []
+    last = json.loads(lines[-1]) if lines else {}
+    return {**last, "steps": done, "output_dir": str(out), "complete": True}

@@ -3,7 +3,7 @@
 .. code-block:: toml
 
     [run]                       # RunSection: where the run writes, how long it trains
-    output_dir = "runs/tiny"    # relative paths are relative to this file
+    output_dir = "runs/tiny"    # relative to the working directory; other paths: to this file
     steps = 20
     groups_per_step = 4
 
@@ -30,6 +30,7 @@ Every section and key is checked when the file loads: an unknown key, a wrong ty
 contradiction is a :class:`~sandrl.errors.ConfigError` naming the file, the key and what would
 be valid. :func:`save_resolved` writes every setting, defaults included, as TOML next to the
 checkpoints (``<output_dir>/config.toml``), which :func:`load_run_config` reads back unchanged.
+``--set section.key=value`` changes one setting from the command line (:mod:`sandrl.train.overrides`).
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Mapping
+import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -47,6 +49,7 @@ from sandrl.tasks.builtin.generated import FAMILIES
 from sandrl.toml_config import read_toml
 from sandrl.train.config import TrainConfig, from_mapping, none_as_false
 from sandrl.train.losses import ScaleRewards
+from sandrl.train.overrides import apply_overrides
 from sandrl.wiring.config import ModelConfig, RolloutConfig, TasksConfig
 
 Mode = Literal["sync", "async"]
@@ -58,7 +61,9 @@ class RunSection:
     """Where the run writes and how long it trains."""
 
     output_dir: str = "runs/sandrl"
-    """Checkpoints (``checkpoints/``), ``metrics.jsonl``, ``rollouts.jsonl`` and the resolved ``config.toml``."""
+    """Checkpoints (``checkpoints/``), ``metrics.jsonl``, ``rollouts.jsonl`` and the resolved ``config.toml``.
+    A relative path is relative to the working directory ``sandrl train`` runs in (not to the config
+    file, as the other paths are); ``--output-dir`` replaces it."""
     mode: Mode = "sync"
     """The driver when ``--mode`` is not given."""
     steps: int = 10
@@ -161,7 +166,7 @@ _SECTIONS: dict[str, str] = {
     "async": "async_",
     "train": "train",
 }
-_TYPES: dict[str, type[Any]] = {
+SECTION_TYPES: dict[str, type[Any]] = {
     "run": RunSection,
     "model": ModelConfig,
     "tasks": TasksConfig,
@@ -184,7 +189,7 @@ def from_dict(data: Mapping[str, object], *, where: str = "config", base: Path |
         )
     values: dict[str, Any] = {}
     for name, attr in _SECTIONS.items():
-        values[attr] = from_mapping(_TYPES[name], data.get(name, {}), where=f"{where}: [{name}]")
+        values[attr] = from_mapping(SECTION_TYPES[name], data.get(name, {}), where=f"{where}: [{name}]")
     config = RunConfig(**values)
     if base is not None:
         config = _resolve_paths(config, base)
@@ -195,10 +200,10 @@ def from_dict(data: Mapping[str, object], *, where: str = "config", base: Path |
     return config
 
 
-def load_run_config(path: str | Path) -> RunConfig:
-    """Read and check the run config at ``path``."""
+def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
+    """Read and check the run config at ``path``, with ``overrides`` (``--set section.key=value``) applied."""
     file = Path(path)
-    data = read_toml(file)
+    data = apply_overrides(read_toml(file), overrides, SECTION_TYPES)
     return from_dict(data, where=str(file), base=file.resolve().parent)
 
 
@@ -250,8 +255,29 @@ def _resolve_paths(config: RunConfig, base: Path) -> RunConfig:
     model = dataclasses.replace(model, token_file=absolute(model.token_file))
     return dataclasses.replace(
         config,
-        run=dataclasses.replace(config.run, output_dir=absolute(config.run.output_dir)),
+        run=dataclasses.replace(config.run, output_dir=_output_dir(config.run.output_dir, base)),
         tasks=dataclasses.replace(config.tasks, path=absolute(config.tasks.path)),
         rollout=dataclasses.replace(config.rollout, capacity_file=absolute(config.rollout.capacity_file)),
         model=model,
     )
+
+
+def _output_dir(path: str, base: Path) -> str:
+    """``[run] output_dir`` made absolute against the working directory.
+
+    Before, it was relative to the config file: a run started that way (its ``config.toml`` is
+    there, nothing is at the new place) goes on where it is, with a warning, instead of starting
+    over beside it.
+    """
+    if Path(path).is_absolute():
+        return path
+    here = Path.cwd() / path
+    before = base / path
+    if before.resolve() != here.resolve() and (before / "config.toml").is_file() and not here.exists():
+        warnings.warn(
+            f"output_dir {path!r} is relative to the working directory now, not to the config file; the run "
+            f"already in {before} goes on there: write that path in the config (or --output-dir) to keep it so",
+            stacklevel=2,
+        )
+        return str(before)
+    return str(here)

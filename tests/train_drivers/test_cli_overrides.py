@@ -1,0 +1,131 @@
+"""``sandrl train CONFIG --set section.key=value --steps N --output-dir DIR`` as a user runs it.
+
+Through the real command in a subprocess, training the tiny model on saved trajectories
+(``--load-rollouts``: no sandboxes, no server), so each run takes seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from sandrl.errors import ConfigError
+from sandrl.rollout.jsonl import write_jsonl
+from sandrl.rollout.trajectory import Trajectory
+from sandrl.train.run_config import load_run_config
+
+SANDRL = Path(sys.executable).with_name("sandrl")
+
+
+def sandrl(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(SANDRL), *args], cwd=cwd, capture_output=True, text=True, timeout=300, env={**os.environ}
+    )
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    """A config in ``conf/`` (output_dir relative) and four saved groups to train on, in ``tmp_path``."""
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "run.toml").write_text(
+        '[run]\noutput_dir = "runs/x"\nsteps = 5\ngroups_per_step = 1\n[tasks]\nfamily = "echo"\n'
+    )
+    trajectories = [
+        Trajectory.from_dict(
+            {
+                "episode_id": f"r/t#{g}/{i}",
+                "group_id": f"r/t#{g}",
+                "task_id": "t",
+                "sample_index": i,
+                "agent": "llm",
+                "status": "completed",
+                "reward": float(i),
+                "ids": [1, 2, 3, 4],
+                "loss_mask": [0, 1, 1, 1],
+                "logprobs": [0.0, -0.5, -0.25, -0.3],
+                "weight_version": 0,
+            }
+        )
+        for g in range(4)
+        for i in range(2)
+    ]
+    write_jsonl(tmp_path / "saved.jsonl", trajectories)
+    return tmp_path
+
+
+def train(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return sandrl(cwd, "train", "conf/run.toml", "--load-rollouts", "saved.jsonl", *args)
+
+
+def test_set_and_steps_shape_the_run_and_output_dir_is_relative_to_the_working_directory(run_dir: Path) -> None:
+    r = train(run_dir, "--steps", "1", "--set", "train.lr=3e-5", "--set", "train.loss.loss_type=grpo",
+              "--set", "train.max_grad_norm=false", "--set", "run.seed=7")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    out = run_dir / "runs" / "x"  # not conf/runs/x
+    resolved = tomllib.loads((out / "config.toml").read_text())
+    assert resolved["run"]["output_dir"] == str(out)
+    assert resolved["run"]["steps"] == 1 and resolved["run"]["seed"] == 7
+    assert resolved["train"]["lr"] == 3e-5 and resolved["train"]["max_grad_norm"] is False
+    assert resolved["train"]["loss"]["loss_type"] == "grpo"
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 1
+    assert json.loads(r.stdout.splitlines()[-1])["train/lr"] == 3e-5
+
+
+def test_a_finished_run_says_it_is_complete_and_steps_extends_it(run_dir: Path) -> None:
+    first = train(run_dir, "--steps", "1", "--output-dir", "elsewhere")
+    assert first.returncode == 0, first.stderr
+    metrics = run_dir / "elsewhere" / "metrics.jsonl"
+    again = train(run_dir, "--steps", "1", "--output-dir", "elsewhere")
+    assert again.returncode == 0, again.stderr
+    assert f"the run in {run_dir / 'elsewhere'} is complete: 1 of 1 steps done, nothing trained now" in again.stderr
+    assert "--steps 2" in again.stderr and "step 1/1" not in again.stderr
+    assert json.loads(again.stdout.splitlines()[-1])["complete"] is True
+    assert len(metrics.read_text().splitlines()) == 1
+    more = train(run_dir, "--steps", "2", "--output-dir", "elsewhere")
+    assert more.returncode == 0, more.stderr
+    assert "step 2/2" in more.stderr
+    assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [1, 2]
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--set", "run.stepz=3"], "--set run.stepz=3: [run]: unknown key stepz; valid keys are output_dir, mode"),
+        (["--set", "train.loss.kind=x"], "[train.loss]: unknown key kind; valid keys are"),
+        (["--set", "trian.lr=1"], "--set trian.lr=1: unknown section trian; valid sections are run, model"),
+        (["--set", "train.lr=fast"], "--set train.lr=fast: train.lr must be a number, got 'fast'"),
+        (["--set", "run.steps=3.5"], "run.steps must be an integer, got '3.5'"),
+        (["--set", "run.resume=yes"], "run.resume must be true or false, got 'yes'"),
+        (["--set", "steps=3"], "--set takes section.key=value (e.g. run.steps=40), got 'steps=3'"),
+        (["--set", "train.loss=dapo"], "[train.loss] is a table: set one of its keys"),
+        (["--set", "train.loss.loss_type=ppo"], "[train.loss] loss_type must be one of"),
+        (["--steps", "0"], "[run]: steps must be >= 1, got 0"),
+    ],
+)
+def test_a_bad_override_is_one_clear_line(run_dir: Path, args: list[str], said: str) -> None:
+    r = train(run_dir, *args)
+    assert r.returncode == 2, r
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert said in r.stderr, r.stderr
+    assert not (run_dir / "runs").exists()
+
+
+def test_a_run_started_beside_its_config_goes_on_there(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before, output_dir was relative to the config file: such a run resumes where it is, with a warning.
+    config = tmp_path / "conf" / "run.toml"
+    (tmp_path / "conf" / "runs" / "x").mkdir(parents=True)
+    (tmp_path / "conf" / "runs" / "x" / "config.toml").write_text("")
+    config.write_text('[run]\noutput_dir = "runs/x"\n[tasks]\nfamily = "echo"\n')
+    monkeypatch.chdir(tmp_path)
+    with pytest.warns(UserWarning, match="relative to the working directory now"):
+        assert load_run_config(config).run.output_dir == str(tmp_path / "conf" / "runs" / "x")
+    (tmp_path / "runs" / "x").mkdir(parents=True)  # a run at the new place wins
+    assert load_run_config(config).run.output_dir == str(tmp_path / "runs" / "x")
+    with pytest.raises(ConfigError, match="output_dir must name a directory"):
+        load_run_config(config, ["run.output_dir="])
