@@ -98,7 +98,7 @@ def test_eval_with_no_episode_able_to_run_exits_non_zero(state_dir: Path, tmp_pa
     (task / "instruction.md").write_text("Do nothing.\n")
     (task / "environment" / "Dockerfile").write_text("FROM host\nRUN exit 3\n")
     (task / "tests" / "test.sh").write_text("echo 1 > /logs/verifier/reward.txt\n")
-    r = run(["eval", str(task), "--agent", "oracle"], state_dir)
+    r = run(["eval", str(task), "--agent", "oracle", "--results-dir", str(tmp_path / "eval")], state_dir)
     assert r.returncode == 1, r.stderr
     assert '"verified": 0' in r.stdout  # the JSON line still ends the output, for scripts
     assert "error: no episode could run: all 1 ended without a reward (image_build_failed x1)" in r.stderr

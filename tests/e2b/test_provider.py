@@ -69,7 +69,17 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
 def test_eval_builtin_tasks_with_the_oracle_through_e2b(host: Host, tmp_path: Path) -> None:
     out = tmp_path / "rollouts.jsonl"
     r = sandrl(
-        "eval", str(host.tasks), "--agent", "oracle", "--sandboxes", "e2b", "--out", str(out), state_dir=host.state_dir
+        "eval",
+        str(host.tasks),
+        "--agent",
+        "oracle",
+        "--sandboxes",
+        "e2b",
+        "--out",
+        str(out),
+        "--results-dir",
+        str(tmp_path / "eval"),
+        state_dir=host.state_dir,
     )
     assert r.returncode == 0, r.stderr
     result = json.loads(r.stdout.splitlines()[-1])
