@@ -16,7 +16,7 @@ import pytest
 from sandrl.inference.tokenizer import ByteTokenizer
 from sandrl.rollout import read_jsonl
 from sandrl.wiring.config import RolloutConfig
-from sandrl.wiring.eval_report import pass_at_k
+from sandrl.wiring.eval_report import REASON_CHARS, pass_at_k, shown_text
 from sandrl.wiring.evaluate import EvalConfig, select_tasks
 from sandrl.wiring.tasks import load_task_set
 
@@ -48,7 +48,9 @@ def tasks(tmp_path: Path) -> Path:
     root = tmp_path / "tasks"
     write_task(root, "good-a", "echo 1 > /logs/verifier/reward.txt")
     write_task(root, "good-b", "echo 1 > /logs/verifier/reward.txt")
-    write_task(root, "bad", f"echo '{HOSTILE}'\necho 0 > /logs/verifier/reward.txt\nexit 1")
+    write_task(
+        root, "bad", f"echo '{HOSTILE}'\nprintf '\\033[2Jcleared\\n'\necho 0 > /logs/verifier/reward.txt\nexit 1"
+    )
     return root
 
 
@@ -80,7 +82,8 @@ def test_eval_prints_pass_at_k_per_task_and_groups_the_failures(tasks: Path, tmp
     assert rows["mean of 3 tasks"][-2:] == ["0.667", "0.667"]
     assert "pass@3" in r.stderr
     # The three failures are one reason, counted once, and what the verifier printed is shown as it is.
-    assert f"x3 (1 task: bad): verifier exit 1: {HOSTILE}" in r.stderr
+    assert f"x3 (1 task: bad): verifier exit 1: {HOSTILE} | \\x1b[2Jcleared" in r.stderr
+    assert "\x1b" not in r.stderr  # a terminal escape from the sandbox is shown, not sent to the terminal
     assert "3 episodes did not pass, for 1 distinct reasons" in r.stderr
     line = json.loads(r.stdout.strip().splitlines()[-1])
     assert line["pass@1"] == pytest.approx(2 / 3) and line["pass@3"] == pytest.approx(2 / 3)
@@ -90,7 +93,8 @@ def test_eval_prints_pass_at_k_per_task_and_groups_the_failures(tasks: Path, tmp
         "good-a": (1.0, 1.0),
         "good-b": (1.0, 1.0),
     }
-    assert results["failures"] == [{"reason": f"verifier exit 1: {HOSTILE}", "episodes": 3, "tasks": ["bad"]}]
+    reason = f"verifier exit 1: {HOSTILE} | \\x1b[2Jcleared"
+    assert results["failures"] == [{"reason": reason, "episodes": 3, "tasks": ["bad"]}]
 
 
 @needs_sandbox
@@ -137,6 +141,13 @@ def chosen(root: Path, pattern: str | None, limit: int, seed: int) -> str:
     loaded = load_task_set(root)
     (task,) = select_tasks(loaded, EvalConfig(str(root), task_pattern=pattern, limit=limit, seed=seed))
     return task.id
+
+
+def test_a_failure_reason_is_shown_on_one_bounded_line_of_printable_text() -> None:
+    assert shown_text("a\n\tb\x1b[2J\x07c") == "a b\\x1b[2J\\x07c"
+    long = shown_text("x" * 1000)
+    assert len(long) == REASON_CHARS and long.endswith("...")
+    assert len(shown_text("\x1b" * REASON_CHARS)) == REASON_CHARS  # escapes lengthen; the bound holds
 
 
 def test_limit_is_a_sample_drawn_with_the_seed(tasks: Path) -> None:

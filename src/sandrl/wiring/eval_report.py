@@ -31,6 +31,18 @@ REASONS_SHOWN = 15
 """Distinct failure reasons printed; the rest are counted."""
 
 
+def shown_text(text: str) -> str:
+    """``text`` on one line, at most :data:`REASON_CHARS` long, every character that is not printable
+    written as its escape (``\\x1b``): a terminal escape a sandbox printed is shown, never obeyed."""
+    one_line = " ".join(text.split())
+    shown = "".join(
+        c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in one_line[:REASON_CHARS]
+    )
+    if len(one_line) > REASON_CHARS or len(shown) > REASON_CHARS:
+        return shown[: REASON_CHARS - 3] + "..."
+    return shown
+
+
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Chen et al. (2021)'s unbiased pass@k from ``n`` samples of which ``c`` passed."""
     if not 0 <= c <= n or not 1 <= k <= n:
@@ -119,9 +131,7 @@ def failure_groups(trajectories: Sequence[Trajectory]) -> list[FailureGroup]:
         reason = failure_reason(t)
         if reason is None:
             continue
-        reason = " ".join(reason.split())
-        if len(reason) > REASON_CHARS:
-            reason = reason[: REASON_CHARS - 3] + "..."
+        reason = shown_text(reason)
         counts[reason] += 1
         tasks[reason].add(t.task_id)
     return [FailureGroup(r, n, tuple(sorted(tasks[r]))) for r, n in counts.most_common()]
@@ -159,7 +169,7 @@ def print_report(trajectories: Sequence[Trajectory], console: Console) -> None:
             f"{s.pass_at_1:.3f}",
             f"{s.pass_at_n:.3f}",
         ]
-        table.add_row(escape(s.task_id), *cells[: len(columns)])
+        table.add_row(escape(shown_text(s.task_id)), *cells[: len(columns)])
     mean = mean_pass_at(scores)
     table.add_section()
     means = ["", "", "", "", f"{mean['pass@1']:.3f}", f"{mean['pass@n']:.3f}"]
@@ -171,7 +181,8 @@ def print_report(trajectories: Sequence[Trajectory], console: Console) -> None:
     failed = sum(g.episodes for g in groups)
     console.print(f"{failed} episodes did not pass, for {len(groups)} distinct reasons:", highlight=False)
     for g in groups[:REASONS_SHOWN]:
-        shown = ", ".join(g.tasks[:3]) + (f" and {len(g.tasks) - 3} more" if len(g.tasks) > 3 else "")
+        more = f" and {len(g.tasks) - 3} more" if len(g.tasks) > 3 else ""
+        shown = ", ".join(shown_text(t) for t in g.tasks[:3]) + more
         console.print(
             f"  x{g.episodes} ({len(g.tasks)} task{'s' if len(g.tasks) > 1 else ''}: {shown}): {g.reason}",
             markup=False,
