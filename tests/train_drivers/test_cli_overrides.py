@@ -14,10 +14,12 @@ import tomllib
 from pathlib import Path
 
 import pytest
+import torch
 
 from sandrl.errors import ConfigError
 from sandrl.rollout.jsonl import write_jsonl
 from sandrl.rollout.trajectory import Trajectory
+from sandrl.train.device import CUDA_INSTALL
 from sandrl.train.run_config import load_run_config
 
 SANDRL = Path(sys.executable).with_name("sandrl")
@@ -129,3 +131,29 @@ def test_a_run_started_beside_its_config_goes_on_there(tmp_path: Path, monkeypat
     assert load_run_config(config).run.output_dir == str(tmp_path / "runs" / "x")
     with pytest.raises(ConfigError, match="output_dir must name a directory"):
         load_run_config(config, ["run.output_dir="])
+
+
+CPU_ONLY = torch.version.cuda is None and getattr(torch.version, "hip", None) is None
+
+
+@pytest.mark.parametrize(
+    ("device", "said"),
+    [
+        pytest.param(
+            "cuda",
+            f"[train] device = 'cuda', but the installed torch {torch.__version__} is a CPU-only build: "
+            f'install a CUDA build ({CUDA_INSTALL}) or set device = "cpu"',
+            marks=pytest.mark.skipif(not CPU_ONLY, reason="this torch is a CUDA build"),
+        ),
+        (
+            "cdua",
+            "[train] device = 'cdua' is not a torch device: write cpu, cuda, cuda:N or mps (any torch device type)",
+        ),
+    ],
+)
+def test_a_device_this_torch_cannot_use_is_one_line_naming_the_fix(run_dir: Path, device: str, said: str) -> None:
+    # It was a 164-line traceback from deep inside model.to().
+    r = train(run_dir, "--set", f"train.device={device}")
+    assert r.returncode == 2, r
+    assert r.stderr == f"error: {said}\n"
+    assert not (run_dir / "runs").exists()  # checked before the run writes anything

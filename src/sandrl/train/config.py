@@ -63,7 +63,9 @@ class TrainConfig:
     """Optimizer updates per batch: the batch is split into this many parts, updated on one after the other
     (PPO's minibatches; with more than one, the clipping in the loss takes effect)."""
     device: str = "cpu"
-    """Where the model trains: ``cpu``, ``cuda``, ``cuda:1``, ``mps``... (any torch device)."""
+    """Where the model trains: ``cpu``, ``cuda``, ``cuda:1``, ``mps``... (any torch device). Checked against the
+    installed torch when the run starts; ``cuda`` needs a CUDA build of torch
+    (``pip install torch --index-url https://download.pytorch.org/whl/cu128``)."""
     keep_checkpoints: int = 2
     """Checkpoints kept by :meth:`~sandrl.train.trainer.Trainer.save_checkpoint`; older ones are deleted."""
     loss: LossConfig = field(default_factory=LossConfig)

@@ -32,6 +32,7 @@ from sandrl.inference.tokenizer import Tokenizer
 from sandrl.train import checkpoint
 from sandrl.train.batch import Batch, MicroBatch, TrainSample, collate, plan_micro_batches
 from sandrl.train.config import TrainConfig
+from sandrl.train.device import torch_device
 from sandrl.train.losses import policy_loss, sft_loss, token_weights
 
 Metrics = dict[str, float]
@@ -73,7 +74,7 @@ class Trainer:
     ) -> None:
         """``reference`` is the KL reference policy (``loss.beta > 0``); by default a frozen copy of ``model``."""
         self.config = config or TrainConfig()
-        self.device = torch.device(self.config.device)
+        self.device = torch_device(self.config.device)
         self.model = model.to(self.device).train()
         self.tokenizer = tokenizer
         pad = tokenizer.pad_token_id if tokenizer is not None else getattr(model.config, "pad_token_id", None)

@@ -1,0 +1,55 @@
+"""``[train] device`` checked against the torch that is installed, before anything is loaded onto it.
+
+Without the check, ``device = "cuda"`` with a CPU-only torch failed deep in ``model.to`` with a
+long traceback; here it is one line naming the fix (the pip command of a CUDA build).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sandrl.errors import ConfigError
+
+CUDA_INSTALL = "pip install torch --index-url https://download.pytorch.org/whl/cu128"
+"""A CUDA build of torch (CUDA 12.8 wheels; pick another from https://pytorch.org/get-started/locally/)."""
+
+
+def torch_device(name: str, where: str = "[train] device") -> torch.device:
+    """``name`` as a :class:`torch.device` this process can use, or a :class:`ConfigError` saying what to change."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise ConfigError(
+            f"{where} = {name!r} is not a torch device: write cpu, cuda, cuda:N or mps (any torch device type)"
+        ) from None
+    if device.type == "cuda":
+        _check_cuda(device, where)
+    elif device.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise ConfigError(
+                f"{where} = {name!r}, but this torch has no usable MPS backend (Apple silicon, macOS 12.3+); "
+                'set device = "cpu"'
+            )
+    elif device.type != "cpu":
+        backend = getattr(torch, device.type, None)
+        available = getattr(backend, "is_available", None)
+        if callable(available) and not available():
+            raise ConfigError(f"{where} = {name!r}, but torch {torch.__version__} has no usable {device.type} device")
+    return device
+
+
+def _check_cuda(device: torch.device, where: str) -> None:
+    name = str(device)
+    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+        raise ConfigError(
+            f"{where} = {name!r}, but the installed torch {torch.__version__} is a CPU-only build: install a CUDA "
+            f'build ({CUDA_INSTALL}) or set device = "cpu"'
+        )
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            f"{where} = {name!r}, but torch {torch.__version__} sees no GPU (no driver, or CUDA_VISIBLE_DEVICES "
+            'hides them; nvidia-smi shows what the driver sees): fix that, or set device = "cpu"'
+        )
+    count = torch.cuda.device_count()
+    if device.index is not None and device.index >= count:
+        raise ConfigError(f"{where} = {name!r}, but this machine shows {count} GPU(s): cuda:0 to cuda:{count - 1}")
