@@ -62,6 +62,26 @@ async def test_eval_llm_embedded(task_root: Path, provider: BwrapProvider) -> No
     assert t.status == "truncated" and t.reward == 0.0 and t.num_turns == 2 and any(t.loss_mask)
 
 
+async def test_eval_seed_seeds_the_embedded_engines_sampling(task_root: Path, provider: BwrapProvider) -> None:
+    async def replies(seed: int) -> list[int]:
+        config = EvalConfig(
+            str(task_root / "echo-0-0000"),
+            agent="llm",
+            inference="embedded",
+            max_turns=1,
+            max_new_tokens=24,
+            concurrency=1,
+            seed=seed,
+        )
+        result = await evaluate(config, provider=provider, progress=False, console=Console(file=io.StringIO()))
+        (t,) = result.trajectories
+        return t.ids[t.prompt_len :]
+
+    first = await replies(1)
+    assert first == await replies(1)  # the same seed, the same sampled reply
+    assert first != await replies(2)
+
+
 async def test_eval_admits_commands_up_to_the_host_capacity(task_root: Path, provider: BwrapProvider) -> None:
     config = EvalConfig(str(task_root), agent="oracle", samples=2, concurrency=6, host_capacity=1)
     console = Console(file=io.StringIO(), width=200)

@@ -74,7 +74,7 @@ def eval_tasks(
     ),
     task: str | None = typer.Option(None, "--task", help="Only the tasks whose name matches this glob, e.g. 'fix-*'."),
     limit: int | None = typer.Option(None, help="At most N tasks: a sample drawn with --seed."),
-    seed: int = typer.Option(0, help="Seeds the --limit sample and the replay agent."),
+    seed: int = typer.Option(0, help="Seeds the --limit sample, the embedded engine's sampling and the replay agent."),
     results_dir: Path | None = typer.Option(
         None, help="Where config.json, results.json and rollouts.jsonl go (default: runs/eval/<UTC time>/)."
     ),

@@ -111,7 +111,7 @@ class EvalConfig:
     limit: int | None = None
     """At most this many tasks (``--limit``): a sample drawn with ``seed``, the same for the same seed."""
     seed: int = 0
-    """Seeds the ``--limit`` sample and the replay agent's think times."""
+    """Seeds the ``--limit`` sample, the embedded engine's samplers and the replay agent's think times."""
     trained_with: RolloutConfig | None = None
     """A training run's ``[rollout]`` (``--config``): the episode settings start from it instead of
     :class:`RolloutConfig`'s defaults, so the policy is evaluated as it was trained."""
@@ -253,7 +253,7 @@ async def evaluate(
             policy: InferenceClient | None = None
             agent = scripted_agent(config)
             if model is not None:
-                policy = await stack.enter_async_context(open_policy(model))
+                policy = await stack.enter_async_context(open_policy(model, seed=config.seed))
                 agent = await stack.enter_async_context(open_agent(config.rollout(), policy))
             if provider is None:
                 provider = await stack.enter_async_context(open_provider(config.rollout()))

@@ -18,12 +18,14 @@ from sandrl.wiring.config import ModelConfig
 
 
 @contextlib.asynccontextmanager
-async def open_policy(model: ModelConfig) -> AsyncIterator[InferenceClient]:
-    """The policy of ``model``, started (or checked to answer) on entry and closed on exit."""
+async def open_policy(model: ModelConfig, *, seed: int = 0) -> AsyncIterator[InferenceClient]:
+    """The policy of ``model``, started (or checked to answer) on entry and closed on exit.
+
+    ``seed`` seeds the embedded engine's samplers (a server seeds its own)."""
     if model.embedded:
         from sandrl.inference.engine import Engine, EngineConfig
 
-        engine = Engine.load(model.name, EngineConfig(update_policy=model.update_policy))
+        engine = Engine.load(model.name, EngineConfig(update_policy=model.update_policy, seed=seed))
         try:
             yield engine
         finally:
