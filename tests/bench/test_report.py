@@ -119,3 +119,13 @@ def test_parse_levels() -> None:
     assert commands.parse_levels(None) is None
     with pytest.raises(ConfigError):
         commands.parse_levels("0,two")
+
+
+def test_compare_table_prints_its_labels_as_written() -> None:
+    from rich.console import Console
+
+    console = Console(file=io.StringIO(), width=200)
+    row = {"measure": "p50", "a": 1.0, "b": 2.0, "change": "+100%", "format": ".1f"}
+    console.print(report.compare_table("[bold]a.json", "[/runs]/b.json", [row]))
+    shown = console.file.getvalue()  # type: ignore[attr-defined]
+    assert "[bold]a.json  vs  [/runs]/b.json" in shown and "A: [bold]a.json" in shown

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
@@ -337,7 +338,7 @@ def print_card(result: dict[str, Any], console: Console) -> None:
         table.add_row(name, passed, *cells, f"{m['other_s']:.2f}", f"{kv:.1%}" if kv is not None else "-", style=style)
 
     for tid, v in eps["per_task"].items():
-        add(tid, f"{v['passed']}/{v['n']}", v["mean"])
+        add(escape(tid), f"{v['passed']}/{v['n']}", v["mean"])
     add("mean episode", f"{eps['pass_rate']:.0%} of {eps['n']}", eps["mean"], style="bold")
     console.print(table)
     bg = result["background"]

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
 from rich.table import Table
 
 from sandrl.bench import plots, projection
@@ -350,6 +351,7 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def compare_table(label_a: str, label_b: str, rows: Sequence[dict[str, Any]]) -> Table:
+    label_a, label_b = escape(label_a), escape(label_b)  # labels name files: text, not markup
     table = Table(title=f"{label_a}  vs  {label_b}")
     table.add_column("measure")
     table.add_column(f"A: {label_a}", justify="right")
