@@ -84,7 +84,7 @@ def test_eval_prints_pass_at_k_per_task_and_groups_the_failures(tasks: Path, tmp
     # The three failures are one reason, counted once, and what the verifier printed is shown as it is.
     assert f"x3 (1 task: bad): verifier exit 1: {HOSTILE} | \\x1b[2Jcleared" in r.stderr
     assert "\x1b" not in r.stderr  # a terminal escape from the sandbox is shown, not sent to the terminal
-    assert "3 episodes did not pass, for 1 distinct reasons" in r.stderr
+    assert "3 episodes did not pass, for 1 distinct reason:" in r.stderr
     line = json.loads(r.stdout.strip().splitlines()[-1])
     assert line["pass@1"] == pytest.approx(2 / 3) and line["pass@3"] == pytest.approx(2 / 3)
     results = json.loads((out / "results.json").read_text())

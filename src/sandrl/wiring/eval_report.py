@@ -179,7 +179,8 @@ def print_report(trajectories: Sequence[Trajectory], console: Console) -> None:
     if not groups:
         return
     failed = sum(g.episodes for g in groups)
-    console.print(f"{failed} episodes did not pass, for {len(groups)} distinct reasons:", highlight=False)
+    reasons = f"{len(groups)} distinct reason{'s' if len(groups) > 1 else ''}"
+    console.print(f"{failed} episodes did not pass, for {reasons}:", highlight=False)
     for g in groups[:REASONS_SHOWN]:
         more = f" and {len(g.tasks) - 3} more" if len(g.tasks) > 3 else ""
         shown = ", ".join(shown_text(t) for t in g.tasks[:3]) + more
