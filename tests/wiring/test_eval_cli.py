@@ -190,3 +190,14 @@ def test_eval_with_a_run_config_evaluates_as_the_run_trained(tasks: Path, tmp_pa
     (run_dir,) = (tmp_path / "runs" / "eval").iterdir()
     config = json.loads((run_dir / "config.json").read_text())
     assert config["agent"] == "null" and config["rollout"]["max_turns"] == 3 and config["rollout"]["temperature"] == 0.5
+
+
+@needs_sandbox
+def test_tasks_run_shows_a_verifiers_output_as_text_never_markup_or_terminal_escapes(
+    tasks: Path, tmp_path: Path
+) -> None:
+    r = sandrl(["tasks", "run", str(tasks), "--agent", "null", "--concurrency", "3"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout + r.stderr
+    assert "\x1b[2J" not in out and "\\x1b[2Jcleared" in out  # shown, never sent to the terminal
+    assert "[bold red]AssertionError[/]" in out  # the words as printed, not styled away

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import typer
 
-from sandrl.cli.output import SWEBENCH_IMAGES_HELP, emit, err_console
+from sandrl.cli.output import SWEBENCH_IMAGES_HELP, emit, err_console, print_error
 
 # No name when mounted: `eval` is a command of the root, not a group.
 app = typer.Typer()
@@ -124,5 +124,5 @@ def eval_tasks(
     emit(result_line(eval_config, result))
     why = nothing_ran(result)
     if why is not None:
-        err_console.print(f"[bold red]error[/]: {why}", highlight=False, soft_wrap=True)
+        print_error(why)
         raise typer.Exit(1)

@@ -11,6 +11,7 @@ import time
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -20,8 +21,16 @@ from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.tasks.loader import TaskProblem, load_tasks
 from sandrl.tasks.swebench_specs import images_setting
 from sandrl.tasks.task import Task
+from sandrl.wiring.eval_report import shown_text
 from sandrl.wiring.suite import AgentKind, TaskRun, TaskValidation, run_suite, validate_suite
 from sandrl.wiring.tasks import task_path
+
+
+def _shown(text: object) -> str:
+    """Outside text (a task's id, what its verifier or Dockerfile printed) as it is, in one bounded
+    line: never read as markup, never a terminal escape."""
+    return escape(shown_text(str(text)))
+
 
 app = typer.Typer(no_args_is_help=True, help="Task sets: list, validate, run with the oracle or a null agent.")
 
@@ -34,7 +43,9 @@ def _load(spec: str, console: Console, swebench_images: str | None) -> tuple[lis
     path = task_path(spec)
     tasks, problems = load_tasks(path, swebench_images=swebench_images)
     for problem in problems:
-        console.print(f"[red]problem[/] {problem.path}: {problem.problem}", highlight=False, soft_wrap=True)
+        console.print(
+            f"[red]problem[/] {_shown(problem.path)}: {_shown(problem.problem)}", highlight=False, soft_wrap=True
+        )
     if not tasks and not problems:
         raise ConfigError(f"no tasks under {path}; give a task directory, a directory of them, or 'builtin'")
     return tasks, problems
@@ -98,7 +109,9 @@ def tasks_validate(
                 def done(task: Task, result: TaskValidation) -> None:
                     progress.advance(bar)
                     if not result.ok:
-                        progress.console.print(f"[red]FAIL[/] {task.id}: {result.problem}", highlight=False)
+                        progress.console.print(
+                            f"[red]FAIL[/] {_shown(task.id)}: {_shown(result.problem)}", highlight=False
+                        )
 
                 return await validate_suite(tasks, provider, concurrency=concurrency, on_done=done)
         finally:
@@ -108,7 +121,7 @@ def tasks_validate(
     table = Table("task", "built", "reward untouched", "reward with oracle", "s", "result")
     for r in results:
         table.add_row(
-            r.task_id,
+            _shown(r.task_id),
             "yes" if r.built else "no",
             "-" if r.reward_without is None else f"{r.reward_without:g}",
             "-" if r.reward_with is None else f"{r.reward_with:g}",
@@ -152,10 +165,10 @@ def tasks_run(
                 def done(task: Task, result: TaskRun) -> None:
                     progress.advance(bar)
                     if not result.passed:
-                        # Why, in full, as it happens: the table's column keeps only the start of it.
+                        # Why, as it happens (one bounded line): the table's column keeps only its start.
                         label = "[yellow]error[/]" if result.error is not None else "[red]fail[/]"
                         progress.console.print(
-                            f"{label} {task.id} (reward {result.reward:g}): {result.reason}",
+                            f"{label} {_shown(task.id)} (reward {result.reward:g}): {_shown(result.reason)}",
                             highlight=False,
                             soft_wrap=True,
                         )
@@ -169,12 +182,12 @@ def tasks_run(
     table = Table("task", "reward", "passed", "build s", "total s", "why not passed")
     for r in results:
         table.add_row(
-            r.task_id,
+            _shown(r.task_id),
             f"{r.reward:g}",
             "yes" if r.passed else "no",
             f"{r.build_s:.2f}",
             f"{r.duration_s:.1f}",
-            (r.reason or "")[:120],
+            _shown((r.reason or "")[:120]),
         )
     console.print(table)
     passed = sum(r.passed for r in results)
