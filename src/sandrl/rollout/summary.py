@@ -8,7 +8,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from sandrl.rollout.trajectory import STATUSES, Trajectory
@@ -115,8 +114,6 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
 
 TAIL_LINES = 5
 """Lines of the end of the verifier's output a failure shows."""
-FAILURES_SHOWN = 20
-"""Failed episodes :func:`print_failures` lists; the rest are counted."""
 
 
 def verifier_tail(verifier: Mapping[str, Any], lines: int = TAIL_LINES) -> str:
@@ -150,20 +147,3 @@ def failure_reason(t: Trajectory) -> str | None:
         return "the verifier did not run"
     said = verifier_tail(t.verifier)
     return f"verifier exit {t.verifier.get('exit_code')}" + (f": {said}" if said else " and printed nothing")
-
-
-def print_failures(trajectories: Sequence[Trajectory], console: Console | None = None) -> None:
-    """One line per episode that did not pass (at most :data:`FAILURES_SHOWN`): task, status, reward, why."""
-    out = console or Console(stderr=True)
-    failed = [t for t in trajectories if not t.passed]
-    for t in failed[:FAILURES_SHOWN]:
-        reward = "-" if t.reward is None else f"{t.reward:g}"
-        out.print(
-            f"[red]fail[/] {escape(str(t.task_id))} #{t.sample_index} ({t.status}, reward {reward}): "
-            f"{escape(failure_reason(t) or '')}",
-            highlight=False,
-            markup=True,
-            soft_wrap=True,
-        )
-    if len(failed) > FAILURES_SHOWN:
-        out.print(f"... and {len(failed) - FAILURES_SHOWN} more failed episodes (--out keeps every trajectory)")
