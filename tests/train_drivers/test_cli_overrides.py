@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from sandrl.errors import ConfigError
-from sandrl.rollout.jsonl import write_jsonl
+from sandrl.rollout.jsonl import read_jsonl, write_jsonl
 from sandrl.rollout.trajectory import Trajectory
 from sandrl.train.device import CUDA_INSTALL
 from sandrl.train.run_config import load_run_config
@@ -157,3 +157,19 @@ def test_a_device_this_torch_cannot_use_is_one_line_naming_the_fix(run_dir: Path
     assert r.returncode == 2, r
     assert r.stderr == f"error: {said}\n"
     assert not (run_dir / "runs").exists()  # checked before the run writes anything
+
+
+def test_a_run_without_reward_signal_says_so_and_then_what_to_change(run_dir: Path) -> None:
+    """Every group all-failed: nothing trains, and the run used to print only 'trained 0/1 groups'."""
+    flat = [Trajectory.from_dict({**t.to_dict(), "reward": 0.0}) for t in read_jsonl(run_dir / "saved.jsonl")]
+    write_jsonl(run_dir / "flat.jsonl", flat)
+    r = sandrl(run_dir, "train", "conf/run.toml", "--load-rollouts", "flat.jsonl", "--steps", "4")
+    assert r.returncode == 0, r.stderr
+    steps = [line for line in r.stderr.splitlines() if line.startswith("step ")]
+    assert len(steps) == 4
+    assert all("no reward signal: 1 groups all failed, 0 all passed" in line for line in steps), steps
+    advice = [line for line in r.stderr.splitlines() if "steps in a row trained nothing" in line]
+    assert len(advice) == 1, r.stderr  # once per streak
+    assert "too hard for this policy" in advice[0] and "[rollout] group_size" in advice[0]
+    metrics = [json.loads(line) for line in (run_dir / "runs" / "x" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["groups_all_fail"] for m in metrics] == [1, 1, 1, 1]

@@ -43,6 +43,7 @@ from sandrl.train import checkpoint
 from sandrl.train.adapter import batch_from_groups
 from sandrl.train.batch import Batch
 from sandrl.train.run_config import RunConfig, save_resolved
+from sandrl.train.signal_watch import SignalWatch, split_no_signal
 from sandrl.train.staleness import mixed_version, oldest_version, token_staleness_hist
 from sandrl.train.trainer import ExportedWeights, Metrics, Trainer
 from sandrl.wiring import build_runner, open_agent, open_policy, open_provider, task_set
@@ -174,6 +175,7 @@ class Session:
     mode: str = "sync"
     console: Console = field(default_factory=lambda: Console(stderr=True))
     counters: Counters = field(default_factory=Counters)
+    signal: SignalWatch = field(default_factory=SignalWatch)
     batches: int = 0
     """Batches consumed (trained, or recorded with ``--rollout-only``)."""
     pushed_version: int = 0
@@ -275,6 +277,7 @@ class Session:
         now = time.monotonic()
         elapsed, self._last = now - self._last, now
         model_tokens = sum(sum(t.loss_mask) for t in trajectories)
+        all_pass, all_fail = split_no_signal(groups)
         record: dict[str, Any] = {
             "step": self.batches,
             "mode": self.mode,
@@ -288,6 +291,8 @@ class Session:
             "groups": len(items),
             "groups_trained": adapted.batch.groups - adapted.batch.zero_signal_groups,
             "samples_trained": len(adapted.batch.samples),
+            "groups_all_pass": all_pass,
+            "groups_all_fail": all_fail,
             "staleness_hist": {str(k): v for k, v in sorted(collections.Counter(staleness).items())},
             "token_staleness_hist": token_hist,
             "mixed_version_samples": sum(map(mixed_version, trajectories)),
@@ -315,7 +320,10 @@ class Session:
         if "buffer_fill" in r:
             line += f"  buffer {r['buffer_fill']:.2f}  idle: trainer {r['trainer_idle_s']:.1f}s"
             line += f" rollout {r['rollout_idle_s']:.1f}s"
-        self.console.print(line, highlight=False)
+        suffix, advice = self.signal.observe(r["groups_trained"], r["groups_all_pass"], r["groups_all_fail"])
+        self.console.print(line + suffix, highlight=False, markup=False, soft_wrap=True)
+        if advice is not None:
+            self.console.print(f"warning: {advice}", highlight=False, markup=False, soft_wrap=True)
 
     # -- weights and checkpoints --------------------------------------------------------------------
 
