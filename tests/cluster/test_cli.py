@@ -81,6 +81,7 @@ def test_sandrl_train_ray_runs_the_config_as_written(
         capture_output=True,
         text=True,
         timeout=240,
+        cwd=tmp_path,  # output_dir "out" is relative to the working directory
     )
     assert r.returncode == 0, r.stderr[-3000:]
     last = json.loads(r.stdout.strip().splitlines()[-1])
