@@ -35,7 +35,7 @@ _DTYPE_KWARG = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else 
 class TinyModelConfig:
     """A small causal LM over the byte tokenizer, for tests, demos and CPU-only runs."""
 
-    architecture: Literal["llama", "qwen2"] = "llama"
+    architecture: Literal["llama", "qwen2", "qwen3"] = "llama"
     """Which Hugging Face architecture to instantiate; both are what real policies use."""
     hidden_size: int = 64
     num_layers: int = 2
@@ -72,8 +72,11 @@ def build_tiny_model(config: TinyModelConfig | None = None) -> tuple[Any, ByteTo
     elif cfg.architecture == "qwen2":
         hf_config = transformers.Qwen2Config(**kwargs)
         model_cls = transformers.Qwen2ForCausalLM
+    elif cfg.architecture == "qwen3":
+        hf_config = transformers.Qwen3Config(head_dim=cfg.hidden_size // cfg.num_heads, **kwargs)
+        model_cls = transformers.Qwen3ForCausalLM
     else:
-        raise ConfigError(f"unknown tiny architecture {cfg.architecture!r}: use 'llama' or 'qwen2'")
+        raise ConfigError(f"unknown tiny architecture {cfg.architecture!r}: use 'llama', 'qwen2' or 'qwen3'")
     # Forking the RNG makes the weights depend on the seed alone, not on what ran before.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)

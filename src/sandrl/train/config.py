@@ -24,11 +24,14 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from sandrl.errors import ConfigError
 from sandrl.toml_config import read_toml, type_name
+from sandrl.train.lora import LoraConfig
 from sandrl.train.losses import LossConfig
+
+DType = Literal["fp32", "bf16"]
 
 T = TypeVar("T")
 
@@ -68,6 +71,29 @@ class TrainConfig:
     (``pip install torch --index-url https://download.pytorch.org/whl/cu128``)."""
     keep_checkpoints: int = 2
     """Checkpoints kept by :meth:`~sandrl.train.trainer.Trainer.save_checkpoint`; older ones are deleted."""
+    processes: int = 1
+    """Training processes (ranks) of one FSDP2 data-parallel group: parameters, gradients and optimizer
+    state are sharded across them (``torch.distributed.fsdp.fully_shard``), each forwards its share of
+    every micro-batch. One per GPU on a GPU host (NCCL); on CPU they use gloo. ``sandrl train --nproc N``."""
+    dtype: DType = "fp32"
+    """``bf16``: parameters are gathered and computed in bfloat16, gradients are reduced and the optimizer
+    steps in float32 (FSDP2's ``MixedPrecisionPolicy``); log-probs are computed in float32 from the bf16
+    hidden states. ``fp32`` everywhere otherwise (the default, and the only choice that is exact on CPU)."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them: activation
+    memory falls from every layer's to about one layer's, for about a third more compute."""
+    logprob_chunk_tokens: int = 1024
+    """Token log-probs (and the entropy) are computed this many positions at a time from the final hidden
+    states, so the ``[tokens, vocab]`` logits of a whole micro-batch are never built (at 32k tokens and a
+    152k vocabulary they would take ~20 GB in float32)."""
+    packing: bool = True
+    """Micro-batches pack samples end to end up to ``micro_batch_tokens`` (position ids restart at every
+    sample; attention never crosses one) instead of padding each row to the longest."""
+    offload_optimizer: bool = False
+    """Keep the sharded parameters' optimizer state (and the parameters between uses) in host memory
+    (FSDP2's ``CPUOffloadPolicy``): GPU memory for host memory and PCIe time."""
+    lora: LoraConfig | None = None
+    """Low-rank adapters (``[train.lora]``, through ``peft``): only they train; absent trains every weight."""
     loss: LossConfig = field(default_factory=LossConfig)
 
     def __post_init__(self) -> None:
@@ -99,6 +125,10 @@ class TrainConfig:
             raise ConfigError("device must name a torch device, e.g. 'cpu' or 'cuda'")
         if self.keep_checkpoints < 1:
             raise ConfigError(f"keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
+        if self.processes < 1:
+            raise ConfigError(f"processes must be >= 1 (the training ranks: 1, or one per GPU), got {self.processes}")
+        if self.logprob_chunk_tokens < 1:
+            raise ConfigError(f"logprob_chunk_tokens must be >= 1 (1024 is usual), got {self.logprob_chunk_tokens}")
 
     @classmethod
     def from_mapping(cls, table: Mapping[str, object], *, where: str = "[train]") -> TrainConfig:
@@ -167,6 +197,11 @@ def _convert(hint: Any, raw: object, label: str, subtable: str) -> Any:
         if not isinstance(raw, str):
             raise ConfigError(f"{label} must be a string, got {type_name(raw)} {raw!r}")
         return raw
+    if origin is tuple:
+        item = typing.get_args(hint)[0]
+        if not isinstance(raw, list | tuple):
+            raise ConfigError(f'{label} must be a list, e.g. ["a", "b"], got {type_name(raw)} {raw!r}')
+        return tuple(_convert(item, x, f"{label}[{i}]", subtable) for i, x in enumerate(raw))
     raise ConfigError(f"{label}: values of type {hint} cannot be read from a config file")  # pragma: no cover
 
 

@@ -81,6 +81,9 @@ def _typed(hint: Any, text: str, label: str) -> object:
             return float(text.replace("_", ""))
         except ValueError:
             raise ConfigError(f"{label} must be a number, got {text!r}") from None
+    if typing.get_origin(hint) is tuple:  # a list: comma-separated, each item typed
+        item = typing.get_args(hint)[0]
+        return [_typed(item, part.strip(), label) for part in text.split(",") if part.strip()]
     return text  # a string, or a choice (Literal) that the config's check names the options of
 
 
