@@ -19,7 +19,7 @@ from sandrl.errors import ConfigError
 from sandrl.rollout.agent import Agent
 from sandrl.sandbox.base import SandboxProvider
 from sandrl.train import async_, checkpoint, sync
-from sandrl.train.device import torch_device
+from sandrl.train.device import check_dtype, torch_device
 from sandrl.train.driver_common import open_session
 from sandrl.train.run_config import MODES, RunConfig
 
@@ -43,7 +43,8 @@ async def run_training(
         raise ConfigError(f"--mode must be one of {', '.join(MODES)}, got {chosen!r}")
     driver = sync if load_rollouts is not None or chosen == "sync" else async_
     if not rollout_only:
-        torch_device(config.train.device)  # before the run writes anything or starts a sandbox
+        # Before the run writes anything or starts a sandbox.
+        check_dtype(config.train.dtype, torch_device(config.train.device))
     if config.run.resume and not rollout_only:
         done = checkpoint.steps_done(config.output_dir / "checkpoints")
         if done >= config.run.steps:

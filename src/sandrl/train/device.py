@@ -1,7 +1,9 @@
-"""``[train] device`` checked against the torch that is installed, before anything is loaded onto it.
+"""``[train] device`` and ``dtype`` checked against the torch that is installed, before anything is loaded.
 
 Without the check, ``device = "cuda"`` with a CPU-only torch failed deep in ``model.to`` with a
-long traceback; here it is one line naming the fix (the pip command of a CUDA build).
+long traceback; here it is one line naming the fix (the pip command of a CUDA build). Likewise
+``dtype = "bf16"`` on a GPU without bfloat16 (before Ampere), which would otherwise fail, or crawl
+through emulation, inside the first forward.
 """
 
 from __future__ import annotations
@@ -53,3 +55,34 @@ def _check_cuda(device: torch.device, where: str) -> None:
     count = torch.cuda.device_count()
     if device.index is not None and device.index >= count:
         raise ConfigError(f"{where} = {name!r}, but this machine shows {count} GPU(s): cuda:0 to cuda:{count - 1}")
+
+
+BF16_CAPABILITY = (8, 0)
+"""The first CUDA compute capability with native bfloat16 (Ampere: A100, A10, RTX 30xx; then L4, H100...)."""
+
+
+def check_dtype(dtype: str, device: torch.device, where: str = "[train] dtype") -> None:
+    """A :class:`ConfigError` naming the fix if ``dtype`` cannot be computed on ``device`` (checked by
+    :func:`torch_device`). ``bf16`` is allowed on CPU (torch computes it there, slowly)."""
+    if dtype != "bf16" or device.type == "cpu":
+        return
+    if device.type == "cuda":
+        if getattr(torch.version, "hip", None) is not None:
+            return  # every ROCm GPU torch supports computes bfloat16
+        capability = tuple(torch.cuda.get_device_capability(device))
+        if capability < BF16_CAPABILITY:
+            major, minor = capability
+            raise ConfigError(
+                f"{where} = 'bf16', but {device} ({torch.cuda.get_device_name(device)}, compute capability "
+                f"{major}.{minor}) has no bfloat16 arithmetic (it needs 8.0 or newer: A100, A10, L4, H100, "
+                'RTX 30xx and later): set dtype = "fp32"'
+            )
+        return
+    try:
+        torch.zeros(1, dtype=torch.bfloat16, device=device)
+    except (RuntimeError, TypeError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(
+            f"{where} = 'bf16', but torch {torch.__version__} cannot make a bfloat16 tensor on {device} ({reason}): "
+            'set dtype = "fp32"'
+        ) from None
