@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 SANDRL := $(VENV)/bin/sandrl
 
-.PHONY: setup demo test lint bench clean harbor-env
+.PHONY: setup demo test lint bench clean harbor-env docs
 
 setup:
 	@bash scripts/bootstrap.sh
@@ -23,6 +23,10 @@ lint: setup
 # Harbor's own virtualenv (Python >= 3.12) with sandrl's Harbor environment; prints its path.
 harbor-env:
 	@bash scripts/harbor-env.sh
+
+# The config reference in the user guide, written from the config classes' docstrings.
+docs: setup
+	$(SANDRL) config reference -o docs/guide/config-reference.md
 
 bench: setup
 	$(SANDRL) bench sandbox

@@ -16,6 +16,7 @@ are registered with ``@app.command``; this module only mounts them::
     tasks.py    sandrl tasks list|validate|run
     images.py   sandrl images build|ls|rm
     demo.py     sandrl demo [sandbox]
+    config.py   sandrl config reference
     output.py   the consoles and the one JSON line every command shares
 
 Heavy components (PyTorch, Ray) are imported inside the commands that need them, so that
@@ -29,7 +30,7 @@ from importlib.metadata import version
 
 import typer
 
-from sandrl.cli import bench, demo, images, sandbox, serve, tasks, train
+from sandrl.cli import bench, config, demo, images, sandbox, serve, tasks, train
 from sandrl.cli import eval as eval_
 from sandrl.cli.output import err_console, one_line_warnings, print_error
 from sandrl.errors import SandrlError
@@ -68,6 +69,7 @@ app.add_typer(serve.app, name="serve")
 app.add_typer(tasks.app, name="tasks")
 app.add_typer(images.app, name="images")
 app.add_typer(demo.app, name="demo")
+app.add_typer(config.app, name="config")
 
 
 def main() -> None:

@@ -54,8 +54,11 @@ class TrainConfig:
     weight_decay: float = 0.0
     """AdamW's decoupled weight decay (Loshchilov & Hutter 2019, arXiv:1711.05101)."""
     adam_beta1: float = 0.9
+    """AdamW's decay rate of the gradient's running mean (Kingma & Ba 2015, arXiv:1412.6980)."""
     adam_beta2: float = 0.999
+    """AdamW's decay rate of the squared gradient's running mean (Kingma & Ba 2015, arXiv:1412.6980)."""
     adam_eps: float = 1e-8
+    """Added to AdamW's denominator, so a parameter with tiny gradients does not take huge steps."""
     max_grad_norm: float | None = 1.0
     """Clip the global gradient norm to this before each update; None disables clipping."""
     micro_batch_tokens: int = 8192
@@ -95,6 +98,8 @@ class TrainConfig:
     lora: LoraConfig | None = None
     """Low-rank adapters (``[train.lora]``, through ``peft``): only they train; absent trains every weight."""
     loss: LossConfig = field(default_factory=LossConfig)
+    """``[train.loss]``: the policy loss (GRPO, Dr. GRPO, DAPO), its clipping, reward scaling, KL and importance
+    correction."""
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.lr) or self.lr <= 0:

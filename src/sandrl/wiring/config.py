@@ -175,6 +175,8 @@ class RolloutConfig:
 
     # -- the budget of one episode
     max_turns: int = 4
+    """Model replies per episode; the episode ends ``truncated`` after the last one if the agent has not
+    finished (the verifier still scores what the sandbox holds)."""
     max_total_tokens: int = 2048
     """Prompt, model output and observations together; capped at the policy's context length."""
     wall_time_s: float | None = None
