@@ -81,3 +81,12 @@ def test_bf16_is_allowed_on_cpu_and_on_a_gpu_that_has_it(monkeypatch: pytest.Mon
     check_dtype("fp32", torch_device("cuda:0"))  # fp32 needs nothing
     with pytest.raises(ConfigError, match=r"cuda:0 \(Tesla T4, compute capability 7\.5\)"):
         check_dtype("bf16", torch_device("cuda:0"))
+
+
+def test_the_cuda_install_command_replaces_the_cpu_build_with_the_same_version() -> None:
+    # `pip install torch --index-url ...` where the CPU build is installed only answers "Requirement already
+    # satisfied", and an unpinned one would be replaced by the train extra's pin at the next `make setup`.
+    remove, install = CUDA_INSTALL.split(" && ")
+    assert remove == "pip uninstall -y torch"
+    assert f"torch=={torch.__version__.split('+')[0]}" in install.split()
+    assert "--index-url https://download.pytorch.org/whl/cu128" in install

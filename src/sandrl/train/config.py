@@ -70,8 +70,9 @@ class TrainConfig:
     (PPO's minibatches; with more than one, the clipping in the loss takes effect)."""
     device: str = "cpu"
     """Where the model trains: ``cpu``, ``cuda``, ``cuda:1``, ``mps``... (any torch device). Checked against the
-    installed torch when the run starts; ``cuda`` needs a CUDA build of torch
-    (``pip install torch --index-url https://download.pytorch.org/whl/cu128``)."""
+    installed torch when the run starts; ``cuda`` needs a CUDA build of torch in place of the CPU one
+    (``pip uninstall -y torch && pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128``,
+    the version sandrl pins)."""
     keep_checkpoints: int = 2
     """Checkpoints kept by :meth:`~sandrl.train.trainer.Trainer.save_checkpoint`; older ones are deleted."""
     processes: int = 1

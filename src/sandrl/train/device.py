@@ -12,8 +12,13 @@ import torch
 
 from sandrl.errors import ConfigError
 
-CUDA_INSTALL = "pip install torch --index-url https://download.pytorch.org/whl/cu128"
-"""A CUDA build of torch (CUDA 12.8 wheels; pick another from https://pytorch.org/get-started/locally/)."""
+CUDA_INSTALL = (
+    f"pip uninstall -y torch && pip install torch=={torch.__version__.split('+')[0]} "
+    "--index-url https://download.pytorch.org/whl/cu128"
+)
+"""A CUDA build of the installed torch's version (CUDA 12.8 wheels; others: https://pytorch.org/get-started/locally/).
+The CPU build goes first: with it installed, ``pip install torch`` only says the requirement is satisfied;
+and the same version, so the ``train`` extra's pin keeps it."""
 
 
 def torch_device(name: str, where: str = "[train] device") -> torch.device:
