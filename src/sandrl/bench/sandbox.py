@@ -26,6 +26,7 @@ from sandrl.bench import snapshots
 from sandrl.host_memory import meminfo_kb
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider, BwrapSandbox
+from sandrl.sandbox.bwrap.inventory import traces
 from sandrl.sandbox.pool import PooledProvider
 from sandrl.stats import summary_ms
 
@@ -144,11 +145,9 @@ async def _footprint(provider: BwrapProvider, spec: SandboxSpec, live: int, tick
     await asyncio.gather(*(s.close() for s in sandboxes))
     close_s = time.perf_counter() - t
     n = max(1, len(sandboxes))
-    leftovers = {
-        "records": len(provider.state.records()),
-        "cgroups": len(provider.cgroups.stale_groups()),
-        "processes": len(provider.state.sandbox_processes()),
-    }
+    # Only this run's sandboxes: another run sharing the host or the state directory has its own.
+    left = traces(provider.state, provider.cgroups, [(s.id, s.uid) for s in sandboxes])
+    leftovers = {"records": len(left.records), "cgroups": len(left.cgroups), "processes": len(left.processes)}
     return {
         "live": len(sandboxes),
         "create_errors": len(errors),

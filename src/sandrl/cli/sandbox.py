@@ -1,8 +1,11 @@
-"""``sandrl sandbox run|ls|rm``: a command in a fresh sandbox, and the live sandboxes of a service.
+"""``sandrl sandbox run|ls|gc|rm``: a command in a fresh sandbox; the sandboxes of this host or of a service.
 
 ``run`` uses a local bubblewrap sandbox, or with ``--server`` (or ``$SANDRL_SERVER``) one on a
-sandbox service, whose output it streams as it comes. ``ls`` and ``rm`` talk to a service through
-:class:`~sandrl.sandbox.client.RemoteProvider`; the library returns data, this module prints it.
+sandbox service, whose output it streams as it comes. ``ls`` lists this host's store (the state
+directory, ``$SANDRL_STATE_DIR``: every run's sandboxes there, whose they are and whether they
+live, :mod:`sandrl.sandbox.bwrap.inventory`), or with ``--server`` a service's; ``gc`` removes what
+dead runs left in the store, after asking; ``rm`` closes a service's sandboxes through
+:class:`~sandrl.sandbox.client.RemoteProvider`. The library returns data, this module prints it.
 """
 
 from __future__ import annotations
@@ -12,15 +15,21 @@ import os
 import shlex
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
 
+import sandrl.sandbox.bwrap.provider
 from sandrl.cli.output import emit, err_console
-from sandrl.errors import SandboxError, SandboxNotFoundError, SandrlError
+from sandrl.errors import SandboxError, SandboxNotFoundError, SandboxUnavailableError, SandrlError
 from sandrl.sandbox.base import OutputChunk, SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider
+from sandrl.sandbox.bwrap.cgroups import CgroupManager
+from sandrl.sandbox.bwrap.inventory import StoredSandbox, collect, garbage, survey
+from sandrl.sandbox.bwrap.state import StateDir
 
 if TYPE_CHECKING:
     from sandrl.sandbox.client import RemoteProvider
@@ -116,8 +125,7 @@ def _table(sandboxes: Sequence[SandboxInfo]) -> str:
         labels = ",".join(f"{k}={v}" for k, v in sorted(s.metadata.items()))
         left = max(0.0, s.expires_at - now)
         rows.append((s.id, s.spec.image, f"{s.spec.cpus:g}", str(s.spec.memory_mb), f"{left:.0f}s", labels))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+    return _columns(rows)
 
 
 def _labels(items: list[str]) -> dict[str, str]:
@@ -130,14 +138,37 @@ def _labels(items: list[str]) -> dict[str, str]:
     return labels
 
 
+STATE_DIR_HELP = "The store's state directory (default $SANDRL_STATE_DIR, else /var/lib/sandrl)."
+
+
 @app.command("ls")
 def sandbox_ls(
-    server: str | None = typer.Option(None, help="The sandbox service URL (default $SANDRL_SERVER)."),
-    metadata: list[str] = typer.Option([], help="Only sandboxes with this KEY=VALUE label (repeatable)."),
+    server: str | None = typer.Option(
+        None, help="A sandbox service URL (default $SANDRL_SERVER; none: this host's store)."
+    ),
+    state_dir: Path | None = typer.Option(None, help=STATE_DIR_HELP),
+    metadata: list[str] = typer.Option([], help="A service's sandboxes with this KEY=VALUE label (repeatable)."),
     token_file: str | None = typer.Option(None, help="File holding the service's token (default $SANDRL_TOKEN)."),
     json_out: bool = typer.Option(False, "--json", help="One JSON object per line."),
 ) -> None:
-    """List the live sandboxes on a sandbox service."""
+    """List the sandboxes of this host's store, or of a sandbox service with --server.
+
+    The store is the state directory ($SANDRL_STATE_DIR, default /var/lib/sandrl) that every run on
+    this host shares unless given its own: each sandbox with its state (live, paused, premade,
+    orphaned: alive without the process that made it; dead: what a crashed run left; stray: cgroups
+    with no record), its image, age, cgroups and owner (the process that made it, and whether it
+    runs). `sandrl sandbox gc` removes what is dead."""
+    server = server or (None if state_dir is not None else os.environ.get("SANDRL_SERVER"))
+    if server is None:
+        if metadata:
+            raise SandrlError("--metadata filters a sandbox service's sandboxes: give --server (or $SANDRL_SERVER)")
+        root, entries = _survey(state_dir)
+        if json_out:
+            for entry in entries:
+                emit(entry.to_dict())
+        else:
+            print(_store_report(root, entries))
+        return
     labels = _labels(metadata)
 
     async def go() -> list[SandboxInfo]:
@@ -150,6 +181,108 @@ def sandbox_ls(
             emit(row.model_dump())
     else:
         print(_table(rows))
+
+
+@app.command("gc")
+def sandbox_gc(
+    state_dir: Path | None = typer.Option(None, help=STATE_DIR_HELP),
+    orphans: bool = typer.Option(
+        False, "--orphans", help="Also kill sandboxes that live on without the process that made them."
+    ),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Remove without asking."),
+) -> None:
+    """Remove what dead runs left in this host's store: their sandboxes' records and cgroups.
+
+    Only sandboxes whose processes are gone and whose owner (the process that made them) is gone
+    too, and cgroups with no record; with --orphans also the sandboxes still alive without their
+    owner (a paused one whose run crashed). A sandbox whose owner runs is never touched, whoever
+    owns it. Lists what it would remove and asks first (--yes: does not ask). The store is the state
+    directory, $SANDRL_STATE_DIR (default /var/lib/sandrl)."""
+    root, entries = _survey(state_dir)
+    targets = garbage(entries, orphans=orphans)
+    kept = [e for e in entries if e not in targets]
+    if not targets:
+        print(f"nothing to remove under {root}: {_counts(entries) or 'no sandboxes'}")
+        return
+    print(_store_table(targets))
+    if kept:
+        print(f"kept: {_counts(kept)}")
+    if not yes and not typer.confirm(f"remove these {len(targets)}?", default=False):
+        print("nothing removed")
+        raise typer.Exit(1)
+    state, cgroups = _store(root)
+    removed = set(collect(state, cgroups, [e.id for e in targets], orphans=orphans))
+    done = Counter(e.state for e in targets if e.id in removed)
+    parts = [f"removed {done['dead']} dead sandbox(es)"]
+    if done["stray"]:
+        parts.append(f"{done['stray']} stray cgroup set(s)")
+    if done["orphaned"]:
+        parts.append(f"killed {done['orphaned']} orphaned sandbox(es)")
+    print(", ".join(parts))
+
+
+def _store(root: Path) -> tuple[StateDir, CgroupManager]:
+    state = StateDir(root)
+    return state, CgroupManager(subdir=f"sandrl/{state.cgroup_name}")
+
+
+def _survey(state_dir: Path | None) -> tuple[Path, list[StoredSandbox]]:
+    """The store's state directory and its sandboxes; none when it does not exist."""
+    root = state_dir if state_dir is not None else sandrl.sandbox.bwrap.provider.DEFAULT_STATE_DIR
+    if os.geteuid() != 0:
+        raise SandboxUnavailableError(f"the sandbox store {root} is root's: run this as root")
+    if not root.is_dir():
+        return root, []
+    return root, survey(*_store(root))
+
+
+_ORDER = ("live", "paused", "premade", "orphaned", "dead", "stray")
+
+
+def _counts(entries: Sequence[StoredSandbox]) -> str:
+    by_state = Counter(e.state for e in entries)
+    return ", ".join(f"{by_state[s]} {s}" for s in _ORDER if by_state[s])
+
+
+def _store_report(root: Path, entries: Sequence[StoredSandbox]) -> str:
+    """``sandrl sandbox ls`` of the local store: the table, then what the counts mean to do."""
+    if not entries:
+        return f"no sandboxes under {root}"
+    lines = [_store_table(entries), "", f"{len(entries)} sandboxes: {_counts(entries)} (under {root})"]
+    collectable = garbage(entries)
+    if collectable:
+        lines.append(f"`sandrl sandbox gc` removes the {len(collectable)} dead or stray")
+    orphaned = sum(e.state == "orphaned" for e in entries)
+    if orphaned:
+        lines.append(f"`sandrl sandbox gc --orphans` also kills the {orphaned} orphaned")
+    return "\n".join(lines)
+
+
+def _store_table(entries: Sequence[StoredSandbox]) -> str:
+    rows = [("ID", "STATE", "IMAGE", "AGE", "CGROUPS", "OWNER")]
+    now = time.time()
+    for e in entries:
+        if e.owner_pid is None:
+            owner = "-"
+        elif e.owner_alive:
+            owner = f"pid {e.owner_pid} ({e.owner_command or '?'})"
+        else:
+            owner = f"pid {e.owner_pid} (gone)"
+        age = "-" if e.created is None else _age(now - e.created)
+        rows.append((e.id, e.state, e.image or "-", age, str(len(e.cgroups)), owner))
+    return _columns(rows)
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{max(0.0, seconds):.0f}s"
+
+
+def _columns(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
 
 @app.command("rm")

@@ -15,6 +15,7 @@ from rich.text import Text
 
 from sandrl.sandbox.base import ExecResult, SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider
+from sandrl.sandbox.bwrap.inventory import traces
 
 
 def _show(console: Console, title: str, result: ExecResult) -> None:
@@ -88,5 +89,6 @@ async def run_demo(console: Console) -> None:
             f"usage: {stats.cpu_s:.2f} CPU-s, peak memory {stats.memory_peak_bytes / 2**20:.1f} MiB, "
             f"{stats.oom_kills} OOM kill(s)"
         )
-    leftovers = provider.state.records() + list(provider.cgroups.stale_groups())
-    console.print(f"closed {sandbox.id}; left behind: {leftovers or 'nothing'}")
+    # Its own sandbox only: other runs sharing the state directory have theirs, live.
+    left = traces(provider.state, provider.cgroups, [(sandbox.id, sandbox.uid)])
+    console.print(f"closed {escape(sandbox.id)}; left behind: {escape(left.describe())}")

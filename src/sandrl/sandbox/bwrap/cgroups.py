@@ -26,6 +26,10 @@ from sandrl.errors import LimitUnsupportedError
 
 CFS_PERIOD_US = 100_000
 V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct")
+MAX_GROUP_DEPTH = 12
+"""How deep under a hierarchy's root :meth:`CgroupManager.groups_anywhere` looks for ``sandrl`` parents."""
+MAX_WALKED_GROUPS = 50_000
+"""How many groups it looks at, at most (a host has hundreds)."""
 _STATE_PARENT = re.compile(r"sandrl-[0-9a-f]{12}")
 """A state directory's parent group (:attr:`sandrl.sandbox.bwrap.state.StateDir.cgroup_name`)."""
 
@@ -384,3 +388,56 @@ class CgroupManager:
                     if d.is_dir():
                         found.setdefault(d.name, []).append(d)
         return found
+
+    def groups_anywhere(self) -> dict[str, list[Path]]:
+        """:meth:`stale_groups` found under every group of the host, not only under this process's.
+
+        A provider makes its sandboxes' groups under its own group (a memory controller allows
+        nothing else), so providers started from other groups (another login session, a service,
+        a job) keep theirs elsewhere: ``sandrl sandbox ls|gc`` must find them all. The walk stops
+        at every ``sandrl`` parent (sandboxes' groups are not searched) and after
+        :data:`MAX_WALKED_GROUPS` groups."""
+        found = self.stale_groups()
+        seen = {d for dirs in found.values() for d in dirs}
+        head = Path(self.subdir).parts[0]
+        walked = 0
+        for top in self._hierarchies():
+            pending = [(top, 0)]
+            while pending and walked < MAX_WALKED_GROUPS:
+                d, depth = pending.pop()
+                walked += 1
+                with contextlib.suppress(OSError):
+                    for child in (d / self.subdir).iterdir():
+                        if child.is_dir() and child not in seen:
+                            seen.add(child)
+                            found.setdefault(child.name, []).append(child)
+                if depth >= MAX_GROUP_DEPTH:
+                    continue
+                with contextlib.suppress(OSError):
+                    pending += [(e, depth + 1) for e in d.iterdir() if e.name != head and e.is_dir()]
+        return found
+
+    def _hierarchies(self) -> list[Path]:
+        """The mount points of the hierarchies sandboxes' groups are made in."""
+        if self.version == 2:
+            return [self.root]
+        return [self.root / c for c in (*V1_CONTROLLERS, "unified") if (self.root / c / "cgroup.procs").exists()]
+
+
+def remove_group_dir(d: Path) -> None:
+    """Kill what is in a leftover group and remove it (gone already: nothing to do)."""
+    for _ in range(500):
+        try:
+            d.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            try:
+                _write(d / "cgroup.kill", "1")
+            except OSError:
+                with contextlib.suppress(OSError):
+                    for pid in (d / "cgroup.procs").read_text().split():
+                        with contextlib.suppress(OSError):
+                            os.kill(int(pid), signal.SIGKILL)
+            time.sleep(0.002)

@@ -96,7 +96,6 @@ import functools
 import os
 import resource
 import shutil
-import signal
 import time
 import uuid
 import warnings
@@ -116,7 +115,7 @@ from sandrl.errors import (
 from sandrl.host_memory import ADMISSION_MEMORY_AGE_S, mem_available_bytes
 from sandrl.sandbox.base import DEFAULT_OUTPUT_CAP, ImageSource, SandboxSpec
 from sandrl.sandbox.bwrap import protocol
-from sandrl.sandbox.bwrap.cgroups import CgroupManager
+from sandrl.sandbox.bwrap.cgroups import CgroupManager, remove_group_dir
 from sandrl.sandbox.bwrap.dockerfile.source import image_for
 from sandrl.sandbox.bwrap.egress import EgressFilter, parse_allow
 from sandrl.sandbox.bwrap.helper import helper_path
@@ -195,18 +194,18 @@ class BwrapProvider:
         orphaned = self.state.orphaned_paused()
         for sid in orphaned:
             for d in groups.get(sid, []):
-                _remove_group_dir(d)  # kills what is in it: a frozen process dies of SIGKILL too
+                remove_group_dir(d)  # kills what is in it: a frozen process dies of SIGKILL too
             self.state.remove_record(sid)
         dead = orphaned + self.state.dead_records()
         for sid in dead:
             for d in self.cgroups.stale_groups().get(sid, []):
-                _remove_group_dir(d)
+                remove_group_dir(d)
             self.state.remove_record(sid)
         records = set(self.state.records())
         for name, dirs in self.cgroups.stale_groups().items():
             if name not in records:
                 for d in dirs:
-                    _remove_group_dir(d)
+                    remove_group_dir(d)
                 dead.append(name)
         return sorted(set(dead))
 
@@ -374,25 +373,6 @@ def _raise_fd_limit() -> None:
     if soft < hard:
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
-def _remove_group_dir(d: Path) -> None:
-    """Kill what is in a leftover cgroup and remove it."""
-    for _ in range(500):
-        try:
-            d.rmdir()
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            try:
-                (d / "cgroup.kill").write_text("1")
-            except OSError:
-                with contextlib.suppress(OSError):
-                    for pid in (d / "cgroup.procs").read_text().split():
-                        with contextlib.suppress(OSError):
-                            os.kill(int(pid), signal.SIGKILL)
-            time.sleep(0.002)
 
 
 _LIVE_PROVIDERS: weakref.WeakSet[BwrapProvider] = weakref.WeakSet()
