@@ -2,6 +2,7 @@
 
 ::
 
+    sandrl train configs/tiny-learn.toml                # warm start, then RL: the reward rises
     sandrl train configs/tiny.toml                      # the [run] mode (sync by default)
     sandrl train configs/tiny.toml --mode async
     sandrl train configs/tiny.toml --steps 2 --output-dir /tmp/try --set train.lr=3e-5
@@ -11,8 +12,9 @@
 
 ``--set`` changes any setting of the file, typed and checked as the file's own (see
 :mod:`sandrl.train.overrides`); ``--steps`` and ``--output-dir`` are ``--set run.steps=`` and
-``--set run.output_dir=``. The run writes under ``[run] output_dir`` (relative to the working
-directory): ``config.toml`` (the resolved config), ``metrics.jsonl`` (one line per step),
+``--set run.output_dir=``; ``--warm-start`` is ``--set warm_start.enabled=true``. The run writes
+under ``[run] output_dir`` (relative to the working directory): ``config.toml`` (the resolved
+config), ``metrics.jsonl`` (one line per step),
 ``rollouts.jsonl`` and ``checkpoints/``; started again, it resumes from the newest checkpoint (a
 run whose steps are all done says so: raise ``--steps`` to train on). It prints a progress line
 per step on stderr and ends with one JSON line on stdout (the last step's metrics).
@@ -51,6 +53,12 @@ def train_cmd(
     output_dir: str | None = typer.Option(
         None, help="Where the run writes ([run] output_dir; relative to the working directory)."
     ),
+    warm_start: bool = typer.Option(
+        False,
+        "--warm-start",
+        help="First fine-tune the model on the tasks' reference solutions, then train RL from it "
+        "([warm_start] enabled; made once, into OUTPUT_DIR/warm_start/).",
+    ),
     mode: str | None = typer.Option(None, help="sync or async (default: [run] mode)."),
     load_rollouts: Path | None = typer.Option(None, help="Train on saved trajectories: no sandboxes, no inference."),
     rollout_only: bool = typer.Option(False, help="Collect rollouts without training."),
@@ -64,6 +72,8 @@ def train_cmd(
         overrides.append(f"run.steps={steps}")
     if output_dir is not None:
         overrides.append(f"run.output_dir={output_dir}")
+    if warm_start:
+        overrides.append("warm_start.enabled=true")
     if ray is not None:
         if load_rollouts is not None:
             raise ConfigError("--load-rollouts trains on saved trajectories in this process: drop --ray")

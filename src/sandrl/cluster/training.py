@@ -180,4 +180,10 @@ def train_on_ray(
 ) -> dict[str, Any]:
     """The body of ``sandrl train CONFIG --ray ADDRESS``: the run's last step and the cluster's metrics."""
     config, cluster = load_cluster_run(config_path, overrides)
+    if config.warm_start.enabled:
+        raise ConfigError(
+            "[warm_start] is not run under --ray: warm-start on one machine first (sandrl train CONFIG --warm-start "
+            "--steps 1 --output-dir runs/warm writes runs/warm/warm_start/model), then set [model] name to that "
+            "checkpoint, on storage the trainer and the inference servers read, and [warm_start] enabled = false"
+        )
     return asyncio.run(run_cluster_training(config, cluster, address=address, mode=mode, rollout_only=rollout_only))

@@ -4,12 +4,17 @@
 run writes under ``[run] output_dir``: ``config.toml`` (the resolved config), ``metrics.jsonl``
 (one line per step), ``rollouts.jsonl`` and ``checkpoints/``; started again, it resumes from the
 newest checkpoint. A run whose checkpoint already holds all ``[run] steps`` trains nothing: it says
-so, and how to train on, without starting sandboxes or a server.
+so, and how to train on, without starting sandboxes or a server. With ``[warm_start] enabled`` the
+run first fine-tunes its model on reference solutions (once, into ``warm_start/``:
+:mod:`sandrl.train.warm_run`) and trains RL from there.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +27,8 @@ from sandrl.train import async_, checkpoint, sync
 from sandrl.train.device import check_dtype, torch_device
 from sandrl.train.driver_common import open_session
 from sandrl.train.run_config import MODES, RunConfig
+from sandrl.train.warm_run import WarmStarted, WarmStartStopped, warm_start_run
+from sandrl.wiring import open_policy
 
 
 async def run_training(
@@ -49,6 +56,9 @@ async def run_training(
         done = checkpoint.steps_done(config.output_dir / "checkpoints")
         if done >= config.run.steps:
             return _complete(config, done, console or Console(stderr=True))
+    config, warm = await _warm_start(config, console)
+    if warm is not None and not config.model.embedded and load_rollouts is None:
+        await _serve_warm_start(config)
     last: dict[str, Any] = {}
     async with open_session(
         config,
@@ -65,6 +75,27 @@ async def run_training(
         if lines:
             last = {**json.loads(lines[-1]), **last}
     return last
+
+
+async def _warm_start(config: RunConfig, console: Console | None) -> tuple[RunConfig, WarmStarted | None]:
+    """:func:`warm_start_run` in a worker thread: the event loop stays free to take SIGINT and SIGTERM,
+    which end the warm start at its next update."""
+    stop = threading.Event()
+    work = asyncio.ensure_future(asyncio.to_thread(warm_start_run, config, console=console, stop=stop))
+    try:
+        return await asyncio.shield(work)
+    except asyncio.CancelledError:
+        stop.set()
+        with contextlib.suppress(WarmStartStopped):
+            await work
+        raise
+
+
+async def _serve_warm_start(config: RunConfig) -> None:
+    """Load the warm-started weights into the inference server, as version 0: its first samples are the
+    warm start's (a resumed run then pushes its checkpoint's weights over them)."""
+    async with open_policy(config.model) as policy:
+        await policy.update_weights(config.model.name, version=0)
 
 
 def _complete(config: RunConfig, done: int, console: Console) -> dict[str, Any]:

@@ -26,6 +26,9 @@
     [train]                     # sandrl.train.config.TrainConfig
     lr = 1e-5
 
+    [warm_start]                # WarmStartSection: supervised on reference solutions first (--warm-start)
+    enabled = true
+
 Every section and key is checked when the file loads: an unknown key, a wrong type or a
 contradiction is a :class:`~sandrl.errors.ConfigError` naming the file, the key and what would
 be valid. :func:`save_resolved` writes every setting, defaults included, as TOML next to the
@@ -50,6 +53,7 @@ from sandrl.toml_config import read_toml
 from sandrl.train.config import TrainConfig, from_mapping, none_as_false
 from sandrl.train.losses import ScaleRewards
 from sandrl.train.overrides import apply_overrides
+from sandrl.train.warmstart import WarmStartConfig
 from sandrl.wiring.config import ModelConfig, RolloutConfig, TasksConfig
 
 Mode = Literal["sync", "async"]
@@ -135,6 +139,48 @@ class AsyncSection:
 
 
 @dataclass(frozen=True)
+class WarmStartSection(WarmStartConfig):
+    """Before RL, fine-tune the policy on the tasks' reference solutions (``sandrl train --warm-start``).
+
+    A policy that never writes a working action scores 0 in every episode of a group, and GRPO
+    learns nothing from such groups: a tiny model trained from scratch, or a model that does not
+    know the agent's format. The warm start trains ``[model] name`` (``tiny``: built with
+    ``[warm_start.tiny]``'s shape) with supervised cross-entropy on demonstrations: each task's
+    prompt as the agent sees it, answered by its ``solution/solve.sh`` in the agent's format
+    (:mod:`sandrl.train.warmstart`). It runs once, into ``<output_dir>/warm_start/model``, and RL
+    starts from that checkpoint; a resumed run or a rerun reuses it (one whose warm start settings
+    changed is refused). ``group_size`` defaults to ``[rollout] group_size``.
+    """
+
+    enabled: bool = False
+    """Warm-start before RL; ``sandrl train --warm-start`` sets it."""
+    path: str = ""
+    """The demonstrations: a task directory (or a directory of them) whose tasks have a reference
+    solution; relative to the config file. Empty: from ``[tasks]``: for a generated ``family``,
+    ``demonstrations`` new tasks of it from a seed of their own (RL's training tasks stay unseen: a
+    policy that had memorised their answers would be rewarded for recall, not skill), else the
+    tasks at its ``path`` that have a solution."""
+    demonstrations: int = 256
+    """With a generated ``[tasks] family`` and no ``path``: how many demonstration tasks are generated."""
+    checks: int = 0
+    """Demonstrations kept out of training to measure the warm start every ``check_every`` updates
+    (greedy, sampled, coverage) and to stop it (``stop_at_greedy``, ``stop_at_sampled``): generated
+    from another seed with a family, else drawn (seeded) from the demonstrations."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.demonstrations < 1 or self.checks < 0:
+            raise ConfigError(
+                f"demonstrations must be >= 1 and checks >= 0, got {self.demonstrations} and {self.checks}"
+            )
+        if (self.stop_at_greedy is not None or self.stop_at_sampled is not None) and not self.checks:
+            raise ConfigError(
+                "stop_at_greedy and stop_at_sampled are measured on check demonstrations: set checks "
+                "(32 is plenty), or drop them to train all the steps"
+            )
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """Everything one ``sandrl train`` run takes."""
 
@@ -144,6 +190,7 @@ class RunConfig:
     rollout: RolloutSection = field(default_factory=RolloutSection)
     async_: AsyncSection = field(default_factory=AsyncSection)
     train: TrainConfig = field(default_factory=TrainConfig)
+    warm_start: WarmStartSection = field(default_factory=WarmStartSection)
 
     @property
     def output_dir(self) -> Path:
@@ -165,6 +212,7 @@ _SECTIONS: dict[str, str] = {
     "rollout": "rollout",
     "async": "async_",
     "train": "train",
+    "warm_start": "warm_start",
 }
 SECTION_TYPES: dict[str, type[Any]] = {
     "run": RunSection,
@@ -173,6 +221,7 @@ SECTION_TYPES: dict[str, type[Any]] = {
     "rollout": RolloutSection,
     "async": AsyncSection,
     "train": TrainConfig,
+    "warm_start": WarmStartSection,
 }
 
 
@@ -191,6 +240,12 @@ def from_dict(data: Mapping[str, object], *, where: str = "config", base: Path |
     for name, attr in _SECTIONS.items():
         values[attr] = from_mapping(SECTION_TYPES[name], data.get(name, {}), where=f"{where}: [{name}]")
     config = RunConfig(**values)
+    warm = data.get("warm_start", {})
+    if isinstance(warm, Mapping) and "group_size" not in warm:
+        # The coverage it reports is a group's of the RL run: the RL run's group size unless set.
+        config = dataclasses.replace(
+            config, warm_start=dataclasses.replace(config.warm_start, group_size=config.rollout.group_size)
+        )
     if base is not None:
         config = _resolve_paths(config, base)
     try:
@@ -257,6 +312,7 @@ def _resolve_paths(config: RunConfig, base: Path) -> RunConfig:
         config,
         run=dataclasses.replace(config.run, output_dir=_output_dir(config.run.output_dir, base)),
         tasks=dataclasses.replace(config.tasks, path=absolute(config.tasks.path)),
+        warm_start=dataclasses.replace(config.warm_start, path=absolute(config.warm_start.path)),
         rollout=dataclasses.replace(config.rollout, capacity_file=absolute(config.rollout.capacity_file)),
         model=model,
     )

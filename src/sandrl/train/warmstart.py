@@ -19,11 +19,12 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sandrl.errors import ConfigError, TaskError
 from sandrl.inference.chat import ChatFormat
-from sandrl.inference.model import TinyModelConfig, build_tiny_model, save_weights
-from sandrl.inference.tokenizer import Tokenizer
+from sandrl.inference.model import TinyModelConfig, build_tiny_model, load_model, save_weights
+from sandrl.inference.tokenizer import TINY, Tokenizer
 from sandrl.rollout.agents.formats import ActionFormat, AgentFormat, make_format
 from sandrl.tasks.task import Task
 from sandrl.train.batch import TrainSample
@@ -67,15 +68,18 @@ class WarmStartConfig:
     """How long and how hard the warm start trains, and the shape of the model it starts from."""
 
     steps: int = 400
-    """Supervised updates."""
+    """Supervised updates (at most: ``stop_at_greedy`` or ``stop_at_sampled`` can stop it earlier)."""
     batch_size: int = 16
     """Demonstrations per update, drawn without replacement within a pass over them."""
     lr: float = 3e-3
+    """AdamW's peak learning rate. 3e-3 suits the tiny model trained from scratch; a pretrained
+    model needs about 1e-5."""
     warmup_steps: int = 10
+    """Updates over which the learning rate rises linearly to ``lr``."""
     seed: int = 0
     """Seeds the order of the demonstrations (``tiny.seed`` seeds the model's initialisation)."""
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
-    """The shape of the model built from a config."""
+    """The shape of the model built from a config (when the model warm-started is ``tiny``)."""
     stop_at_greedy: float | None = None
     """Stop before ``steps`` once greedy decoding reproduces at least this fraction of the check
     demonstrations: the policy has learned the format and the skill's argmax, and sampling from
@@ -153,8 +157,12 @@ def warm_start(
     config: WarmStartConfig | None = None,
     check_tasks: Sequence[Task] = (),
     on_step: Callable[[int, Metrics], None] | None = None,
+    model: str = TINY,
+    device: str = "cpu",
 ) -> WarmStartResult:
-    """Build the tiny model, fine-tune it on ``tasks``' demonstrations, save it to ``out``.
+    """Fine-tune ``model`` on ``tasks``' demonstrations on ``device``, save it to ``out``.
+
+    ``model`` is ``tiny`` (built with ``config.tiny``'s shape and seed) or a checkpoint directory.
 
     ``check_tasks`` (not trained on) are the demonstrations of the checks and their stops.
     ``on_step(step, metrics)`` is called after each update; at a check, ``metrics`` also has
@@ -166,8 +174,8 @@ def warm_start(
         raise ConfigError(
             "stop_at_greedy and stop_at_sampled need check tasks: demonstrations the warm start does not train on"
         )
-    model, tokenizer = build_tiny_model(cfg.tiny)
-    trainer = Trainer(model, TrainConfig(lr=cfg.lr, warmup_steps=cfg.warmup_steps), tokenizer=tokenizer)
+    net, tokenizer = _base_model(model, cfg.tiny)
+    trainer = Trainer(net, TrainConfig(lr=cfg.lr, warmup_steps=cfg.warmup_steps, device=device), tokenizer=tokenizer)
     samples = demonstrations(tasks, tokenizer, system_prompt, agent_format, tools)
     checks = demonstrations(check_tasks, tokenizer, system_prompt, agent_format, tools)
     losses: list[float] = []
@@ -197,6 +205,15 @@ def warm_start(
         if done:
             break
     return WarmStartResult(save_weights(trainer.model.eval(), out, tokenizer), losses, greedy, coverage, sampled_at)
+
+
+def _base_model(model: str, tiny: TinyModelConfig) -> tuple[Any, Tokenizer]:
+    if model == TINY:
+        return build_tiny_model(tiny)
+    net, tokenizer, path = load_model(model)
+    if tokenizer is None:
+        raise ConfigError(f"{path} has no tokenizer files: the warm start renders its demonstrations with them")
+    return net, tokenizer
 
 
 def _reply_logprob(token_logprobs: Sequence[float], sample: TrainSample) -> float:
