@@ -9,7 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sandrl.errors import TrainError
-from sandrl.train.batch import Batch, TrainSample, collate, plan_micro_batches, samples_from_groups
+from sandrl.train import micro_batches
+from sandrl.train.batch import Batch, TrainSample, samples_from_groups
+from sandrl.train.micro_batches import collate
 
 from .helpers import sample
 
@@ -57,12 +59,19 @@ def test_lists_are_accepted_and_stored_as_tuples() -> None:
     assert (s.num_tokens, s.num_model_tokens) == (3, 2)
 
 
-@given(st.lists(st.integers(min_value=2, max_value=60), max_size=40), st.integers(min_value=2, max_value=200))
-def test_micro_batches_cover_every_sample_once_within_the_budget(lengths: list[int], budget: int) -> None:
-    plans = plan_micro_batches(lengths, budget)
-    assert sorted(i for plan in plans for i in plan) == list(range(len(lengths)))
-    for plan in plans:
-        assert len(plan) == 1 or len(plan) * max(lengths[i] for i in plan) <= budget
+@given(
+    st.lists(st.integers(min_value=2, max_value=60), max_size=40),
+    st.integers(min_value=2, max_value=200),
+    st.booleans(),
+)
+def test_micro_batches_cover_every_sample_once_within_the_budget(
+    lengths: list[int], budget: int, packing: bool
+) -> None:
+    plans = micro_batches.plan(lengths, budget, packing=packing)
+    assert sorted(i for group in plans for i in group) == list(range(len(lengths)))
+    for group in plans:
+        cost = sum(lengths[i] for i in group) if packing else len(group) * max(lengths[i] for i in group)
+        assert len(group) == 1 or cost <= budget
 
 
 def test_collate_right_pads_and_masks_the_padding() -> None:

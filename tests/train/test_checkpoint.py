@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 from safetensors.torch import load_file
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from sandrl.errors import TrainError
 from sandrl.train import checkpoint
@@ -46,7 +47,9 @@ def _finish(proc: subprocess.Popen[str]) -> None:
 def _final(directory: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     last = checkpoint.latest(directory)
     assert last is not None and last.name == f"step-{STEPS:08d}"
-    optimizer = torch.load(last / "optimizer.pt", weights_only=True)
+    flat = directory / "state.pt"
+    dcp_to_torch_save(last / "state", flat)
+    optimizer = torch.load(flat, weights_only=True)["optim"]
     return load_file(str(next((last / "model").glob("*.safetensors")))), optimizer
 
 

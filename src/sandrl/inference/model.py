@@ -124,15 +124,25 @@ def load_weights(model: Any, path: str) -> dict[str, torch.Tensor]:
     return {k: v.to(old[k].dtype) for k, v in new.items()}
 
 
-def save_weights(model: Any, path: str | Path, tokenizer: Tokenizer | None = None) -> Path:
+def save_weights(
+    model: Any,
+    path: str | Path,
+    tokenizer: Tokenizer | None = None,
+    *,
+    state_dict: dict[str, torch.Tensor] | None = None,
+) -> Path:
     """Write ``model`` (and its tokenizer) as a checkpoint directory that :func:`load_model` and
     ``update_weights_from_disk`` read. The directory appears complete or not at all: it is
-    written beside ``path`` and renamed into place, so a server never loads half a checkpoint."""
+    written beside ``path`` and renamed into place, so a server never loads half a checkpoint.
+    ``state_dict`` replaces the model's own weights (a sharded model's, gathered)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        model.save_pretrained(str(staging))
+        if state_dict is None:
+            model.save_pretrained(str(staging))
+        else:
+            model.save_pretrained(str(staging), state_dict=state_dict)
         if tokenizer is not None:
             tokenizer.save(staging)
         if target.exists():

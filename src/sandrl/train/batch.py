@@ -4,8 +4,7 @@ A :class:`TrainSample` is one episode as the trainer sees it: the token ids of t
 conversation, a loss mask that is 1 on the model's own tokens, and the log-prob the inference
 server gave each of those tokens. :func:`samples_from_groups` turns GRPO groups (the samples of
 one task) into a :class:`Batch` with advantages, dropping and counting the groups that carry no
-signal. :func:`plan_micro_batches` cuts a batch into forwards that fit a token budget, and
-:func:`collate` pads one of them into tensors.
+signal. :mod:`sandrl.train.micro_batches` cuts a batch into forwards that fit a token budget.
 """
 
 from __future__ import annotations
@@ -13,8 +12,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-
-import torch
 
 from sandrl.errors import TrainError
 from sandrl.train.losses import ScaleRewards, group_advantages, has_signal
@@ -124,67 +121,4 @@ def samples_from_groups(
         zero_signal_groups=len(offered) - len(kept),
         zero_signal_samples=len(rewards) - len(samples),
         reward_mean=sum(rewards) / len(rewards) if rewards else 0.0,
-    )
-
-
-def plan_micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
-    """Indices of the samples in each micro-batch, such that ``rows * longest row <= max_tokens``.
-
-    Samples are taken longest first, so rows of similar length share a micro-batch and little is
-    padding. A sample longer than the budget gets a micro-batch of its own. The plan depends
-    only on the lengths, so a resumed run forwards exactly the same micro-batches.
-    """
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    plans: list[list[int]] = []
-    current: list[int] = []
-    for i in order:
-        # Longest first: the first row of a micro-batch is its widest.
-        if current and (len(current) + 1) * lengths[current[0]] > max_tokens:
-            plans.append(current)
-            current = []
-        current.append(i)
-    if current:
-        plans.append(current)
-    return plans
-
-
-@dataclass(frozen=True)
-class MicroBatch:
-    """Padded tensors of some samples; every tensor is ``[rows, width]`` except ``advantages`` (``[rows]``)."""
-
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    loss_mask: torch.Tensor
-    """Float, aligned with ``input_ids``; 0 on padding."""
-    rollout_logprobs: torch.Tensor
-    advantages: torch.Tensor
-    index: tuple[int, ...]
-    """Positions of these rows in the batch."""
-
-
-def collate(
-    samples: Sequence[TrainSample], index: Sequence[int], *, pad_id: int, device: torch.device | str = "cpu"
-) -> MicroBatch:
-    """Right-pad ``samples[i] for i in index`` into one micro-batch on ``device``."""
-    rows = [samples[i] for i in index]
-    width = max(s.num_tokens for s in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(rows), width), dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.float32)
-    rollout = torch.zeros((len(rows), width), dtype=torch.float32)
-    for row, s in enumerate(rows):
-        n = s.num_tokens
-        ids[row, :n] = torch.tensor(s.token_ids, dtype=torch.long)
-        attention[row, :n] = 1
-        mask[row, :n] = torch.tensor(s.loss_mask, dtype=torch.float32)
-        if s.rollout_logprobs is not None:
-            rollout[row, :n] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
-    advantages = torch.tensor([s.advantage for s in rows], dtype=torch.float32)
-    return MicroBatch(
-        input_ids=ids.to(device),
-        attention_mask=attention.to(device),
-        loss_mask=mask.to(device),
-        rollout_logprobs=rollout.to(device),
-        advantages=advantages.to(device),
-        index=tuple(index),
     )

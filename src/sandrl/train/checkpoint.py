@@ -2,11 +2,15 @@
 
 A checkpoint is a directory ``<root>/step-00000012/``::
 
-    model/          the policy, as save_weights writes it (so a checkpoint can also be served)
-    reference/      the KL reference policy, when the loss has one
-    optimizer.pt    AdamW's state (moments and step counts)
+    state/          the trainable weights and AdamW's state, sharded, as torch.distributed.checkpoint
+                    writes them (each rank its shards; any number of ranks can load them)
+    model/          the policy as a Hugging Face checkpoint (safetensors), so a checkpoint can be served
     rng.pt          the random generators: torch (CPU and accelerators), Python's, NumPy's
     state.json      counters (steps, weight version, data position) and the config it trained with
+
+With LoRA, ``state/`` holds the adapters alone (the base never changes) and ``model/`` what
+``[train.lora] export`` says. The KL reference is not saved: it is the run's starting policy,
+rebuilt from ``[model] name`` (or the policy with its adapters off).
 
 It is written in a hidden staging directory and renamed into place, so after a ``kill -9`` at
 any moment the newest ``step-*`` directory is complete; :func:`latest` finds it.
@@ -14,24 +18,38 @@ any moment the newest ``step-*`` directory is complete; :func:`latest` finds it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import shutil
-import tempfile
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint import state_dict_loader, state_dict_saver
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
 
 from sandrl.errors import TrainError
-from sandrl.inference.model import load_weights, save_weights
+from sandrl.inference.model import save_weights
 from sandrl.inference.tokenizer import Tokenizer
+from sandrl.train.config import TrainConfig
+from sandrl.train.world import World
 
-FORMAT = 1
+FORMAT = 2
 _PREFIX = "step-"
 _STAGING = ".staging-"
+_POLICY_PREFIX = "lm."
+"""The Hugging Face model's keys sit under this prefix in the trainer's policy module."""
 
 
 @dataclass(frozen=True)
@@ -50,46 +68,87 @@ class TrainerState:
     finish, not in data order): a resumed run skips them instead of training them twice."""
 
 
+def export_policy(
+    policy: torch.nn.Module,
+    model: Any,
+    path: Path,
+    tokenizer: Tokenizer | None,
+    config: TrainConfig,
+    world: World,
+) -> Path:
+    """Write the policy as a servable checkpoint at ``path`` (every rank calls it; rank 0 writes)."""
+    if not world.distributed:
+        if config.lora is not None:
+            from sandrl.train import lora
+
+            return lora.export_lora(model, path, config.lora, tokenizer)
+        return save_weights(model, path, tokenizer)
+    if config.lora is not None:
+        raise TrainError("exporting a LoRA policy trained on several ranks is not supported yet; use processes = 1")
+    full: dict[str, Any] = get_model_state_dict(
+        policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
+    if world.rank == 0:
+        dtype = torch.bfloat16 if config.dtype == "bf16" else torch.float32
+        weights = {k.removeprefix(_POLICY_PREFIX): v.to(dtype) for k, v in full.items()}
+        save_weights(model, path, tokenizer, state_dict=weights)
+    dist.barrier()
+    return path
+
+
 def save(
     root: str | Path,
     state: TrainerState,
     *,
+    policy: torch.nn.Module,
     model: Any,
     optimizer: torch.optim.Optimizer,
+    config: TrainConfig,
+    world: World,
     tokenizer: Tokenizer | None = None,
-    reference: Any = None,
-    keep: int = 2,
 ) -> Path:
-    """Write a checkpoint for ``state.steps`` under ``root``, then delete all but the newest ``keep``."""
+    """Write a checkpoint for ``state.steps`` under ``root`` (every rank calls it), then keep the newest few."""
     base = Path(root)
-    base.mkdir(parents=True, exist_ok=True)
-    for stale in base.glob(f"{_STAGING}*"):  # left by a crash mid-save
-        shutil.rmtree(stale, ignore_errors=True)
     target = base / f"{_PREFIX}{state.steps:08d}"
-    staging = Path(tempfile.mkdtemp(prefix=_STAGING, dir=base))
+    staging = base / f"{_STAGING}{state.steps:08d}"
+    if world.rank == 0:
+        base.mkdir(parents=True, exist_ok=True)
+        for stale in base.glob(f"{_STAGING}*"):  # left by a crash mid-save
+            shutil.rmtree(stale, ignore_errors=True)
+        staging.mkdir()
+    _barrier(world)
     try:
-        save_weights(model, staging / "model", tokenizer)
-        if reference is not None:
-            save_weights(reference, staging / "reference")
-        torch.save(optimizer.state_dict(), staging / "optimizer.pt")
-        torch.save(capture_rng(), staging / "rng.pt")
-        record = {
-            "format": FORMAT,
-            "steps": state.steps,
-            "version": state.version,
-            "data_position": state.data_position,
-            "data_done": list(state.data_done),
-            "config": state.config,
-        }
-        (staging / "state.json").write_text(json.dumps(record, indent=2) + "\n")
-        if target.exists():
-            shutil.rmtree(target)
-        staging.rename(target)
+        model_state, optim_state = get_state_dict(policy, optimizer, options=_options(config))
+        with _single_process_quiet():
+            state_dict_saver.save(
+                {"model": model_state, "optim": optim_state},
+                checkpoint_id=staging / "state",
+                no_dist=not world.distributed,
+            )
+        export_policy(policy, model, staging / "model", tokenizer, config, world)
+        if world.rank == 0:
+            torch.save(capture_rng(), staging / "rng.pt")
+            record = {
+                "format": FORMAT,
+                "steps": state.steps,
+                "version": state.version,
+                "data_position": state.data_position,
+                "data_done": list(state.data_done),
+                "ranks": world.size,
+                "config": state.config,
+            }
+            (staging / "state.json").write_text(json.dumps(record, indent=2) + "\n")
+            if target.exists():
+                shutil.rmtree(target)
+            staging.rename(target)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        if world.rank == 0:
+            shutil.rmtree(staging, ignore_errors=True)
         raise
-    for old in sorted(base.glob(f"{_PREFIX}*"))[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    if world.rank == 0:
+        for old in sorted(base.glob(f"{_PREFIX}*"))[: -config.keep_checkpoints]:
+            shutil.rmtree(old, ignore_errors=True)
+    _barrier(world)
     return target
 
 
@@ -107,39 +166,73 @@ def steps_done(root: str | Path) -> int:
     last = latest(root)
     if last is None:
         return 0
-    try:
-        return int(json.loads((last / "state.json").read_text())["steps"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise TrainError(f"{last} is not a training checkpoint (no readable state.json): {exc}") from exc
+    return read_state(last).steps
 
 
-def load(
-    path: str | Path, *, model: Any, optimizer: torch.optim.Optimizer, reference: Any = None, device: torch.device
-) -> TrainerState:
-    """Restore the checkpoint at ``path`` into ``model``, ``optimizer`` (and ``reference``) and the RNGs."""
+def read_state(path: str | Path) -> TrainerState:
+    """The counters of the checkpoint at ``path``, checked to be one this sandrl can resume."""
     where = Path(path)
     try:
         record = json.loads((where / "state.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise TrainError(f"{where} is not a training checkpoint (no readable state.json): {exc}") from exc
-    if record.get("format") != FORMAT:
-        raise TrainError(
-            f"{where}: checkpoint format {record.get('format')!r} is not {FORMAT}; it was written by another sandrl"
+        if record.get("format") != FORMAT:
+            raise TrainError(
+                f"{where}: checkpoint format {record.get('format')!r} is not {FORMAT}; it was written by another "
+                "sandrl version: resume it with that version, or start a new run (--output-dir)"
+            )
+        return TrainerState(
+            steps=int(record["steps"]),
+            version=int(record["version"]),
+            data_position=int(record["data_position"]),
+            config=dict(record.get("config", {})),
+            data_done=tuple(int(p) for p in record.get("data_done", ())),
         )
-    model.load_state_dict(load_weights(model, str(where / "model")))
-    if reference is not None:
-        if not (where / "reference").is_dir():
-            raise TrainError(f"{where} has no reference model, but this run's loss has a KL term (beta > 0)")
-        reference.load_state_dict(load_weights(reference, str(where / "reference")))
-    optimizer.load_state_dict(torch.load(where / "optimizer.pt", map_location=device, weights_only=True))
-    restore_rng(torch.load(where / "rng.pt", weights_only=True))
-    return TrainerState(
-        steps=int(record["steps"]),
-        version=int(record["version"]),
-        data_position=int(record["data_position"]),
-        config=dict(record.get("config", {})),
-        data_done=tuple(int(p) for p in record.get("data_done", ())),
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise TrainError(f"{where} is not a training checkpoint (no readable state.json): {exc}") from exc
+
+
+def load(
+    path: str | Path, *, policy: torch.nn.Module, optimizer: torch.optim.Optimizer, config: TrainConfig
+) -> TrainerState:
+    """Restore the checkpoint at ``path`` into ``policy`` and ``optimizer`` (this rank's shards) and the RNGs."""
+    where = Path(path)
+    state = read_state(where)
+    model_state, optim_state = get_state_dict(policy, optimizer, options=_options(config))
+    try:
+        with _single_process_quiet():
+            state_dict_loader.load(
+                {"model": model_state, "optim": optim_state},
+                checkpoint_id=where / "state",
+                no_dist=not World.current().distributed,
+            )
+    except Exception as exc:
+        raise TrainError(
+            f"{where}: its weights and optimizer state do not fit this run's model ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}); resume with the config it was written with "
+            "(its state.json), or start a new run (--output-dir)"
+        ) from exc
+    set_state_dict(
+        policy, optimizer, model_state_dict=model_state, optim_state_dict=optim_state, options=_options(config)
     )
+    restore_rng(torch.load(where / "rng.pt", weights_only=True))
+    return state
+
+
+def _options(config: TrainConfig) -> StateDictOptions:
+    # With LoRA the base is frozen and rebuilt from [model] name: only the adapters are state.
+    return StateDictOptions(ignore_frozen_params=config.lora is not None)
+
+
+@contextlib.contextmanager
+def _single_process_quiet() -> Iterator[None]:
+    """DCP warns that it "assumes" one process when there is no process group: here that is the intent."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        yield
+
+
+def _barrier(world: World) -> None:
+    if world.distributed:
+        dist.barrier()
 
 
 def capture_rng() -> dict[str, Any]:

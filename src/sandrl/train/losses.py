@@ -219,16 +219,19 @@ def policy_loss(
 ) -> LossOutput:
     """The clipped, importance-corrected GRPO loss of a ``[batch, tokens]`` micro-batch (see the module docstring).
 
-    ``advantages`` is ``[batch]``. ``old_logprobs`` defaults to ``logprobs`` detached (one update
-    per batch, the ratio is 1 but carries the gradient). ``rollout_logprobs`` is needed when
-    ``config.tis_cap`` is set, ``ref_logprobs`` when ``config.beta > 0``. ``weights`` are from
-    :func:`token_weights` over the whole batch; by default this micro-batch is the whole batch.
+    ``advantages`` is ``[batch]`` or per token, ``[batch, tokens]``. ``old_logprobs`` defaults to
+    ``logprobs`` detached (one update per batch, the ratio is 1 but carries the gradient).
+    ``rollout_logprobs`` is needed when ``config.tis_cap`` is set, ``ref_logprobs`` when
+    ``config.beta > 0``. ``weights`` are from :func:`token_weights` over the whole batch; by
+    default this micro-batch is the whole batch.
     """
     keep = mask.to(torch.bool)
     old = logprobs.detach() if old_logprobs is None else old_logprobs.detach()
     if weights is None:
         weights = token_weights(mask, config)
-    adv = advantages.to(logprobs.dtype).unsqueeze(-1)
+    adv = advantages.to(logprobs.dtype)
+    if adv.dim() < logprobs.dim():  # one advantage per sample: every token of it carries it
+        adv = adv.unsqueeze(-1)
     # Masked positions are zeroed before exp, so garbage there (a 0 placeholder, a huge number)
     # can neither overflow nor leak into the sums.
     ratio = torch.exp(torch.where(keep, logprobs - old, 0.0))

@@ -6,10 +6,17 @@ corrects for the difference (:mod:`sandrl.train.losses`). A step
 
 1. recomputes, when it needs them, the proximal log-probs (with several minibatches) and the
    reference log-probs (with a KL term) in no-grad forwards,
-2. for each minibatch, forwards micro-batches that fit ``micro_batch_tokens`` and accumulates their
-   gradients (each token's weight in the loss is fixed over the whole minibatch beforehand, so the
-   split into micro-batches does not change the result),
+2. for each minibatch, forwards micro-batches that fit ``micro_batch_tokens`` (packed or padded,
+   :mod:`sandrl.train.micro_batches`) and accumulates their gradients (each token's weight in the
+   loss is fixed over the whole minibatch beforehand, so the split into micro-batches, and into
+   ranks, does not change the result),
 3. clips the gradient norm and takes one AdamW step, which bumps the weight version.
+
+Log-probs come from the final hidden states a chunk at a time (:mod:`sandrl.train.logprobs`):
+no micro-batch's full logits are ever built. The same class runs alone or as one rank of many
+(:mod:`sandrl.train.ranks` starts them): with a ``torch.distributed`` process group, the policy is
+sharded with FSDP2 (:mod:`sandrl.train.sharding`), each rank forwards its share of every
+minibatch's micro-batches, and metrics are summed over the ranks.
 
 A batch with no model token to train (an all-zero loss mask, or only groups without signal)
 changes nothing: no update, no optimizer state, no new version.
@@ -19,21 +26,23 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from sandrl.errors import TrainError
-from sandrl.inference.model import save_weights
 from sandrl.inference.tokenizer import Tokenizer
-from sandrl.train import checkpoint
-from sandrl.train.batch import Batch, MicroBatch, TrainSample, collate, plan_micro_batches
+from sandrl.train import checkpoint, micro_batches
+from sandrl.train.batch import Batch, TrainSample
 from sandrl.train.config import TrainConfig
 from sandrl.train.device import torch_device
+from sandrl.train.logprobs import PolicyForward, TokenLogprobs
 from sandrl.train.losses import policy_loss, sft_loss, token_weights
+from sandrl.train.micro_batches import MicroBatch
+from sandrl.train.world import World
 
 Metrics = dict[str, float]
 
@@ -49,6 +58,8 @@ class ExportedWeights:
 
 @dataclass
 class _Sums:
+    """What a step adds up over its micro-batches (and, with several ranks, over the ranks)."""
+
     loss: float = 0.0
     tokens: int = 0
     clipped_low: int = 0
@@ -56,13 +67,21 @@ class _Sums:
     is_weight: float = 0.0
     is_truncated: int = 0
     kl: float = 0.0
-    grad_norm: float = 0.0
-    updates: int = 0
+    entropy: float = 0.0
+    slots: int = 0
+    """Positions forwarded, padding included."""
+    sample_tokens: int = 0
+    """Positions that held a sample's token."""
+
+    def reduce(self, world: World, device: torch.device) -> None:
+        names = [f.name for f in fields(self)]
+        for name, value in zip(names, world.sum([getattr(self, n) for n in names], device), strict=True):
+            setattr(self, name, type(getattr(self, name))(value))
 
 
 class Trainer:
-    """Updates a Hugging Face causal LM (anything with ``model(input_ids, attention_mask).logits``
-    and ``save_pretrained``) with the GRPO family of losses or supervised cross-entropy."""
+    """Updates a Hugging Face causal LM (Llama/Qwen-style: a decoder and an output head, and
+    ``save_pretrained``) with the GRPO family of losses or supervised cross-entropy."""
 
     def __init__(
         self,
@@ -72,26 +91,42 @@ class Trainer:
         tokenizer: Tokenizer | None = None,
         reference: Any = None,
     ) -> None:
-        """``reference`` is the KL reference policy (``loss.beta > 0``); by default a frozen copy of ``model``."""
-        self.config = config or TrainConfig()
-        self.device = torch_device(self.config.device)
-        self.model = model.to(self.device).train()
+        """``reference`` is the KL reference policy (``loss.beta > 0``); by default a frozen copy of ``model``
+        (with LoRA: the same model with its adapters switched off, no copy)."""
+        from sandrl.train import lora, sharding
+
+        self.config = cfg = config or TrainConfig()
+        self.device = torch_device(cfg.device)
+        self.world = World.current()
         self.tokenizer = tokenizer
         pad = tokenizer.pad_token_id if tokenizer is not None else getattr(model.config, "pad_token_id", None)
         self.pad_id = int(pad) if pad is not None else 0
-        self.reference: Any = None
-        if self.config.loss.beta > 0:
-            self.reference = (reference if reference is not None else copy.deepcopy(model)).to(self.device).eval()
+        self.sharded = self.world.distributed
+        if cfg.lora is not None:
+            model = lora.apply_lora(model, cfg.lora)
+        self.model = model.to(self.device).train()
+        """The model as built (a ``peft`` model with LoRA): what is exported and checkpointed."""
+        self.policy = PolicyForward(self.model)
+        if cfg.activation_checkpointing:
+            sharding.enable_activation_checkpointing(self.policy)
+        self.reference: PolicyForward | None = None
+        if cfg.loss.beta > 0 and cfg.lora is None:
+            frozen = reference if reference is not None else copy.deepcopy(model)
+            self.reference = PolicyForward(frozen.to(self.device).eval())
             self.reference.requires_grad_(False)
-        params = [p for p in self.model.parameters() if p.requires_grad]
+            if self.sharded:
+                sharding.shard(self.reference, cfg, self.device)
+        if self.sharded:
+            sharding.shard(self.policy, cfg, self.device)
+        params = [p for p in self.policy.parameters() if p.requires_grad]
         if not params:
             raise TrainError("the model has no trainable parameters (all have requires_grad=False)")
         self.optimizer = torch.optim.AdamW(
             params,
-            lr=self.config.lr,
-            betas=(self.config.adam_beta1, self.config.adam_beta2),
-            eps=self.config.adam_eps,
-            weight_decay=self.config.weight_decay,
+            lr=cfg.lr,
+            betas=(cfg.adam_beta1, cfg.adam_beta2),
+            eps=cfg.adam_eps,
+            weight_decay=cfg.weight_decay,
         )
         self.steps = 0
         """Batches consumed (``step`` and ``sft_step`` calls)."""
@@ -116,44 +151,50 @@ class Trainer:
                 "give them, or set tis_cap to None"
             )
         parts = _split(len(samples), self.config.minibatches) if samples else []
-        need_old = len(parts) > 1
-        old = self._no_grad_logprobs(self.model, samples) if need_old else None
-        ref = self._no_grad_logprobs(self.reference, samples) if self.reference is not None else None
+        old = self._no_grad_logprobs(samples, reference=False) if len(parts) > 1 else None
+        ref = self._no_grad_logprobs(samples, reference=True) if loss_cfg.beta > 0 else None
         sums = _Sums()
+        updates, grad_norm = 0, 0.0
         for part in parts:
             part_samples = [samples[i] for i in part]
-            mask = collate(part_samples, range(len(part)), pad_id=self.pad_id, device=self.device).loss_mask
+            width = max(s.num_tokens for s in part_samples)
+            mask = torch.zeros((len(part), width), dtype=torch.float32, device=self.device)
+            for row, s in enumerate(part_samples):
+                mask[row, : s.num_tokens] = torch.tensor(s.loss_mask, dtype=torch.float32)
             weights = token_weights(mask, loss_cfg)
-            for plan in plan_micro_batches([s.num_tokens for s in part_samples], self.config.micro_batch_tokens):
-                mb = collate(part_samples, plan, pad_id=self.pad_id, device=self.device)
-                width = mb.input_ids.shape[1]
-                rows = [part[i] for i in plan]
-                logprobs = self._logprobs(self.model, mb)
-                out = policy_loss(
-                    logprobs,
+            part_old = old[part] if old is not None else None
+            part_ref = ref[part] if ref is not None else None
+
+            def train_on(mb: MicroBatch, out: TokenLogprobs, sums: _Sums = sums, **tables: Any) -> torch.Tensor:
+                result = policy_loss(
+                    out.logprobs,
                     mb.advantages,
                     mb.loss_mask,
                     loss_cfg,
-                    old_logprobs=_rows(old, rows, width),
+                    old_logprobs=mb.take(tables["old"]) if tables["old"] is not None else None,
                     rollout_logprobs=mb.rollout_logprobs,
-                    ref_logprobs=_rows(ref, rows, width),
-                    weights=weights[list(plan), :width],
+                    ref_logprobs=mb.take(tables["ref"]) if tables["ref"] is not None else None,
+                    weights=mb.take(tables["weights"]),
                 )
-                if out.tokens:
-                    torch.autograd.backward(out.loss)
-                sums.loss += float(out.loss.detach())
-                sums.tokens += out.tokens
-                sums.clipped_low += out.clipped_low
-                sums.clipped_high += out.clipped_high
-                sums.is_weight += out.is_weight_sum
-                sums.is_truncated += out.is_truncated
-                sums.kl += out.kl_sum
-            self._update(sums, any(s.num_model_tokens for s in part_samples))
+                sums.loss += float(result.loss.detach())
+                sums.tokens += result.tokens
+                sums.clipped_low += result.clipped_low
+                sums.clipped_high += result.clipped_high
+                sums.is_weight += result.is_weight_sum
+                sums.is_truncated += result.is_truncated
+                sums.kl += result.kl_sum
+                return result.loss
+
+            self._accumulate(part_samples, sums, train_on, old=part_old, ref=part_ref, weights=weights)
+            if self._update(any(s.num_model_tokens for s in part_samples)):
+                updates += 1
+                grad_norm = self._last_norm
+        sums.reduce(self.world, self.device)
         self.steps += 1
         tokens = max(sums.tokens, 1)
-        staleness = [self.version - sums.updates - s.weight_version for s in samples] or [0]
+        staleness = [self.version - updates - s.weight_version for s in samples] or [0]
         return {
-            **self._common_metrics(sums, samples),
+            **self._common_metrics(sums, samples, updates, grad_norm),
             "loss": sums.loss / max(len(parts), 1),
             "groups": float(batch.groups),
             "zero_signal_groups": float(batch.zero_signal_groups),
@@ -174,21 +215,26 @@ class Trainer:
         items = list(samples)
         total = sum(s.num_model_tokens for s in items)
         sums = _Sums()
-        for plan in plan_micro_batches([s.num_tokens for s in items], self.config.micro_batch_tokens):
-            mb = collate(items, plan, pad_id=self.pad_id, device=self.device)
-            tokens = int(mb.loss_mask.sum())
-            loss = sft_loss(self._logprobs(self.model, mb), mb.loss_mask, total_tokens=total)
-            if tokens:
-                torch.autograd.backward(loss)
+
+        def train_on(mb: MicroBatch, out: TokenLogprobs, **_: Any) -> torch.Tensor:
+            loss = sft_loss(out.logprobs, mb.loss_mask, total_tokens=total)
             sums.loss += float(loss.detach())
-            sums.tokens += tokens
-        self._update(sums, total > 0)
+            sums.tokens += int(mb.loss_mask.sum())
+            return loss
+
+        if items:
+            self._accumulate(items, sums, train_on)
+        updated = self._update(total > 0)
+        sums.reduce(self.world, self.device)
         self.steps += 1
-        return {**self._common_metrics(sums, items), "loss": sums.loss}
+        return {
+            **self._common_metrics(sums, items, int(updated), self._last_norm if updated else 0.0),
+            "loss": sums.loss,
+        }
 
     def logprobs(self, samples: Sequence[TrainSample]) -> list[list[float]]:
         """The current policy's log-prob of every token (0 for the first), aligned with ``token_ids``."""
-        table = self._no_grad_logprobs(self.model, samples)
+        table = self._no_grad_logprobs(samples, reference=False)
         return [table[i, : s.num_tokens].tolist() for i, s in enumerate(samples)]
 
     def greedy_reproduces(self, samples: Sequence[TrainSample]) -> list[bool]:
@@ -197,10 +243,13 @@ class Trainer:
         With teacher forcing, the argmax at every model-token position equals that token iff
         greedy decoding from the sample's prompt generates them: one forward pass, no sampling.
         """
+        if self.sharded:
+            raise TrainError("greedy_reproduces runs on an unsharded trainer (one process)")
         out = [False] * len(samples)
+        budget = self.config.micro_batch_tokens
         with torch.no_grad():
-            for plan in plan_micro_batches([s.num_tokens for s in samples], self.config.micro_batch_tokens):
-                mb = collate(samples, plan, pad_id=self.pad_id, device=self.device)
+            for plan in micro_batches.plan([s.num_tokens for s in samples], budget, packing=False):
+                mb = micro_batches.collate(samples, plan, pad_id=self.pad_id, device=self.device)
                 logits = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1]
                 wrong = (logits.argmax(-1) != mb.input_ids[:, 1:]) & (mb.loss_mask[:, 1:] > 0)
                 for row, i in enumerate(mb.index):
@@ -221,59 +270,126 @@ class Trainer:
     # -- weights and checkpoints ----------------------------------------------------------------
 
     def export_weights(self, directory: str | Path) -> ExportedWeights:
-        """Write the policy to ``directory/weights-v<version>`` for ``/update_weights_from_disk``."""
-        path = save_weights(self.model, Path(directory) / f"weights-v{self.version:08d}", self.tokenizer)
+        """Write the policy to ``directory/weights-v<version>`` for ``/update_weights_from_disk``.
+
+        With several ranks every rank must call it (the shards are gathered); rank 0 writes.
+        """
+        path = Path(directory) / f"weights-v{self.version:08d}"
+        checkpoint.export_policy(self.policy, self.model, path, self.tokenizer, self.config, self.world)
         return ExportedWeights(path=path, version=self.version)
 
     def save_checkpoint(self, root: str | Path) -> Path:
-        """Save model, optimizer, counters, data position and RNGs under ``root``; keep the newest few."""
+        """Save model, optimizer, counters, data position and RNGs under ``root``; keep the newest few.
+
+        With several ranks every rank must call it: each writes its shards (``torch.distributed.checkpoint``).
+        """
         state = checkpoint.TrainerState(
             self.steps, self.version, self.data_position, self.config.to_dict(), self.data_done
         )
         return checkpoint.save(
             root,
             state,
+            policy=self.policy,
             model=self.model,
             optimizer=self.optimizer,
             tokenizer=self.tokenizer,
-            reference=self.reference,
-            keep=self.config.keep_checkpoints,
+            config=self.config,
+            world=self.world,
         )
 
     def load_checkpoint(self, path: str | Path) -> None:
-        """Continue from a checkpoint: the next step gives exactly what it would have without the interruption."""
-        state = checkpoint.load(
-            path, model=self.model, optimizer=self.optimizer, reference=self.reference, device=self.device
-        )
+        """Continue from a checkpoint: the next step gives exactly what it would have without the interruption.
+
+        A checkpoint written by any number of ranks loads on any other number.
+        """
+        state = checkpoint.load(path, policy=self.policy, optimizer=self.optimizer, config=self.config)
         self.steps, self.version, self.data_position = state.steps, state.version, state.data_position
         self.data_done = state.data_done
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _logprobs(self, model: Any, mb: MicroBatch) -> torch.Tensor:
-        """``[rows, width]`` log-probs of each token given the ones before it; 0 in column 0."""
-        logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1].float()
-        targets = mb.input_ids[:, 1:].unsqueeze(-1)
-        picked = logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-        return torch.nn.functional.pad(picked, (1, 0))
+    def _forward(self, mb: MicroBatch | None, *, reference: bool = False, entropy: bool = False) -> TokenLogprobs:
+        """The token log-probs of ``mb``; None forwards a 2-token stand-in (a rank with no micro-batch left)."""
+        ids = mb.input_ids if mb is not None else torch.full((1, 2), self.pad_id, device=self.device)
+        kwargs: dict[str, Any] = {
+            "attention_mask": mb.attention_mask if mb is not None else None,
+            "position_ids": mb.position_ids if mb is not None else None,
+            "chunk_tokens": self.config.logprob_chunk_tokens,
+            "entropy": entropy,
+        }
+        out: TokenLogprobs
+        if not reference:
+            out = self.policy(ids, **kwargs)
+        elif self.reference is not None:
+            out = self.reference(ids, **kwargs)
+        else:
+            from sandrl.train import lora
 
-    def _no_grad_logprobs(self, model: Any, samples: Sequence[TrainSample]) -> torch.Tensor:
+            with lora.adapters_disabled(self.model):
+                out = self.policy(ids, **kwargs)
+        return out
+
+    def _plans(self, samples: Sequence[TrainSample]) -> list[list[int]]:
+        lengths = [s.num_tokens for s in samples]
+        return micro_batches.plan(lengths, self.config.micro_batch_tokens, packing=self.config.packing)
+
+    def _my_micro_batches(self, samples: Sequence[TrainSample]) -> list[MicroBatch | None]:
+        """This rank's micro-batches of ``samples``, padded with None to the count every rank runs."""
+        plans = self._plans(samples)
+        mine, count = self.world.share(len(plans))
+        out: list[MicroBatch | None] = [
+            micro_batches.collate(
+                samples, plans[k], pad_id=self.pad_id, packing=self.config.packing, device=self.device
+            )
+            for k in mine
+        ]
+        return out + [None] * (count - len(out))
+
+    def _accumulate(
+        self,
+        samples: Sequence[TrainSample],
+        sums: _Sums,
+        loss_of: Callable[..., torch.Tensor],
+        **tables: Any,
+    ) -> None:
+        """Forward and backward this rank's micro-batches of ``samples``; gradients accumulate."""
+        for mb in self._my_micro_batches(samples):
+            out = self._forward(mb, entropy=mb is not None)
+            if mb is None:
+                # FSDP2's reduce-scatter runs in every rank's backward: join it with a zero gradient.
+                torch.autograd.backward(out.logprobs.sum() * 0.0)
+                continue
+            loss = loss_of(mb, out, **tables)
+            sums.slots += mb.slots
+            sums.sample_tokens += mb.tokens
+            if out.entropy is not None:
+                sums.entropy += float((out.entropy * mb.loss_mask).sum())
+            if self.sharded or bool(mb.loss_mask.any()):
+                torch.autograd.backward(loss)
+
+    def _no_grad_logprobs(self, samples: Sequence[TrainSample], *, reference: bool) -> torch.Tensor:
+        """``[samples, longest]`` log-probs of every token under the policy (or the reference), on every rank."""
         width = max((s.num_tokens for s in samples), default=1)
         table = torch.zeros((len(samples), width), device=self.device)
         with torch.no_grad():
-            for plan in plan_micro_batches([s.num_tokens for s in samples], self.config.micro_batch_tokens):
-                mb = collate(samples, plan, pad_id=self.pad_id, device=self.device)
-                table[list(plan), : mb.input_ids.shape[1]] = self._logprobs(model, mb)
-        return table
+            for mb in self._my_micro_batches(samples):
+                out = self._forward(mb, reference=reference)
+                if mb is not None:
+                    mb.put(out.logprobs, table)
+        table[:, 0] = 0.0  # a packed sample's first column holds the previous sample's guess
+        return self.world.sum_tensor(table)
 
-    def _update(self, sums: _Sums, has_tokens: bool) -> None:
-        """Clip and apply the accumulated gradients; nothing at all when no token was trained."""
+    _last_norm: float = 0.0
+
+    def _update(self, has_tokens: bool) -> bool:
+        """Clip and apply the accumulated gradients (whether an update happened); nothing when no token trained."""
         if not has_tokens:
             self.optimizer.zero_grad(set_to_none=True)
-            return
+            return False
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         max_norm = self.config.max_grad_norm if self.config.max_grad_norm is not None else math.inf
-        norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        total = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        norm = float(total.full_tensor() if hasattr(total, "full_tensor") else total)
         if not math.isfinite(norm):
             self.optimizer.zero_grad(set_to_none=True)
             raise TrainError(
@@ -285,18 +401,20 @@ class Trainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
-        sums.updates += 1
-        sums.grad_norm = norm
+        self._last_norm = norm
+        return True
 
-    def _common_metrics(self, sums: _Sums, samples: Sequence[TrainSample]) -> Metrics:
+    def _common_metrics(self, sums: _Sums, samples: Sequence[TrainSample], updates: int, grad_norm: float) -> Metrics:
         return {
             "step": float(self.steps),
             "weight_version": float(self.version),
-            "updates": float(sums.updates),
+            "updates": float(updates),
             "samples": float(len(samples)),
             "tokens": float(sums.tokens),
-            "grad_norm": sums.grad_norm,
+            "grad_norm": grad_norm,
             "lr": self.lr_at(max(self.version - 1, 0)),
+            "entropy_mean": sums.entropy / max(sums.tokens, 1),
+            "padding_frac": 1.0 - sums.sample_tokens / sums.slots if sums.slots else 0.0,
         }
 
 
@@ -310,7 +428,3 @@ def _split(n: int, parts: int) -> list[list[int]]:
         out.append(list(range(start, end)))
         start = end
     return out
-
-
-def _rows(table: torch.Tensor | None, rows: list[int], width: int) -> torch.Tensor | None:
-    return None if table is None else table[rows, :width]

@@ -1,0 +1,264 @@
+"""Several training ranks driven as one trainer: ``[train] processes = N`` on this host.
+
+:class:`RankGroup` starts N processes, each rank of one ``torch.distributed`` process group (NCCL
+on GPUs, one GPU per rank; gloo on CPU, over loopback) holding a :class:`~sandrl.train.trainer.Trainer`
+whose policy FSDP2 shards across them. The drivers see one trainer (the
+:class:`~sandrl.train.driver_common.StepTrainer` protocol): every call goes to every rank, which run
+it together, and rank 0's answer comes back.
+
+A rank that dies (killed, out of memory, a crash in a kernel) ends the call with a
+:class:`~sandrl.errors.TrainError` naming the rank and its exit code; the other ranks are stopped
+(they would wait in a collective forever), and the run resumes from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import tempfile
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any
+
+from sandrl.errors import ConfigError, SandrlError, TrainError
+from sandrl.train.batch import Batch, TrainSample
+from sandrl.train.config import TrainConfig
+from sandrl.train.trainer import ExportedWeights, Metrics
+
+_START_TIMEOUT_S = 600.0
+"""Loading a large model into every rank takes minutes; past this, a rank is considered stuck."""
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """What every rank builds: the same model, config and checkpoint."""
+
+    model: str
+    """``[model] name``: ``tiny`` or a local Hugging Face checkpoint directory."""
+    train: TrainConfig
+    resume_from: str | None = None
+    collective_timeout_s: float = 1800.0
+    """How long a rank waits in a collective for the others (a dead peer is noticed by the driver first)."""
+
+
+class RankGroup:
+    """N training processes acting as one trainer (the drivers' ``StepTrainer``)."""
+
+    def __init__(self, spec: RankSpec) -> None:
+        self.size = spec.train.processes
+        context = multiprocessing.get_context("spawn")  # CUDA and forked torch do not mix
+        self._store = tempfile.mkdtemp(prefix="sandrl-ranks-")
+        self._conns: list[Connection] = []
+        self._procs: list[Any] = []
+        try:
+            for rank in range(self.size):
+                mine, theirs = context.Pipe()
+                proc = context.Process(
+                    target=_rank_main,
+                    args=(rank, self.size, f"file://{self._store}/store", spec, theirs),
+                    name=f"sandrl-rank-{rank}",
+                    daemon=True,
+                )
+                proc.start()
+                theirs.close()
+                self._conns.append(mine)
+                self._procs.append(proc)
+            state = self._gather("start", timeout_s=_START_TIMEOUT_S)[0]
+        except BaseException:
+            self.close()
+            raise
+        self.steps, self.version, self.data_position, self.data_done = state
+        self.data_done = tuple(self.data_done)
+
+    # -- the trainer's calls ---------------------------------------------------------------------
+
+    def step(self, batch: Batch) -> Metrics:
+        metrics: Metrics = self._call("step", batch)
+        self.steps, self.version = int(metrics["step"]), int(metrics["weight_version"])
+        return metrics
+
+    def sft_step(self, samples: Sequence[TrainSample]) -> Metrics:
+        metrics: Metrics = self._call("sft_step", list(samples))
+        self.steps, self.version = int(metrics["step"]), int(metrics["weight_version"])
+        return metrics
+
+    def logprobs(self, samples: Sequence[TrainSample]) -> list[list[float]]:
+        table: list[list[float]] = self._call("logprobs", list(samples))
+        return table
+
+    def export_weights(self, directory: str | Path) -> ExportedWeights:
+        exported: ExportedWeights = self._call("export_weights", str(directory))
+        return exported
+
+    def save_checkpoint(self, root: str | Path) -> Path:
+        path: Path = self._call("save_checkpoint", str(root), self.data_position, self.data_done)
+        return path
+
+    def load_checkpoint(self, path: str | Path) -> None:
+        state = self._call("load_checkpoint", str(path))
+        self.steps, self.version, self.data_position, self.data_done = state
+
+    def close(self) -> None:
+        """Stop every rank (politely, then not)."""
+        for conn in self._conns:
+            with contextlib.suppress(OSError, ValueError):
+                conn.send(("stop", ()))
+        for proc in self._procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+        for conn in self._conns:
+            conn.close()
+        self._conns, self._procs = [], []
+        with contextlib.suppress(OSError):
+            for leftover in Path(self._store).iterdir():
+                leftover.unlink()
+            os.rmdir(self._store)
+
+    def __enter__(self) -> RankGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _call(self, method: str, *args: Any) -> Any:
+        if not self._procs:
+            raise TrainError("the training ranks were stopped after an earlier failure; rerun to resume")
+        for conn in self._conns:
+            with contextlib.suppress(OSError):  # a dead rank: its sentinel tells _gather
+                conn.send((method, args))
+        return self._gather(method)[0]
+
+    def _gather(self, method: str, timeout_s: float | None = None) -> list[Any]:
+        """Every rank's answer to ``method``; a rank that dies or fails ends the call for all."""
+        answers: dict[int, Any] = {}
+        by_conn = {id(c): r for r, c in enumerate(self._conns)}
+        by_sentinel = {p.sentinel: r for r, p in enumerate(self._procs)}
+        while len(answers) < self.size:
+            waiting = [c for r, c in enumerate(self._conns) if r not in answers]
+            ready = wait([*waiting, *by_sentinel], timeout=timeout_s)
+            if not ready:
+                self._abort()
+                raise TrainError(
+                    f"the training ranks did not answer {method} within {timeout_s:.0f} s; they were stopped"
+                )
+            for item in ready:
+                if isinstance(item, Connection):
+                    rank = by_conn[id(item)]
+                    try:
+                        kind, value = item.recv()
+                    except EOFError:
+                        continue  # its sentinel says why
+                    if kind != "ok":
+                        self._abort()
+                        raise _error(kind, value, rank, method)
+                    answers[rank] = value
+                elif isinstance(item, int) and by_sentinel[item] not in answers:
+                    rank = by_sentinel[item]
+                    code = self._procs[rank].exitcode
+                    self._abort()
+                    raise TrainError(
+                        f"training rank {rank} of {self.size} died (exit code {code}) during {method}; the other ranks "
+                        "were stopped. Rerun the same command to resume from the last checkpoint (nothing written "
+                        "is lost); if it dies again, check its memory (sandrl train --plan) and the kernel log"
+                    )
+        return [answers[r] for r in range(self.size)]
+
+    def _abort(self) -> None:
+        for proc in self._procs:
+            if proc.is_alive():
+                proc.kill()
+        for proc in self._procs:
+            proc.join(timeout=10)
+        self._procs = []
+
+
+def _error(kind: str, value: Any, rank: int, method: str) -> SandrlError:
+    if kind == "config":
+        return ConfigError(str(value))
+    if kind == "train":
+        return TrainError(str(value))
+    return TrainError(f"training rank {rank} failed during {method}:\n{value}")
+
+
+# -- inside a rank -----------------------------------------------------------------------------------
+
+
+def _rank_main(rank: int, size: int, store: str, spec: RankSpec, conn: Connection) -> None:
+    """One rank: join the group, build the trainer, then run the driver's calls until told to stop."""
+    import torch
+    import torch.distributed as dist
+
+    from sandrl.inference.model import load_model
+    from sandrl.train.trainer import Trainer
+
+    on_gpu = spec.train.device.startswith("cuda")
+    if on_gpu:
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    else:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # ranks of one host talk over loopback only
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
+    trainer: Any = None
+    try:
+        dist.init_process_group(
+            "nccl" if on_gpu else "gloo",
+            init_method=store,
+            rank=rank,
+            world_size=size,
+            timeout=timedelta(seconds=spec.collective_timeout_s),
+        )
+        model, tokenizer, _ = load_model(spec.model)
+        trainer = Trainer(model, spec.train, tokenizer=tokenizer)
+        if spec.resume_from is not None:
+            trainer.load_checkpoint(spec.resume_from)
+        conn.send(("ok", _state(trainer)))
+    except BaseException as exc:  # reported to the driver, which decides
+        _report(conn, exc)
+        return
+    while True:
+        try:
+            method, args = conn.recv()
+        except EOFError:
+            break
+        if method == "stop":
+            break
+        try:
+            if method == "save_checkpoint":
+                root, trainer.data_position, done = args
+                trainer.data_done = tuple(done)
+                conn.send(("ok", trainer.save_checkpoint(root)))
+            elif method == "load_checkpoint":
+                trainer.load_checkpoint(*args)
+                conn.send(("ok", _state(trainer)))
+            elif method in ("step", "sft_step", "logprobs", "export_weights"):
+                conn.send(("ok", getattr(trainer, method)(*args)))
+            else:
+                conn.send(("crash", f"unknown call {method!r}"))
+        except BaseException as exc:  # reported to the driver, which stops every rank
+            _report(conn, exc)
+            break
+    with contextlib.suppress(Exception):
+        dist.destroy_process_group()
+
+
+def _state(trainer: Any) -> tuple[int, int, int, tuple[int, ...]]:
+    return trainer.steps, trainer.version, trainer.data_position, tuple(trainer.data_done)
+
+
+def _report(conn: Connection, exc: BaseException) -> None:
+    if isinstance(exc, ConfigError):
+        kind, value = "config", exc.message
+    elif isinstance(exc, TrainError):
+        kind, value = "train", exc.message
+    else:
+        kind, value = "crash", "".join(traceback.format_exception(exc)).strip()
+    with contextlib.suppress(OSError, ValueError):
+        conn.send((kind, value))
