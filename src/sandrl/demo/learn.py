@@ -9,7 +9,8 @@
    word by practising it and cannot copy one: RL then lifts only the words the warm start can
    already write, and its gain varied from +14 to +27 points by run; see ``docs/demo.md``.)
 2. **Warm start.** The tiny model is built from a config and fine-tuned on demonstrations of a
-   set of tasks of its own (:mod:`sandrl.train.warmstart`): a random model never writes a bash block,
+   set of tasks of its own, by the run's ``[warm_start]`` as ``sandrl train --warm-start`` does it
+   (:mod:`sandrl.train.warm_run`, :mod:`sandrl.train.warmstart`): a random model never writes a bash block,
    so without this every reward is 0 and GRPO has nothing to work with. It stops as soon as
    one sample at temperature 1 writes the reply of a third set of unseen demonstrations with
    probability 0.3 on average, checked every 5 steps (or after 600 steps): the policy then
@@ -29,9 +30,9 @@
    trainer steps while the next groups are being sampled, weights are pushed every step.
 5. **After.** The held-out evaluation again, with the trained weights, same seeds.
 
-It writes under ``out``: ``tasks/``, ``warmstart/`` (the checkpoint), ``rl/`` (the run:
-config, metrics, rollouts, checkpoints), ``reward.png`` and ``demo.json`` (the numbers), and
-prints the reward curve in the terminal.
+It writes under ``out``: ``tasks/heldout/``, ``rl/`` (the run: config, its tasks, the warm
+start's checkpoint and demonstrations in ``warm_start/``, metrics, rollouts, checkpoints),
+``reward.png`` and ``demo.json`` (the numbers), and prints the reward curve in the terminal.
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from sandrl.errors import ConfigError
@@ -58,8 +58,9 @@ from sandrl.train import checkpoint
 from sandrl.train.command import run_training
 from sandrl.train.config import TrainConfig
 from sandrl.train.losses import LossConfig
-from sandrl.train.run_config import AsyncSection, RolloutSection, RunConfig, RunSection
-from sandrl.train.warmstart import WarmStartConfig, WarmStartResult, warm_start
+from sandrl.train.run_config import AsyncSection, RolloutSection, RunConfig, RunSection, WarmStartSection
+from sandrl.train.warm_run import warm_start_run
+from sandrl.train.warmstart import WarmStartConfig
 from sandrl.wiring import (
     ModelConfig,
     RolloutConfig,
@@ -69,6 +70,9 @@ from sandrl.wiring import (
     local_provider,
     open_policy,
 )
+
+HELDOUT_SEED_OFFSET = 1000
+"""The held-out tasks are the family's of the demo's seed + this: none is trained on, or demonstrated."""
 
 SYSTEM_PROMPT = "Solve the task in a Linux shell. Reply with one command in a ```bash block."
 """A short system prompt: the tiny model's every step reads it, and a long one would cost most of its compute."""
@@ -169,8 +173,12 @@ class DemoConfig:
         return replace(self.rollout, max_total_tokens=self.warm.tiny.max_position_embeddings)
 
 
-def rl_config(cfg: DemoConfig, warm: Path) -> RunConfig:
-    """The ``sandrl train`` config of the RL phase (saved resolved as ``rl/config.toml``)."""
+def rl_config(cfg: DemoConfig) -> RunConfig:
+    """The ``sandrl train`` config of the warm start and the RL phase (saved resolved as ``rl/config.toml``).
+
+    Its tasks are the family's of the demo's seed, the warm start's demonstrations and checks those of
+    seeds of their own (:data:`~sandrl.train.warm_run.DEMONSTRATION_SEED_OFFSET`); the held-out tasks'
+    seed is apart from all three (:data:`HELDOUT_SEED_OFFSET`)."""
     return RunConfig(
         run=RunSection(
             output_dir=str(cfg.out / "rl"),
@@ -180,8 +188,8 @@ def rl_config(cfg: DemoConfig, warm: Path) -> RunConfig:
             seed=cfg.seed,
             resume=False,
         ),
-        model=ModelConfig(name=str(warm), inference="embedded"),
-        tasks=TasksConfig(path=str(cfg.out / "tasks" / "train")),
+        model=ModelConfig(name="tiny", inference="embedded"),
+        tasks=TasksConfig(family=cfg.family, count=cfg.train_tasks, seed=cfg.seed),
         rollout=RolloutSection.of(cfg.episodes()),
         async_=AsyncSection(max_staleness=1, on_stale="drop", update_interval=1),
         train=TrainConfig(
@@ -191,6 +199,9 @@ def rl_config(cfg: DemoConfig, warm: Path) -> RunConfig:
             min_lr_ratio=0.1,
             micro_batch_tokens=16384,
             loss=LossConfig(loss_type="dapo"),
+        ),
+        warm_start=WarmStartSection.of(
+            cfg.seeded_warm_start(), enabled=True, demonstrations=cfg.warm_tasks, checks=cfg.check_tasks
         ),
     )
 
@@ -222,41 +233,6 @@ async def heldout_pass_rate(
         "infra_errors": sum(t.status == "infra_error" for t in episodes),
         "wall_s": result.wall_s,
     }
-
-
-def _warm_start(cfg: DemoConfig, tasks: Sequence[Task], checks: Sequence[Task], console: Console) -> WarmStartResult:
-    with Progress(
-        TextColumn("warm start"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.description}"),
-        console=console,
-        transient=True,
-    ) as bar:
-        job = bar.add_task("", total=cfg.warm.steps)
-
-        greedy = ""
-
-        def on_step(step: int, metrics: dict[str, float]) -> None:
-            nonlocal greedy
-            if "greedy" in metrics:
-                greedy = (
-                    f"  on the check demonstrations: one sample {metrics['sampled']:.0%}, "
-                    f"greedy {metrics['greedy']:.0%}, a group of {cfg.rollout.group_size} {metrics['coverage']:.0%}"
-                )
-            bar.update(job, advance=1, description=f"loss {metrics['loss']:.3f}{greedy}")
-
-        return warm_start(
-            tasks,
-            cfg.out / "warmstart",
-            system_prompt=cfg.rollout.system_prompt,
-            agent_format=cfg.rollout.format,  # type: ignore[arg-type]
-            tools=cfg.rollout.tool_names(),
-            config=cfg.seeded_warm_start(),
-            check_tasks=checks,
-            on_step=on_step,
-        )
 
 
 def terminal_curve(values: Sequence[float], *, width: int = 60, height: int = 8) -> str:
@@ -314,37 +290,20 @@ async def run(
     if cfg.out.exists():
         shutil.rmtree(cfg.out)  # a demo always starts from nothing: same seeds, same numbers
     con.rule("[bold]sandrl demo: GRPO on real sandboxes")
-    train_dirs = generate_tasks(cfg.out / "tasks" / "train", cfg.family, cfg.train_tasks, cfg.seed)
-    heldout_dirs = generate_tasks(cfg.out / "tasks" / "heldout", cfg.family, cfg.heldout_tasks, cfg.seed + 1000)
-    check_dirs = generate_tasks(cfg.out / "tasks" / "check", cfg.family, cfg.check_tasks, cfg.seed + 2000)
-    warm_dirs = generate_tasks(cfg.out / "tasks" / "warm", cfg.family, cfg.warm_tasks, cfg.seed + 3000)
-    train = load_task_set(str(train_dirs[0].parent))
+    heldout_dirs = generate_tasks(
+        cfg.out / "tasks" / "heldout", cfg.family, cfg.heldout_tasks, cfg.seed + HELDOUT_SEED_OFFSET
+    )
     heldout = load_task_set(str(heldout_dirs[0].parent))
-    checks = load_task_set(str(check_dirs[0].parent))
-    demos = load_task_set(str(warm_dirs[0].parent))
-    con.print(f"tasks: {len(train)} training and {len(heldout)} held-out of the '{cfg.family}' family")
+    con.print(f"tasks: {cfg.train_tasks} training and {len(heldout)} held-out of the '{cfg.family}' family")
     con.print(f"  e.g. {heldout[0].instruction.strip()}")
 
-    t = time.monotonic()
-    ws = _warm_start(cfg, demos, checks, con)
-    warm, losses = ws.path, ws.losses
-    warm_s = time.monotonic() - t
-    greedy = (
-        f"; of {len(checks)} unseen demonstrations one sample writes {ws.sampled[-1][1]:.0%}, "
-        f"greedy decoding {ws.greedy[-1][1]:.0%}, a group of {cfg.rollout.group_size} samples {ws.coverage[-1][1]:.0%}"
-        if ws.greedy
-        else ""
-    )
-    con.print(
-        f"warm start: {ws.steps} supervised steps on demonstrations, "
-        f"loss {losses[0]:.2f} -> {losses[-1]:.3f}{greedy} ({warm_s:.0f} s)"
-    )
+    rl, ws = warm_start_run(rl_config(cfg), console=con)
+    assert ws is not None, "the demo's run config warm-starts"
 
-    before = await heldout_pass_rate(cfg, warm, heldout, provider, "before")
+    before = await heldout_pass_rate(cfg, ws.path, heldout, provider, "before")
     con.print(f"held-out before RL: {before['pass_rate']:.1%} ({before['passed']}/{before['episodes']} episodes)")
 
     t = time.monotonic()
-    rl = rl_config(cfg, warm)
     await run_training(rl, mode="async", provider=provider, console=con)
     rl_s = time.monotonic() - t
     steps = [json.loads(line) for line in (rl.output_dir / "metrics.jsonl").read_text().splitlines()]
@@ -370,12 +329,12 @@ async def run(
         "improvement_points": round(delta * 100, 2),
         "warmstart": {
             "steps": ws.steps,
-            "loss_first": losses[0],
-            "loss_last": losses[-1],
+            "loss_first": ws.loss_first,
+            "loss_last": ws.loss_last,
             "greedy": ws.greedy,
             "coverage": ws.coverage,
             "sampled": ws.sampled,
-            "wall_s": warm_s,
+            "wall_s": ws.wall_s,
         },
         "rl": {
             "steps": len(steps),

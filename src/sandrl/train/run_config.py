@@ -167,6 +167,11 @@ class WarmStartSection(WarmStartConfig):
     (greedy, sampled, coverage) and to stop it (``stop_at_greedy``, ``stop_at_sampled``): generated
     from another seed with a family, else drawn (seeded) from the demonstrations."""
 
+    @classmethod
+    def of(cls, warm: WarmStartConfig, **run: Any) -> WarmStartSection:
+        """``warm``'s settings as a run's ``[warm_start]``, with ``run`` (``enabled``, ``path``...) or defaults."""
+        return cls(**{f.name: getattr(warm, f.name) for f in dataclasses.fields(warm)}, **run)
+
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.demonstrations < 1 or self.checks < 0:

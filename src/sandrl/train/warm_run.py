@@ -65,6 +65,7 @@ class WarmStarted:
     wall_s: float
     demonstrations: int
     checks: int
+    group_size: int
     reused: bool = False
     """Made by an earlier start of this run, not now."""
 
@@ -72,7 +73,7 @@ class WarmStarted:
         """One line: what the warm start did and where the checkpoint is."""
         checked = (
             f"; of {self.checks} check demonstrations one sample writes {self.sampled[-1][1]:.0%}, greedy decoding "
-            f"{self.greedy[-1][1]:.0%}, a group {self.coverage[-1][1]:.0%}"
+            f"{self.greedy[-1][1]:.0%}, a group of {self.group_size} samples {self.coverage[-1][1]:.0%}"
             if self.greedy
             else ""
         )
@@ -126,9 +127,7 @@ def warm_start_run(
     return dataclasses.replace(config, model=dataclasses.replace(config.model, name=str(model_dir))), done
 
 
-def _make(
-    config: RunConfig, root: Path, settings: dict[str, Any], con: Console, stop: threading.Event
-) -> WarmStarted:
+def _make(config: RunConfig, root: Path, settings: dict[str, Any], con: Console, stop: threading.Event) -> WarmStarted:
     section = config.warm_start
     demos, checks = demonstrations(config, root / "tasks")
     every = section.check_every
@@ -177,6 +176,7 @@ def _make(
         "wall_s": time.monotonic() - started,
         "demonstrations": len(demos),
         "checks": len(checks),
+        "group_size": section.group_size,
     }
     staging = root / "result.json.tmp"
     staging.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
@@ -261,5 +261,6 @@ def _record(data: dict[str, Any], path: Path, *, reused: bool) -> WarmStarted:
         wall_s=float(data["wall_s"]),
         demonstrations=int(data["demonstrations"]),
         checks=int(data["checks"]),
+        group_size=int(data["group_size"]),
         reused=reused,
     )
