@@ -124,7 +124,7 @@ async def test_stream_sends_sglang_server_sent_events(http: httpx.AsyncClient) -
 
 async def test_fields_sandrl_cannot_honour_are_refused_by_name(http: httpx.AsyncClient) -> None:
     cases = [
-        ({"lora_path": "/adapters/a"}, "lora_path"),
+        ({"lora_path": "/adapters/a"}, "lora_path '/adapters/a' names no loaded LoRA adapter"),
         ({"return_logprob": True, "logprob_start_len": 0}, "logprob_start_len >= 0"),
         ({"return_hidden_states": True}, "return_hidden_states"),
         ({"sampling_params": {"frequency_penalty": 0.5}}, "frequency_penalty=0.5"),

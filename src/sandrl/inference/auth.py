@@ -8,7 +8,7 @@ Built from :mod:`sandrl.http_auth` (the sandbox service's pieces), with these ru
   what SGLang's and vLLM's clients send for their ``--api-key``. Without one, the server binds
   loopback only and answers only requests addressed to a loopback name and sent by no web page
   (:class:`~sandrl.http_auth.LoopbackOnly`).
-- **Control routes** (:data:`CONTROL_PATHS`: weights, pause and continue, abort, flush, memory)
+- **Control routes** (:data:`CONTROL_PATHS`: weights, LoRA adapters, pause and continue, abort, flush, memory)
   always need the token: a server started without one refuses them (403 ``token_required``), so
   a local process that can reach the port cannot swap the weights or stall generation.
 - **Session routes** (``/v1/sessions/{id}`` and below) take that session's own key, which its
@@ -60,6 +60,8 @@ CONTROL_PATHS = frozenset(
         "/flush_cache",
         "/release_memory_occupation",
         "/resume_memory_occupation",
+        "/load_lora_adapter",
+        "/unload_lora_adapter",
     }
 )
 """Routes that change what the server serves, or stop it serving: never open, whatever the server's setup."""

@@ -174,3 +174,33 @@ class InferenceClient(Protocol):
     async def health(self) -> None:
         """Return if the policy can serve requests; raise InferenceError saying what to do otherwise."""
         ...
+
+
+LORA_NAME_PREFIX = "sandrl-v"
+"""``update_lora_adapter`` loads the adapter of version N under the name ``sandrl-vN``."""
+
+
+@runtime_checkable
+class LoraClient(Protocol):
+    """A policy whose server loads LoRA adapters at run time and samples with them.
+
+    Implementations: :class:`~sandrl.inference.engine.Engine` (requests name an adapter, or get the one
+    :meth:`update_lora_adapter` set), :class:`~sandrl.inference.sglang.SGLangClient` (SGLang's
+    ``/load_lora_adapter``, ``lora_path`` in ``/generate``), :class:`~sandrl.inference.vllm.VLLMClient`
+    (vLLM's ``/v1/load_lora_adapter``, the adapter's name as ``model``).
+    """
+
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        """Load the adapter directory ``path`` (on the server's disk) under ``name``."""
+        ...
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        """Forget the adapter ``name``."""
+        ...
+
+    async def update_lora_adapter(self, path: str, *, version: int | None = None) -> int:
+        """Sample from now on with the base plus the adapter at ``path`` (``export_lora``'s ``adapter`` export);
+        return its version: ``version`` (the trainer's), else the current one plus one. The twin of
+        :meth:`InferenceClient.update_weights` for a policy trained with LoRA: every token sampled with the
+        adapter carries its version."""
+        ...

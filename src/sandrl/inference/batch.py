@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 import torch
 
+from sandrl.errors import ConfigError
 from sandrl.inference.base import FinishReason, Generation, SamplingParams
+from sandrl.inference.lora_adapter import LoraAdapter
 from sandrl.inference.sampling import RowSampler
 from sandrl.inference.tokenizer import Tokenizer
 
@@ -30,6 +33,8 @@ PauseMode = Literal["abort", "retract", "in_place"]
 """SGLang's ``/pause_generation`` modes: end the requests in flight, drop their KV cache to rebuild it
 later, or keep it."""
 PAUSE_MODES: tuple[str, ...] = get_args(PauseMode)
+MAX_PADDING = 1.5
+"""A prefill admits no request that would pad it past this times its real tokens."""
 
 
 @dataclass(frozen=True)
@@ -44,12 +49,15 @@ class Partial:
 
 @dataclass(eq=False)
 class WeightUpdate:
-    state: dict[str, torch.Tensor]
+    """New weights (``state``), or the adapter to serve over the base (``adapter``), and who waits for the swap."""
+
+    state: dict[str, torch.Tensor] | None
     path: str
     version: int | None
     policy: UpdatePolicy
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[int]
+    adapter: LoraAdapter | None = None
 
 
 @dataclass(eq=False)
@@ -74,6 +82,8 @@ class Request:
     future: asyncio.Future[Generation]
     on_token: Callable[[int], None] | None = None
     """Called on the caller's loop with the number of tokens so far after each new token (streaming)."""
+    adapter: LoraAdapter | None = None
+    """The LoRA adapter the request named (SGLang's ``lora_path``); None: the engine's served one."""
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
     weight_versions: list[int] = field(default_factory=list)
@@ -184,6 +194,51 @@ class RunningBatch:
         requests, self.requests = self.requests, []
         self.cache, self.mask = None, torch.zeros(0, 0, dtype=torch.long)
         return requests
+
+
+def admit(waiting: deque[Request], room: int, max_prefill_tokens: int) -> tuple[list[Request], list[Request]]:
+    """Take from ``waiting`` the requests of the next prefill: at most ``room``, within the prefill budget.
+
+    Returns them and the cancelled requests dropped on the way.
+    """
+    admitted: list[Request] = []
+    cancelled: list[Request] = []
+    longest = real = 0
+    while waiting and len(admitted) < room:
+        request = waiting[0]
+        if request.cancelled:
+            cancelled.append(waiting.popleft())
+            continue
+        size = len(request.context)
+        width = max(longest, size)
+        padded = width * (len(admitted) + 1)
+        # A prefill is one left-padded rectangle: past MAX_PADDING x its real tokens, padding costs
+        # more than a second forward (retracted requests of any length come back together).
+        if admitted and (padded > max_prefill_tokens or padded > MAX_PADDING * (real + size)):
+            break
+        admitted.append(waiting.popleft())
+        longest, real = width, real + size
+    return admitted, cancelled
+
+
+def check_prompt(
+    input_ids: Sequence[int], params: SamplingParams, vocab_size: int, max_context: int, has_tokenizer: bool
+) -> list[int]:
+    """The prompt as a list of ints, or a ConfigError saying why an engine of this model cannot take it."""
+    prompt = [int(t) for t in input_ids]
+    if not prompt:
+        raise ConfigError("input_ids is empty: a prompt needs at least one token (e.g. the tokenizer's <|bos|>)")
+    bad = next((t for t in prompt if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise ConfigError(f"token id {bad} is outside the model's vocabulary (0-{vocab_size - 1})")
+    if len(prompt) >= max_context:
+        raise ConfigError(
+            f"the prompt has {len(prompt)} tokens but the model's context is {max_context}: "
+            "shorten the conversation or serve a model with a longer context"
+        )
+    if params.stop and not has_tokenizer:
+        raise ConfigError("stop strings need a tokenizer, and this checkpoint has none: use stop_token_ids")
+    return prompt
 
 
 def pad_left(tensor: torch.Tensor, width: int) -> torch.Tensor:

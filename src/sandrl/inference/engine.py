@@ -26,6 +26,8 @@ the engine's ``update_policy`` (or the update's own), in the words SGLang uses:
 - ``abort_and_resume``: retract the running requests (drop their KV cache), swap, and prefill
   each again from its prompt and the tokens it already has, so it resumes as a continuation
   under the new weights (SGLang's ``mode="retract"``): a partial rollout, not a lost one.
+
+LoRA adapters are served unmerged, each request with its own (:mod:`sandrl.inference.lora_rows`).
 """
 
 from __future__ import annotations
@@ -38,7 +40,6 @@ import threading
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
@@ -57,59 +58,21 @@ from sandrl.inference.batch import (
     RunningBatch,
     UpdatePolicy,
     WeightUpdate,
+    admit,
+    check_prompt,
     deliver,
     deliver_error,
 )
-from sandrl.inference.model import TinyModelConfig, config_eos_ids, load_model, load_weights
+from sandrl.inference.engine_config import EngineConfig as EngineConfig
+from sandrl.inference.engine_config import EngineStats as EngineStats
+from sandrl.inference.lora_adapter import LoraAdapter, check_adapter_name, is_adapter_dir, read_adapter
+from sandrl.inference.lora_registry import AdapterRegistry
+from sandrl.inference.lora_rows import AdapterRows
+from sandrl.inference.model import config_eos_ids, load_model, load_weights
 from sandrl.inference.sampling import RowSampler, sample_next
 from sandrl.inference.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
-MAX_PADDING = 1.5  # a prefill admits no request that would pad it past this times its real tokens
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """How the engine batches; the model itself is chosen by name (see :meth:`Engine.load`)."""
-
-    max_batch_size: int = 64
-    """Most requests decoded together; more wait in the queue."""
-    max_prefill_tokens: int = 8192
-    """Most (padded) prompt tokens prefilled in one step, so a burst of long prompts does not stall decoding."""
-    seed: int = 0
-    """Seeds the samplers of requests that bring no seed, so a whole run is reproducible."""
-    num_threads: int | None = None
-    """Intra-op threads of the engine thread (other threads keep theirs). None: 1 for models under
-    50M parameters, whose matrices are too small for threads to pay for their synchronisation (and
-    which slow down tenfold when another process competes for the cores), else torch's default."""
-    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
-    """The shape of the ``tiny`` model, when that is the model served."""
-    update_policy: UpdatePolicy = "in_place"
-    """What a weight update does to requests in flight (see the module docstring); an update may choose its own."""
-
-    def __post_init__(self) -> None:
-        if self.max_batch_size < 1:
-            raise ConfigError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
-        if self.num_threads is not None and self.num_threads < 1:
-            raise ConfigError(f"num_threads must be >= 1, got {self.num_threads}")
-        if self.max_prefill_tokens < 1:
-            raise ConfigError(f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
-        if self.update_policy not in UPDATE_POLICIES:
-            raise ConfigError(f"update_policy must be one of {', '.join(UPDATE_POLICIES)}, got {self.update_policy!r}")
-
-
-@dataclass
-class EngineStats:
-    """Counters of the decode loop (read them for benchmarks and tests; they only grow)."""
-
-    steps: int = 0
-    """Decode forwards run."""
-    decoded_tokens: int = 0
-    """Tokens sampled in decode steps (the sum of the batch sizes)."""
-    prefills: int = 0
-    max_batch: int = 0
-    """The largest number of requests decoded in one step."""
-    weight_updates: int = 0
 
 
 class Engine:
@@ -150,7 +113,11 @@ class Engine:
         self._paused = False
         self._wake = False
         self._closing = False
+        self._adapters = AdapterRegistry(self.config.max_loras)
+        self._max_rank = self.config.max_lora_rank
         # Decode state, touched only by the engine thread.
+        self._policy_adapter: LoraAdapter | None = None
+        self._rows = AdapterRows(model)
         self._batch = RunningBatch()
         self._thread = threading.Thread(target=self._run, name="sandrl-engine", daemon=True)
         self._thread.start()
@@ -197,15 +164,20 @@ class Engine:
         """Whether :meth:`pause` stopped generation (until :meth:`continue_generation`)."""
         return self._paused
 
-    async def generate(self, input_ids: list[int], params: SamplingParams, *, rid: str | None = None) -> Generation:
-        """Sample one completion; ``rid`` names the request for :meth:`abort` (default: a fresh id)."""
-        request = self._submit(input_ids, params, rid, None)
+    async def generate(
+        self, input_ids: list[int], params: SamplingParams, *, rid: str | None = None, lora: str | None = None
+    ) -> Generation:
+        """Sample one completion; ``rid`` names the request for :meth:`abort` (default: a fresh id).
+
+        ``lora``: the name of a loaded adapter (:meth:`load_lora_adapter`) to sample with, over the base
+        weights; None: the served model (the base, plus :attr:`lora_adapter` when one is set)."""
+        request = self._submit(input_ids, params, rid, None, lora)
         if request.finish is not None:
             return request.future.result()
         return await request.future
 
     async def stream(
-        self, input_ids: list[int], params: SamplingParams, *, rid: str | None = None
+        self, input_ids: list[int], params: SamplingParams, *, rid: str | None = None, lora: str | None = None
     ) -> AsyncIterator[Partial | Generation]:
         """Like :meth:`generate`, but yield the output so far after each token, then the finished Generation.
 
@@ -214,7 +186,7 @@ class Engine:
         Leaving the loop early (a client that disconnects) frees the request's batch slot.
         """
         counts: asyncio.Queue[int] = asyncio.Queue()
-        request = self._submit(input_ids, params, rid, counts.put_nowait)
+        request = self._submit(input_ids, params, rid, counts.put_nowait, lora)
         try:
             while not request.future.done():
                 waiter: asyncio.Future[Any] = asyncio.ensure_future(counts.get())
@@ -246,20 +218,57 @@ class Engine:
         ``update_policy``) says what happens to requests in flight; see :data:`UpdatePolicy`.
         While the engine is paused the swap happens at once whatever the policy: whoever
         paused it already chose the fate of the requests in flight.
+
+        A LoRA adapter directory (``adapter_config.json``, no ``config.json``: what ``export_lora`` writes)
+        is served over the base weights the same way, to every request that names no other adapter
+        (:attr:`lora_adapter`); only the adapter is read and held. A full checkpoint drops it again.
         """
         self._check_alive()
         chosen = policy or self.config.update_policy
         if chosen not in UPDATE_POLICIES:
             raise ConfigError(f"unknown weight-update policy {chosen!r}; use one of {', '.join(UPDATE_POLICIES)}")
-        state = await asyncio.to_thread(load_weights, self._model, path)
+        state, adapter = None, None
+        if is_adapter_dir(path):
+            adapter = await asyncio.to_thread(read_adapter, path, self._model, name=path, max_rank=self._max_rank)
+        else:
+            state = await asyncio.to_thread(load_weights, self._model, path)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[int] = loop.create_future()
         with self._cv:
-            self._updates.append(WeightUpdate(state, path, version, chosen, loop, future))
+            self._updates.append(WeightUpdate(state, path, version, chosen, loop, future, adapter))
             self._cv.notify()
         return await future
 
-    update_weights_from_disk = update_weights
+    update_weights_from_disk = update_lora_adapter = update_weights
+
+    # -- LoRA adapters (SGLang's /load_lora_adapter, /unload_lora_adapter, /generate lora_path) ------------
+
+    @property
+    def lora_adapter(self) -> str | None:
+        """The adapter (its path) that :meth:`update_weights` put over the base for requests naming none."""
+        adapter = self._policy_adapter
+        return adapter.path if adapter is not None else None
+
+    @property
+    def lora_adapters(self) -> dict[str, str]:
+        """The adapters loaded by :meth:`load_lora_adapter`, which requests may name: name -> path."""
+        with self._cv:
+            return self._adapters.paths()
+
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        """Load the adapter directory ``path`` under ``name``; a ConfigError when ``name`` is taken, ``max_loras``
+        are held, or the files do not fit the served model (:func:`~sandrl.inference.lora_adapter.read_adapter`)."""
+        self._check_alive()
+        with self._cv:
+            self._adapters.check_room(check_adapter_name(name), (r.adapter for r in self._inflight))
+        adapter = await asyncio.to_thread(read_adapter, path, self._model, name=name, max_rank=self._max_rank)
+        with self._cv:
+            self._adapters.add(adapter, (r.adapter for r in self._inflight))
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        """Forget the adapter ``name``; requests already running with it finish with it."""
+        with self._cv:
+            self._adapters.remove(name)
 
     async def health(self) -> None:
         self._check_alive()
@@ -324,10 +333,17 @@ class Engine:
     # -- the caller's side ----------------------------------------------------------------------------
 
     def _submit(
-        self, input_ids: list[int], params: SamplingParams, rid: str | None, on_token: Callable[[int], None] | None
+        self,
+        input_ids: list[int],
+        params: SamplingParams,
+        rid: str | None,
+        on_token: Callable[[int], None] | None,
+        lora: str | None,
     ) -> Request:
         self._check_alive()
         prompt = self.check_prompt(input_ids, params)
+        with self._cv:
+            adapter = self._adapters.get(lora) if lora is not None else None
         loop = asyncio.get_running_loop()
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         request = Request(
@@ -347,6 +363,7 @@ class Engine:
             loop=loop,
             future=loop.create_future(),
             on_token=on_token,
+            adapter=adapter,
         )
         if request.max_new_tokens == 0:
             request.finish = "length"
@@ -380,20 +397,7 @@ class Engine:
 
     def check_prompt(self, input_ids: Sequence[int], params: SamplingParams) -> list[int]:
         """The prompt as a list of ints, or a ConfigError saying why the engine cannot take it."""
-        prompt = [int(t) for t in input_ids]
-        if not prompt:
-            raise ConfigError("input_ids is empty: a prompt needs at least one token (e.g. the tokenizer's <|bos|>)")
-        bad = next((t for t in prompt if not 0 <= t < self._vocab_size), None)
-        if bad is not None:
-            raise ConfigError(f"token id {bad} is outside the model's vocabulary (0-{self._vocab_size - 1})")
-        if len(prompt) >= self._max_context:
-            raise ConfigError(
-                f"the prompt has {len(prompt)} tokens but the model's context is {self._max_context}: "
-                "shorten the conversation or serve a model with a longer context"
-            )
-        if params.stop and self.tokenizer is None:
-            raise ConfigError("stop strings need a tokenizer, and this checkpoint has none: use stop_token_ids")
-        return prompt
+        return check_prompt(input_ids, params, self._vocab_size, self._max_context, self.tokenizer is not None)
 
     # -- the engine thread -------------------------------------------------------------------------
 
@@ -479,41 +483,34 @@ class Engine:
 
     def _admit(self) -> list[Request]:
         """Take waiting requests that fit in the batch and the prefill budget (called under the lock)."""
-        admitted: list[Request] = []
-        longest = real = 0
-        while self._waiting and len(self._batch) + len(admitted) < self.config.max_batch_size:
-            request = self._waiting[0]
-            if request.cancelled:
-                self._waiting.popleft()
-                self._inflight.discard(request)
-                continue
-            size = len(request.context)
-            width = max(longest, size)
-            padded = width * (len(admitted) + 1)
-            # A prefill is one left-padded rectangle: past MAX_PADDING x its real tokens, padding costs
-            # more than a second forward (retracted requests of any length come back together).
-            if admitted and (padded > self.config.max_prefill_tokens or padded > MAX_PADDING * (real + size)):
-                break
-            admitted.append(self._waiting.popleft())
-            longest, real = width, real + size
+        room = self.config.max_batch_size - len(self._batch)
+        admitted, cancelled = admit(self._waiting, room, self.config.max_prefill_tokens)
+        self._inflight.difference_update(cancelled)
         return admitted
 
     def _swap(self, update: WeightUpdate) -> None:
         try:
-            self._model.load_state_dict(update.state, strict=True)
+            if update.state is not None:
+                self._model.load_state_dict(update.state, strict=True)
         except Exception as exc:
             deliver_error(update.loop, update.future, InferenceError(f"swapping in {update.path} failed: {exc}"))
             return
         self._weight_version = update.version if update.version is not None else self._weight_version + 1
-        self.model_path = update.path
+        self._policy_adapter = update.adapter
+        if update.adapter is None:
+            self.model_path = update.path
         self.stats.weight_updates += 1
         deliver(update.loop, update.future, self._weight_version)
 
-    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
+    def _forward(
+        self, requests: list[Request], ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any
+    ) -> torch.Tensor:
         kwargs: dict[str, Any] = {self._cache_kwarg: cache}
         if self._keep_kwarg is not None:
             kwargs[self._keep_kwarg] = 1
-        out = self._model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **kwargs)
+        # Each row with its own adapter: the one it named, else the served one (update_lora_adapter's), else none.
+        with self._rows.applied([r.adapter or self._policy_adapter for r in requests]):
+            out = self._model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **kwargs)
         logits: torch.Tensor = out.logits[:, -1, :]
         return logits
 
@@ -529,7 +526,7 @@ class Engine:
             mask[row, width - len(context) :] = 1
         positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
         cache = DynamicCache(config=self._model.config)
-        logits = self._forward(ids, mask, positions, cache)
+        logits = self._forward(requests, ids, mask, positions, cache)
         self.stats.prefills += 1
         for request in requests:
             if request.start_weight_version is None:
@@ -543,7 +540,7 @@ class Engine:
         ids = torch.tensor([[r.output_ids[-1]] for r in batch.requests], dtype=torch.long)
         batch.mask = torch.cat([batch.mask, torch.ones((rows, 1), dtype=torch.long)], dim=1)
         positions = batch.mask.sum(dim=-1, keepdim=True) - 1
-        logits = self._forward(ids, batch.mask, positions, batch.cache)
+        logits = self._forward(batch.requests, ids, batch.mask, positions, batch.cache)
         self.stats.steps += 1
         self.stats.decoded_tokens += rows
         self.stats.max_batch = max(self.stats.max_batch, rows)

@@ -91,7 +91,7 @@ class OpenAIClient:
 
     async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation:
         body: dict[str, Any] = {
-            "model": await self.model(),
+            "model": await self._request_model(),
             "temperature": params.temperature,
             "top_p": params.top_p,
             "n": 1,
@@ -127,6 +127,10 @@ class OpenAIClient:
             body["top_logprobs"] = params.top_logprobs
             answer = await self._http.post("/chat/completions", body)
         return self._generation(answer, len(input_ids), params.top_logprobs)
+
+    async def _request_model(self) -> str:
+        """What a request names as its ``model`` (a subclass may name a LoRA adapter instead)."""
+        return await self.model()
 
     def _extra_body(self, params: SamplingParams) -> dict[str, Any]:
         """Fields a server-specific subclass adds to every request (none here)."""

@@ -20,6 +20,14 @@ Routes:
   inference --update-policy``), ``pause`` unless set: like SGLang's, the update waits for the
   requests in flight (see :mod:`sandrl.inference.engine`). SGLang clients get the other two with
   ``/pause_generation`` ``in_place`` or ``retract``, the update, then ``/continue_generation``.
+  sandrl's: a ``model_path`` that holds a LoRA adapter (``adapter_config.json``, no ``config.json``)
+  is served over the base weights to requests naming no adapter, with the same version and policy.
+- ``POST /load_lora_adapter``: served (``lora_name``, ``lora_path``; ``pinned`` no-op: every loaded
+  adapter stays resident). The adapter is checked against the served model (names, shapes, sizes,
+  safetensors only, and sandrl's base marker): 400 with the reason otherwise, also for a name in use
+  or more than ``max_loaded_loras`` adapters. ``POST /unload_lora_adapter``: served (``lora_name``);
+  requests running with it finish with it. Both answer SGLang's ``{success, error_message,
+  loaded_adapters}`` (400 on failure).
 - ``POST /update_weight_version``: served (``new_version``, ``abort_all_requests`` default true).
 - ``POST /pause_generation``: served, ``mode`` ``abort`` (default) / ``retract`` / ``in_place``;
   an empty body (SGLang before 0.5.6) is ``abort``. ``POST /continue_generation``: served.
@@ -34,14 +42,16 @@ Routes:
 - ``GET /get_server_info`` (``/server_info``), ``/get_model_info``, ``/get_weight_version``,
   ``/health``, ``/health_generate``: served (server info holds sandrl's settings, not SGLang's
   ``ServerArgs``).
-- Not served (404): LoRA adapter routes, SGLang's sessions, ``/encode``, ``/classify``, profiling, ``/get_load``.
+- Not served (404): ``/load_lora_adapter_from_tensors`` (serialized tensors), SGLang's sessions,
+  ``/encode``, ``/classify``, profiling, ``/get_load``.
 
 ``/generate`` fields: ``text`` / ``input_ids`` (one or a batch), ``rid`` (a batch's string rid
 becomes ``rid_0``, ``rid_1``...; a list must match the batch), ``sampling_params`` /
 ``return_logprob`` / ``top_logprobs_num`` / ``logprob_start_len`` (a value or one per prompt),
 ``return_text_in_logprobs``, ``stream`` (``data: {json}`` per token, cumulative, then
-``data: [DONE]``): served; ``logprob_start_len >= 0`` (prompt log-probs), ``token_ids_logprob``,
-``lora_path``, images/audio/video, ``return_hidden_states`` and any other set field: 400 by name;
+``data: [DONE]``), ``lora_path`` (a loaded adapter's name, or one per prompt: served unmerged, each
+request with its own, :mod:`sandrl.inference.lora_rows`): served; ``logprob_start_len >= 0`` (prompt
+log-probs), ``token_ids_logprob``, images/audio/video, ``return_hidden_states`` and any other set field: 400 by name;
 routing labels (``priority``, ``routing_key``, ``custom_labels``...): no-op. ``sampling_params``:
 ``max_new_tokens``, ``temperature``, ``top_p``, ``top_k`` (only 1 = greedy, or off), ``stop``,
 ``stop_token_ids``, ``ignore_eos``, ``skip_special_tokens``, ``no_stop_trim``, ``n`` (prompt-major,

@@ -76,9 +76,10 @@ def token_bytes(engine: InferenceClient, token_id: int) -> list[int]:
 
 
 async def stream_all(
-    engine: Engine, jobs: list[tuple[list[int], SamplingParams, str | None]]
+    engine: Engine, jobs: list[tuple[list[int], SamplingParams, str | None]], loras: list[str | None] | None = None
 ) -> AsyncIterator[tuple[int, Partial | Generation]]:
-    """Stream every (prompt, params, rid) job at once; yield (job index, progress) as it comes.
+    """Stream every (prompt, params, rid) job at once, job i with the LoRA adapter ``loras[i]`` (None: the
+    served model); yield (job index, progress) as it comes.
 
     A failure of any job is raised after what was already produced; leaving the loop early
     cancels every job, freeing their batch slots.
@@ -86,8 +87,10 @@ async def stream_all(
     queue: asyncio.Queue[tuple[int, Partial | Generation] | None] = asyncio.Queue()
     errors: list[Exception] = []
 
+    adapters = loras or [None] * len(jobs)
+
     async def pump(index: int, prompt: list[int], params: SamplingParams, rid: str | None) -> None:
-        async for out in engine.stream(prompt, params, rid=rid):
+        async for out in engine.stream(prompt, params, rid=rid, lora=adapters[index]):
             queue.put_nowait((index, out))
 
     async def run_all() -> None:

@@ -11,6 +11,10 @@ Works with a real SGLang server (``python -m sglang.launch_server``) and with sa
 
 A weight update follows the client's ``update_policy`` through SGLang's routes (plain update
 for ``pause``; ``/pause_generation`` ``in_place`` or ``retract`` around it otherwise).
+LoRA: ``POST /load_lora_adapter`` (``lora_name``, ``lora_path``) and ``/unload_lora_adapter`` (``lora_name``)
+answer ``{success, error_message, loaded_adapters}``; ``/generate`` samples with the adapter named in its
+``lora_path`` (the client's :attr:`SGLangClient.lora_adapter`). The server needs ``--enable-lora`` and a
+``--max-lora-rank`` (and ``--lora-target-modules``) that cover the adapters.
 Log-probs at a temperature other than 0 or 1 come on the scale ``SamplingParams.scaled_logprobs``
 asks for: sandrl's server is told per request; a real SGLang cannot be, so the client must be
 told how it was started (``original_logprobs``) or it refuses rather than mix scales.
@@ -26,6 +30,7 @@ import httpx
 from sandrl.errors import ConfigError, InferenceError
 from sandrl.inference.base import FinishReason, Generation, SamplingParams
 from sandrl.inference.batch import UPDATE_POLICIES, UpdatePolicy
+from sandrl.inference.lora_client import AdapterVersions, labelled
 from sandrl.inference.tokenizer import Tokenizer
 from sandrl.inference.transport import HTTPConfig, JSONTransport, parse_version
 
@@ -60,6 +65,9 @@ class SGLangClient:
         """The served model's context length, when the caller knows it."""
         # SGLang's version is "default" until someone sets one; count from 0 locally until then.
         self._version = 0
+        self.lora_adapter: str | None = None
+        """The loaded LoRA adapter :meth:`generate` samples with (SGLang's ``lora_path``); None: the base model."""
+        self._adapters = AdapterVersions()
 
     async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation:
         body: dict[str, Any] = {
@@ -72,13 +80,16 @@ class SGLangClient:
         }
         if params.top_logprobs:
             body["top_logprobs_num"] = params.top_logprobs
+        adapter = self.lora_adapter
+        if adapter is not None:
+            body["lora_path"] = adapter
         body.update(await self._logprob_scale(params))
         answer = await self._http.post("/generate", body)
         if isinstance(answer, list):
             answer = answer[0] if answer else None
         if not isinstance(answer, dict):
             raise self._bad_answer("/generate", answer)
-        return self._generation(answer, len(input_ids))
+        return labelled(self._generation(answer, len(input_ids)), self._adapters.version_of(adapter))
 
     async def _logprob_scale(self, params: SamplingParams) -> dict[str, Any]:
         """Fields that get log-probs on the scale ``params`` asks for, or a ConfigError when none can.
@@ -131,6 +142,35 @@ class SGLangClient:
             raise InferenceError(f"{self.base_url} could not load the weights in {path}: {message}")
         self._version = parse_version(answer.get("weight_version")) or new
         return self._version
+
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        """Load the adapter directory ``path`` (on the server's disk) as ``name``: SGLang's ``/load_lora_adapter``."""
+        await self._lora_route("/load_lora_adapter", {"lora_name": name, "lora_path": path})
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        await self._lora_route("/unload_lora_adapter", {"lora_name": name})
+
+    async def update_lora_adapter(self, path: str, *, version: int | None = None) -> int:
+        """Load the adapter at ``path`` as ``sandrl-v<version>`` and sample with it from now on (see
+        :mod:`sandrl.inference.lora_client`); the version is ``version``, else the last one plus one."""
+        new = version if version is not None else self._adapters.next_version(await self.weight_version())
+        self.lora_adapter = await self._adapters.swap(self, path, new, self.lora_adapter)
+        return new
+
+    async def _lora_route(self, route: str, body: dict[str, Any]) -> None:
+        try:
+            answer = await self._http.post(route, body)
+        except ConfigError as exc:
+            if exc.http_status == 404:
+                raise ConfigError(
+                    f"{self.base_url} has no {route}: start SGLang with --enable-lora (and a --max-lora-rank and "
+                    "--lora-target-modules that cover the adapter), or export merged weights instead "
+                    '([train.lora] export = "merged")'
+                ) from exc
+            raise
+        if not isinstance(answer, dict) or not answer.get("success", False):
+            message = answer.get("error_message") if isinstance(answer, dict) else answer
+            raise InferenceError(f"{self.base_url}{route} failed: {message}")
 
     async def weight_version(self) -> int:
         """The server's weight version (SGLang's ``/get_weight_version``), or the last one this client set."""

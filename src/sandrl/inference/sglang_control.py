@@ -64,6 +64,28 @@ class AbortRequest(BaseModel):
     abort_message: str | None = None
 
 
+class LoadLoraAdapterRequest(BaseModel):
+    """SGLang's ``LoadLoRAAdapterReqInput``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lora_name: str
+    lora_path: str
+    pinned: bool = False
+    lora_id: str | None = None
+    rid: str | None = None
+
+
+class UnloadLoraAdapterRequest(BaseModel):
+    """SGLang's ``UnloadLoRAAdapterReqInput``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lora_name: str
+    lora_id: str | None = None
+    rid: str | None = None
+
+
 class MemoryRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -125,6 +147,40 @@ async def update_weights_from_tensor(request: Request) -> JSONResponse:
 async def update_weights_from_collective(request: Request) -> JSONResponse:
     route = request.url.path
     return _refused(_NOT_SERVED.format(route=route, how="an NCCL process group or CUDA IPC handles"))
+
+
+@router.post("/load_lora_adapter")
+async def load_lora_adapter(body: LoadLoraAdapterRequest, request: Request) -> JSONResponse:
+    engine = engine_of(request)
+    try:
+        await engine.load_lora_adapter(body.lora_name, body.lora_path)
+    except SandrlError as exc:
+        return _lora_failure(exc, engine.lora_adapters)
+    return JSONResponse({"success": True, "error_message": None, "loaded_adapters": _adapters(engine.lora_adapters)})
+
+
+@router.post("/unload_lora_adapter")
+async def unload_lora_adapter(body: UnloadLoraAdapterRequest, request: Request) -> JSONResponse:
+    engine = engine_of(request)
+    try:
+        await engine.unload_lora_adapter(body.lora_name)
+    except SandrlError as exc:
+        return _lora_failure(exc, engine.lora_adapters)
+    return JSONResponse({"success": True, "error_message": None, "loaded_adapters": _adapters(engine.lora_adapters)})
+
+
+def _adapters(paths: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """SGLang's ``loaded_adapters``: name -> its ``LoRARef`` (sandrl's ids are the names)."""
+    return {
+        name: {"lora_id": name, "lora_name": name, "lora_path": path, "pinned": False} for name, path in paths.items()
+    }
+
+
+def _lora_failure(exc: SandrlError, paths: dict[str, str]) -> JSONResponse:
+    """SGLang's failed ``LoRAUpdateOutput`` (400), with sandrl's error fields beside it."""
+    status = exc.http_status if exc.http_status < 500 else 500
+    body = {"success": False, "error_message": exc.message, "loaded_adapters": _adapters(paths)}
+    return JSONResponse({**body, "code": status, "error_code": exc.error_code, "message": exc.message}, status)
 
 
 @router.post("/update_weight_version")
@@ -208,6 +264,9 @@ async def server_info(request: Request) -> dict[str, Any]:
         "update_policies": list(UPDATE_POLICIES),
         "token_step": getattr(request.app.state, "token_step", 0),
         "return_original_logprob": request.app.state.return_original_logprob,
+        "max_loaded_loras": engine.config.max_loras,
+        "max_lora_rank": engine.config.max_lora_rank,
+        "loaded_lora_adapters": sorted(engine.lora_adapters),
         "internal_states": [{"#running_req": engine.running, "paused": engine.paused}],
         "version": __version__,
         "engine": "sandrl",

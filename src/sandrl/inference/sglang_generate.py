@@ -101,6 +101,8 @@ class GenerateRequest(BaseModel):
     server's setting, which like SGLang's is SGLANG_RETURN_ORIGINAL_LOGPROB (unset: at the temperature)."""
     stream: bool = False
     rid: str | list[str] | None = None
+    lora_path: str | list[str | None] | None = None
+    """The name of a loaded LoRA adapter (``/load_lora_adapter``) to sample with, or one per prompt."""
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,7 @@ class _Item:
     params: SamplingParams
     raw: dict[str, Any]
     return_logprob: bool
+    lora: str | None
 
 
 @router.api_route("/generate", methods=["POST", "PUT"])
@@ -130,7 +133,7 @@ async def generate(body: GenerateRequest, request: Request) -> Any:
         return StreamingResponse(
             _stream(engine, items, batched, body.return_text_in_logprobs, started), media_type="text/event-stream"
         )
-    results = await asyncio.gather(*(engine.generate(i.prompt, i.params, rid=i.rid) for i in items))
+    results = await asyncio.gather(*(engine.generate(i.prompt, i.params, rid=i.rid, lora=i.lora) for i in items))
     latency = time.perf_counter() - started
     with_text = body.return_text_in_logprobs
     answers = [_answer(engine, item, g, with_text, latency) for item, g in zip(items, results, strict=True)]
@@ -143,7 +146,7 @@ async def _stream(
     jobs: list[tuple[list[int], SamplingParams, str | None]] = [(i.prompt, i.params, i.rid) for i in items]
     sent = [0] * len(items)
     try:
-        async for index, out in stream_all(engine, jobs):
+        async for index, out in stream_all(engine, jobs, [i.lora for i in items]):
             item = items[index]
             interval = max(1, int(item.raw.get("stream_interval") or 1))
             if isinstance(out, Partial) and len(out.output_ids) - sent[index] < interval:
@@ -162,10 +165,9 @@ def _reject_extra_fields(body: GenerateRequest) -> None:
     for name, value in (body.model_extra or {}).items():
         if name in _METADATA or value in (None, False, 0, "", [], {}):
             continue
-        what = "LoRA adapters are" if name == "lora_path" else f"{name} is"
         raise ConfigError(
-            f"/generate: {name}={str(value)[:80]} is not supported by sandrl's engine ({what} not served); leave it "
-            "out, or serve the model with SGLang"
+            f"/generate: {name}={str(value)[:80]} is not supported by sandrl's engine ({name} is not served); leave "
+            "it out, or serve the model with SGLang"
         )
 
 
@@ -199,6 +201,14 @@ def _normalise(engine: Engine, body: GenerateRequest, original_logprob: bool) ->
             "by sandrl's engine; send -1 (output tokens only)"
         )
     rids = _rids(body.rid, count, samples, batched)
+    loras = _per_item(body.lora_path, count, "lora_path", None)
+    loaded = engine.lora_adapters
+    unknown_lora = next((name for name in loras if name is not None and name not in loaded), None)
+    if unknown_lora is not None:
+        raise ConfigError(
+            f"/generate: lora_path {str(unknown_lora)[:80]!r} names no loaded LoRA adapter (loaded: "
+            f"{', '.join(loaded) or 'none'}): load it with /load_lora_adapter first"
+        )
     items = []
     for i in range(count):
         reject_unsupported(sampling[i], _UNSUPPORTED_SAMPLING, "/generate sampling_params")
@@ -208,7 +218,7 @@ def _normalise(engine: Engine, body: GenerateRequest, original_logprob: bool) ->
         params = _params(sampling[i], int(top[i]) if logprob[i] else 0, scaled=not original_logprob)
         for j in range(samples):
             at = i * samples + j
-            items.append(_Item(prompts[i], rids[at], at, params, sampling[i], bool(logprob[i])))
+            items.append(_Item(prompts[i], rids[at], at, params, sampling[i], bool(logprob[i]), loras[i]))
     return items, batched or samples > 1
 
 

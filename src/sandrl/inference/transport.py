@@ -130,10 +130,12 @@ def _status_error(method: str, url: str, response: httpx.Response) -> ConfigErro
     except (json.JSONDecodeError, UnicodeDecodeError):
         body = None
     if isinstance(body, dict):
-        # sandrl: {code, error_code, message}; OpenAI: {error: {message, code}}; SGLang: {message} or {detail}.
+        # sandrl: {code, error_code, message}; OpenAI: {error: {message, code}}; SGLang: {message} or {detail},
+        # and {error_message} from its LoRA routes.
         raw = body.get("error")
         nested: dict[str, Any] = raw if isinstance(raw, dict) else {}
-        message = str(body.get("message") or nested.get("message") or body.get("detail") or message)
+        found = body.get("message") or nested.get("message") or body.get("detail") or body.get("error_message")
+        message = str(found or message)
         code = body.get("error_code") or nested.get("code") or nested.get("type")
         error_code = str(code) if isinstance(code, str) and code else None
     text = f"{method} {url} answered {response.status_code}: {message}"

@@ -38,6 +38,12 @@ disk, as the trainer exports it), by ``update_policy``:
   (SGLang's ``retract``: each request resumes as a continuation recomputed under the new
   weights), version, ``/resume``.
 
+LoRA (``--enable-lora``, ``--max-lora-rank`` covering the adapters, and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``
+in the server's environment, without which the routes do not exist): ``POST /v1/load_lora_adapter``
+``{"lora_name", "lora_path"}`` and ``/v1/unload_lora_adapter`` ``{"lora_name"}`` answer 200 with a plain-text
+``Success: ...`` line, or an OpenAI error (400: a name in use; 404: no such adapter). A request samples
+with an adapter by naming it as its ``model`` (the client's :attr:`VLLMClient.lora_adapter`).
+
 Requests this client sends while its own update runs wait for it (vLLM would answer them 503).
 Log-probs: vLLM's default ``--logprobs-mode raw_logprobs`` is temperature 1, the trainer's scale
 (``SamplingParams.scaled_logprobs=False``); a server started with ``processed_logprobs`` must be
@@ -60,6 +66,7 @@ import httpx
 from sandrl.errors import ConfigError, InferenceError
 from sandrl.inference.base import Generation, SamplingParams
 from sandrl.inference.batch import UPDATE_POLICIES, UpdatePolicy
+from sandrl.inference.lora_client import AdapterVersions, labelled
 from sandrl.inference.openai import OpenAIClient
 from sandrl.inference.tokenizer import Tokenizer
 from sandrl.inference.transport import HTTPConfig, parse_version
@@ -122,6 +129,12 @@ class VLLMClient(OpenAIClient):
         self._open = asyncio.Event()
         self._open.set()
         self._updates = 0
+        self.lora_adapter: str | None = None
+        """The loaded LoRA adapter :meth:`generate` samples with (named as the request's ``model``); None: the base."""
+        self._adapters = AdapterVersions()
+
+    async def _request_model(self) -> str:
+        return self.lora_adapter or await self.model()
 
     def _extra_body(self, params: SamplingParams) -> dict[str, Any]:
         return {"return_weight_versions": True}
@@ -129,8 +142,10 @@ class VLLMClient(OpenAIClient):
     async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation:
         self._check_params(params)
         await self._open.wait()  # this client's own update is under way
-        sent, updates = self._version, self._updates
+        sent, updates, adapter = self._version, self._updates, self.lora_adapter
         g = await super().generate(input_ids, params)
+        if adapter is not None:
+            return labelled(g, self._adapters.version_of(adapter))
         if g.output_weight_versions is not None:
             return g
         # A vLLM without weight-version spans: what the client itself knows. With no update of its
@@ -181,6 +196,32 @@ class VLLMClient(OpenAIClient):
         self._updates += 1
         self.last_update_s = time.monotonic() - started
         return new
+
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        """Load the adapter directory ``path`` (on the server's disk) as ``name``: vLLM's ``/v1/load_lora_adapter``."""
+        await self._lora_route("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        await self._lora_route("/v1/unload_lora_adapter", {"lora_name": name})
+
+    async def update_lora_adapter(self, path: str, *, version: int | None = None) -> int:
+        """Load the adapter at ``path`` as ``sandrl-v<version>`` and sample with it from now on (see
+        :mod:`sandrl.inference.lora_client`); the version is ``version``, else the last one plus one."""
+        new = version if version is not None else self._adapters.next_version(self._version)
+        self.lora_adapter = await self._adapters.swap(self, path, new, self.lora_adapter)
+        return new
+
+    async def _lora_route(self, route: str, body: dict[str, Any]) -> None:
+        try:
+            await self._root.send("POST", route, body)  # 200 with a plain-text "Success: ..." line
+        except ConfigError as exc:
+            if exc.http_status == 404 and "/unload" not in route:
+                raise ConfigError(
+                    f"{self._root.base_url} has no {route}: vLLM serves it only when started with --enable-lora "
+                    "(and a --max-lora-rank that covers the adapter) and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True in "
+                    'its environment; restart it so, or export merged weights instead ([train.lora] export = "merged")'
+                ) from exc
+            raise
 
     async def weight_version(self) -> int:
         """The server's weight version (vLLM's ``GET /weight_info``), or the last one this client set."""

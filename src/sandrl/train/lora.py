@@ -1,18 +1,36 @@
-"""LoRA through ``peft``: the ``[train.lora]`` settings.
+"""LoRA through ``peft``: the ``[train.lora]`` settings, the adapted policy, and what it exports.
 
 Low-rank adapters (Hu et al. 2021, *LoRA: Low-Rank Adaptation of Large Language Models*,
 arXiv:2106.09685) train two small matrices per targeted linear layer and leave the base weights
 frozen: the trainable state and its optimizer moments shrink by orders of magnitude, and the KL
 reference is the same model with its adapters switched off (no second copy).
+
+- :func:`apply_lora` wraps the policy in ``peft`` (only the adapters require grad);
+- :func:`adapters_disabled` is the reference: the same modules, adapters off, inside a ``with``;
+- :func:`lora_state_dict` / :func:`load_lora_state_dict`: what a checkpoint holds of the policy;
+- :func:`export_lora` writes what the inference server loads: the merged model (``export = "merged"``,
+  any server) or the adapter with sandrl's marker of its base (``"adapter"``: SGLang's and vLLM's
+  ``load_lora_adapter``, and the embedded engine, which refuses an adapter of another base).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
+
+import peft
+import torch
 
 from sandrl.errors import ConfigError
+from sandrl.inference.lora_adapter import BASE_FILE, base_signature
+from sandrl.inference.model import save_weights
+from sandrl.inference.tokenizer import Tokenizer
 
 LoraExport = Literal["merged", "adapter"]
 
@@ -49,3 +67,138 @@ class LoraConfig:
                 "target_modules must name at least one linear layer, e.g. ['q_proj', 'v_proj']; "
                 f"got {list(self.target_modules)!r}"
             )
+
+
+def apply_lora(model: Any, cfg: LoraConfig) -> Any:
+    """``model`` (a transformers causal LM) with ``cfg``'s adapters, through ``peft.get_peft_model``.
+
+    Only the adapters' parameters require grad afterwards. ``model`` itself is adapted in place (its
+    targeted linear layers are wrapped); use the returned ``peft`` model from then on.
+    """
+    if isinstance(model, peft.PeftModel):
+        raise TypeError("apply_lora: the model already has adapters; apply them once, to the base model")
+    linears = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    valid = sorted({name.rsplit(".", 1)[-1] for name in linears})
+    unknown = [t for t in cfg.target_modules if t not in valid]
+    if unknown:
+        raise ConfigError(
+            f"[train.lora] target_modules: {', '.join(map(repr, unknown))} names no linear layer of this model; "
+            f"its linear layers are {', '.join(valid)}"
+        )
+    embeddings = model.get_input_embeddings().weight
+    tied = sorted({n.rsplit(".", 1)[-1] for n, m in linears.items() if m.weight is embeddings})
+    if set(tied) & set(cfg.target_modules):
+        raise ConfigError(
+            f"[train.lora] target_modules: {tied[0]!r} shares its weight with the token embeddings "
+            "(tie_word_embeddings), so an adapter on it could be neither merged nor served; leave it out"
+        )
+    config = peft.LoraConfig(
+        r=cfg.rank,
+        lora_alpha=cfg.alpha,  # type: ignore[arg-type]  # peft annotates int; it scales by alpha / r in float
+        lora_dropout=cfg.dropout,
+        target_modules=list(cfg.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    with _peft_quiet():
+        return peft.get_peft_model(model, config)
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: Any) -> Iterator[Any]:
+    """Within the block, ``model`` computes as its base (the KL reference): no copy, no change to the adapters."""
+    _check_peft(model, "adapters_disabled")
+    with model.disable_adapter():
+        yield model
+
+
+def lora_state_dict(model: Any) -> dict[str, torch.Tensor]:
+    """The adapters' weights (``peft``'s names, without the adapter's name): what a checkpoint of the policy holds."""
+    _check_peft(model, "lora_state_dict")
+    state: dict[str, torch.Tensor] = peft.get_peft_model_state_dict(model)
+    return state
+
+
+def load_lora_state_dict(model: Any, state: dict[str, torch.Tensor]) -> None:
+    """Put the adapters' weights of :func:`lora_state_dict` back into ``model``; names and shapes must match."""
+    _check_peft(model, "load_lora_state_dict")
+    expected = {k: v.shape for k, v in lora_state_dict(model).items()}
+    missing = sorted(expected.keys() - state.keys())
+    unexpected = sorted(state.keys() - expected.keys())
+    mismatched = sorted(k for k in expected.keys() & state.keys() if tuple(state[k].shape) != tuple(expected[k]))
+    if missing or unexpected or mismatched:
+        first = [f"missing {k}" for k in missing] + [f"unexpected {k}" for k in unexpected] + mismatched
+        raise ConfigError(
+            f"the checkpoint's LoRA adapters do not fit the policy ({first[0]}; "
+            f"{len(missing)} missing, {len(unexpected)} unexpected, {len(mismatched)} of another shape): resume "
+            "with the [train.lora] settings (rank, target_modules) the checkpoint was written with"
+        )
+    peft.set_peft_model_state_dict(model, state)
+
+
+def export_lora(model: Any, path: str | Path, cfg: LoraConfig, tokenizer: Tokenizer | None = None) -> Path:
+    """Write the adapted policy to ``path`` as ``cfg.export`` says, atomically (staged, then renamed into place).
+
+    ``merged``: a full Hugging Face checkpoint, the adapters folded into the base weights (no ``peft`` names),
+    with ``tokenizer``: what :func:`~sandrl.inference.model.load_model`, ``update_weights_from_disk`` and
+    transformers load. ``adapter``: ``peft``'s adapter directory (``adapter_config.json`` +
+    ``adapter_model.safetensors``) and :data:`~sandrl.inference.lora_adapter.BASE_FILE`, the base's signature.
+    ``model`` is left as it was: the merge is computed beside it, never in its weights.
+    """
+    _check_peft(model, "export_lora")
+    base = model.get_base_model()
+    with torch.no_grad(), _peft_quiet():
+        if cfg.export == "merged":
+            return save_weights(base, path, tokenizer, state_dict=merged_state_dict(model))
+        marker = base_signature(base_state_dict(model), str(base.config.model_type), _base_name(base))
+        return save_weights(_AdapterExport(model, marker), path)
+
+
+def base_state_dict(model: Any) -> dict[str, torch.Tensor]:
+    """The base model's weights under the plain model's names (``...q_proj.weight``), adapters left out."""
+    return {
+        key.replace(".base_layer.", "."): value
+        for key, value in model.get_base_model().state_dict().items()
+        if ".lora_" not in key
+    }
+
+
+def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
+    """The base's weights with each adapter's ``scaling * B @ A`` added (new tensors; ``model`` is unchanged)."""
+    state = {k: v.detach() for k, v in base_state_dict(model).items()}
+    with torch.no_grad():
+        for name, layer in model.get_base_model().named_modules():
+            if isinstance(layer, peft.tuners.lora.Linear):
+                for adapter in layer.active_adapters:
+                    key = f"{name}.weight"
+                    state[key] = state[key] + layer.get_delta_weight(adapter).to(state[key].dtype)
+    return state
+
+
+class _AdapterExport:
+    """What :func:`~sandrl.inference.model.save_weights` stages for an adapter export: peft's files and the marker."""
+
+    def __init__(self, model: Any, marker: dict[str, Any]) -> None:
+        self.model = model
+        self.marker = marker
+
+    def save_pretrained(self, directory: str) -> None:
+        self.model.save_pretrained(directory, safe_serialization=True)
+        (Path(directory) / BASE_FILE).write_text(json.dumps(self.marker))
+
+
+@contextlib.contextmanager
+def _peft_quiet() -> Iterator[None]:
+    """peft 0.21 asks transformers 5 a deprecated question (``is_gradient_checkpointing``): its noise, not ours."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=FutureWarning, message=".*is_gradient_checkpointing.*")
+        yield
+
+
+def _base_name(base: Any) -> str:
+    return str(getattr(base.config, "name_or_path", "") or getattr(base.config, "model_type", ""))
+
+
+def _check_peft(model: Any, what: str) -> None:
+    if not isinstance(model, peft.PeftModel):
+        raise TypeError(f"{what} needs the model apply_lora returned, got {type(model).__name__}")
