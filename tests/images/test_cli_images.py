@@ -62,7 +62,7 @@ def test_pull_ls_and_prune(state: Path, push_image: PushImage) -> None:
     code, output = _run(["images", "prune", "--dry-run"])
     planned = json.loads(output.strip().splitlines()[-1])
     assert planned["dry_run"] and planned["layers"] == 1
-    code, output = _run(["images", "prune"])
+    code, output = _run(["images", "prune", "--yes"])
     assert code == 0 and json.loads(output.strip().splitlines()[-1])["layers"] == 1
     assert [p.name for p in (state / "images" / "layers").iterdir() if not p.name.startswith(".")] == []
 

@@ -51,7 +51,7 @@ async def test_oracle_scores_1_and_null_0(
         assert t.status == "completed", t.error
         assert t.reward == expected and t.passed is (expected == 1.0), (t.task_id, t.verifier)
         assert t.verifier["exit_code"] is not None and t.sandbox_id is not None
-        assert t.image is not None and t.image.startswith("build-")  # the COPY'd files came from the builder
+        assert t.image is not None and t.image.startswith(f"task-{t.task_id}-")  # built, named after its task
 
 
 async def test_refused_create_is_infra_error_not_reward_0(echo_task: Task, provider: BwrapProvider) -> None:

@@ -52,7 +52,7 @@ def test_tasks_run_scores(cli_state: Path, subset: Path, agent: str, reward: flo
     assert summary["tasks"] == len(SUBSET) and summary["errors"] == 0
     assert summary["pass_rate"] == reward
     assert {r["task"]: r["reward"] for r in summary["results"]} == dict.fromkeys(SUBSET, reward)
-    assert all(r["image"].startswith("build-") for r in summary["results"])
+    assert all(r["image"].startswith(f"task-{r['task']}-") for r in summary["results"])  # named after its task
     # What sandrl eval records of an episode: its status and, when the task failed, what the verifier said.
     assert {r["status"] for r in summary["results"]} == {"completed"}
     assert all((r["verify_output_tail"] is None) == r["passed"] for r in summary["results"])

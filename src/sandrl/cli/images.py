@@ -27,9 +27,10 @@ from sandrl.errors import ConfigError, ImageBuildError
 from sandrl.images.manifest import Platform
 from sandrl.images.pull import PullEvent
 from sandrl.sandbox.bwrap import BwrapProvider
-from sandrl.sandbox.bwrap.dockerfile.builder import BUILD_PREFIX, BuildOptions, ImageBuilder, StepEvent
+from sandrl.sandbox.bwrap.dockerfile.builder import BuildOptions, ImageBuilder, StepEvent
+from sandrl.sandbox.bwrap.dockerfile.names import BUILD_PREFIX
 from sandrl.sandbox.bwrap.images import DEFAULT_PATH, HOST_IMAGE, ImageStore
-from sandrl.sandbox.bwrap.prune import apply_prune, plan_prune
+from sandrl.sandbox.bwrap.prune import PrunePlan, apply_prune, plan_prune
 from sandrl.sandbox.bwrap.pulled import import_rootfs_tar, pull_into_store
 
 app = typer.Typer(no_args_is_help=True, help="Environment images: build, pull, import, ls, prune, rm.")
@@ -204,6 +205,8 @@ def images_ls(
             source = "(host system)"
         elif config.get("source"):
             source = str(config["source"])
+        elif config.get("task"):
+            source = f"task {config['task']}"
         elif config.get("step") or config.get("key"):
             source = f"built{f' on {base}' if base else ''}"
         else:
@@ -228,21 +231,70 @@ def images_ls(
 def images_prune(
     dry_run: bool = typer.Option(False, "--dry-run", help="Say what would go; remove nothing."),
     keep_cache: bool = typer.Option(False, "--keep-cache", help="Keep the builder's cache images (build-*)."),
+    keep_tasks: bool = typer.Option(False, "--keep-tasks", help="Keep tasks' images (task-<task>-<hash>)."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Remove without asking."),
 ) -> None:
-    """Remove the builder's cache images and every layer no image uses (live sandboxes' are kept)."""
+    """Remove tasks' images, the builder's cache images and every layer no image uses.
+
+    Says how many of each kind and how much each frees, then asks (--yes: does not ask). Images a
+    live sandbox uses are kept. Ends with one JSON line."""
     provider = BwrapProvider()
-    plan = plan_prune(provider.images, provider.state, build_cache=not keep_cache)
-    if not dry_run:
+    plan = plan_prune(provider.images, provider.state, build_cache=not keep_cache, tasks=not keep_tasks)
+    console = rich_console(stderr=False)
+    if not plan:
+        console.print("nothing to prune")
+    else:
+        console.print(_prune_table(plan))
+        names = _task_images(plan)
+        if names is not None:
+            console.print(names, markup=False, highlight=False)
+        if not dry_run and not yes and not typer.confirm(f"remove them ({_size(plan.bytes)})?", default=False):
+            console.print("nothing removed")
+            raise typer.Exit(1)
+    if plan and not dry_run:
         apply_prune(provider.images, plan)
+    counts = {kind.name: len(kind.names) for kind in plan.kinds}
     emit(
         {
             "dry_run": dry_run,
             "images": len(plan.images),
+            "task_images": counts.get("task images", 0),
+            "cache_images": counts.get("build cache images", 0),
+            "fork_images": counts.get("fork images", 0),
             "layers": len(plan.layers),
             "leftovers": len(plan.leftovers),
             "freed_mb": round(plan.bytes / 2**20, 1),
         }
     )
+
+
+_LISTED_TASK_IMAGES = 20
+"""How many task images a prune names before it says how many more."""
+
+
+def _prune_table(plan: PrunePlan) -> Table:
+    table = Table("what", "count", "frees", title="sandrl images prune would remove", title_justify="left")
+    for kind in plan.kinds:
+        if kind.names:
+            table.add_row(kind.name, str(len(kind.names)), _size(kind.bytes))
+    table.add_row("total", "", _size(plan.bytes))
+    return table
+
+
+def _task_images(plan: PrunePlan) -> str | None:
+    """The task images a prune removes, by name (the first :data:`_LISTED_TASK_IMAGES`)."""
+    tasks = next((k.names for k in plan.kinds if k.name == "task images"), ())
+    if not tasks:
+        return None
+    more = f" and {len(tasks) - _LISTED_TASK_IMAGES} more" if len(tasks) > _LISTED_TASK_IMAGES else ""
+    return f"task images: {' '.join(tasks[:_LISTED_TASK_IMAGES])}{more}"
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
 
 
 @app.command("rm")
@@ -264,7 +316,7 @@ def images_rm(
         store.remove(name)
     removed = 0
     if prune:
-        plan = plan_prune(store, provider.state, build_cache=False)
+        plan = plan_prune(store, provider.state, build_cache=False, tasks=False)
         apply_prune(store, plan)
         removed = len(plan.layers)
     console.print(f"removed {len(targets)} images and {removed} unused layers")

@@ -242,6 +242,9 @@ class ImageSource:
 
     label: str
     """Whose image it is, for messages: e.g. ``task fix-lru-cache``."""
+    name: str | None = None
+    """What the image is for (a task's id): an image built from the Dockerfile is named after it,
+    ``task-<name>-<hash>``, so a store says whose each image is; None: a cache name, ``build-<hash>``."""
     dockerfile_text: str | None = None
     """The Dockerfile to build; None when there is none."""
     dockerfile: Path | None = None

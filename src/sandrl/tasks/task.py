@@ -214,6 +214,7 @@ class Task:
         context = env.context_dir or (env.dockerfile.parent if env.dockerfile is not None else self.source)
         return ImageSource(
             label=f"task {self.id}",
+            name=self.id,
             dockerfile_text=env.dockerfile_text,
             dockerfile=env.dockerfile,
             context_dir=context,

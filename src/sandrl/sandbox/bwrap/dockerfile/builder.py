@@ -22,8 +22,10 @@ Each ``RUN``, ``COPY`` and ``ADD`` runs in a fresh build sandbox started from th
 --network=none``: through slirp4netns, :mod:`sandrl.sandbox.bwrap.nat`, so out to the world but
 not to the host or its private network); what the step changed is exported
 (:func:`sandrl.sandbox.bwrap.export.export_changes`) as a read-only layer, and the image so far plus
-that layer is registered in the store as ``build-<key>``. The key hashes the parent's key, the
-instruction and the state it runs in (environment, working directory, user, shell) and, for
+that layer is registered in the store as ``build-<key>`` (a task's finished image as
+``task-<task id>-<key>``, :mod:`.names`: the store says whose each image is). The key hashes the
+parent's key, the instruction and the state it runs in (environment, working directory, user,
+shell) and, for
 ``COPY``/``ADD``, the content of the files copied: as Docker's layer cache, a rebuild with
 nothing changed starts no sandbox at all, and a changed ``COPY`` source rebuilds that step and
 every one after it. ``USER`` applies to ``RUN`` (through ``setpriv``); the sandboxes of the
@@ -61,6 +63,7 @@ from sandrl.sandbox.bwrap.dockerfile.context_copy import (
     tar_of,
 )
 from sandrl.sandbox.bwrap.dockerfile.instructions import Instruction, expand, key_values, parse_dockerfile, words
+from sandrl.sandbox.bwrap.dockerfile.names import image_name_for, task_image_name
 from sandrl.sandbox.bwrap.dockerfile.runtime import RUNTIME_KEYS, runtime_step
 from sandrl.sandbox.bwrap.export import export_changes, is_empty_layer
 from sandrl.sandbox.bwrap.images import HOST_IMAGE, ImageStore
@@ -68,8 +71,6 @@ from sandrl.sandbox.bwrap.nat import RESOLV_CONF
 from sandrl.sandbox.bwrap.pulled import pull_into_store
 from sandrl.sandbox.bwrap.sandbox import BwrapSandbox
 
-BUILD_PREFIX = "build-"
-"""Images the builder registers for its cache: ``build-<key>``."""
 CACHE_VERSION = "sandrl-build-1"
 """Part of every cache key: bump it when the way a step is built changes."""
 MAX_BUILD_LAYERS = 120
@@ -123,7 +124,7 @@ class StepEvent:
 @dataclass(frozen=True)
 class BuildResult:
     image: str
-    """The built image's name in the store (``build-<key>``, or the tag asked for)."""
+    """The built image's name in the store (the tag asked for, ``task-<task>-<key>``, or ``build-<key>``)."""
     key: str
     steps: int
     cached: int
@@ -175,10 +176,6 @@ def _hash(*parts: object) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def image_name_for(key: str) -> str:
-    return f"{BUILD_PREFIX}{key[:24]}"
-
-
 class BuildHost(Protocol):
     """What a build needs of its provider (a :class:`~sandrl.sandbox.bwrap.provider.BwrapProvider`):
     its image store, and sandboxes started from the store's images. A protocol, so that the
@@ -205,8 +202,10 @@ class ImageBuilder:
         text: str | None = None,
         options: BuildOptions | None = None,
         tag: str | None = None,
+        task: str | None = None,
     ) -> BuildResult:
-        """Build ``dockerfile`` (or ``text``) with ``context`` (default: the Dockerfile's directory)."""
+        """Build ``dockerfile`` (or ``text``) with ``context`` (default: the Dockerfile's directory) into
+        the image ``tag``, else one named after ``task`` (the task's id, :mod:`.names`), else ``build-<key>``."""
         options = options or BuildOptions()
         if text is None:
             if dockerfile is None:
@@ -226,7 +225,7 @@ class ImageBuilder:
         deadline = start + options.timeout_s
         try:
             return await asyncio.wait_for(
-                self._run(instructions, context.resolve(), options, tag, deadline, start), options.timeout_s
+                self._run(instructions, context.resolve(), options, tag, task, deadline, start), options.timeout_s
             )
         except TimeoutError:
             raise ImageBuildError(
@@ -277,6 +276,7 @@ class ImageBuilder:
         context: Path,
         options: BuildOptions,
         tag: str | None,
+        task: str | None,
         deadline: float,
         start: float,
     ) -> BuildResult:
@@ -308,8 +308,10 @@ class ImageBuilder:
             self._emit(StepEvent(index, total, inst, "done", status, time.monotonic() - step_start))
         assert state is not None  # _check_supported saw a FROM
         final_key = _hash(state.key, "final", state.env, state.workdir, state.user, state.metadata, state.runtime)
-        name = tag or image_name_for(final_key)
+        name = tag or (task_image_name(task, final_key) if task is not None else image_name_for(final_key))
         config: dict[str, object] = {"key": final_key, "user": state.user, "shell": list(state.shell)}
+        if task is not None:
+            config["task"] = task
         config.update(state.metadata)
         config.update(state.runtime)
         self.store.add_image(

@@ -52,7 +52,11 @@ async def image_for(host: BuildHost, source: ImageSource) -> str:
         return HOST_IMAGE
     try:
         result = await ImageBuilder(host).build(
-            source.dockerfile, context=source.context_dir, text=source.dockerfile_text, options=build_options(source)
+            source.dockerfile,
+            context=source.context_dir,
+            text=source.dockerfile_text,
+            options=build_options(source),
+            task=source.name,
         )
     except ImageBuildError as exc:
         raise ImageBuildError(f"{source.label}: building its environment failed: {exc}") from exc
