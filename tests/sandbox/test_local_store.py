@@ -163,7 +163,7 @@ def _listed(state: Path) -> dict[str, dict[str, object]]:
     return {str(row["id"]): row for row in rows}
 
 
-async def test_ls_shows_every_sandbox_of_the_store_with_its_owner_and_whether_it_lives(crowd: Crowd) -> None:
+async def test_ls_shows_every_runs_sandboxes_and_gc_removes_only_the_dead(crowd: Crowd) -> None:
     rows = _listed(crowd.state)
     assert set(rows) == crowd.all_ids()
     mine, other, dead, orphaned = (rows[s] for s in (crowd.mine.id, crowd.other.sid, crowd.dead[0], crowd.orphaned[0]))
@@ -182,8 +182,7 @@ async def test_ls_shows_every_sandbox_of_the_store_with_its_owner_and_whether_it
     assert " dead " in lines[crowd.dead[0]] and f"pid {crowd.killed.proc.pid} (gone)" in lines[crowd.dead[0]]
     assert "4 sandboxes: 2 live, 1 orphaned, 1 dead" in table and "sandrl sandbox gc" in table
 
-
-async def test_gc_removes_only_the_dead_and_asks_first(crowd: Crowd) -> None:
+    # gc, on the same crowd (one is costly to make): it asks, and removes only what is dead.
     state = str(crowd.state)
     for answer in ("n\n", ""):  # declined, or no answer at all (not a terminal): nothing goes
         code, output = _cli(["sandbox", "gc", "--state-dir", state], input=answer)
@@ -213,10 +212,10 @@ async def test_gc_removes_only_the_dead_and_asks_first(crowd: Crowd) -> None:
     assert code == 0 and "nothing to remove" in output and "2 live" in output, output
 
 
-def test_ls_and_gc_say_where_the_store_is() -> None:
-    for command in ("ls", "gc"):
-        code, output = _cli(["sandbox", command, "--help"])
-        assert code == 0 and "SANDRL_STATE_DIR" in output, output
+def test_the_commands_of_the_store_say_where_it_is() -> None:
+    for command in (["sandbox"], ["sandbox", "ls"], ["sandbox", "gc"], ["images"], ["serve", "sandboxes"]):
+        code, output = _cli([*command, "--help"])
+        assert code == 0 and "$SANDRL_STATE_DIR" in output, (command, output)
 
 
 @pytest.fixture

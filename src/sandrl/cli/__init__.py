@@ -10,11 +10,11 @@ are registered with ``@app.command``; this module only mounts them::
 
     eval.py     sandrl eval
     train.py    sandrl train (and --ray)
-    sandbox.py  sandrl sandbox run|ls|rm
+    sandbox.py  sandrl sandbox run|ls|gc|rm
     bench.py    sandrl bench service|rollout|train|sandbox|inference|cluster|contention|...
     serve.py    sandrl serve sandboxes|inference
     tasks.py    sandrl tasks list|validate|run
-    images.py   sandrl images build|ls|rm
+    images.py   sandrl images build|pull|import|ls|prune|rm|templates
     demo.py     sandrl demo [sandbox]
     config.py   sandrl config reference
     output.py   the consoles and the one JSON line every command shares

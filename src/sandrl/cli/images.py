@@ -33,7 +33,11 @@ from sandrl.sandbox.bwrap.images import DEFAULT_PATH, HOST_IMAGE, ImageStore
 from sandrl.sandbox.bwrap.prune import PrunePlan, apply_prune, plan_prune
 from sandrl.sandbox.bwrap.pulled import import_rootfs_tar, pull_into_store
 
-app = typer.Typer(no_args_is_help=True, help="Environment images: build, pull, import, ls, prune, rm.")
+app = typer.Typer(
+    no_args_is_help=True,
+    help="Environment images in this host's store ($SANDRL_STATE_DIR, default /var/lib/sandrl): build, pull, "
+    "import, ls, prune, rm.",
+)
 
 DEBIAN_IMAGE = "debian"
 DEBIAN_SUITE = "bookworm"
@@ -327,7 +331,9 @@ def images_templates(
     tasks: str = typer.Argument(..., help="A task directory, a directory of them, or 'builtin'."),
     build: bool = typer.Option(False, "--build", help="Build each missing template into this host's store."),
     state_dir: Path | None = typer.Option(
-        None, help="The store's state directory (default: `sandrl serve sandboxes`'s, /var/lib/sandrl)."
+        None,
+        help="The store's state directory (default: `sandrl serve sandboxes`'s, $SANDRL_STATE_DIR, "
+        "else /var/lib/sandrl).",
     ),
 ) -> None:
     """The E2B template of each task (what `--sandboxes e2b` starts it from); --build makes them on this sandrl host.

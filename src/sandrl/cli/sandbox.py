@@ -35,7 +35,11 @@ if TYPE_CHECKING:
     from sandrl.sandbox.client import RemoteProvider
     from sandrl.sandbox.service.api import SandboxInfo
 
-app = typer.Typer(no_args_is_help=True, help="Run commands in sandboxes.")
+app = typer.Typer(
+    no_args_is_help=True,
+    help="Run commands in sandboxes; list and clean up this host's store ($SANDRL_STATE_DIR, default "
+    "/var/lib/sandrl) or a sandbox service's sandboxes.",
+)
 
 
 @app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": False}, no_args_is_help=True)

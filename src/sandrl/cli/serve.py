@@ -20,7 +20,9 @@ def serve_sandboxes(
     port: int = typer.Option(8700, help="Port to bind."),
     token_file: str | None = typer.Option(None, help="File holding the bearer token (or set $SANDRL_TOKEN)."),
     max_live: int | None = typer.Option(None, help="Most live sandboxes; further creates get capacity_exhausted."),
-    state_dir: str | None = typer.Option(None, help="State directory (default /var/lib/sandrl)."),
+    state_dir: str | None = typer.Option(
+        None, help="State directory (default $SANDRL_STATE_DIR, else /var/lib/sandrl)."
+    ),
     egress_allow: list[str] | None = typer.Option(
         None,
         help="A private range (CIDR) that sandboxes with the network may reach; repeat for more "
