@@ -4,16 +4,21 @@ The summary, the per-task pass@k table, the failures grouped by why, and progres
 the resolved config, the results and every trajectory to ``runs/eval/<UTC time>/`` (or
 ``--results-dir``). The command ends with one JSON line on stdout
 (:func:`sandrl.wiring.evaluate.result_line`), and exits 1 when no episode could run at all (every
-one an infra error), saying why.
+one an infra error), saying why. When stderr is not a terminal, the bar of episodes is a plain line
+every ``$SANDRL_PROGRESS_EVERY_S`` seconds (done, rate, ETA, counts).
+
+SIGINT (Ctrl-C) and SIGTERM stop it cleanly (:mod:`sandrl.interrupt`): the episodes in flight are
+cancelled and their sandboxes closed, and one line says how many episodes finished and where their
+trajectories are (``results.json`` is written only by an eval that finished); exit 130 or 143.
 """
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import typer
 
+from sandrl import interrupt
 from sandrl.cli.output import SWEBENCH_IMAGES_HELP, emit, err_console, print_error
 
 # No name when mounted: `eval` is a command of the root, not a group.
@@ -86,6 +91,7 @@ def eval_tasks(
         EvalConfig,
         default_results_dir,
         evaluate,
+        interrupted_line,
         nothing_ran,
         result_line,
         rollout_of,
@@ -119,7 +125,11 @@ def eval_tasks(
         trained_with=trained_with,
         trained_model=run.model if run is not None else None,
     )
-    result = asyncio.run(evaluate(eval_config, console=err_console))
+    try:
+        result = interrupt.run(evaluate(eval_config, console=err_console))
+    except interrupt.Interrupted as stop:
+        print_error(interrupted_line(eval_config), label="interrupted")
+        raise typer.Exit(stop.exit_code) from None
     err_console.print(f"results: {eval_config.results_dir}", markup=False, highlight=False, soft_wrap=True)
     emit(result_line(eval_config, result))
     why = nothing_ran(result)

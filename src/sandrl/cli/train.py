@@ -17,7 +17,14 @@ under ``[run] output_dir`` (relative to the working directory): ``config.toml`` 
 config), ``metrics.jsonl`` (one line per step),
 ``rollouts.jsonl`` and ``checkpoints/``; started again, it resumes from the newest checkpoint (a
 run whose steps are all done says so: raise ``--steps`` to train on). It prints a progress line
-per step on stderr and ends with one JSON line on stdout (the last step's metrics).
+per step on stderr and ends with one JSON line on stdout (the last step's metrics); within a step,
+a bar (a plain line every ``$SANDRL_PROGRESS_EVERY_S`` seconds when stderr is not a terminal) says
+how many of its episodes finished, then what the trainer works on.
+
+SIGINT (Ctrl-C) and SIGTERM stop it cleanly: the step in flight ends, a checkpoint holds every
+step done, sandboxes and servers are closed, and one line says
+``interrupted: 3/36 steps, checkpoint step-00000003 in DIR, rerun the same command to resume``;
+the exit status is 130 or 143. A second signal stops at once.
 
 ``--ray`` is routed here rather than in :mod:`sandrl.train`: the cluster package builds on the
 train package, so the train package must not import it back.
@@ -25,12 +32,12 @@ train package, so the train package must not import it back.
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import typer
 
-from sandrl.cli.output import emit
+from sandrl import interrupt
+from sandrl.cli.output import emit, print_error
 from sandrl.errors import ConfigError
 
 # No name when mounted: `train` is a command of the root, not a group.
@@ -65,6 +72,22 @@ def train_cmd(
     ray: str | None = typer.Option(
         None, help="Run on a Ray cluster: 'auto' (the one started here) or its ADDRESS; needs a [cluster] section."
     ),
+    nproc: int | None = typer.Option(
+        None, "--nproc", metavar="N", help="Training processes (ranks), one per GPU ([train] processes)."
+    ),
+    plan: bool = typer.Option(
+        False,
+        "--plan",
+        help="Print the trainer's memory per device (parameters, gradients, optimizer state, activations, "
+        "log-prob buffers, reference) against the device's, and what to change if it does not fit; start nothing.",
+    ),
+    device_memory: str | None = typer.Option(
+        None,
+        "--device-memory",
+        metavar="SIZE",
+        help="One device's memory for the plan and the check before a run, e.g. 80GiB (default: what the device "
+        "reports; on CPU the host's available memory). Needed to plan a GPU run on a machine without the GPU.",
+    ),
 ) -> None:
     """Train a policy with GRPO in sandboxes; a progress line per step, then one JSON line."""
     overrides = [*set_]
@@ -74,6 +97,13 @@ def train_cmd(
         overrides.append(f"run.output_dir={output_dir}")
     if warm_start:
         overrides.append("warm_start.enabled=true")
+    if nproc is not None:
+        overrides.append(f"train.processes={nproc}")
+    if plan:
+        from sandrl.cli.train_plan import plan_command
+
+        plan_command(config, overrides, device_memory=device_memory, ray=ray)
+        return
     if ray is not None:
         if load_rollouts is not None:
             raise ConfigError("--load-rollouts trains on saved trajectories in this process: drop --ray")
@@ -82,8 +112,23 @@ def train_cmd(
         emit(train_on_ray(config, ray, mode=mode, rollout_only=rollout_only, overrides=overrides))
         return
     # Imported here: the train package brings in PyTorch, which `sandrl --help` should not wait for.
-    from sandrl.train.command import run_training
+    from sandrl.train.command import run_training, saved_line
+    from sandrl.train.plan import parse_size
     from sandrl.train.run_config import load_run_config
 
     run_config = load_run_config(config, overrides)
-    emit(asyncio.run(run_training(run_config, mode=mode, load_rollouts=load_rollouts, rollout_only=rollout_only)))
+    memory = parse_size(device_memory) if device_memory is not None else None
+    try:
+        result = interrupt.run(
+            run_training(
+                run_config,
+                mode=mode,
+                load_rollouts=load_rollouts,
+                rollout_only=rollout_only,
+                device_memory=memory,
+            )
+        )
+    except interrupt.Interrupted as stop:
+        print_error(saved_line(run_config, rollout_only=rollout_only), label="interrupted")
+        raise typer.Exit(stop.exit_code) from None
+    emit(result)

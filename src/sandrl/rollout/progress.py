@@ -1,4 +1,8 @@
-"""A progress bar of episodes (rich), with the running status counts; a no-op when disabled."""
+"""A progress bar of episodes, with the running status counts; a no-op when disabled.
+
+A :class:`sandrl.progress.Progress`: rich's bar on a terminal, a plain line every few seconds
+(episodes done, rate, ETA, counts) in a log.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,8 @@ from collections import Counter
 from types import TracebackType
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from sandrl.progress import Progress
 from sandrl.rollout.trajectory import Trajectory
 
 
@@ -18,16 +22,8 @@ class EpisodeProgress:
         self.counts: Counter[str] = Counter()
         self._progress: Progress | None = None
         if enabled:
-            self._progress = Progress(
-                TextColumn("episodes"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                TextColumn("{task.description}"),
-                console=console or Console(stderr=True),
-                transient=True,
-            )
-            self._task = self._progress.add_task("", total=total)
+            self._progress = Progress(console=console or Console(stderr=True))
+            self._task = self._progress.add_task("episodes", total=total)
 
     def done(self, trajectory: Trajectory) -> None:
         self.counts[trajectory.status] += 1
@@ -35,7 +31,7 @@ class EpisodeProgress:
             self.counts["passed"] += 1
         if self._progress is not None:
             text = " ".join(f"{k}={v}" for k, v in sorted(self.counts.items()))
-            self._progress.update(self._task, advance=1, description=text)
+            self._progress.update(self._task, advance=1, detail=text)
 
     def __enter__(self) -> EpisodeProgress:
         if self._progress is not None:

@@ -7,6 +7,11 @@ newest checkpoint. A run whose checkpoint already holds all ``[run] steps`` trai
 so, and how to train on, without starting sandboxes or a server. With ``[warm_start] enabled`` the
 run first fine-tunes its model on reference solutions (once, into ``warm_start/``:
 :mod:`sandrl.train.warm_run`) and trains RL from there.
+
+Cancelled (``sandrl train`` cancels it on SIGINT or SIGTERM: :mod:`sandrl.interrupt`), a run lets
+its step in flight end, saves a checkpoint of every step done, and closes its sandboxes and
+servers before the cancellation goes on; :func:`saved_line` then says what is on disk and how to
+go on from it.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from sandrl.sandbox.base import SandboxProvider
 from sandrl.train import async_, checkpoint, sync
 from sandrl.train.device import check_dtype, torch_device
 from sandrl.train.driver_common import open_session
+from sandrl.train.plan import check_fits
 from sandrl.train.run_config import MODES, RunConfig
 from sandrl.train.warm_run import WarmStarted, WarmStartStopped, warm_start_run
 from sandrl.wiring import open_policy
@@ -40,10 +46,13 @@ async def run_training(
     provider: SandboxProvider | None = None,
     agent: Agent | None = None,
     console: Console | None = None,
+    device_memory: int | None = None,
 ) -> dict[str, Any]:
     """Run ``config`` with the driver of ``mode`` (default: the config's); the last step's metrics.
 
     ``--load-rollouts`` always uses the synchronous loop: there is no sampling to overlap with.
+    A trainer that will not fit its device (:func:`~sandrl.train.plan.check_fits`; ``device_memory``
+    in bytes replaces what the device reports) is refused before anything starts.
     """
     chosen = mode or config.run.mode
     if chosen not in MODES:
@@ -52,6 +61,7 @@ async def run_training(
     if not rollout_only:
         # Before the run writes anything or starts a sandbox.
         check_dtype(config.train.dtype, torch_device(config.train.device))
+        check_fits(config, device_memory=device_memory)
     if config.run.resume and not rollout_only:
         done = checkpoint.steps_done(config.output_dir / "checkpoints")
         if done >= config.run.steps:
@@ -69,7 +79,13 @@ async def run_training(
         agent=agent,
         console=console,
     ) as session:
-        await driver.run(session)
+        try:
+            await driver.run(session)
+        except asyncio.CancelledError:
+            trainer = session.trainer
+            if trainer is not None and checkpoint.steps_done(config.output_dir / "checkpoints") < trainer.steps:
+                session.save_checkpoint()  # every step done survives the stop
+            raise
         last = {"steps": session.batches, "weight_version": session.version, "output_dir": str(config.output_dir)}
         lines = (config.output_dir / "metrics.jsonl").read_text().splitlines()
         if lines:
@@ -113,3 +129,20 @@ def _complete(config: RunConfig, done: int, console: Console) -> dict[str, Any]:
     lines = metrics.read_text().splitlines() if metrics.is_file() else []
     last = json.loads(lines[-1]) if lines else {}
     return {**last, "steps": done, "output_dir": str(out), "complete": True}
+
+
+def saved_line(config: RunConfig, *, rollout_only: bool = False) -> str:
+    """What a stopped run left on disk, and how to go on from it, for the line ``interrupted: ...``."""
+    out = config.output_dir
+    if rollout_only:
+        rollouts = out / "rollouts.jsonl"
+        kept = sum(1 for _ in rollouts.open()) if rollouts.is_file() else 0
+        return f"{kept} trajectories in {rollouts} (a rerun with --rollout-only collects from the start again)"
+    root = out / "checkpoints"
+    last = checkpoint.latest(root)
+    if last is None:
+        return f"0/{config.run.steps} steps done, no checkpoint in {root}: rerun the same command to start again"
+    saved = f"{checkpoint.steps_done(root)}/{config.run.steps} steps, checkpoint {last.name} in {root}"
+    if not config.run.resume:
+        return f"{saved}; [run] resume is false: rerun with --set run.resume=true to resume from it"
+    return f"{saved}, rerun the same command to resume"

@@ -24,16 +24,17 @@ import json
 import random
 import shutil
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, Any, Protocol, TypeVar
 
 from rich.console import Console
 
 from sandrl.aio import gather_all
 from sandrl.errors import ConfigError
 from sandrl.inference.base import InferenceClient
+from sandrl.progress import duration
 from sandrl.rollout.agent import Agent
 from sandrl.rollout.jsonl import TrajectoryWriter, iter_jsonl
 from sandrl.rollout.runner import Group, RolloutRunner
@@ -45,11 +46,13 @@ from sandrl.train.batch import Batch
 from sandrl.train.run_config import RunConfig, save_resolved
 from sandrl.train.signal_watch import SignalWatch, split_no_signal
 from sandrl.train.staleness import mixed_version, oldest_version, token_staleness_hist
+from sandrl.train.step_progress import StepProgress
 from sandrl.train.trainer import ExportedWeights, Metrics, Trainer
 from sandrl.wiring import build_runner, open_agent, open_policy, open_provider, task_set
 
 Item = tuple[int, Group]
 """A group and its data position."""
+T = TypeVar("T")
 
 
 class GroupSource(Protocol):
@@ -78,6 +81,9 @@ class StepTrainer(Protocol):
     def export_weights(self, directory: str | Path) -> ExportedWeights: ...
 
     def save_checkpoint(self, root: str | Path) -> Path: ...
+
+    def close(self) -> None:
+        """Let go of what the trainer holds (its rank processes); a trainer in this process holds nothing."""
 
 
 def task_at(tasks: Sequence[Task], seed: int, position: int) -> Task:
@@ -176,6 +182,8 @@ class Session:
     console: Console = field(default_factory=lambda: Console(stderr=True))
     counters: Counters = field(default_factory=Counters)
     signal: SignalWatch = field(default_factory=SignalWatch)
+    progress: StepProgress | None = None
+    """The bar of the step in progress (default: on ``console``); the runner's ``on_episode`` feeds it."""
     batches: int = 0
     """Batches consumed (trained, or recorded with ``--rollout-only``)."""
     pushed_version: int = 0
@@ -187,8 +195,12 @@ class Session:
     _low: int = 0
     _metrics: IO[str] | None = None
     _last: float = field(default_factory=time.monotonic)
+    _began: tuple[float, int] | None = None
+    """When this process's first step began, and the steps done before it (for the run's ETA)."""
 
     def __post_init__(self) -> None:
+        if self.progress is None:
+            self.progress = episode_bar(self.config, self.console)
         out = self.config.output_dir
         out.mkdir(parents=True, exist_ok=True)
         self._metrics = (out / "metrics.jsonl").open("a", encoding="utf-8")
@@ -219,6 +231,8 @@ class Session:
         return self._next - 1
 
     async def rollout(self, position: int) -> Item:
+        assert self.progress is not None
+        self.progress.rolling_out(self.batches + 1)
         group_id = self.source.group_id(position, self._regenerated[position])
         return position, await self.source.group(position, group_id)
 
@@ -254,7 +268,10 @@ class Session:
         """Train on ``items`` with ``Trainer.step`` (or only record them with ``--rollout-only``); log, checkpoint.
 
         The step runs in a worker thread, so the event loop (episodes in flight, the async
-        driver's producer) goes on meanwhile; the bookkeeping stays on the loop.
+        driver's producer) goes on meanwhile; the bookkeeping stays on the loop. Cancelled
+        meanwhile (SIGINT, SIGTERM), it lets the step end (its thread cannot be stopped, and only
+        then is the trainer's state whole), records and checkpoints it as usual, then raises
+        :class:`asyncio.CancelledError`.
         """
         groups = [g.trajectories for _, g in items]
         adapted = batch_from_groups(groups, scale_rewards=self.config.rollout.scale_rewards)
@@ -269,8 +286,14 @@ class Session:
         staleness = [self.version - v for v in sampled_by]
         token_hist = token_staleness_hist(trajectories, self.version)
         trained: Metrics = {}
+        stopping = False
+        assert self.progress is not None
+        tokens = sum(len(s.token_ids) for s in adapted.batch.samples)
+        self.progress.training(self.batches + 1, len(adapted.batch.samples), tokens)
+        if self._began is None:
+            self._began = (self._last, self.batches)
         if self.trainer is not None:
-            trained = await asyncio.to_thread(self.trainer.step, adapted.batch)
+            trained, stopping = await to_the_end(asyncio.to_thread(self.trainer.step, adapted.batch))
         self.batches += 1
         for position, _ in items:
             self.consumed(position)
@@ -307,6 +330,10 @@ class Session:
         every = self.config.run.checkpoint_every
         if self.trainer is not None and every and self.batches % every == 0:
             self.save_checkpoint()
+        if stopping:
+            raise asyncio.CancelledError
+        if not self.finished:
+            self.progress.rolling_out(self.batches + 1)
         return record
 
     def _progress(self, r: dict[str, Any]) -> None:
@@ -317,6 +344,10 @@ class Session:
             f"tok/s {r['tokens_per_s']:.0f}  stale<={stale}  v{r['weight_version']}  "
             f"trained {r['groups_trained']}/{r['groups']} groups"
         )
+        if self._began is not None and r["step"] < self.config.run.steps:
+            began, before = self._began
+            per_step = (time.monotonic() - began) / max(r["step"] - before, 1)
+            line += f"  ETA {duration(per_step * (self.config.run.steps - r['step']))}"
         if "buffer_fill" in r:
             line += f"  buffer {r['buffer_fill']:.2f}  idle: trainer {r['trainer_idle_s']:.1f}s"
             line += f" rollout {r['rollout_idle_s']:.1f}s"
@@ -347,21 +378,50 @@ class Session:
         return self.trainer.save_checkpoint(self.config.output_dir / "checkpoints")
 
     def close(self) -> None:
+        if self.trainer is not None:
+            self.trainer.close()
+        if self.progress is not None:
+            self.progress.stop()
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
 
 
+async def to_the_end(work: Awaitable[T]) -> tuple[T, bool]:
+    """``work``'s result, awaited to its end even through cancellations; and whether one came meanwhile."""
+    future = asyncio.ensure_future(work)
+    cancelled = False
+    while True:
+        try:
+            return await asyncio.shield(future), cancelled
+        except asyncio.CancelledError:
+            if future.cancelled():
+                raise
+            cancelled = True
+
+
+def episode_bar(config: RunConfig, console: Console) -> StepProgress:
+    """The bar of a run's steps: ``groups_per_step x group_size`` episodes each, then the trainer's work."""
+    return StepProgress(config.run.steps, config.run.groups_per_step * config.rollout.group_size, console)
+
+
 # -- putting a session together ----------------------------------------------------------------------
 
 
-def make_trainer(config: RunConfig) -> Trainer:
-    """The trainer on a fresh copy of ``[model] name``, resumed from the newest checkpoint if ``run.resume``."""
-    from sandrl.inference.model import load_model
+def make_trainer(config: RunConfig) -> StepTrainer:
+    """The trainer on a fresh copy of ``[model] name``, resumed from the newest checkpoint if ``run.resume``.
 
+    With several ``[train] processes`` (or bf16 or offloading, which FSDP2 provides), the trainer is
+    a :class:`~sandrl.train.ranks.RankGroup` of that many processes; otherwise it runs in this one.
+    """
+    from sandrl.inference.model import load_model
+    from sandrl.train.ranks import RankGroup, RankSpec, needs_ranks
+
+    last = checkpoint.latest(config.output_dir / "checkpoints") if config.run.resume else None
+    if needs_ranks(config.train):
+        return RankGroup(RankSpec(config.model.name, config.train, resume_from=str(last) if last else None))
     net, tokenizer, _ = load_model(config.model.name)
     trainer = Trainer(net, config.train, tokenizer=tokenizer)
-    last = checkpoint.latest(config.output_dir / "checkpoints") if config.run.resume else None
     if last is not None:
         trainer.load_checkpoint(last)
     return trainer
@@ -387,9 +447,9 @@ async def open_session(
         raise ConfigError("--load-rollouts trains on saved trajectories and --rollout-only collects without training")
     save_resolved(config)
     trainer = None if rollout_only else make_trainer(config)
-    extra: dict[str, Any] = {"mode": mode}
-    if console is not None:
-        extra["console"] = console
+    console = console or Console(stderr=True)
+    progress = episode_bar(config, console)
+    extra: dict[str, Any] = {"mode": mode, "console": console, "progress": progress}
     if load_rollouts is not None:
         assert trainer is not None
         session = Session(config, FileSource.read(load_rollouts), trainer, **extra)
@@ -413,6 +473,7 @@ async def open_session(
                 agent=agent,
                 run_id=Path(config.run.output_dir).name,
                 writer=writer,
+                on_episode=progress.episode_done,
             )
             source = RolloutSource(runner, tasks, seed=config.run.seed)
             session = Session(config, source, trainer, policy=policy, **extra)

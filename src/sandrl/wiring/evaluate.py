@@ -301,6 +301,18 @@ def start_results_dir(config: EvalConfig) -> None:
         raise ConfigError(f"--results-dir {path}: cannot write there: {exc}") from exc
 
 
+def interrupted_line(config: EvalConfig) -> str:
+    """What an eval stopped before its end left on disk, for the line ``interrupted: ...``."""
+    rollouts = config.rollouts_path()
+    if rollouts is None:
+        return "nothing was kept (no --out and no results directory); rerun the same command to evaluate again"
+    done = sum(1 for _ in rollouts.open()) if rollouts.is_file() else 0
+    said = f"{done} episodes finished, their trajectories in {rollouts}"
+    if config.results_dir is not None:
+        said += f" (no {RESULTS_FILE}: the eval did not finish)"
+    return said + "; rerun the same command to evaluate again"
+
+
 def nothing_ran(result: RunResult) -> str | None:
     """Why no episode could be judged at all (every one an infra error: builds failed, sandboxes
     could not be made, verifiers broke), for ``sandrl eval``'s exit status; None if any was."""

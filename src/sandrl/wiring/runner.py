@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from sandrl.errors import ConfigError
 from sandrl.inference.base import InferenceClient, SamplingParams
@@ -24,6 +24,9 @@ from sandrl.rollout.runner import RolloutRunner, RunnerConfig
 from sandrl.rollout.trajectory import Trajectory
 from sandrl.sandbox.base import SandboxProvider
 from sandrl.wiring.config import RolloutConfig
+
+if TYPE_CHECKING:
+    from sandrl.sandbox.bwrap import BwrapProvider
 
 
 def runner_config(rollout: RolloutConfig, *, run_id: str | None = None, max_context: int | None = None) -> RunnerConfig:
@@ -130,7 +133,7 @@ def build_runner(
     )
 
 
-def local_provider() -> SandboxProvider:
+def local_provider() -> BwrapProvider:
     """The sandboxes of this machine (bubblewrap), for a run given no provider."""
     from sandrl.sandbox.bwrap import BwrapProvider
 

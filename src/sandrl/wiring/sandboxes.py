@@ -20,10 +20,15 @@ from sandrl.wiring.runner import local_provider
 
 @contextlib.asynccontextmanager
 async def open_provider(rollout: RolloutConfig) -> AsyncIterator[SandboxProvider]:
-    """The provider of ``rollout.sandboxes``, for as long as the context lasts (an E2B provider kills
-    what it made and still holds when it ends; the sandboxes' TTLs are the backstop)."""
+    """The provider of ``rollout.sandboxes``, for as long as the context lasts: when it ends, every
+    sandbox the provider still holds is closed (a local one's cgroups and state record go with it,
+    even when a signal stopped the run; an E2B one is killed, its TTL the backstop)."""
     if rollout.sandboxes == "local":
-        yield local_provider()
+        local = local_provider()
+        try:
+            yield local
+        finally:
+            await local.close_all()
         return
     try:
         from sandrl.sandbox.e2b_provider import E2BConfig, E2BProvider

@@ -14,7 +14,6 @@ agent. Blocking throughout: run it in a thread.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import os
@@ -30,7 +29,6 @@ from sandrl.processes import reap_in_background
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap.cgroups import CgroupManager, SandboxCgroup
 from sandrl.sandbox.bwrap.images import MountPlan
-from sandrl.sandbox.bwrap.sandbox import HOST_CLEANUP
 from sandrl.sandbox.bwrap.state import STORE_UID_BASE, Slot, StateDir
 
 # Docker's default capability set: what root in a container normally has.
@@ -122,12 +120,6 @@ class Launch:
             reap_in_background(self.proc)
         self.state.remove_record(self.sid)
         self.slot.release()
-
-
-def undo_when_done(started: asyncio.Future[Launch]) -> None:
-    """Undo, in a thread, a launch whose caller was cancelled while it ran."""
-    if not started.cancelled() and started.exception() is None:
-        asyncio.get_running_loop().run_in_executor(HOST_CLEANUP, started.result().undo)
 
 
 @functools.cache

@@ -120,7 +120,7 @@ from sandrl.sandbox.bwrap.dockerfile.source import image_for
 from sandrl.sandbox.bwrap.egress import EgressFilter, parse_allow
 from sandrl.sandbox.bwrap.helper import helper_path
 from sandrl.sandbox.bwrap.images import ImageStore, MountPlan
-from sandrl.sandbox.bwrap.launch import Launch, Launcher, PremadeKind, undo_when_done
+from sandrl.sandbox.bwrap.launch import Launch, Launcher, PremadeKind
 from sandrl.sandbox.bwrap.nat import require_nat, start_nat
 from sandrl.sandbox.bwrap.premade import PremadeLaunches
 from sandrl.sandbox.bwrap.protocol import AgentConnection
@@ -182,6 +182,8 @@ class BwrapProvider:
         self._identity = process_identity()
         self.launcher = Launcher(self.state, self.cgroups, self.helper, self.bwrap, self._identity)
         self.premade = PremadeLaunches(self.launcher)
+        self._abandoned: set[asyncio.Task[None]] = set()
+        """Undoing the launches whose creator was cancelled while they ran (:meth:`close_all` waits for them)."""
         self.reaped = self.reap()
         _LIVE_PROVIDERS.add(self)
 
@@ -268,19 +270,19 @@ class BwrapProvider:
 
     async def _create(self, spec: SandboxSpec, image_env: dict[str, str], plan: MountPlan) -> BwrapSandbox:
         # The launch's blocking work (slot lock, record, cgroup dirs and limits, fork and exec: ~3.5 ms
-        # of syscalls; ~0.5 ms to finish a pre-made one) runs in a thread: _launch_in_host_work.
+        # of syscalls; ~0.5 ms to finish a pre-made one) runs in a thread: _in_host_work.
         loop = asyncio.get_running_loop()
         cpus = os.sched_getaffinity(0)  # the caller's: the sandbox inherits them, as if spawned from its thread
         launch = None
         premade = self.premade.take(PremadeKind.of(spec), cpus)
         if premade is not None:
             try:
-                launch = await _launch_in_host_work(self.launcher.finish, premade, spec, plan)
+                launch = await self._in_host_work(self.launcher.finish, premade, spec, plan)
             except OSError:  # its helper died while it waited (finish undid it): launch in full
                 launch = None
         if launch is None:
             sid = "sb-" + uuid.uuid4().hex[:12]
-            launch = await _launch_in_host_work(self.launcher.launch, sid, spec, plan, cpus)
+            launch = await self._in_host_work(self.launcher.launch, sid, spec, plan, cpus)
         sid = launch.sid
         conn: AgentConnection | None = None
         try:
@@ -347,7 +349,22 @@ class BwrapProvider:
         (:mod:`.premade`), made once ``until`` is done (at most :data:`.premade.REFILL_HOLD_S` later)."""
         self.premade.want(PremadeKind.of(spec), n, until=until)
 
+    async def _in_host_work(self, start: Callable[..., Launch], *args: Any) -> Launch:
+        """``start(*args)`` (a launch's blocking work) on ``HOST_WORK``, so the event loop serves other
+        requests meanwhile. Shielded: a cancelled caller leaves the thread running, and what it made is
+        undone when it ends; :meth:`close_all` waits for that (a run stopped by a signal used to exit
+        first, leaving the launch's cgroups and record behind)."""
+        started = asyncio.get_running_loop().run_in_executor(HOST_WORK, start, *args)
+        try:
+            return await asyncio.shield(started)
+        except asyncio.CancelledError:
+            undoing = asyncio.ensure_future(_undo_when_done(started))
+            self._abandoned.add(undoing)
+            undoing.add_done_callback(self._abandoned.discard)
+            raise
+
     async def close_all(self) -> None:
+        await asyncio.gather(*self._abandoned, return_exceptions=True)
         await self.premade.close()
         await asyncio.gather(*(s.close() for s in list(self.live)), return_exceptions=True)
 
@@ -384,13 +401,10 @@ def _cleanup_at_exit() -> None:
         provider._close_all_sync()
 
 
-async def _launch_in_host_work(start: Callable[..., Launch], *args: Any) -> Launch:
-    """``start(*args)`` (a launch's blocking work) on ``HOST_WORK``, so the event loop serves other
-    requests meanwhile. Shielded: a cancelled caller leaves the thread running, and what it made is
-    undone when it ends."""
-    started = asyncio.get_running_loop().run_in_executor(HOST_WORK, start, *args)
+async def _undo_when_done(started: asyncio.Future[Launch]) -> None:
+    """Undo, in a thread, a launch whose caller was cancelled while it ran, once it has ended."""
     try:
-        return await asyncio.shield(started)
-    except asyncio.CancelledError:
-        started.add_done_callback(undo_when_done)
-        raise
+        launch = await started
+    except Exception:
+        return  # it failed, and undid what it had made before raising
+    await asyncio.get_running_loop().run_in_executor(HOST_CLEANUP, launch.undo)
