@@ -28,7 +28,7 @@ from sandrl.errors import SandboxError, SandboxNotFoundError, SandboxUnavailable
 from sandrl.sandbox.base import OutputChunk, SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.sandbox.bwrap.cgroups import CgroupManager
-from sandrl.sandbox.bwrap.inventory import StoredSandbox, collect, garbage, survey
+from sandrl.sandbox.bwrap.inventory import STATES, StoredSandbox, collect, garbage, survey
 from sandrl.sandbox.bwrap.state import StateDir
 
 if TYPE_CHECKING:
@@ -240,12 +240,9 @@ def _survey(state_dir: Path | None) -> tuple[Path, list[StoredSandbox]]:
     return root, survey(*_store(root))
 
 
-_ORDER = ("live", "paused", "premade", "orphaned", "dead", "stray")
-
-
 def _counts(entries: Sequence[StoredSandbox]) -> str:
     by_state = Counter(e.state for e in entries)
-    return ", ".join(f"{by_state[s]} {s}" for s in _ORDER if by_state[s])
+    return ", ".join(f"{by_state[s]} {s}" for s in STATES if by_state[s])
 
 
 def _store_report(root: Path, entries: Sequence[StoredSandbox]) -> str:

@@ -31,12 +31,14 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from sandrl.sandbox.bwrap.cgroups import CgroupManager, remove_group_dir
 from sandrl.sandbox.bwrap.state import StateDir, process_alive
 
 SandboxState = Literal["live", "paused", "premade", "orphaned", "dead", "stray"]
+STATES: tuple[SandboxState, ...] = get_args(SandboxState)
+"""Every state, in the order a listing counts them."""
 UNREADABLE_RECORD_AGE_S = 10.0
 """A record without a readable ``meta.json`` counts as dead once it is this old (younger, it may be
 one being written)."""
