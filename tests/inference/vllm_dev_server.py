@@ -12,6 +12,12 @@ requests preempted, recomputed later; ``{"success": bool}``; ``serve/dev/cache/a
 ``GET /weight_info``. vLLM's modes map onto the engine's pause modes: ``keep`` is ``in_place``,
 a preempting prefix-cache reset is ``retract``, ``wait`` drains before pausing.
 
+With ``lora_updating`` (vLLM's ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``) it also has vLLM's
+``POST /v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` (``vllm/entrypoints/openai/serving_models.py``):
+200 with a plain-text ``Success: ...`` line; a missing field or a name already loaded is a 400, an unknown
+name to unload a 404, a load that fails a 400, each an OpenAI error object. A request names a loaded
+adapter as its ``model`` (sandrl's OpenAI routes do the same).
+
 This is the edge of the test, not the code under test: only the routes' shapes are vLLM's.
 """
 
@@ -97,7 +103,42 @@ async def weight_info(request: Request) -> dict[str, str]:
     return {"weight_version": str(engine_of(request).weight_version)}
 
 
-def create_vllm_app(engine: Engine, served_model_name: str = "tiny") -> FastAPI:
+lora_router = APIRouter()
+
+
+def _vllm_error(message: str, kind: str, status: int) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": status}}, status)
+
+
+@lora_router.post("/v1/load_lora_adapter")
+async def load_lora_adapter(request: Request) -> Response:
+    body = await request.json()
+    name, path = body.get("lora_name"), body.get("lora_path")
+    if not name or not path:
+        return _vllm_error("Both 'lora_name' and 'lora_path' must be provided.", "InvalidUserInput", 400)
+    engine = engine_of(request)
+    if name in engine.lora_adapters:
+        return _vllm_error(f"The lora adapter '{name}' has already been loaded.", "InvalidUserInput", 400)
+    try:
+        await engine.load_lora_adapter(name, path)
+    except SandrlError as exc:
+        return _vllm_error(exc.message, "BadRequestError", 400)
+    request.app.state.log.append(f"load:{name}")
+    return Response(f"Success: LoRA adapter '{name}' added successfully.", 200)
+
+
+@lora_router.post("/v1/unload_lora_adapter")
+async def unload_lora_adapter(request: Request) -> Response:
+    name = (await request.json()).get("lora_name")
+    engine = engine_of(request)
+    if name not in engine.lora_adapters:
+        return _vllm_error(f"The lora adapter '{name}' cannot be found.", "NotFoundError", 404)
+    await engine.unload_lora_adapter(name)
+    request.app.state.log.append(f"unload:{name}")
+    return Response(f"Success: LoRA adapter '{name}' removed successfully.", 200)
+
+
+def create_vllm_app(engine: Engine, served_model_name: str = "tiny", *, lora_updating: bool = False) -> FastAPI:
     """The app: vLLM's control routes above, sandrl's ``/v1`` routes, 503 on ``/v1`` while pausing."""
     app = FastAPI()
     app.state.engine = engine
@@ -105,6 +146,8 @@ def create_vllm_app(engine: Engine, served_model_name: str = "tiny") -> FastAPI:
     app.state.rejecting = False
     app.state.log = []
     app.include_router(router)
+    if lora_updating:
+        app.include_router(lora_router)
     app.include_router(openai_router)
 
     @app.middleware("http")

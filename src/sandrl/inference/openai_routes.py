@@ -6,7 +6,9 @@ OpenAI's shapes, plus the vLLM extensions that keep a client token-exact:
 ``return_tokens_as_token_ids`` (logprobs tokens spelled ``token_id:N``), ``stop_token_ids``,
 ``ignore_eos``, ``skip_special_tokens``, ``include_stop_str_in_output``, ``return_weight_versions``
 (vLLM 0.34's per-choice ``weight_versions`` spans; not with ``stream``). Each answer also
-carries ``weight_version``, which OpenAI's API lacks and RL needs.
+carries ``weight_version``, which OpenAI's API lacks and RL needs. A ``model`` that names a LoRA
+adapter loaded on the server (``/load_lora_adapter``) samples with it, as vLLM's does; ``/v1/models``
+lists the loaded adapters after the served model, with it as their ``parent``.
 
 Served as OpenAI defines them: ``n`` (sample i of a seeded request uses seed + i), ``stream``
 (server-sent chunks, see :mod:`sandrl.inference.openai_stream`; ``stream_options.include_usage``),
@@ -129,19 +131,12 @@ router = APIRouter(prefix="/v1")
 @router.get("/models")
 async def models(request: Request) -> dict[str, Any]:
     engine = engine_of(request)
-    return {
-        "object": "list",
-        "data": [
-            {
-                "id": served_name(request),
-                "object": "model",
-                "created": 0,
-                "owned_by": "sandrl",
-                "root": engine.model_path,
-                "max_model_len": engine.max_context,
-            }
-        ],
-    }
+    card = {"object": "model", "created": 0, "owned_by": "sandrl", "max_model_len": engine.max_context}
+    adapters = [
+        {"id": name, **card, "root": path, "parent": served_name(request)}
+        for name, path in engine.lora_adapters.items()
+    ]
+    return {"object": "list", "data": [{"id": served_name(request), **card, "root": engine.model_path}, *adapters]}
 
 
 @router.post("/completions")
@@ -152,7 +147,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     if body.stream:
         spec = _spec(body, request, chat=False, logprobs=body.logprobs is not None)
         return _streaming(engine, _jobs(engine, prompts, params, body.n), spec)
-    generations = await _run(engine, prompts, params, body.n)
+    generations = await _run(engine, prompts, params, body.n, spec_lora(body, request))
     choices = []
     for index, (g, prompt) in enumerate(generations):
         choice: dict[str, Any] = {
@@ -191,7 +186,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     if body.stream:
         spec = _spec(body, request, chat=True, logprobs=body.logprobs)
         return _streaming(engine, _jobs(engine, [prompt], params, body.n), spec)
-    generations = await _run(engine, [prompt], params, body.n)
+    generations = await _run(engine, [prompt], params, body.n, spec_lora(body, request))
     choices = []
     chat = ChatFormat(tokenizer)
     for index, (g, _) in enumerate(generations):
@@ -231,7 +226,7 @@ def tool_parser_of(request: Request) -> ToolCallParser:
 
 def _checked(body: _Common, request: Request, where: str) -> Engine:
     name = served_name(request)
-    if body.model != name:
+    if body.model != name and spec_lora(body, request) is None:
         error = ConfigError(
             f"{where}: this server serves the model {name!r}, not {body.model!r} (see /v1/models)",
             error_code="model_not_found",
@@ -262,7 +257,13 @@ def _spec(body: _Common, request: Request, *, chat: bool, logprobs: bool) -> Str
         include_stop=body.include_stop_str_in_output,
         include_usage=bool((body.stream_options or {}).get("include_usage")),
         return_token_ids=body.return_token_ids,
+        lora=spec_lora(body, request),
     )
+
+
+def spec_lora(body: _Common, request: Request) -> str | None:
+    """The LoRA adapter the request's ``model`` names (vLLM's way of choosing one), or None for the served model."""
+    return body.model if body.model in engine_of(request).lora_adapters else None
 
 
 def _streaming(engine: Engine, jobs: list[tuple[list[int], SamplingParams, str | None]], spec: StreamSpec) -> Any:
@@ -306,11 +307,11 @@ def _jobs(
 
 
 async def _run(
-    engine: Engine, prompts: list[list[int]], params: SamplingParams, n: int
+    engine: Engine, prompts: list[list[int]], params: SamplingParams, n: int, lora: str | None
 ) -> list[tuple[Generation, list[int]]]:
-    """All prompts times n samples at once (they batch)."""
+    """All prompts times n samples at once (they batch), with the LoRA adapter ``lora`` when not None."""
     jobs = _jobs(engine, prompts, params, n)
-    results = await asyncio.gather(*(engine.generate(prompt, p) for prompt, p, _ in jobs))
+    results = await asyncio.gather(*(engine.generate(prompt, p, lora=lora) for prompt, p, _ in jobs))
     return [(g, prompt) for g, (prompt, _, _) in zip(results, jobs, strict=True)]
 
 

@@ -35,6 +35,8 @@ class StreamSpec:
     include_stop: bool
     include_usage: bool
     return_token_ids: bool
+    lora: str | None = None
+    """The loaded LoRA adapter the request named as its ``model`` (vLLM's way); None: the served model."""
 
 
 async def openai_stream(
@@ -55,7 +57,7 @@ async def openai_stream(
             role = {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
             yield sse({**head, "choices": [role]})
     try:
-        async for index, out in stream_all(engine, jobs):
+        async for index, out in stream_all(engine, jobs, [spec.lora] * len(jobs)):
             final = out if isinstance(out, Generation) else None
             text = _visible(engine, out, jobs[index][1], spec)
             delta = text[len(sent_text[index]) :] if text.startswith(sent_text[index]) else ""
