@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pytest
+from typer.testing import CliRunner
 
+from sandrl.cli import app
 from sandrl.cli.config import reference_sections, reference_text
 from sandrl.errors import ConfigError
 from sandrl.train.config_reference import Section, attribute_docstrings, render, undocumented
@@ -70,7 +72,8 @@ def test_sandrl_config_reference_writes_the_page(tmp_path: Path) -> None:
     )
     assert r.returncode == 0, r.stderr
     assert out.read_text() == reference_text()
-    printed = subprocess.run([str(SANDRL), "config", "reference"], capture_output=True, text=True, timeout=120)
+    printed = CliRunner().invoke(app, ["config", "reference"])
+    assert printed.exit_code == 0, printed.output
     assert printed.stdout == reference_text()
 
 
