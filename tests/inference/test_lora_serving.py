@@ -76,6 +76,20 @@ async def test_the_sglang_client_loads_an_adapter_through_the_route_and_samples_
         body = {"input_ids": [prompt, prompt], "sampling_params": sp, "return_logprob": True}
         answers = (await http.post("/generate", json={**body, "lora_path": ["sandrl-v5", None]})).json()
         assert [a["output_ids"] for a in answers] == [g.output_ids, base.output_ids]
+        streamed = await http.post(
+            "/generate", json={**body, "input_ids": prompt, "lora_path": "sandrl-v5", "stream": True}
+        )
+        last = json.loads(streamed.text.split("\n\n")[-3].removeprefix("data: "))
+        assert last["output_ids"] == g.output_ids
+        # OpenAI's routes take the adapter's name as the model, streamed or not (vLLM's way).
+        completion = {"model": "sandrl-v5", "prompt": prompt, "max_tokens": 12, "seed": 9, "ignore_eos": True}
+        answer = (await http.post("/v1/completions", json={**completion, "return_token_ids": True})).json()
+        assert answer["choices"][0]["token_ids"] == g.output_ids
+        chunks = (await http.post("/v1/completions", json={**completion, "stream": True})).text
+        assert (
+            "".join(json.loads(c[6:])["choices"][0]["text"] for c in chunks.split("\n\n")[:-2])
+            == answer["choices"][0]["text"]
+        )
         r = await http.post("/unload_lora_adapter", json={"lora_name": "sandrl-v4"})
         assert r.status_code == 200 and r.json()["success"] is True
         assert list(r.json()["loaded_adapters"]) == ["sandrl-v5"]

@@ -32,6 +32,9 @@ from sandrl.inference.lora_adapter import BASE_FILE, base_signature
 from sandrl.inference.model import save_weights
 from sandrl.inference.tokenizer import Tokenizer
 
+_PEFT_PREFIX = "base_model.model."
+"""Where ``peft`` puts the wrapped model in its own state dict's names."""
+
 LoraExport = Literal["merged", "adapter"]
 
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -136,7 +139,14 @@ def load_lora_state_dict(model: Any, state: dict[str, torch.Tensor]) -> None:
     peft.set_peft_model_state_dict(model, state)
 
 
-def export_lora(model: Any, path: str | Path, cfg: LoraConfig, tokenizer: Tokenizer | None = None) -> Path:
+def export_lora(
+    model: Any,
+    path: str | Path,
+    cfg: LoraConfig,
+    tokenizer: Tokenizer | None = None,
+    *,
+    state_dict: dict[str, torch.Tensor] | None = None,
+) -> Path:
     """Write the adapted policy to ``path`` as ``cfg.export`` says, atomically (staged, then renamed into place).
 
     ``merged``: a full Hugging Face checkpoint, the adapters folded into the base weights (no ``peft`` names),
@@ -144,46 +154,64 @@ def export_lora(model: Any, path: str | Path, cfg: LoraConfig, tokenizer: Tokeni
     transformers load. ``adapter``: ``peft``'s adapter directory (``adapter_config.json`` +
     ``adapter_model.safetensors``) and :data:`~sandrl.inference.lora_adapter.BASE_FILE`, the base's signature.
     ``model`` is left as it was: the merge is computed beside it, never in its weights.
+
+    ``state_dict``: the peft model's full state dict (``model.state_dict()``'s names), when its own
+    parameters are sharded (FSDP2: gathered with ``get_model_state_dict(..., full_state_dict=True)``).
     """
     _check_peft(model, "export_lora")
     base = model.get_base_model()
+    state = state_dict if state_dict is not None else model.state_dict()
     with torch.no_grad(), _peft_quiet():
         if cfg.export == "merged":
-            return save_weights(base, path, tokenizer, state_dict=merged_state_dict(model))
-        marker = base_signature(base_state_dict(model), str(base.config.model_type), _base_name(base))
-        return save_weights(_AdapterExport(model, marker), path)
+            return save_weights(base, path, tokenizer, state_dict=merged_state_dict(model, state))
+        marker = base_signature(base_state_dict(model, state), str(base.config.model_type), _base_name(base))
+        return save_weights(_AdapterExport(model, marker, state), path)
 
 
-def base_state_dict(model: Any) -> dict[str, torch.Tensor]:
-    """The base model's weights under the plain model's names (``...q_proj.weight``), adapters left out."""
+def base_state_dict(model: Any, state_dict: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The base model's weights under the plain model's names (``...q_proj.weight``), adapters left out.
+
+    ``state_dict``: the peft model's (default: ``model.state_dict()``)."""
+    state = state_dict if state_dict is not None else model.state_dict()
     return {
-        key.replace(".base_layer.", "."): value
-        for key, value in model.get_base_model().state_dict().items()
+        key.removeprefix(_PEFT_PREFIX).replace(".base_layer.", "."): value.detach()
+        for key, value in state.items()
         if ".lora_" not in key
     }
 
 
-def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
-    """The base's weights with each adapter's ``scaling * B @ A`` added (new tensors; ``model`` is unchanged)."""
-    state = {k: v.detach() for k, v in base_state_dict(model).items()}
+def merged_state_dict(model: Any, state_dict: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The base's weights with each active adapter's ``scaling * B @ A`` added, in float32 then cast back to the
+    weight's dtype (new tensors: ``model`` is unchanged). ``state_dict``: the peft model's (default: its own)."""
+    state = state_dict if state_dict is not None else model.state_dict()
+    merged = base_state_dict(model, state)
     with torch.no_grad():
         for name, layer in model.get_base_model().named_modules():
             if isinstance(layer, peft.tuners.lora.Linear):
                 for adapter in layer.active_adapters:
-                    key = f"{name}.weight"
-                    state[key] = state[key] + layer.get_delta_weight(adapter).to(state[key].dtype)
-    return state
+                    a = state[f"{_PEFT_PREFIX}{name}.lora_A.{adapter}.weight"].float()
+                    b = state[f"{_PEFT_PREFIX}{name}.lora_B.{adapter}.weight"].float()
+                    weight = merged[f"{name}.weight"]
+                    merged[f"{name}.weight"] = (weight.float() + (b @ a) * layer.scaling[adapter]).to(weight.dtype)
+    base = model.get_base_model()
+    output = base.get_output_embeddings()
+    if getattr(base.config, "tie_word_embeddings", False) and output is not None:
+        # Tied to the embeddings (never adapted: apply_lora refuses it), so not written twice, even when a
+        # gathered state dict holds it as a tensor of its own.
+        merged.pop(next(f"{n}.weight" for n, m in base.named_modules() if m is output), None)
+    return merged
 
 
 class _AdapterExport:
     """What :func:`~sandrl.inference.model.save_weights` stages for an adapter export: peft's files and the marker."""
 
-    def __init__(self, model: Any, marker: dict[str, Any]) -> None:
+    def __init__(self, model: Any, marker: dict[str, Any], state_dict: dict[str, torch.Tensor]) -> None:
         self.model = model
         self.marker = marker
+        self.state_dict = state_dict
 
     def save_pretrained(self, directory: str) -> None:
-        self.model.save_pretrained(directory, safe_serialization=True)
+        self.model.save_pretrained(directory, safe_serialization=True, state_dict=self.state_dict)
         (Path(directory) / BASE_FILE).write_text(json.dumps(self.marker))
 
 
