@@ -43,7 +43,7 @@ def serve_inference(
     token_file: str | None = typer.Option(
         None,
         help="File holding the bearer token (or set $SANDRL_INFERENCE_TOKEN). Without one: loopback callers only, "
-        "and the control routes (weights, pause, flush, abort) refused.",
+        "and the control routes (weights, LoRA adapters, pause, flush, abort) refused.",
     ),
     max_body_mb: float = typer.Option(16.0, help="Largest request body, MiB; larger ones are refused (413)."),
     max_batch_size: int = typer.Option(64, help="Most requests decoded together."),
@@ -56,6 +56,10 @@ def serve_inference(
     tool_parser: str | None = typer.Option(
         None, help="The session gateway's tool-call parser: hermes, glm45, llama3_json (default: from the template)."
     ),
+    max_loaded_loras: int = typer.Option(
+        8, help="Most LoRA adapters loaded at once (/load_lora_adapter), as SGLang's --max-loaded-loras."
+    ),
+    max_lora_rank: int = typer.Option(256, help="Largest rank of a LoRA adapter the server loads."),
 ) -> None:
     """Serve the embedded CPU engine with SGLang's and OpenAI's routes and the session gateway (/v1/sessions)."""
     from sandrl.inference.batch import UPDATE_POLICIES
@@ -75,7 +79,9 @@ def serve_inference(
         model,
         host,
         port,
-        engine_config=EngineConfig(max_batch_size=max_batch_size, seed=seed),
+        engine_config=EngineConfig(
+            max_batch_size=max_batch_size, seed=seed, max_loras=max_loaded_loras, max_lora_rank=max_lora_rank
+        ),
         update_policy=policy,
         tool_parser=tool_parser,
         token_file=token_file,
