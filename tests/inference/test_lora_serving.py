@@ -9,6 +9,7 @@ import copy
 import json
 import shutil
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -272,9 +273,12 @@ def test_rows_without_an_adapter_are_untouched_bit_for_bit(trained: Trained) -> 
             mixed = model(input_ids=ids).logits
         with rows.applied([adapter, adapter, adapter]):
             adapted = model(input_ids=ids).logits
+            # A forward another thread runs meanwhile on the same model (a reference log-prob) sees no adapter.
+            with ThreadPoolExecutor(1) as pool:
+                elsewhere = pool.submit(lambda: model(input_ids=ids).logits).result()
         after = model(input_ids=ids).logits
         reference = trained.policy(input_ids=ids[:1]).logits[0]
-    assert torch.equal(mixed[1], plain[1])
+    assert torch.equal(mixed[1], plain[1]) and torch.equal(elsewhere, plain)
     assert torch.allclose(mixed[0], reference, atol=1e-5) and torch.allclose(adapted[2], reference, atol=1e-5)
     assert torch.equal(after, plain), "outside the block the hooks add nothing"
 

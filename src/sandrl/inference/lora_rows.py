@@ -9,12 +9,15 @@ those of a batch without adapters, the KV cache stays shared, and an adapter cos
 out)`` numbers per layer, not a copy of the model.
 
 Everything here runs on the engine thread: the hooks are installed there, lazily, for the layers some
-adapter adapts, and the per-forward plan is set and cleared around each forward.
+adapter adapts, and the per-forward plan is set and cleared around each forward. The plan is the
+thread's own, so a forward another thread runs on the same model meanwhile (a reference log-prob) sees
+no adapter.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -33,7 +36,7 @@ class AdapterRows:
     def __init__(self, model: Any) -> None:
         self._modules: dict[str, torch.nn.Module] = dict(model.named_modules())
         self._hooked: set[str] = set()
-        self._plan: dict[str, list[_Term]] | None = None
+        self._local = threading.local()
 
     @contextlib.contextmanager
     def applied(self, adapters: Sequence[LoraAdapter | None]) -> Iterator[None]:
@@ -53,15 +56,16 @@ class AdapterRows:
         for module in plan.keys() - self._hooked:
             self._modules[module].register_forward_hook(self._hook(module))
             self._hooked.add(module)
-        self._plan = plan
+        self._local.plan = plan
         try:
             yield
         finally:
-            self._plan = None
+            self._local.plan = None
 
     def _hook(self, module: str) -> Any:
         def add_adapters(_layer: torch.nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor | None:
-            terms = self._plan.get(module) if self._plan is not None else None
+            plan: dict[str, list[_Term]] | None = getattr(self._local, "plan", None)
+            terms = plan.get(module) if plan is not None else None
             if not terms:
                 return None
             x = args[0]
