@@ -108,8 +108,8 @@ def test_the_merged_export_is_a_plain_checkpoint_and_leaves_the_policy_as_it_was
     with torch.no_grad():
         logits = trained.policy(input_ids=ids).logits
     again = export_lora(trained.policy, tmp_path / "again", LORA, trained.tokenizer)
-    # The same from a given (gathered) state dict, as a sharded policy exports.
-    given = {k: v.clone() for k, v in trained.policy.state_dict().items()}
+    # The same from a given (gathered) state dict, as a sharded policy exports, even under torch.compile's names.
+    given = {f"_orig_mod.{k}": v.clone() for k, v in trained.policy.state_dict().items()}
     from_given = export_lora(trained.policy, tmp_path / "given", LORA, trained.tokenizer, state_dict=given)
     assert (again / "model.safetensors").read_bytes() == (from_given / "model.safetensors").read_bytes()
     assert all(torch.equal(before[n], p) for n, p in trained.policy.named_parameters())

@@ -172,34 +172,44 @@ def base_state_dict(model: Any, state_dict: dict[str, torch.Tensor] | None = Non
     """The base model's weights under the plain model's names (``...q_proj.weight``), adapters left out.
 
     ``state_dict``: the peft model's (default: ``model.state_dict()``)."""
-    state = state_dict if state_dict is not None else model.state_dict()
-    return {
-        key.removeprefix(_PEFT_PREFIX).replace(".base_layer.", "."): value.detach()
-        for key, value in state.items()
-        if ".lora_" not in key
-    }
+    return {k: v for k, v in _plain_state(model, state_dict).items() if ".lora_" not in k}
 
 
 def merged_state_dict(model: Any, state_dict: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """The base's weights with each active adapter's ``scaling * B @ A`` added, in float32 then cast back to the
     weight's dtype (new tensors: ``model`` is unchanged). ``state_dict``: the peft model's (default: its own)."""
-    state = state_dict if state_dict is not None else model.state_dict()
-    merged = base_state_dict(model, state)
-    with torch.no_grad():
-        for name, layer in model.get_base_model().named_modules():
-            if isinstance(layer, peft.tuners.lora.Linear):
-                for adapter in layer.active_adapters:
-                    a = state[f"{_PEFT_PREFIX}{name}.lora_A.{adapter}.weight"].float()
-                    b = state[f"{_PEFT_PREFIX}{name}.lora_B.{adapter}.weight"].float()
-                    weight = merged[f"{name}.weight"]
-                    merged[f"{name}.weight"] = (weight.float() + (b @ a) * layer.scaling[adapter]).to(weight.dtype)
+    state = _plain_state(model, state_dict)
+    merged = {k: v for k, v in state.items() if ".lora_" not in k}
     base = model.get_base_model()
+    with torch.no_grad():
+        for name, layer in base.named_modules():
+            if isinstance(layer, peft.tuners.lora.Linear):
+                module = plain_name(name)
+                for adapter in layer.active_adapters:
+                    a = state[f"{module}.lora_A.{adapter}.weight"].float()
+                    b = state[f"{module}.lora_B.{adapter}.weight"].float()
+                    weight = merged[f"{module}.weight"]
+                    merged[f"{module}.weight"] = (weight.float() + (b @ a) * layer.scaling[adapter]).to(weight.dtype)
     output = base.get_output_embeddings()
     if getattr(base.config, "tie_word_embeddings", False) and output is not None:
         # Tied to the embeddings (never adapted: apply_lora refuses it), so not written twice, even when a
         # gathered state dict holds it as a tensor of its own.
-        merged.pop(next(f"{n}.weight" for n, m in base.named_modules() if m is output), None)
+        merged.pop(next(plain_name(f"{n}.weight") for n, m in base.named_modules() if m is output), None)
     return merged
+
+
+def plain_name(name: str) -> str:
+    """A parameter's or module's name as in the plain transformers model: without ``peft``'s prefix and
+    ``base_layer``, and without the segments ``torch.compile`` and activation checkpointing wrappers add."""
+    name = name.removeprefix(_PEFT_PREFIX)
+    for wrapper in ("_orig_mod.", "_checkpoint_wrapped_module."):
+        name = name.replace(wrapper, "")
+    return name.replace(".base_layer.", ".").replace(".base_layer", "")
+
+
+def _plain_state(model: Any, state_dict: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+    state = state_dict if state_dict is not None else model.state_dict()
+    return {plain_name(k): v.detach() for k, v in state.items()}
 
 
 class _AdapterExport:
