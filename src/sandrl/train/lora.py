@@ -201,10 +201,9 @@ def merged_state_dict(model: Any, state_dict: dict[str, torch.Tensor] | None = N
 def plain_name(name: str) -> str:
     """A parameter's or module's name as in the plain transformers model: without ``peft``'s prefix and
     ``base_layer``, and without the segments ``torch.compile`` and activation checkpointing wrappers add."""
-    name = name.removeprefix(_PEFT_PREFIX)
     for wrapper in ("_orig_mod.", "_checkpoint_wrapped_module."):
         name = name.replace(wrapper, "")
-    return name.replace(".base_layer.", ".").replace(".base_layer", "")
+    return name.removeprefix(_PEFT_PREFIX).replace(".base_layer.", ".").replace(".base_layer", "")
 
 
 def _plain_state(model: Any, state_dict: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
