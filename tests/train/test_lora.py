@@ -161,7 +161,7 @@ async def test_the_engine_serving_the_adapter_gives_the_trained_logprobs(
     assert engine.lora_adapter == str(trained.adapter)
 
 
-def test_the_adapter_export_is_peft_files_and_the_base_marker(trained: Trained) -> None:
+def test_the_adapter_export_is_peft_files_and_the_base_marker(trained: Trained, tmp_path: Path) -> None:
     names = sorted(p.name for p in trained.adapter.iterdir())
     assert {"adapter_config.json", "adapter_model.safetensors", BASE_FILE} <= set(names)
     config = json.loads((trained.adapter / "adapter_config.json").read_text())
@@ -173,3 +173,9 @@ def test_the_adapter_export_is_peft_files_and_the_base_marker(trained: Trained) 
     marker = json.loads((trained.adapter / BASE_FILE).read_text())
     assert marker["model_type"] == "qwen3" and len(marker["shapes_sha256"]) == 64 and marker["fingerprint"]
     assert not any(p.name.startswith(".") for p in trained.adapter.parent.iterdir())
+    # The same from a gathered state dict under other names (a compiled, sharded policy's).
+    given = {f"_orig_mod.{k}": v.clone() for k, v in trained.policy.state_dict().items()}
+    cfg = LoraConfig(rank=LORA.rank, alpha=LORA.alpha, target_modules=LORA.target_modules, export="adapter")
+    again = export_lora(trained.policy, tmp_path / "given", cfg, state_dict=given)
+    for name in ("adapter_model.safetensors", BASE_FILE):
+        assert (again / name).read_bytes() == (trained.adapter / name).read_bytes(), name

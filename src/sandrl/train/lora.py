@@ -164,8 +164,12 @@ def export_lora(
     with torch.no_grad(), _peft_quiet():
         if cfg.export == "merged":
             return save_weights(base, path, tokenizer, state_dict=merged_state_dict(model, state))
-        marker = base_signature(base_state_dict(model, state), str(base.config.model_type), _base_name(base))
-        return save_weights(_AdapterExport(model, marker, state), path)
+        plain = _plain_state(model, state)
+        marker = base_signature(
+            {k: v for k, v in plain.items() if ".lora_" not in k}, str(base.config.model_type), _base_name(base)
+        )
+        adapters = {f"{_PEFT_PREFIX}{k}": v for k, v in plain.items() if ".lora_" in k}
+        return save_weights(_AdapterExport(model, marker, adapters), path)
 
 
 def base_state_dict(model: Any, state_dict: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
