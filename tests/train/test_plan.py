@@ -141,6 +141,8 @@ def test_a_gpu_this_machine_cannot_measure_needs_its_memory_given(monkeypatch: p
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigError, match=r"--device-memory 80GiB"):
         device_capacity("cuda")
+    with pytest.raises(ConfigError, match=r"planning for mps, whose memory this machine cannot measure"):
+        device_capacity("mps")
     assert device_capacity("cuda:3", 80 << 30) == (80 << 30, "80.0 GiB given")
     memory, source = device_capacity("cpu")
     assert memory > 0 and "host memory available" in source

@@ -171,11 +171,13 @@ def plan_run(config: RunConfig, *, device_memory: int | None = None) -> MemoryPl
 def check_fits(config: RunConfig, *, device_memory: int | None = None) -> MemoryPlan | None:
     """The plan, or a :class:`ConfigError` of one line naming the fix when the trainer will not fit.
 
-    None for a model the plan cannot count (not a Llama/Qwen-style decoder): its run goes ahead unchecked.
+    None for a model the plan cannot count (not a Llama/Qwen-style decoder) or a device whose memory
+    this machine cannot tell (MPS, other accelerators) without ``device_memory``: the run goes ahead
+    unchecked, as before the plan existed.
     """
     try:
         plan = plan_run(config, device_memory=device_memory)
-    except UnknownArchitecture:
+    except (UnknownArchitecture, UnmeasuredDevice):
         return None
     if not plan.fits:
         needs = (
@@ -408,6 +410,10 @@ def _apply(train: TrainConfig, change: Change) -> TrainConfig:
     return dataclasses.replace(train, **{change.setting: change.value})
 
 
+class UnmeasuredDevice(ConfigError):
+    """This machine cannot tell the device's memory: ``--device-memory`` gives it."""
+
+
 def device_capacity(device: str, given: int | None = None) -> tuple[int, str]:
     """The memory of one ``device`` (bytes) and where the number comes from; ``given`` wins."""
     if given is not None:
@@ -417,17 +423,16 @@ def device_capacity(device: str, given: int | None = None) -> tuple[int, str]:
         from sandrl.host_memory import mem_available_bytes
 
         available = mem_available_bytes()
-        if available is None:
-            raise ConfigError("this host does not report its available memory: give it with --device-memory 64GiB")
-        return available, f"{gib(available)} of host memory available"
-    if kind == "cuda":
+        if available is not None:
+            return available, f"{gib(available)} of host memory available"
+    elif kind == "cuda":
         import torch
 
         if torch.cuda.is_available():
             props = torch.cuda.get_device_properties(int(index or 0))
             return int(props.total_memory), f"{props.name}, {gib(props.total_memory)}"
-    raise ConfigError(
-        f"planning for {device}, which this machine cannot measure: give one device's memory with "
+    raise UnmeasuredDevice(
+        f"planning for {device}, whose memory this machine cannot measure: give one device's memory with "
         "--device-memory, e.g. --device-memory 80GiB for an H100 or A100 80GB"
     )
 
