@@ -198,6 +198,7 @@ def rl_config(cfg: DemoConfig) -> RunConfig:
             decay_steps=max(cfg.rl_steps - cfg.warmup_steps, 1) if cfg.lr_decay else 0,
             min_lr_ratio=0.1,
             micro_batch_tokens=16384,
+            packing=False,  # padded rows: the tiny model attends over a packed row's whole length
             loss=LossConfig(loss_type="dapo"),
         ),
         warm_start=WarmStartSection.of(
