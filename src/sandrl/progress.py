@@ -20,6 +20,7 @@ import threading
 from typing import Any
 
 import rich.progress
+from rich import filesize
 from rich.progress import BarColumn, MofNCompleteColumn, ProgressColumn, TextColumn, TimeElapsedColumn
 
 EVERY_ENV = "SANDRL_PROGRESS_EVERY_S"
@@ -51,22 +52,24 @@ def plain_line(task: rich.progress.Task) -> str:
     """One bar as a line of text: what, how far, how fast, how long still (``detail``: what else to say).
 
     With a total: ``what: done/total  rate/s  ETA t``; without: ``what: done  elapsed`` (just the
-    elapsed time while nothing is counted, e.g. a phase of a training step).
+    elapsed time while nothing is counted, e.g. a phase of a training step). A task added with
+    ``unit="bytes"`` counts in kB, MB, GB.
     """
     elapsed = task.elapsed or 0.0
     done = task.completed
+    amount = filesize.decimal if task.fields.get("unit") == "bytes" else (lambda n: f"{n:g}")
     parts = [str(task.description)]
     if task.total is not None:
         rate = done / elapsed if elapsed > 0 else 0.0
-        parts[0] += f": {done:g}/{task.total:g}"
-        parts.append(f"{rate:.2f}/s")
+        parts[0] += f": {amount(done)}/{amount(task.total)}"
+        parts.append(f"{amount(rate)}/s" if task.fields.get("unit") == "bytes" else f"{rate:.2f}/s")
         if rate > 0 and done < task.total:
             parts.append(f"ETA {duration((task.total - done) / rate)}")
         elif done < task.total:
             parts.append(f"{duration(elapsed)} so far")
     else:
         if done:
-            parts[0] += f": {done:g}"
+            parts[0] += f": {amount(done)}"
         parts.append(duration(elapsed))
     detail = str(task.fields.get("detail", "")).strip()
     if detail:

@@ -38,13 +38,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rich.console import Console
-from rich.progress import Progress, TaskID
+from rich.progress import TaskID
 
 from sandrl.bench import capacity, contention, hostlimit, workloads
 from sandrl.bench.admission_card import print_card
 from sandrl.bench.workloads import Standalone, Workload
 from sandrl.capacity import admission_slots
 from sandrl.errors import ConfigError
+from sandrl.progress import Progress
 from sandrl.rollout.agents.scripted import ReplayAgent, ThinkTime
 from sandrl.rollout.trajectory import Trajectory
 from sandrl.sandbox.bwrap import BwrapProvider

@@ -34,13 +34,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rich.console import Console
-from rich.progress import Progress, TaskID
+from rich.progress import TaskID
 from rich.table import Table
 
 from sandrl.bench import capacity, hostlimit, noise, workloads
 from sandrl.bench.baseline import STATES, Baseline, State, spinner_group
 from sandrl.bench.workloads import Workload
 from sandrl.errors import ConfigError, SandrlError
+from sandrl.progress import Progress
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider, BwrapSandbox
 

@@ -28,7 +28,6 @@ from typing import Any, Literal
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import Progress
 from rich.table import Table
 
 from sandrl.bench import hostlimit, workloads
@@ -36,6 +35,7 @@ from sandrl.bench.breakdown import EpisodeBreakdown, episodes_section, kv_turns,
 from sandrl.bench.contention import BackgroundLoad
 from sandrl.bench.projection import projection_section
 from sandrl.errors import ConfigError
+from sandrl.progress import Progress
 from sandrl.rollout.agents.scripted import SOLUTION, ReplayAgent, ThinkTime
 from sandrl.rollout.trajectory import Trajectory, Turn
 from sandrl.sandbox.base import SandboxSpec

@@ -19,11 +19,11 @@ from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
-from rich.progress import Progress
 from rich.table import Table
 
 from sandrl.bench import snapshots
 from sandrl.host_memory import meminfo_kb
+from sandrl.progress import Progress
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider, BwrapSandbox
 from sandrl.sandbox.bwrap.inventory import traces

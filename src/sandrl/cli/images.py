@@ -18,7 +18,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TransferSpeedColumn
+from rich.progress import BarColumn, DownloadColumn, TaskID, TextColumn, TransferSpeedColumn
 from rich.table import Table
 
 import sandrl.sandbox.bwrap.provider
@@ -26,6 +26,7 @@ from sandrl.cli.output import emit, rich_console
 from sandrl.errors import ConfigError, ImageBuildError
 from sandrl.images.manifest import Platform
 from sandrl.images.pull import PullEvent
+from sandrl.progress import Progress
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.sandbox.bwrap.dockerfile.builder import BuildOptions, ImageBuilder, StepEvent
 from sandrl.sandbox.bwrap.dockerfile.names import BUILD_PREFIX
@@ -150,14 +151,19 @@ def images_pull(
     wanted = Platform.parse(platform) if platform else None
     console = rich_console(stderr=True)
     with Progress(
-        TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), console=console
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        console=console,
+        transient=False,
     ) as progress:
         tasks: dict[str, TaskID] = {}
 
         def show(event: PullEvent) -> None:
             short = event.digest.split(":")[-1][:12]
             if event.kind == "layer-start":
-                tasks[event.digest] = progress.add_task(f"layer {short}", total=event.size)
+                tasks[event.digest] = progress.add_task(f"layer {short}", total=event.size, unit="bytes")
             elif event.kind == "bytes" and event.digest in tasks:
                 progress.advance(tasks[event.digest], event.size)
             elif event.kind == "layer-unpacking" and event.digest in tasks:

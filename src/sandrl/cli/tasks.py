@@ -12,11 +12,11 @@ import time
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from sandrl.cli.output import SWEBENCH_IMAGES_HELP, emit, rich_console
 from sandrl.errors import ConfigError
+from sandrl.progress import Progress
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.tasks.loader import TaskProblem, load_tasks
 from sandrl.tasks.swebench_specs import images_setting
@@ -49,17 +49,6 @@ def _load(spec: str, console: Console, swebench_images: str | None) -> tuple[lis
     if not tasks and not problems:
         raise ConfigError(f"no tasks under {path}; give a task directory, a directory of them, or 'builtin'")
     return tasks, problems
-
-
-def _progress(console: Console) -> Progress:
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    )
 
 
 @app.command("list")
@@ -103,7 +92,7 @@ def tasks_validate(
     async def go() -> list[TaskValidation]:
         provider = BwrapProvider()
         try:
-            with _progress(console) as progress:
+            with Progress(console=console) as progress:
                 bar = progress.add_task("validating", total=len(tasks))
 
                 def done(task: Task, result: TaskValidation) -> None:
@@ -159,7 +148,7 @@ def tasks_run(
     async def go() -> list[TaskRun]:
         provider = BwrapProvider()
         try:
-            with _progress(console) as progress:
+            with Progress(console=console) as progress:
                 bar = progress.add_task(f"{agent} agent", total=len(tasks))
 
                 def done(task: Task, result: TaskRun) -> None:
