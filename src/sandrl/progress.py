@@ -57,12 +57,16 @@ def plain_line(task: rich.progress.Task) -> str:
     """
     elapsed = task.elapsed or 0.0
     done = task.completed
-    amount = filesize.decimal if task.fields.get("unit") == "bytes" else (lambda n: f"{n:g}")
+    in_bytes = task.fields.get("unit") == "bytes"
+
+    def amount(n: float) -> str:
+        return filesize.decimal(int(n)) if in_bytes else f"{n:g}"
+
     parts = [str(task.description)]
     if task.total is not None:
         rate = done / elapsed if elapsed > 0 else 0.0
         parts[0] += f": {amount(done)}/{amount(task.total)}"
-        parts.append(f"{amount(rate)}/s" if task.fields.get("unit") == "bytes" else f"{rate:.2f}/s")
+        parts.append(f"{amount(rate)}/s" if in_bytes else f"{rate:.2f}/s")
         if rate > 0 and done < task.total:
             parts.append(f"ETA {duration((task.total - done) / rate)}")
         elif done < task.total:
