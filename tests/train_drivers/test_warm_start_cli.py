@@ -2,7 +2,8 @@
 
 The real command, in this process (``CliRunner``); RL trains on saved trajectories
 (``--load-rollouts``: no sandboxes, no server) and the warm start is a few updates of a very small
-model, so each run takes a second or two.
+model, so each run takes a second or two. The last test runs episodes in real sandboxes against a
+real inference server.
 """
 
 from __future__ import annotations
@@ -18,10 +19,16 @@ from typer.testing import CliRunner
 
 from sandrl.cli import app
 from sandrl.errors import ConfigError
+from sandrl.inference.engine import Engine, EngineConfig
 from sandrl.inference.model import TinyModelConfig, build_tiny_model, load_model
-from sandrl.rollout.jsonl import write_jsonl
+from sandrl.inference.server import BackgroundServer, create_app
+from sandrl.rollout.jsonl import read_jsonl, write_jsonl
 from sandrl.rollout.trajectory import Trajectory
+from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.train import checkpoint
+from sandrl.train.command import run_training
+
+from .conftest import ParityAgent, run_config
 
 CONFIG = """
 [run]
@@ -178,3 +185,31 @@ def test_a_task_set_without_solutions_cannot_be_warm_started(run_dir: Path) -> N
 def test_bad_warm_start_settings_are_one_line(run_dir: Path, args: list[str], said: str) -> None:
     r = train("--warm-start", *args)
     assert said in error(r)
+
+
+async def test_an_inference_server_samples_from_the_warm_start(
+    tmp_path: Path, provider: BwrapProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``[model] inference`` a server's URL, the server is sent the warm-started weights before the
+    first episode: it would otherwise sample the run's first steps from the model it was started on."""
+    token = "warm-start-test-token-0123456789"
+    monkeypatch.setenv("SANDRL_INFERENCE_TOKEN", token)
+    served, tokenizer = build_tiny_model()  # the server's model: the default tiny shape, as [warm_start.tiny]'s
+    engine = Engine(served, tokenizer, config=EngineConfig(seed=0))
+    out = tmp_path / "out"
+    try:
+        with BackgroundServer(create_app(engine, token=token)) as server:
+            config = run_config(
+                out,
+                run={"steps": 1, "groups_per_step": 1},
+                model={"inference": server.url},
+                rollout={"group_size": 2},
+                warm_start={"enabled": True, "steps": 2, "batch_size": 2, "demonstrations": 2},
+            )
+            await run_training(config, rollout_only=True, provider=provider, agent=ParityAgent())
+    finally:
+        engine.close()
+    warm = load_model(str(out / "warm_start" / "model"))[0]
+    assert _distance(served, warm) == 0.0 < _distance(build_tiny_model()[0], warm)
+    versions = {t.weight_version for t in read_jsonl(out / "rollouts.jsonl")}
+    assert versions == {0}
