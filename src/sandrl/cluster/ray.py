@@ -167,6 +167,9 @@ class RemoteTrainer:
     def kill(self) -> None:
         ray.kill(self.handle)
 
+    def close(self) -> None:
+        """The session is done with it; the cluster's driver ends the actor (:meth:`kill`)."""
+
 
 def stop(handles: list[Any], timeout_s: float = 30.0) -> None:
     """Let each worker close its clients, then end the actors."""

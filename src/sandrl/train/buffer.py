@@ -55,6 +55,10 @@ class GroupBuffer:
                 position = session.next_position()
                 if position is None:
                     self._slots.release()
+                    # The source is used up: the groups in flight are what the trainer waits for, so
+                    # they finish (the finally below would cancel them).
+                    if self._tasks:
+                        await asyncio.wait(set(self._tasks))
                     return
                 self.in_flight += 1
                 task = asyncio.ensure_future(session.rollout(position))

@@ -91,6 +91,10 @@ def export_policy(
     if world.rank == 0:
         dtype = torch.bfloat16 if config.dtype == "bf16" else torch.float32
         weights = {k.removeprefix(_POLICY_PREFIX): v.to(dtype) for k, v in full.items()}
+        # Gathered, tied weights (the head that is the embedding) are two copies: write one, as the
+        # model's own save_pretrained does.
+        for tied in getattr(model, "all_tied_weights_keys", None) or {}:
+            weights.pop(tied, None)
         save_weights(model, path, tokenizer, state_dict=weights)
     dist.barrier()
     return path

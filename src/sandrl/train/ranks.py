@@ -34,6 +34,12 @@ _START_TIMEOUT_S = 600.0
 """Loading a large model into every rank takes minutes; past this, a rank is considered stuck."""
 
 
+def needs_ranks(config: TrainConfig) -> bool:
+    """Whether the trainer runs as FSDP2 ranks: several processes, or what only FSDP2 provides (bf16 with
+    float32 master weights, offloading)."""
+    return config.processes > 1 or config.dtype == "bf16" or config.offload_optimizer
+
+
 @dataclass(frozen=True)
 class RankSpec:
     """What every rank builds: the same model, config and checkpoint."""
@@ -163,6 +169,7 @@ class RankGroup:
                     answers[rank] = value
                 elif isinstance(item, int) and by_sentinel[item] not in answers:
                     rank = by_sentinel[item]
+                    self._procs[rank].join(timeout=5)  # reaped, so its exit code is known
                     code = self._procs[rank].exitcode
                     self._abort()
                     raise TrainError(

@@ -35,7 +35,10 @@ def enable_activation_checkpointing(policy: PolicyForward) -> None:
     inner: Any = policy.lm.get_base_model() if hasattr(policy.lm, "get_base_model") else policy.lm
     if not getattr(inner, "supports_gradient_checkpointing", False):
         raise TrainError(f"{type(inner).__name__} does not support activation checkpointing; set it to false")
-    inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if hasattr(inner, "activation_checkpointing_enable"):  # transformers >= 5.x
+        inner.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def shard(policy: PolicyForward, config: TrainConfig, device: torch.device) -> None:

@@ -306,6 +306,9 @@ class Trainer:
         self.steps, self.version, self.data_position = state.steps, state.version, state.data_position
         self.data_done = state.data_done
 
+    def close(self) -> None:
+        """Nothing to let go of: this trainer lives in this process (see :class:`~sandrl.train.ranks.RankGroup`)."""
+
     # -- internals ------------------------------------------------------------------------------
 
     def _forward(self, mb: MicroBatch | None, *, reference: bool = False, entropy: bool = False) -> TokenLogprobs:

@@ -1,0 +1,226 @@
+"""The trainer at scale on CPU: FSDP2 ranks over gloo, packing, chunked log-probs, checkpoints across rank counts.
+
+Every comparison is against the trainer running alone in this process, on the same batch of a
+small Qwen3-architecture model: the ranks must train the same model, not a similar one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from rich.console import Console
+from safetensors.torch import load_file
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import sandrl.train.async_ as async_driver
+from sandrl.errors import TrainError
+from sandrl.inference.model import TinyModelConfig, build_tiny_model, load_model, save_weights
+from sandrl.rollout.runner import Group
+from sandrl.rollout.trajectory import Trajectory
+from sandrl.train.batch import Batch
+from sandrl.train.config import TrainConfig
+from sandrl.train.driver_common import FileSource, Session, make_trainer
+from sandrl.train.ranks import RankGroup, RankSpec
+from sandrl.train.trainer import Trainer
+
+from ..train_drivers.conftest import run_config
+from .helpers import sample
+
+QWEN3 = TinyModelConfig(architecture="qwen3", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2)
+CONFIG = TrainConfig(lr=1e-2, micro_batch_tokens=60)
+"""A budget that cuts the batch into several micro-batches, more than the ranks, not a multiple of them."""
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    net, tokenizer = build_tiny_model(QWEN3)
+    return save_weights(net, tmp_path_factory.mktemp("qwen3") / "model", tokenizer)
+
+
+def _batch() -> Batch:
+    return Batch.of(
+        sample("p" * i, "out" * (i % 3 + 1), advantage=(-1) ** i * 0.5, reward=float(i % 2)) for i in range(1, 8)
+    )
+
+
+def _alone(model_dir: Path, config: TrainConfig = CONFIG) -> Trainer:
+    net, tokenizer, _ = load_model(str(model_dir))
+    return Trainer(net, config, tokenizer=tokenizer)
+
+
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(next(path.glob("*.safetensors"))))
+
+
+def _close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], tol: float = 1e-5) -> float:
+    assert a.keys() == b.keys()
+    worst = max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+    assert worst <= tol, worst
+    return worst
+
+
+def test_two_gloo_ranks_train_like_one_process_and_their_checkpoint_resumes_on_one_and_on_two(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    alone = _alone(model_dir)
+    expected = [alone.step(_batch()) for _ in range(2)]
+    with RankGroup(RankSpec(str(model_dir), replace(CONFIG, processes=2))) as group:
+        got = [group.step(_batch()) for _ in range(2)]
+        for a, b in zip(expected, got, strict=True):
+            assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5 * max(a["grad_norm"], 1e-3)
+            assert abs(a["loss"] - b["loss"]) <= 1e-6 and a["tokens"] == b["tokens"] and b["updates"] == 1
+        two = _weights(group.export_weights(tmp_path / "two").path)
+        _close(_weights(alone.export_weights(tmp_path / "alone").path), two)
+
+        saved = group.save_checkpoint(tmp_path / "checkpoints")
+        assert (saved / "state.json").is_file() and saved.name == "step-00000002"
+        next_two = group.step(_batch())
+        after_two = _weights(group.export_weights(tmp_path / "two-next").path)
+        group.load_checkpoint(saved)  # two ranks resume their own checkpoint
+        assert (group.steps, group.version) == (2, 2)
+        again = group.step(_batch())
+        assert again["grad_norm"] == pytest.approx(next_two["grad_norm"], rel=1e-6)
+        _close(after_two, _weights(group.export_weights(tmp_path / "two-again").path))
+
+        one = _alone(model_dir)
+        one.load_checkpoint(saved)  # written by two ranks, resumed by one
+        assert (one.steps, one.version) == (2, 2)
+        resumed = one.step(_batch())
+        assert resumed["grad_norm"] == pytest.approx(next_two["grad_norm"], rel=1e-5)
+        _close(after_two, _weights(one.export_weights(tmp_path / "one").path))
+
+        os.kill(group._procs[1].pid, signal.SIGKILL)  # a rank dies: the next call says which, and stops the rest
+        with pytest.raises(TrainError, match=r"training rank 1 of 2 died \(exit code -9\) during step.*resume"):
+            group.step(_batch())
+        assert not group._procs
+        with pytest.raises(TrainError, match="stopped after an earlier failure"):
+            group.step(_batch())
+
+
+def test_packed_and_padded_micro_batches_give_the_same_log_probs_and_gradients(model_dir: Path) -> None:
+    batch = Batch.of(sample("p" * (i * i), "out", advantage=(-1) ** i * 0.5) for i in range(1, 8))
+    roomy = replace(CONFIG, micro_batch_tokens=400)
+    packed, padded = _alone(model_dir, roomy), _alone(model_dir, replace(roomy, packing=False))
+    for a, b in zip(packed.logprobs(batch.samples), padded.logprobs(batch.samples), strict=True):
+        assert len(a) == len(b) and max(abs(x - y) for x, y in zip(a, b, strict=True)) <= 1e-5
+    m_packed, m_padded = packed.step(batch), padded.step(batch)
+    assert m_packed["grad_norm"] == pytest.approx(m_padded["grad_norm"], rel=1e-5)
+    assert m_packed["padding_frac"] <= 0.05 and m_padded["padding_frac"] >= 0.2  # the waste is reported
+
+
+class _WidestLogits(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """The largest tensor with a vocabulary-wide last dimension made by any op, forward or backward
+    (the head's weight, ``[hidden, vocab]`` when transposed, aside)."""
+
+    def __init__(self, vocab: int, hidden: int) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.vocab, self.hidden, self.largest = vocab, hidden, 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, tuple | list) else (out,):
+            if isinstance(t, torch.Tensor) and t.dim() > 1 and t.shape[-1] == self.vocab:
+                rows = t.numel() // self.vocab
+                if rows != self.hidden:
+                    self.largest = max(self.largest, rows)
+        return out
+
+
+@pytest.mark.parametrize("chunk", [32, 100_000])
+def test_log_probs_never_build_the_full_logits_of_a_micro_batch(model_dir: Path, chunk: int) -> None:
+    trainer = _alone(model_dir, replace(CONFIG, micro_batch_tokens=4096, logprob_chunk_tokens=chunk))
+    batch = _batch()
+    tokens = sum(s.num_tokens for s in batch.samples)
+    vocab, hidden = trainer.policy.head.weight.shape
+    with _WidestLogits(vocab, hidden) as seen:
+        trainer.step(batch)  # one packed micro-batch of every sample: forward and backward
+    if chunk >= tokens:  # the control: the detector sees full logits when they are built
+        assert seen.largest >= tokens - 1
+    else:
+        assert seen.largest <= chunk, f"a [{seen.largest}, vocab] tensor was built; the chunk is {chunk}"
+
+
+def test_chunked_log_probs_and_entropy_equal_the_full_computation(model_dir: Path) -> None:
+    net, _, _ = load_model(str(model_dir))
+    trainer = Trainer(net, replace(CONFIG, logprob_chunk_tokens=7))
+    ids = torch.randint(3, 250, (3, 21))
+    out = trainer.policy(ids, chunk_tokens=7, entropy=True)
+    logits = net(input_ids=ids, use_cache=False).logits.float()[:, :-1]
+    full = torch.log_softmax(logits, -1)
+    expected = full.gather(-1, ids[:, 1:, None]).squeeze(-1)
+    assert torch.allclose(out.logprobs[:, 1:], expected, atol=1e-5)
+    assert out.entropy is not None
+    assert torch.allclose(out.entropy[:, 1:], -(full.exp() * full).sum(-1), atol=1e-5)
+
+
+def test_activation_checkpointing_changes_memory_not_the_update(model_dir: Path) -> None:
+    plain, checkpointed = _alone(model_dir), _alone(model_dir, replace(CONFIG, activation_checkpointing=True))
+    a, b = plain.step(_batch()), checkpointed.step(_batch())
+    assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-6)
+
+
+def test_bf16_ranks_compute_in_bf16_and_export_bf16_weights_close_to_fp32(model_dir: Path, tmp_path: Path) -> None:
+    fp32 = _alone(model_dir).logprobs(_batch().samples)
+    with RankGroup(RankSpec(str(model_dir), replace(CONFIG, dtype="bf16"))) as group:
+        bf16 = group.logprobs(_batch().samples)
+        metrics = group.step(_batch())
+        exported = _weights(group.export_weights(tmp_path).path)
+    worst = max(abs(x - y) for a, b in zip(fp32, bf16, strict=True) for x, y in zip(a, b, strict=True))
+    assert 0 < worst < 0.1  # bf16 compute: close, not equal
+    assert metrics["updates"] == 1
+    assert {t.dtype for t in exported.values()} == {torch.bfloat16}
+
+
+def _groups(count: int) -> list[Group]:
+    groups = []
+    for g in range(count):
+        gid = f"run/t{g}#0"
+        trajectories = []
+        for i in range(4):
+            s = sample("task" * (g + 1), "x" * (i + 2))
+            trajectories.append(
+                Trajectory(
+                    f"{gid}/{i}",
+                    gid,
+                    f"t{g}",
+                    i,
+                    "test",
+                    "completed",
+                    reward=float(i % 2),
+                    ids=list(s.token_ids),
+                    loss_mask=list(s.loss_mask),
+                    logprobs=[0.0] * s.num_tokens,
+                    weight_version=0,
+                )
+            )
+        groups.append(Group(gid, f"t{g}", trajectories))
+    return groups
+
+
+def test_the_async_driver_trains_two_ranks_as_it_trains_one(tmp_path: Path) -> None:
+    """The drivers hand their batch to "the trainer": a group of ranks or this process, the same steps."""
+    finals = []
+    for processes in (1, 2):
+        config = run_config(
+            tmp_path / f"p{processes}",
+            run={"steps": 3, "groups_per_step": 2},
+            train={"processes": processes, "lr": 1e-3, "loss": {"loss_type": "dapo", "tis_cap": False}},
+            **{"async": {"max_staleness": 8}},
+        )
+        trainer = make_trainer(config)
+        assert isinstance(trainer, RankGroup) == (processes == 2)
+        session = Session(config, FileSource(_groups(6), limit=6), trainer, mode="async", console=Console(quiet=True))
+        try:
+            asyncio.run(async_driver.run(session))
+        finally:
+            session.close()
+        assert session.batches == 3 and session.version == 3
+        finals.append(_weights(config.output_dir / "checkpoints" / "step-00000003" / "model"))
+    _close(finals[0], finals[1])
