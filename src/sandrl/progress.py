@@ -146,5 +146,6 @@ class Progress(rich.progress.Progress):
 
     def _tick(self) -> None:
         while not self._stop_ticking.wait(self.every_s):
-            for line in self.lines():
-                self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+            with self._lock:  # printed before the tasks change: a line is never older than the one printed after it
+                for line in self.lines():
+                    self.console.print(line, markup=False, highlight=False, soft_wrap=True)

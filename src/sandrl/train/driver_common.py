@@ -297,6 +297,8 @@ class Session:
         self.batches += 1
         for position, _ in items:
             self.consumed(position)
+        if not self.finished:  # before the step's line, so no line of this step's bar comes after it
+            self.progress.rolling_out(self.batches + 1)
         now = time.monotonic()
         elapsed, self._last = now - self._last, now
         model_tokens = sum(sum(t.loss_mask) for t in trajectories)
@@ -330,10 +332,10 @@ class Session:
         every = self.config.run.checkpoint_every
         if self.trainer is not None and every and self.batches % every == 0:
             self.save_checkpoint()
+            if not self.finished:
+                self.progress.rolling_out(self.batches + 1)
         if stopping:
             raise asyncio.CancelledError
-        if not self.finished:
-            self.progress.rolling_out(self.batches + 1)
         return record
 
     def _progress(self, r: dict[str, Any]) -> None:
@@ -362,17 +364,23 @@ class Session:
         """Load the trainer's weights into the inference side (when they changed); the version it now serves."""
         if self.trainer is None or self.policy is None or self.trainer.version == self.pushed_version:
             return self.pushed_version
+        assert self.progress is not None
+        self.progress.working(self.batches, f"loading weights v{self.trainer.version} into the inference side")
         exported = self.trainer.export_weights(self.config.output_dir / "weights")
         # The inference side takes the trainer's version as its own: samples name the weights that made them.
         await self.policy.update_weights(str(exported.path), version=exported.version)
         self.pushed_version = exported.version
         for old in sorted(exported.path.parent.glob("weights-v*"))[:-2]:
             shutil.rmtree(old, ignore_errors=True)
+        if not self.finished:
+            self.progress.rolling_out(self.batches + 1)
         return self.pushed_version
 
     def save_checkpoint(self) -> Path | None:
         if self.trainer is None:
             return None
+        assert self.progress is not None
+        self.progress.working(self.batches, "saving a checkpoint")
         self.trainer.data_position = self._low
         self.trainer.data_done = tuple(sorted(self._consumed))
         return self.trainer.save_checkpoint(self.config.output_dir / "checkpoints")

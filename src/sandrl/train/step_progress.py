@@ -6,6 +6,7 @@ line every ``$SANDRL_PROGRESS_EVERY_S`` seconds in a log)::
 
     step 5/36 episodes: 12/16  0.85/s  ETA 5s
     step 5/36 training: 16 samples, 3100 tokens  45s
+    step 5/36 saving a checkpoint  12s
 
 Episodes are counted as they finish since the last step took its groups: in async mode some of
 them belong to groups a later step will take, so the count is the rollout side's pace, not an
@@ -49,13 +50,17 @@ class StepProgress:
     def training(self, step: int, samples: int, tokens: int) -> None:
         """Step ``step`` has its groups; the trainer works on them."""
         self._episodes = 0  # those finishing from now on are the next step's
-        self._show("training", step, total=None, completed=0, what=f": {samples} samples, {tokens} tokens")
+        self.working(step, f"training: {samples} samples, {tokens} tokens")
 
-    def _show(self, phase: str, step: int, *, total: int | None, completed: int, what: str = "") -> None:
+    def working(self, step: int, what: str) -> None:
+        """Step ``step`` does ``what`` (saving a checkpoint, loading weights into the inference side)."""
+        self._show(what, step, total=None, completed=0)
+
+    def _show(self, phase: str, step: int, *, total: int | None, completed: int) -> None:
         self._phase = (phase, step)
         if self._task is not None:
             self._progress.remove_task(self._task)  # a new task: its clock starts with the phase
-        description = f"step {step}/{self.steps} {phase}{what}"
+        description = f"step {step}/{self.steps} {phase}"
         self._task = self._progress.add_task(description, total=total, completed=completed)
         if not self._started:
             self._started = True
