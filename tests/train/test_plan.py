@@ -22,7 +22,14 @@ from sandrl.train.config import TrainConfig
 from sandrl.train.lora import LoraConfig
 from sandrl.train.losses import LossConfig
 from sandrl.train.model_shape import model_shape, shape_of
-from sandrl.train.plan import GPU_RESERVE, MemoryPlan, device_capacity, parse_size, plan_memory
+from sandrl.train.plan import (
+    GPU_RESERVE,
+    MemoryPlan,
+    device_capacity,
+    layer_activation_bytes,
+    parse_size,
+    plan_memory,
+)
 
 GIB = 1 << 30
 
@@ -104,6 +111,58 @@ def test_lora_adapters_are_counted_as_peft_adds_them(tmp_path: Path) -> None:
         trained = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
         assert model_shape(str(directory)).lora_parameters(lora) == trained
         assert shape_of(wrapped, "peft").parameters == sum(p.numel() for p in wrapped.parameters())
+
+
+def _saved_bytes(model: Any, tokens: int, *, packed: bool) -> int:
+    """Bytes autograd keeps for the backward of the decoder's forward over ``tokens`` (parameters aside)."""
+    from sandrl.train.logprobs import PolicyForward
+
+    decoder = PolicyForward(model).decoder
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    kept: dict[int, int] = {}
+
+    def keep(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        kept[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    ids = torch.randint(0, int(model.config.vocab_size), (1, tokens) if packed else (4, tokens // 4))
+    # Packed: four samples end to end, positions restarting (Hugging Face's packed path masks across them).
+    extra = {"position_ids": torch.arange(tokens // 4).repeat(4)[None]} if packed else {}
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        decoder(input_ids=ids, use_cache=False, **extra)  # as the trainer calls it (a cache hides the packing)
+    return sum(n for ptr, n in kept.items() if ptr not in params)
+
+
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")  # peft's, not ours
+@pytest.mark.parametrize("packed", [False, True], ids=["unmasked", "packed"])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize(
+    "lora", [None, LoraConfig(rank=16), LoraConfig(rank=16, dropout=0.1)], ids=["full", "lora", "dropout"]
+)
+def test_a_layers_activations_are_what_autograd_keeps(packed: bool, dtype: str, lora: LoraConfig | None) -> None:
+    """The per-layer count against the tensors a real forward saves: one layer is the difference of 2 and 1."""
+    import peft
+
+    config = {**SMALL, "hidden_size": 128, "intermediate_size": 384, "head_dim": 32, "num_attention_heads": 4}
+    tokens, compute = 256, 2 if dtype == "bf16" else 4
+    saved = []
+    for layers in (1, 2):
+        torch.manual_seed(0)
+        hf = transformers.Qwen3Config(**{**config, "num_hidden_layers": layers})
+        model: Any = transformers.Qwen3ForCausalLM(hf)
+        if lora is not None:
+            model = peft.get_peft_model(
+                model,
+                peft.LoraConfig(r=lora.rank, lora_dropout=lora.dropout, target_modules=list(lora.target_modules)),
+            )
+        # bf16 as FSDP2's mixed precision computes: every parameter gathered in bf16, the adapters' too.
+        model = model.to(torch.bfloat16 if compute == 2 else torch.float32)
+        saved.append(_saved_bytes(model.train(), tokens, packed=packed))
+    measured = (saved[1] - saved[0]) / tokens
+    shape = shape_of(transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**config)), "small")
+    planned = layer_activation_bytes(shape, compute, lora, mask_row=tokens if packed else 0)
+    assert measured * 0.9 <= planned <= measured * 1.1, (planned, measured)
 
 
 def test_an_unknown_target_module_is_one_line_naming_the_models_layers() -> None:

@@ -76,6 +76,10 @@ class ModelShape:
         """How many modules get an adapter."""
         return len(self._targets(lora))
 
+    def lora_inputs(self, lora: LoraConfig) -> int:
+        """The input features of the decoder layers' adapted modules, summed (what adapter dropout copies)."""
+        return sum(m.in_features for m in self._targets(lora) if m.in_layer)
+
     def _targets(self, lora: LoraConfig) -> list[Adaptable]:
         names = sorted({m.name for m in self.adaptable})
         unknown = [t for t in lora.target_modules if t not in names]

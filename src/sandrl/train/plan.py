@@ -342,22 +342,30 @@ def layer_activation_bytes(
     """Bytes one decoder layer saves per token for its backward (Llama/Qwen, SDPA or flash attention).
 
     Counted from what autograd keeps in a Hugging Face decoder layer: the two RMSNorms' inputs,
-    normalised outputs and scaled outputs (6h); the query path (its projection, Qwen3's q-norm,
-    the rotated query, the attention output and the output projection's input: 3q, 5q with
-    q-norm); keys and values (2kv, 4kv with k-norm); the gated MLP's gate, activation, up and
-    product (4i). The norms keep their input in float32 whatever the compute dtype. No
-    sequence x sequence term for the scores: SDPA's and flash attention's kernels keep the
-    log-sum-exp instead. ``mask_row``: the rows' length when SDPA takes an attention mask (packed
-    or padded rows); the layer keeps the mask (``mask_row`` per token) in the compute dtype, and
-    keys and values repeated to the query heads (Hugging Face drops grouped-query SDPA with a mask).
+    normalised outputs (for their weights' gradients: not kept when LoRA freezes them) and scaled
+    outputs (6h, 4h under LoRA); Qwen3's per-head q- and k-norms likewise; the query path (its
+    projection, the rotated query, the attention output and the output projection's input: 3q);
+    keys and values (2kv); the gated MLP's gate, activation, up and product (4i). The norms keep
+    their input in float32 whatever the compute dtype. No sequence x sequence term for the scores:
+    SDPA's and flash attention's kernels keep the log-sum-exp instead. ``mask_row``: the rows'
+    length when SDPA takes an attention mask (packed or padded rows); the layer keeps the mask
+    (``mask_row`` per token) in the compute dtype, and keys and values repeated to the query heads
+    (Hugging Face drops grouped-query SDPA with a mask). LoRA adds each adapter's rank-sized middle
+    and, with dropout, a dropped copy (and its mask) of each adapted layer's input.
     """
     h, q, kv, i = shape.hidden_size, shape.q_size, shape.kv_size, shape.intermediate_size
-    norms = 2 if shape.qk_norm else 0
+    normalised = 0 if lora is not None else 1
     attended = 2 * (q if mask_row else kv)
-    elements = 6 * h + (3 + norms) * q + norms * kv + attended + 4 * i + mask_row
+    elements = (4 + 2 * normalised) * h + 3 * q + attended + 4 * i + mask_row
+    if shape.qk_norm:
+        elements += (1 + normalised) * (q + kv)
     upcast = 2 * h + ((q + kv) if shape.qk_norm else 0)
-    adapters = lora.rank * shape.lora_modules(lora) // shape.layers if lora is not None else 0
-    return compute * (elements + adapters) + (4 - compute) * upcast
+    extra = 0
+    if lora is not None:
+        elements += lora.rank * shape.lora_modules(lora) // shape.layers
+        if lora.dropout > 0:
+            extra = (compute + 1) * shape.lora_inputs(lora) // shape.layers
+    return compute * elements + (4 - compute) * upcast + extra
 
 
 def _changes(
