@@ -17,6 +17,7 @@ import pytest
 import torch
 from rich.console import Console
 from safetensors.torch import load_file
+from torch.distributed.checkpoint import FileSystemReader
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import sandrl.train.async_ as async_driver
@@ -27,6 +28,8 @@ from sandrl.rollout.trajectory import Trajectory
 from sandrl.train.batch import Batch
 from sandrl.train.config import TrainConfig
 from sandrl.train.driver_common import FileSource, Session, make_trainer
+from sandrl.train.lora import LoraConfig
+from sandrl.train.losses import LossConfig
 from sandrl.train.ranks import RankGroup, RankSpec
 from sandrl.train.trainer import Trainer
 
@@ -224,3 +227,27 @@ def test_the_async_driver_trains_two_ranks_as_it_trains_one(tmp_path: Path) -> N
         assert session.batches == 3 and session.version == 3
         finals.append(_weights(config.output_dir / "checkpoints" / "step-00000003" / "model"))
     _close(finals[0], finals[1])
+
+
+def test_lora_trains_only_the_adapters_against_the_base_as_reference_and_checkpoints_them(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    lora = LoraConfig(rank=4, target_modules=("q_proj", "v_proj", "down_proj"))
+    config = replace(CONFIG, lora=lora, loss=LossConfig(beta=0.1, tis_cap=None))
+    trainer = _alone(model_dir, config)
+    base = {k: v.clone() for k, v in trainer.model.get_base_model().state_dict().items() if ".lora_" not in k}
+    metrics = [trainer.step(_batch()) for _ in range(3)]
+    assert metrics[0]["kl_mean"] == 0 < metrics[-1]["kl_mean"]  # the reference is the base: adapters off
+    after = trainer.model.get_base_model().state_dict()
+    assert all(torch.equal(after[k], v) for k, v in base.items())  # the base never moves
+    saved = trainer.save_checkpoint(tmp_path / "checkpoints")
+    adapters = sum(p.numel() for p in trainer.policy.parameters() if p.requires_grad)
+    # Per layer, rank x (in + out): q 64 -> 64, v 64 -> 32 (two key/value heads), down 128 -> 64.
+    assert adapters == 2 * 4 * ((64 + 64) + (64 + 32) + (128 + 64))
+    stored = FileSystemReader(saved / "state").read_metadata().state_dict_metadata
+    weights = [k for k in stored if k.startswith("model.")]
+    assert weights and all(".lora_" in k for k in weights)  # the adapters, not the base
+    assert {k for k in stored if k.startswith("optim.state.")} and all(".lora_" in k for k in stored if "state." in k)
+    resumed = _alone(model_dir, config)
+    resumed.load_checkpoint(saved)
+    assert resumed.step(_batch())["grad_norm"] == pytest.approx(trainer.step(_batch())["grad_norm"], rel=1e-6)

@@ -83,19 +83,22 @@ def export_policy(
 
             return lora.export_lora(model, path, config.lora, tokenizer)
         return save_weights(model, path, tokenizer)
-    if config.lora is not None:
-        raise TrainError("exporting a LoRA policy trained on several ranks is not supported yet; use processes = 1")
     full: dict[str, Any] = get_model_state_dict(
         policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
     )
     if world.rank == 0:
         dtype = torch.bfloat16 if config.dtype == "bf16" else torch.float32
         weights = {k.removeprefix(_POLICY_PREFIX): v.to(dtype) for k, v in full.items()}
-        # Gathered, tied weights (the head that is the embedding) are two copies: write one, as the
-        # model's own save_pretrained does.
-        for tied in getattr(model, "all_tied_weights_keys", None) or {}:
-            weights.pop(tied, None)
-        save_weights(model, path, tokenizer, state_dict=weights)
+        if config.lora is not None:
+            from sandrl.train import lora
+
+            lora.export_lora(model, path, config.lora, tokenizer, state_dict=weights)
+        else:
+            # Gathered, tied weights (the head that is the embedding) are two copies: write one, as the
+            # model's own save_pretrained does.
+            for tied in getattr(model, "all_tied_weights_keys", None) or {}:
+                weights.pop(tied, None)
+            save_weights(model, path, tokenizer, state_dict=weights)
     dist.barrier()
     return path
 
@@ -122,7 +125,7 @@ def save(
         staging.mkdir()
     _barrier(world)
     try:
-        model_state, optim_state = get_state_dict(policy, optimizer, options=_options(config))
+        model_state, optim_state = _train_state(policy, optimizer, config)
         with _single_process_quiet():
             state_dict_saver.save(
                 {"model": model_state, "optim": optim_state},
@@ -200,7 +203,7 @@ def load(
     """Restore the checkpoint at ``path`` into ``policy`` and ``optimizer`` (this rank's shards) and the RNGs."""
     where = Path(path)
     state = read_state(where)
-    model_state, optim_state = get_state_dict(policy, optimizer, options=_options(config))
+    model_state, optim_state = _train_state(policy, optimizer, config)
     try:
         with _single_process_quiet():
             state_dict_loader.load(
@@ -221,9 +224,22 @@ def load(
     return state
 
 
+def _train_state(
+    policy: torch.nn.Module, optimizer: torch.optim.Optimizer, config: TrainConfig
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The model's and the optimizer's state dicts as a checkpoint holds them (with LoRA: the adapters)."""
+    model_state, optim_state = get_state_dict(policy, optimizer, options=_options(config))
+    if config.lora is not None:
+        # A frozen weight tied to another (the head that is the embedding) slips past ignore_frozen_params.
+        trainable = {n for n, p in policy.named_parameters(remove_duplicate=False) if p.requires_grad}
+        model_state = {k: v for k, v in model_state.items() if k in trainable}
+    return model_state, optim_state
+
+
 def _options(config: TrainConfig) -> StateDictOptions:
     # With LoRA the base is frozen and rebuilt from [model] name: only the adapters are state.
-    return StateDictOptions(ignore_frozen_params=config.lora is not None)
+    lora = config.lora is not None
+    return StateDictOptions(ignore_frozen_params=lora, strict=not lora)
 
 
 @contextlib.contextmanager

@@ -37,6 +37,9 @@ _PEFT_PREFIX = "base_model.model."
 
 LoraExport = Literal["merged", "adapter"]
 
+_INIT_SEED = 0
+"""The seed of the adapters' random initialisation (``lora_A``; ``lora_B`` starts at zero)."""
+
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """Every linear layer of a Llama/Qwen decoder block (attention and MLP), as most LoRA RL recipes target."""
 
@@ -103,7 +106,10 @@ def apply_lora(model: Any, cfg: LoraConfig) -> Any:
         bias="none",
         task_type="CAUSAL_LM",
     )
-    with _peft_quiet():
+    # Seeded: every rank (and a resumed or repeated run) starts from the same adapters, whatever the RNG
+    # went through before; FSDP2 then keeps each rank's shard of one and the same initialisation.
+    with _peft_quiet(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(_INIT_SEED)
         return peft.get_peft_model(model, config)
 
 
