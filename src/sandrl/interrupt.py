@@ -14,6 +14,7 @@ at once (the signal's default action), leaving whatever is still open for the ne
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -75,7 +76,11 @@ async def _guarded(main: Coroutine[Any, Any, T]) -> T:
     for s in SIGNALS:
         loop.add_signal_handler(s, on_signal, s)
     try:
-        return await main
+        result = await main
+        if received:  # it came after the work's last wait: take its cancellation here, the work is done
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(0)
+        return result
     except asyncio.CancelledError:
         if not received:
             raise
