@@ -163,6 +163,18 @@ def test_without_the_flag_or_the_key_there_is_no_warm_start(run_dir: Path) -> No
     assert tomllib.loads((run_dir / "runs" / "x" / "config.toml").read_text())["model"]["name"] == "tiny"
 
 
+def test_a_broken_warm_start_record_says_to_delete_it(run_dir: Path) -> None:
+    root = run_dir / "runs" / "x" / "warm_start"
+    root.mkdir(parents=True)
+    (root / "result.json").write_text("{")
+    said = error(train("--warm-start"))
+    assert said.startswith(f"cannot read {root / 'result.json'} (")
+    assert said.endswith(f"delete {root} to warm-start again")
+    (root / "result.json").write_text('{"settings": {}}')
+    with_settings = error(train("--warm-start"))
+    assert "holds a warm start made with other settings" in with_settings
+
+
 def test_a_task_set_without_solutions_cannot_be_warm_started(run_dir: Path) -> None:
     task = run_dir / "tasks" / "t1"
     (task / "tests").mkdir(parents=True)

@@ -102,7 +102,7 @@ def warm_start_run(
     already = Path(config.model.name).resolve() == model_dir.resolve()
     settings = _settings(config, base=None if already else config.model.name)
     if result.is_file():
-        recorded = json.loads(result.read_text(encoding="utf-8"))
+        recorded = _read(result, root)
         before = recorded["settings"]
         if already:
             settings["model"] = before["model"]  # the run's own config.toml names the checkpoint
@@ -114,7 +114,7 @@ def warm_start_run(
                 f"{root} holds a warm start made with other settings ({', '.join(changed)} {differ}): give the run "
                 f"another --output-dir, or delete {root} to warm-start it again"
             )
-        done = _record(recorded, model_dir, reused=True)
+        done = _record(recorded, model_dir, reused=True, where=result)
         if not already:
             con.print(done.summary(), markup=False, highlight=False, soft_wrap=True)
     elif already:
@@ -181,7 +181,7 @@ def _make(config: RunConfig, root: Path, settings: dict[str, Any], con: Console,
     staging = root / "result.json.tmp"
     staging.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     staging.replace(root / "result.json")  # last: the checkpoint is complete once this exists
-    done = _record(record, made.path, reused=False)
+    done = _record(record, made.path, reused=False, where=root / "result.json")
     con.print(done.summary(), markup=False, highlight=False, soft_wrap=True)
     return done
 
@@ -246,21 +246,34 @@ def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _record(data: dict[str, Any], path: Path, *, reused: bool) -> WarmStarted:
+def _read(result: Path, root: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(result.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read {result} ({exc}): delete {root} to warm-start again") from None
+    if not isinstance(data, dict) or not isinstance(data.get("settings"), dict):
+        raise ConfigError(f"{result} is not a warm start record: delete {root} to warm-start again")
+    return data
+
+
+def _record(data: dict[str, Any], path: Path, *, reused: bool, where: Path) -> WarmStarted:
     def pairs(key: str) -> list[tuple[int, float]]:
         return [(int(step), float(value)) for step, value in data[key]]
 
-    return WarmStarted(
-        path=path,
-        steps=int(data["steps"]),
-        loss_first=float(data["loss_first"]),
-        loss_last=float(data["loss_last"]),
-        greedy=pairs("greedy"),
-        coverage=pairs("coverage"),
-        sampled=pairs("sampled"),
-        wall_s=float(data["wall_s"]),
-        demonstrations=int(data["demonstrations"]),
-        checks=int(data["checks"]),
-        group_size=int(data["group_size"]),
-        reused=reused,
-    )
+    try:
+        return WarmStarted(
+            path=path,
+            steps=int(data["steps"]),
+            loss_first=float(data["loss_first"]),
+            loss_last=float(data["loss_last"]),
+            greedy=pairs("greedy"),
+            coverage=pairs("coverage"),
+            sampled=pairs("sampled"),
+            wall_s=float(data["wall_s"]),
+            demonstrations=int(data["demonstrations"]),
+            checks=int(data["checks"]),
+            group_size=int(data["group_size"]),
+            reused=reused,
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"{where} is not a warm start record ({exc!r}): delete it to warm-start again") from None
