@@ -108,6 +108,10 @@ def test_a_finished_run_says_it_is_complete_and_steps_extends_it(run_dir: Path) 
         (["--set", "train.loss=dapo"], "[train.loss] is a table: set one of its keys"),
         (["--set", "train.loss.loss_type=ppo"], "[train.loss] loss_type must be one of"),
         (["--steps", "0"], "[run]: steps must be >= 1, got 0"),
+        (["--set", "train.processes=0"], "processes must be >= 1 (the training ranks: 1, or one per GPU), got 0"),
+        (["--set", "train.dtype=fp8"], "[train] dtype must be one of 'fp32', 'bf16', got 'fp8'"),
+        (["--set", "train.lora.rank=0"], "[train.lora]: rank must be >= 1"),
+        (["--set", "train.lora.target_modules=q_proj,qkv"], "[train.lora] target_modules: "),
     ],
 )
 def test_a_bad_override_is_one_clear_line(run_dir: Path, args: list[str], said: str) -> None:

@@ -48,11 +48,22 @@ def _parse(item: str, sections: Mapping[str, type[Any]]) -> tuple[list[str], obj
         fields = [f.name for f in dataclasses.fields(hint)]
         if key not in fields:
             raise ConfigError(f"--set {item}: [{table}]: unknown key {key}; valid keys are {', '.join(fields)}")
-        hint = typing.get_type_hints(hint)[key]
+        hint = _optional_table(typing.get_type_hints(hint)[key])
+        if depth == len(path) - 1 and _is_table(hint) and text.strip() == "false":
+            return path, False  # an optional table switched off (`--set train.lora=false`)
     if _is_table(hint):
         keys = ", ".join(f.name for f in dataclasses.fields(hint))
         raise ConfigError(f"--set {item}: [{dotted}] is a table: set one of its keys ({keys})")
     return path, _typed(hint, text.strip(), f"--set {item}: {dotted}")
+
+
+def _optional_table(hint: Any) -> Any:
+    """``Table | None`` (an optional table, such as ``[train.lora]``) as its table; any other hint as it is."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1 and _is_table(args[0]):
+            return args[0]
+    return hint
 
 
 def _is_table(hint: Any) -> bool:

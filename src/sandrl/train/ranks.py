@@ -14,8 +14,10 @@ A rank that dies (killed, out of memory, a crash in a kernel) ends the call with
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import multiprocessing
 import os
+import signal
 import tempfile
 import traceback
 from collections.abc import Sequence
@@ -30,6 +32,7 @@ from sandrl.train.batch import Batch, TrainSample
 from sandrl.train.config import TrainConfig
 from sandrl.train.trainer import ExportedWeights, Metrics
 
+_PR_SET_PDEATHSIG = 1
 _START_TIMEOUT_S = 600.0
 """Loading a large model into every rank takes minutes; past this, a rank is considered stuck."""
 
@@ -108,6 +111,11 @@ class RankGroup:
     def load_checkpoint(self, path: str | Path) -> None:
         state = self._call("load_checkpoint", str(path))
         self.steps, self.version, self.data_position, self.data_done = state
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        """The ranks' process ids, rank 0 first (empty once they were stopped)."""
+        return tuple(int(p.pid) for p in self._procs)
 
     def close(self) -> None:
         """Stop every rank (politely, then not)."""
@@ -207,6 +215,11 @@ def _rank_main(rank: int, size: int, store: str, spec: RankSpec, conn: Connectio
     from sandrl.inference.model import load_model
     from sandrl.train.trainer import Trainer
 
+    # The driver decides how a run stops: a Ctrl-C or a SIGTERM sent to the whole process group lets it
+    # finish the step and save; and a rank never outlives its driver (it would wait in a collective).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _die_with_parent()
     on_gpu = spec.train.device.startswith("cuda")
     if on_gpu:
         torch.cuda.set_device(rank % torch.cuda.device_count())
@@ -254,6 +267,13 @@ def _rank_main(rank: int, size: int, store: str, spec: RankSpec, conn: Connectio
             break
     with contextlib.suppress(Exception):
         dist.destroy_process_group()
+
+
+def _die_with_parent() -> None:
+    """SIGKILL this process when the driver that started it dies (Linux's PR_SET_PDEATHSIG)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _state(trainer: Any) -> tuple[int, int, int, tuple[int, ...]]:
