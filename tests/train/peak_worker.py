@@ -2,8 +2,9 @@
 
 The growth is measured from just before the model is built to the process's peak (``VmHWM``)
 after a step: the parameters, the reference, the optimizer state (made by a first, tiny step),
-and the peak of the measured step (its gradients, activations and log-prob buffers). A tiny
-trainer runs first, so that code loaded on first use (kernels, lazy imports) is not counted.
+and the peak of the measured step of two micro-batches (its gradients, activations and log-prob
+buffers). A tiny trainer runs first, so that code loaded on first use (kernels, lazy imports) is
+not counted.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ def measure(model_dir: Path, config: TrainConfig, length: int) -> int:
     warm.step(samples(2, 16, vocab, 2))
     del warm
     gc.collect()
-    big = samples(config.micro_batch_tokens // length, length, vocab, 3)
+    # Two micro-batches: the second one's backward runs with the first one's gradients held, as in a real step.
+    big = samples(2 * config.micro_batch_tokens // length, length, vocab, 3)
     before = status_bytes("VmRSS")
     torch.manual_seed(0)
     trainer = Trainer(transformers.AutoModelForCausalLM.from_config(hf_config).float(), config)

@@ -2,8 +2,14 @@
 
 Each configuration trains one step of a ~25M-parameter Qwen3 model, built from the same
 config.json the plan reads, in a fresh process (:mod:`tests.train.peak_worker`): one where the
-parameters and AdamW's state dominate, one where activations and log-prob buffers do, and one
-with a KL reference (a frozen copy). The plan must land within 25% of each.
+parameters and AdamW's state dominate, one where activations and log-prob buffers do, one with a
+KL reference (a frozen copy), and LoRA with checkpointing and a reference (the adapters switched
+off). The plan must land within 25% of each (measured: within 6%).
+
+glibc's malloc raises its mmap threshold as large blocks are freed (up to 32 MiB), after which it
+keeps freed tensors in its heap: the RSS then counts memory no tensor holds, more so the more
+micro-batches ran (up to 40% over the live peak for LoRA). A fixed threshold returns every large
+block on free, so the RSS follows the tensors.
 """
 
 from __future__ import annotations
@@ -45,13 +51,17 @@ MODEL = {
         pytest.param({"micro_batch_tokens": 256}, id="weights-dominate"),
         pytest.param({"micro_batch_tokens": 1024, "packing": False}, id="activations-dominate"),
         pytest.param({"micro_batch_tokens": 512, "loss": {"beta": 0.1}}, id="kl-reference"),
+        pytest.param(
+            {"micro_batch_tokens": 512, "activation_checkpointing": True, "lora": {"rank": 16}, "loss": {"beta": 0.1}},
+            id="lora-checkpointed",
+        ),
     ],
 )
 def test_the_plan_is_within_25_percent_of_the_measured_peak(tmp_path: Path, train: dict[str, object]) -> None:
     (tmp_path / "config.json").write_text(json.dumps(MODEL))
     config = TrainConfig.from_mapping(train)
     plan = plan_memory(model_shape(str(tmp_path)), config, device_memory=1 << 40, longest_sample=LENGTH)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "MALLOC_MMAP_THRESHOLD_": "131072"}
     result = subprocess.run(
         [sys.executable, "-m", "tests.train.peak_worker", str(tmp_path), json.dumps(train), "--length", str(LENGTH)],
         cwd=ROOT,
