@@ -94,6 +94,12 @@ async def test_the_sglang_client_loads_an_adapter_through_the_route_and_samples_
         r = await http.post("/unload_lora_adapter", json={"lora_name": "sandrl-v4"})
         assert r.status_code == 200 and r.json()["success"] is True
         assert list(r.json()["loaded_adapters"]) == ["sandrl-v5"]
+        info = (await http.get("/get_server_info")).json()
+        assert (info["loaded_lora_adapters"], info["max_loaded_loras"], info["max_lora_rank"]) == (
+            ["sandrl-v5"],
+            8,
+            256,
+        )
         r = await http.post("/unload_lora_adapter", json={"lora_name": "sandrl-v4"})
         assert r.status_code == 400 and r.json()["success"] is False and "no LoRA adapter" in r.json()["error_message"]
 
