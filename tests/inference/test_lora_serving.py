@@ -61,8 +61,9 @@ async def test_the_sglang_client_loads_an_adapter_through_the_route_and_samples_
         g = await client.generate(prompt, PARAMS)
         async with SGLangClient(qwen3_server.url, http=HTTPConfig(api_key=TOKEN)) as plain:
             base = await plain.generate(prompt, PARAMS)
-        for version in (4, 5):
-            await client.update_lora_adapter(str(trained.adapter), version=version)
+        # update_weights takes an adapter directory as update_lora_adapter does (the trainer's adapter export).
+        assert await client.update_weights(str(trained.adapter), version=4) == 4
+        await client.update_lora_adapter(str(trained.adapter), version=5)
         again = await client.generate(prompt, PARAMS)
     assert g.output_logprobs == pytest.approx(policy_logprobs(trained.policy, prompt, g.output_ids), abs=1e-5)
     assert base.output_logprobs == pytest.approx(policy_logprobs(trained.base, prompt, base.output_ids), abs=1e-5)
@@ -112,7 +113,7 @@ async def test_the_vllm_client_loads_an_adapter_and_names_it_as_the_model(traine
         with BackgroundServer(app) as server:
             async with VLLMClient("vllm://" + server.url.removeprefix("http://"), "tiny") as client:
                 assert isinstance(client, LoraClient)
-                assert await client.update_lora_adapter(str(trained.adapter)) == 1
+                assert await client.update_weights(str(trained.adapter)) == 1
                 g = await client.generate(prompt, PARAMS)
                 with pytest.raises(ConfigError, match="'sandrl-v1' has already been loaded"):
                     await client.load_lora_adapter("sandrl-v1", str(trained.adapter))

@@ -30,6 +30,7 @@ import httpx
 from sandrl.errors import ConfigError, InferenceError
 from sandrl.inference.base import FinishReason, Generation, SamplingParams
 from sandrl.inference.batch import UPDATE_POLICIES, UpdatePolicy
+from sandrl.inference.lora_adapter import is_adapter_dir
 from sandrl.inference.lora_client import AdapterVersions, labelled
 from sandrl.inference.tokenizer import Tokenizer
 from sandrl.inference.transport import HTTPConfig, JSONTransport, parse_version
@@ -124,7 +125,12 @@ class SGLangClient:
         The client's ``update_policy`` says what happens to requests in flight, through SGLang's own
         routes: ``pause`` is SGLang's plain update (it waits for them); ``in_place`` and
         ``abort_and_resume`` pause generation in SGLang's ``in_place`` / ``retract`` mode around it.
+
+        A LoRA adapter directory (``adapter_config.json`` and no ``config.json``, as seen from here: the
+        trainer's ``export = "adapter"``) is loaded as one instead (:meth:`update_lora_adapter`).
         """
+        if is_adapter_dir(path):
+            return await self.update_lora_adapter(path, version=version)
         new = version if version is not None else await self.weight_version() + 1
         mode = {"in_place": "in_place", "abort_and_resume": "retract"}.get(self.update_policy)
         if mode is not None:

@@ -66,6 +66,7 @@ import httpx
 from sandrl.errors import ConfigError, InferenceError
 from sandrl.inference.base import Generation, SamplingParams
 from sandrl.inference.batch import UPDATE_POLICIES, UpdatePolicy
+from sandrl.inference.lora_adapter import is_adapter_dir
 from sandrl.inference.lora_client import AdapterVersions, labelled
 from sandrl.inference.openai import OpenAIClient
 from sandrl.inference.tokenizer import Tokenizer
@@ -175,7 +176,12 @@ class VLLMClient(OpenAIClient):
 
         The new version is ``version`` (the trainer's), else the current one plus one; the
         ``update_policy`` decides what happens to requests in flight (module docstring).
+
+        A LoRA adapter directory (``adapter_config.json`` and no ``config.json``, as seen from here: the
+        trainer's ``export = "adapter"``) is loaded as one instead (:meth:`update_lora_adapter`).
         """
+        if is_adapter_dir(path):
+            return await self.update_lora_adapter(path, version=version)
         new = version if version is not None else self._version + 1
         started = time.monotonic()
         async with self._closed_gate():
