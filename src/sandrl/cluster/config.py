@@ -49,9 +49,9 @@ class ClusterOptions:
     worker_cpus: float = 0.5
     """Ray CPUs reserved per rollout worker (it waits on sandboxes and the model, it computes little)."""
     trainer_cpus: float = 1.0
-    """Ray CPUs reserved for the trainer actor."""
+    """Ray CPUs reserved for the trainer actor (for each rank, with several ``[train] processes``)."""
     trainer_gpus: float = 0.0
-    """Ray GPUs for the trainer actor (0: CPU training)."""
+    """Ray GPUs for the trainer actor, or for each rank (0: CPU training; 1 with several processes on GPUs)."""
     trainer_threads: int = 0
     """Torch threads of the trainer actor; 0: torch's default (every core of its node)."""
     max_restarts: int = 3

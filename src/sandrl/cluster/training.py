@@ -113,7 +113,7 @@ async def run_cluster_training(
         for i, share in enumerate(shares)
     ]
     handles: list[Any] = []
-    trainer: cluster_ray.RemoteTrainer | None = None
+    trainer: cluster_ray.RemoteTrainer | cluster_ray.RemoteRanks | None = None
     writer = TrajectoryWriter(out / "rollouts.jsonl", append=True) if config.run.save_rollouts else None
     policy = EndpointsClient(endpoints, http=config.model.http())  # the trainer pushes the weights, with the token
     pool: WorkerPool | None = None
@@ -121,7 +121,7 @@ async def run_cluster_training(
     result: dict[str, Any] = {}
     try:
         handles = cluster_ray.start_workers(specs, opts)
-        trainer = None if rollout_only else cluster_ray.RemoteTrainer(config, opts, opts.trainer_threads or None)
+        trainer = None if rollout_only else cluster_ray.remote_trainer(config, opts, opts.trainer_threads or None)
         pool = WorkerPool(handles, shares, wait_s=opts.worker_wait_s)
         source = ClusterSource(
             pool,

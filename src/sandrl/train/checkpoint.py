@@ -88,7 +88,8 @@ def export_policy(
     )
     if world.rank == 0:
         dtype = torch.bfloat16 if config.dtype == "bf16" else torch.float32
-        weights = {k.removeprefix(_POLICY_PREFIX): v.to(dtype) for k, v in full.items()}
+        # Adapters stay float32: a server computes with them as they were trained (they are small).
+        weights = {k.removeprefix(_POLICY_PREFIX): v if ".lora_" in k else v.to(dtype) for k, v in full.items()}
         if config.lora is not None:
             from sandrl.train import lora
 

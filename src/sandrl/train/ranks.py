@@ -207,39 +207,70 @@ def _error(kind: str, value: Any, rank: int, method: str) -> SandrlError:
 # -- inside a rank -----------------------------------------------------------------------------------
 
 
-def _rank_main(rank: int, size: int, store: str, spec: RankSpec, conn: Connection) -> None:
-    """One rank: join the group, build the trainer, then run the driver's calls until told to stop."""
+def start_rank(rank: int, size: int, init_method: str, spec: RankSpec, *, loopback: bool) -> Any:
+    """Join the training group as ``rank`` of ``size`` and build this rank's trainer (resumed if asked).
+
+    ``loopback``: every rank runs on this host, so gloo talks over ``lo`` only. Ray's rank actors
+    (:mod:`sandrl.cluster.ray`) call this too.
+    """
     import torch
     import torch.distributed as dist
 
     from sandrl.inference.model import load_model
     from sandrl.train.trainer import Trainer
 
+    on_gpu = spec.train.device.startswith("cuda")
+    if on_gpu:
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    else:
+        if loopback:
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
+    dist.init_process_group(
+        "nccl" if on_gpu else "gloo",
+        init_method=init_method,
+        rank=rank,
+        world_size=size,
+        timeout=timedelta(seconds=spec.collective_timeout_s),
+    )
+    model, tokenizer, _ = load_model(spec.model)
+    trainer = Trainer(model, spec.train, tokenizer=tokenizer)
+    if spec.resume_from is not None:
+        trainer.load_checkpoint(spec.resume_from)
+    return trainer
+
+
+def answer(trainer: Any, method: str, args: tuple[Any, ...]) -> Any:
+    """Run the driver's call ``method(*args)`` on this rank's trainer; what rank 0 answers goes back."""
+    if method == "save_checkpoint":
+        root, trainer.data_position, done = args
+        trainer.data_done = tuple(done)
+        return trainer.save_checkpoint(root)
+    if method == "load_checkpoint":
+        trainer.load_checkpoint(*args)
+        return rank_state(trainer)
+    if method in ("step", "sft_step", "logprobs", "export_weights"):
+        return getattr(trainer, method)(*args)
+    raise TrainError(f"a training rank got an unknown call {method!r}")
+
+
+def rank_state(trainer: Any) -> tuple[int, int, int, tuple[int, ...]]:
+    """The counters the driver mirrors: steps, weight version, data position, positions done above it."""
+    return trainer.steps, trainer.version, trainer.data_position, tuple(trainer.data_done)
+
+
+def _rank_main(rank: int, size: int, store: str, spec: RankSpec, conn: Connection) -> None:
+    """One rank: join the group, build the trainer, then run the driver's calls until told to stop."""
+    import torch.distributed as dist
+
     # The driver decides how a run stops: a Ctrl-C or a SIGTERM sent to the whole process group lets it
     # finish the step and save; and a rank never outlives its driver (it would wait in a collective).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with_parent()
-    on_gpu = spec.train.device.startswith("cuda")
-    if on_gpu:
-        torch.cuda.set_device(rank % torch.cuda.device_count())
-    else:
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # ranks of one host talk over loopback only
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
-    trainer: Any = None
     try:
-        dist.init_process_group(
-            "nccl" if on_gpu else "gloo",
-            init_method=store,
-            rank=rank,
-            world_size=size,
-            timeout=timedelta(seconds=spec.collective_timeout_s),
-        )
-        model, tokenizer, _ = load_model(spec.model)
-        trainer = Trainer(model, spec.train, tokenizer=tokenizer)
-        if spec.resume_from is not None:
-            trainer.load_checkpoint(spec.resume_from)
-        conn.send(("ok", _state(trainer)))
+        trainer = start_rank(rank, size, store, spec, loopback=True)
+        conn.send(("ok", rank_state(trainer)))
     except BaseException as exc:  # reported to the driver, which decides
         _report(conn, exc)
         return
@@ -251,17 +282,7 @@ def _rank_main(rank: int, size: int, store: str, spec: RankSpec, conn: Connectio
         if method == "stop":
             break
         try:
-            if method == "save_checkpoint":
-                root, trainer.data_position, done = args
-                trainer.data_done = tuple(done)
-                conn.send(("ok", trainer.save_checkpoint(root)))
-            elif method == "load_checkpoint":
-                trainer.load_checkpoint(*args)
-                conn.send(("ok", _state(trainer)))
-            elif method in ("step", "sft_step", "logprobs", "export_weights"):
-                conn.send(("ok", getattr(trainer, method)(*args)))
-            else:
-                conn.send(("crash", f"unknown call {method!r}"))
+            conn.send(("ok", answer(trainer, method, args)))
         except BaseException as exc:  # reported to the driver, which stops every rank
             _report(conn, exc)
             break
@@ -274,10 +295,6 @@ def _die_with_parent() -> None:
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _state(trainer: Any) -> tuple[int, int, int, tuple[int, ...]]:
-    return trainer.steps, trainer.version, trainer.data_position, tuple(trainer.data_done)
 
 
 def _report(conn: Connection, exc: BaseException) -> None:
