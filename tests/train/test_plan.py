@@ -170,8 +170,12 @@ def test_an_unknown_target_module_is_one_line_naming_the_models_layers() -> None
     with pytest.raises(ConfigError) as info:
         shape.lora_parameters(LoraConfig(target_modules=("q_proj", "qkv_proj")))
     message = info.value.message
-    assert message.startswith("[train.lora] target_modules: qkv_proj is not a linear layer of tiny; its linear layers")
+    assert message.startswith("[train.lora] target_modules: 'qkv_proj' names no linear layer of tiny; its linear")
     assert "q_proj" in message and "down_proj" in message and "\n" not in message
+    with pytest.raises(ConfigError, match="'lm_head' shares its weight with the token embeddings"):
+        shape.lora_parameters(LoraConfig(target_modules=("q_proj", "lm_head")))  # the tiny model ties them
+    with pytest.raises(ConfigError, match="'embed_tokens' names no linear layer"):
+        shape.lora_parameters(LoraConfig(target_modules=("embed_tokens",)))
 
 
 def test_a_model_directory_without_a_config_is_named(tmp_path: Path) -> None:

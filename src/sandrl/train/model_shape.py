@@ -25,13 +25,15 @@ class UnknownArchitecture(ConfigError):
 
 @dataclass(frozen=True)
 class Adaptable:
-    """A module that ``peft`` can put an adapter on: its name's last part and its shape."""
+    """A linear layer ``peft`` can put an adapter on: its name's last part and its shape."""
 
     name: str
     in_features: int
     out_features: int
     in_layer: bool
-    """Inside a decoder layer (sharded and gathered with it), or in the root (head, embeddings)."""
+    """Inside a decoder layer (sharded and gathered with it), or in the root (the head)."""
+    tied: bool = False
+    """Its weight is the token embeddings' (``tie_word_embeddings``): no adapter can go there."""
 
 
 @dataclass(frozen=True)
@@ -81,12 +83,19 @@ class ModelShape:
         return sum(m.in_features for m in self._targets(lora) if m.in_layer)
 
     def _targets(self, lora: LoraConfig) -> list[Adaptable]:
+        # The rules of sandrl.train.lora.apply_lora, which refuses the same names when the trainer starts.
         names = sorted({m.name for m in self.adaptable})
         unknown = [t for t in lora.target_modules if t not in names]
         if unknown:
             raise ConfigError(
-                f"[train.lora] target_modules: {', '.join(unknown)} is not a linear layer of {self.name}; "
+                f"[train.lora] target_modules: {', '.join(map(repr, unknown))} names no linear layer of {self.name}; "
                 f"its linear layers are {', '.join(names)}"
+            )
+        tied = sorted({m.name for m in self.adaptable if m.tied and m.name in lora.target_modules})
+        if tied:
+            raise ConfigError(
+                f"[train.lora] target_modules: {tied[0]!r} shares its weight with the token embeddings "
+                "(tie_word_embeddings), so an adapter on it could be neither merged nor served; leave it out"
             )
         return [m for m in self.adaptable if m.name in lora.target_modules]
 
@@ -122,10 +131,17 @@ def shape_of(model: Any, name: str) -> ModelShape:
     unique = {id(p): p.numel() for p in inner.parameters()}
     per_layer = [sum(p.numel() for p in layer.parameters()) for layer in layers]
     in_layer = {id(m) for layer in layers for m in layer.modules()}
+    embeddings = inner.get_input_embeddings().weight
     adaptable = tuple(
-        Adaptable(qualified.rpartition(".")[2], *_features(module), id(module) in in_layer)
+        Adaptable(
+            qualified.rpartition(".")[2],
+            module.in_features,
+            module.out_features,
+            id(module) in in_layer,
+            module.weight is embeddings,
+        )
         for qualified, module in inner.named_modules()
-        if isinstance(module, torch.nn.Linear | torch.nn.Embedding)
+        if isinstance(module, torch.nn.Linear)
     )
     attention = getattr(layers[0], "self_attn", None)
     return ModelShape(
@@ -141,13 +157,6 @@ def shape_of(model: Any, name: str) -> ModelShape:
         qk_norm=attention is not None and hasattr(attention, "q_norm"),
         adaptable=adaptable,
     )
-
-
-def _features(module: torch.nn.Module) -> tuple[int, int]:
-    if isinstance(module, torch.nn.Embedding):
-        return module.num_embeddings, module.embedding_dim
-    assert isinstance(module, torch.nn.Linear)
-    return module.in_features, module.out_features
 
 
 def _meta_model(path: Path) -> Any:
