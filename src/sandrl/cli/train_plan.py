@@ -63,7 +63,10 @@ def show_plan(plan: MemoryPlan, console: Console) -> None:
     table.add_row(Text("device memory"), Text(usable), Text(plan.memory_source))
     console.print(table)
     if plan.host_offload:
-        console.print(Text(f"offload_optimizer keeps {gib(plan.host_offload)} per rank in host memory"), soft_wrap=True)
+        host = f"{gib(plan.host_offload)} per rank in host memory"
+        if plan.processes > 1:
+            host += f" ({gib(plan.host_offload * plan.processes)} for {plan.processes} ranks on one host)"
+        console.print(Text(f"offload_optimizer keeps {host}"), soft_wrap=True)
     if plan.fits:
         console.print(Text(f"fits: {gib(plan.total)} of {gib(plan.usable)}", style="green"), soft_wrap=True)
         return
