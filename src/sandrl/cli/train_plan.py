@@ -46,7 +46,7 @@ def plan_command(config: Path, overrides: Sequence[str], *, device_memory: str |
 
 def show_plan(plan: MemoryPlan, console: Console) -> None:
     """The plan's terms, its total against the device's memory, and what to change when it does not fit."""
-    from sandrl.train.plan import gib
+    from sandrl.train.plan import human_bytes
 
     title = (
         f"memory plan: {plan.model}, {plan.parameters:,} parameters ({plan.trainable:,} trained), "
@@ -54,26 +54,32 @@ def show_plan(plan: MemoryPlan, console: Console) -> None:
     )
     table = Table("per rank", "memory", "counted as", title=Text(title), title_justify="left")
     for term in plan.terms:
-        table.add_row(Text(term.name), Text(gib(term.bytes)), Text(term.how))
+        table.add_row(Text(term.name), Text(human_bytes(term.bytes)), Text(term.how))
     shared = f" x {plan.ranks_per_device} ranks on this host" if plan.ranks_per_device > 1 else " per device"
-    table.add_row(Text("total" + shared, style="bold"), Text(gib(plan.total), style="bold"), Text(""))
-    usable = f"{gib(plan.usable)} usable" + (
-        f" of {gib(plan.device_memory)}" if plan.usable != plan.device_memory else ""
+    table.add_row(Text("total" + shared, style="bold"), Text(human_bytes(plan.total), style="bold"), Text(""))
+    usable = f"{human_bytes(plan.usable)} usable" + (
+        f" of {human_bytes(plan.device_memory)}" if plan.usable != plan.device_memory else ""
     )
     table.add_row(Text("device memory"), Text(usable), Text(plan.memory_source))
     console.print(table)
     if plan.host_offload:
-        host = f"{gib(plan.host_offload)} per rank in host memory"
+        host = f"{human_bytes(plan.host_offload)} per rank in host memory"
         if plan.processes > 1:
-            host += f" ({gib(plan.host_offload * plan.processes)} for {plan.processes} ranks on one host)"
+            host += f" ({human_bytes(plan.host_offload * plan.processes)} for {plan.processes} ranks on one host)"
         console.print(Text(f"offload_optimizer keeps {host}"), soft_wrap=True)
     if plan.fits:
-        console.print(Text(f"fits: {gib(plan.total)} of {gib(plan.usable)}", style="green"), soft_wrap=True)
+        console.print(
+            Text(f"fits: {human_bytes(plan.total)} of {human_bytes(plan.usable)}", style="green"), soft_wrap=True
+        )
         return
-    console.print(Text(f"does not fit: {gib(plan.total)} > {gib(plan.usable)}", style="bold red"), soft_wrap=True)
+    console.print(
+        Text(f"does not fit: {human_bytes(plan.total)} > {human_bytes(plan.usable)}", style="bold red"), soft_wrap=True
+    )
     if plan.changes:
         changes = Table("change, most effective first", "total", "fits alone", title=Text("what to change"))
         for change in plan.changes:
-            changes.add_row(Text(change.describe()), Text(gib(change.total)), Text("yes" if change.fits else "no"))
+            changes.add_row(
+                Text(change.describe()), Text(human_bytes(change.total)), Text("yes" if change.fits else "no")
+            )
         console.print(changes)
     console.print(Text(plan.fix()), soft_wrap=True)

@@ -129,10 +129,12 @@ class MemoryPlan:
         """The settings that make it fit, as one clause."""
         alone = [c for c in self.changes if c.fits]
         if alone:
-            return "set " + " or ".join(f"{c.describe()} ({gib(c.total)})" for c in alone)
+            return "set " + " or ".join(f"{c.describe()} ({human_bytes(c.total)})" for c in alone)
         if self.together:
             return (
-                "set together " + ", ".join(c.describe() for c in self.together) + f" ({gib(self.together[-1].total)})"
+                "set together "
+                + ", ".join(c.describe() for c in self.together)
+                + f" ({human_bytes(self.together[-1].total)})"
             )
         return "no setting of [train] makes it fit: a device with more memory, more of them, or a smaller model"
 
@@ -181,15 +183,15 @@ def check_fits(config: RunConfig, *, device_memory: int | None = None) -> Memory
         return None
     if not plan.fits:
         needs = (
-            f"{gib(plan.total)} per device"
+            f"{human_bytes(plan.total)} per device"
             if plan.ranks_per_device == 1
-            else f"{gib(plan.total)} for {plan.ranks_per_device} ranks"
+            else f"{human_bytes(plan.total)} for {plan.ranks_per_device} ranks"
         )
         source = plan.memory_source
         if plan.usable < plan.device_memory:
             source += f", less {GPU_RESERVE:.0%} for the CUDA context and fragmentation"
         raise ConfigError(
-            f"the trainer needs {needs} but {plan.device} has {gib(plan.usable)} usable ({source}): "
+            f"the trainer needs {needs} but {plan.device} has {human_bytes(plan.usable)} usable ({source}): "
             f"{plan.fix()}; `sandrl train CONFIG --plan` shows each term"
         )
     return plan
@@ -425,20 +427,20 @@ class UnmeasuredDevice(ConfigError):
 def device_capacity(device: str, given: int | None = None) -> tuple[int, str]:
     """The memory of one ``device`` (bytes) and where the number comes from; ``given`` wins."""
     if given is not None:
-        return given, f"{gib(given)} given"
+        return given, f"{human_bytes(given)} given"
     kind, _, index = device.partition(":")
     if kind == "cpu":
         from sandrl.host_memory import mem_available_bytes
 
         available = mem_available_bytes()
         if available is not None:
-            return available, f"{gib(available)} of host memory available"
+            return available, f"{human_bytes(available)} of host memory available"
     elif kind == "cuda":
         import torch
 
         if torch.cuda.is_available():
             props = torch.cuda.get_device_properties(int(index or 0))
-            return int(props.total_memory), f"{props.name}, {gib(props.total_memory)}"
+            return int(props.total_memory), f"{props.name}, {human_bytes(props.total_memory)}"
     raise UnmeasuredDevice(
         f"planning for {device}, whose memory this machine cannot measure: give one device's memory with "
         "--device-memory, e.g. --device-memory 80GiB for an H100 or A100 80GB"
@@ -464,8 +466,11 @@ def parse_size(text: str) -> int:
     return value
 
 
-def gib(nbytes: int) -> str:
-    return f"{nbytes / (1 << 30):.1f} GiB"
+def human_bytes(nbytes: int) -> str:
+    """GiB with one decimal; MiB under one GiB (a tiny model's terms would all read 0.0 GiB)."""
+    if nbytes >= 1 << 30:
+        return f"{nbytes / (1 << 30):.1f} GiB"
+    return f"{nbytes / (1 << 20):.0f} MiB"
 
 
 def _count(n: int) -> str:
