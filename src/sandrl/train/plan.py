@@ -18,16 +18,22 @@ ranks' sum), with ``N = processes``:
   with ``offload_optimizer`` (FSDP2's ``CPUOffloadPolicy`` moves the shards there too).
 - **activations** at the token budget one rank forwards (``micro_batch_tokens``, or the longest
   sample, which is forwarded alone): what the model saves per token and decoder layer for the
-  backward, counted from its modules (:func:`layer_activation_bytes`); with activation
-  checkpointing, each layer's input plus one layer recomputed.
+  backward, counted from its modules (:func:`layer_activation_bytes`), one layer more for the
+  gradients of the layer whose backward runs; with activation checkpointing, each layer's input
+  plus one layer recomputed. Packed (or padded) rows attend through SDPA with a row x row mask,
+  which every layer keeps: on CPU, and on GPUs without flash-attention's varlen kernel, that is
+  ``micro_batch_tokens`` squared per layer.
 - **log-prob buffers**: ``logprob_chunk_tokens x vocab`` float32 logits, four times (the logits,
   logsumexp's exponentials, their gradient and the picked token's gradient), plus, in bf16, the
   head's weight (and gradient) in float32.
 - **reference**: none with ``loss.beta = 0`` or with LoRA (the base with its adapters off); else
   a frozen float32 copy of the parameters (1/N).
 
-The estimate was checked against the measured peak of real CPU training steps (fp32, one
-process; ``tests/train/test_plan_measured.py``): within a few percent.
+Checked against measurements (``tests/train/test_plan*.py``): the peak of real CPU training steps
+of one process (fp32; full, LoRA, checkpointing, a reference: within 6%), and what autograd keeps
+for one decoder layer (fp32 and bf16, full and LoRA, packed or not: within 10%). The sharded and
+bf16 terms on GPUs (FSDP2's gathered units, the head in float32) follow FSDP2's documented
+behaviour and have not been measured yet.
 """
 
 from __future__ import annotations
