@@ -111,6 +111,7 @@ def test_a_finished_run_says_it_is_complete_and_steps_extends_it(run_dir: Path) 
         (["--set", "train.processes=0"], "processes must be >= 1 (the training ranks: 1, or one per GPU), got 0"),
         (["--set", "train.dtype=fp8"], "[train] dtype must be one of 'fp32', 'bf16', got 'fp8'"),
         (["--set", "train.lora.rank=0"], "[train.lora]: rank must be >= 1"),
+        (["--set", "train.offload_optimizer=true"], 'with device = "cpu" they are there already'),
         (["--set", "train.lora.target_modules=q_proj,qkv"], "[train.lora] target_modules: "),
     ],
 )

@@ -133,6 +133,11 @@ class TrainConfig:
             raise ConfigError(f"keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
         if self.processes < 1:
             raise ConfigError(f"processes must be >= 1 (the training ranks: 1, or one per GPU), got {self.processes}")
+        if self.offload_optimizer and self.device == "cpu":
+            raise ConfigError(
+                "offload_optimizer moves a GPU's optimizer state (and idle parameters) into host memory; "
+                'with device = "cpu" they are there already: set offload_optimizer = false'
+            )
         if self.logprob_chunk_tokens < 1:
             raise ConfigError(f"logprob_chunk_tokens must be >= 1 (1024 is usual), got {self.logprob_chunk_tokens}")
 
