@@ -139,7 +139,7 @@ def test_warm_start_fine_tunes_once_then_rl_trains_from_it(run_dir: Path) -> Non
     again = train("--warm-start", "--steps", "2")
     assert again.exit_code == 0, again.output
     assert "warm start: 4 supervised steps on 4 demonstrations" in again.stderr
-    assert "reused (made earlier)" in again.stderr and "warm start 2/4" not in again.stderr
+    assert "(made earlier, reused)" in again.stderr and "warm start 2/4" not in again.stderr
     assert "step 2/2" in again.stderr
     assert (out / "warm_start" / "result.json").stat().st_mtime_ns == made
 

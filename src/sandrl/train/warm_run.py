@@ -77,7 +77,7 @@ class WarmStarted:
             if self.greedy
             else ""
         )
-        when = "reused (made earlier)" if self.reused else f"{self.wall_s:.0f} s"
+        when = "made earlier, reused" if self.reused else f"{self.wall_s:.0f} s"
         return (
             f"warm start: {self.steps} supervised steps on {self.demonstrations} demonstrations, loss "
             f"{self.loss_first:.2f} -> {self.loss_last:.3f}{checked} ({when}): {self.path}"
