@@ -133,9 +133,24 @@ def bench_train(
     median_s: float | None = typer.Option(None, help="Median command time in seconds (default 0.8)."),
     sigma: float | None = typer.Option(None, help="Lognormal sigma of command times: the tail (default 1.2)."),
     seed: int = typer.Option(0, help="Seeds the tasks, their order and the command times."),
+    scale: bool = typer.Option(
+        False,
+        "--scale",
+        help="Instead: the trainer's memory at scale on the CPU (2 ranks vs 1 process, LoRA, bf16, packing on the "
+        "demo's episodes, chunked log-probs), each against its target; exit status 1 when one is missed.",
+    ),
     json_only: bool = typer.Option(False, "--json", help="Print only the JSON line."),
 ) -> None:
-    """Async vs sync training on a long tail of command times: episodes per hour, same tasks, model and budget."""
+    """Async vs sync training on a long tail of command times: episodes per hour, same tasks, model and budget.
+    With --scale, what the trainer's scale features save, against their targets."""
+    if scale:
+        given = {"--steps": steps, "--max-staleness": max_staleness, "--on-stale": on_stale, "--median-s": median_s}
+        given |= {"--sigma": sigma, "--seed": seed or None}
+        if any(v is not None for v in given.values()):
+            named = ", ".join(k for k, v in given.items() if v is not None)
+            raise ConfigError(f"--scale takes only --quick and --json; {named} belong to the async vs sync bench")
+        _bench_train_scale(quick, json_only)
+        return
     from sandrl.bench.train import options, run
 
     settings = options(
@@ -149,6 +164,17 @@ def bench_train(
     )
     console = rich_console(quiet=json_only)
     emit(asyncio.run(run(settings, console=console)))
+
+
+def _bench_train_scale(quick: bool, json_only: bool) -> None:
+    from sandrl.bench.train_scale import QUICK, ScaleSettings, run
+    from sandrl.demo.learn import DemoConfig, rl_config
+
+    demo = rl_config(DemoConfig())  # its tasks, episodes and token budget; nothing is written
+    result = run(QUICK if quick else ScaleSettings(), demo, console=rich_console(quiet=json_only, wide=True))
+    emit(result)
+    if not result["met"]:
+        raise typer.Exit(1)
 
 
 @app.command("images")
