@@ -2,11 +2,15 @@
 
 Two layouts, chosen by ``[train] packing``:
 
-- **packed** (the default): samples laid end to end in one row of at most ``micro_batch_tokens``
-  tokens, position ids restarting at 0 for every sample and no attention mask, which is the
-  Hugging Face models' own packed-sequence path (their mask builder reads the restarts as sample
-  boundaries and lets no token attend across one; flash-attention's varlen kernel does the same on
-  GPU). Almost nothing is padding.
+- **packed** (the default): samples laid end to end in rows, position ids restarting at 0 for every
+  sample and no attention mask, which is the Hugging Face models' own packed-sequence path (their
+  mask builder reads the restarts as sample boundaries and lets no token attend across one).
+  A row is ``row_tokens`` wide (at least the micro-batch's longest sample): with a varlen attention
+  kernel (flash-attention), one row of ``micro_batch_tokens``, since attention costs what each
+  sample's own does. Without one (SDPA, eager), attention runs over a row's whole width, masked,
+  so the trainer keeps rows narrow enough that attention costs less than the linear layers
+  (:func:`row_tokens`): shorter samples fill a row beside each other, the padding of one row per
+  sample is gone, and attention costs little more than in the padded layout.
 - **padded**: one sample per row, right-padded to the longest row of the micro-batch.
 
 Everything the loss needs per token (loss mask, rollout log-probs, advantages, weights, the
@@ -79,15 +83,27 @@ class MicroBatch:
             table[p.sample, : p.length] = values[p.row, p.offset : p.offset + p.length]
 
 
-def plan(lengths: Sequence[int], max_tokens: int, *, packing: bool) -> list[list[int]]:
-    """The samples of each micro-batch (indices into ``lengths``), within the token budget.
+def row_tokens(max_tokens: int, *, hidden_size: int, varlen: bool) -> int:
+    """How wide a packed row may be: the whole budget with a varlen kernel; else ``3 x hidden_size``.
 
-    A sample longer than the budget is forwarded alone. Samples are taken longest first: padded
-    rows of similar length share a micro-batch, and packed bins fill up (first fit decreasing).
+    Masked attention over a row of width ``W`` costs about ``4 W h`` FLOPs a token, the linear layers
+    of a Llama/Qwen block about ``24 h^2``: at ``W = 3h`` attention is half of them, and the padding
+    that packing removes is worth more than that.
+    """
+    return max_tokens if varlen else min(max_tokens, 3 * hidden_size)
+
+
+def plan(lengths: Sequence[int], max_tokens: int, *, packing: bool, row_tokens: int = 0) -> list[list[int]]:
+    """The samples of each micro-batch (indices into ``lengths``, row after row), within the token budget.
+
+    Samples are taken longest first. Padded: rows of similar length share a micro-batch. Packed
+    (see the module docstring): each micro-batch's rows are ``row_tokens`` wide, or as wide as its
+    first (longest) sample if that is more, filled first fit; :func:`collate` lays out the same rows
+    from this order. A sample longer than the budget is forwarded alone.
     """
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    plans: list[list[int]] = []
     if not packing:
-        plans: list[list[int]] = []
         current: list[int] = []
         for i in order:
             # Longest first: the first row of a micro-batch is its widest.
@@ -98,18 +114,25 @@ def plan(lengths: Sequence[int], max_tokens: int, *, packing: bool) -> list[list
         if current:
             plans.append(current)
         return plans
-    bins: list[list[int]] = []
+    rows: list[list[int]] = []
     room: list[int] = []
+    width = 0
     for i in order:
-        for b, free in enumerate(room):
-            if lengths[i] <= free:
-                bins[b].append(i)
-                room[b] -= lengths[i]
-                break
-        else:
-            bins.append([i])
-            room.append(max(max_tokens - lengths[i], 0))
-    return bins
+        fits = next((r for r, free in enumerate(room) if lengths[i] <= free), None)
+        if fits is not None:
+            rows[fits].append(i)
+            room[fits] -= lengths[i]
+            continue
+        if rows and (len(rows) + 1) * width > max_tokens:
+            plans.append([i for row in rows for i in row])
+            rows, room = [], []
+        if not rows:
+            width = max(row_tokens, lengths[i])
+        rows.append([i])
+        room.append(width - lengths[i])
+    if rows:
+        plans.append([i for row in rows for i in row])
+    return plans
 
 
 def collate(
@@ -118,25 +141,38 @@ def collate(
     *,
     pad_id: int,
     packing: bool = False,
+    row_tokens: int = 0,
     device: torch.device | str = "cpu",
 ) -> MicroBatch:
-    """The samples ``samples[i] for i in index`` as one micro-batch on ``device`` (packed or right-padded)."""
+    """The samples ``samples[i] for i in index`` as one micro-batch on ``device``.
+
+    Packed, in the order :func:`plan` gives: a row (``row_tokens`` wide, or as wide as the first
+    sample) is filled until the next sample does not fit, then the next row starts; this lays out
+    exactly the rows the plan filled first fit. Padded: one sample a row.
+    """
     rows = [samples[i] for i in index]
+    placements: list[Placement] = []
     if packing:
-        placements, offset = [], 0
+        width = max(row_tokens, rows[0].num_tokens)
+        row, offset = 0, 0
         for i, s in zip(index, rows, strict=True):
-            placements.append(Placement(i, 0, offset, s.num_tokens))
+            if offset and offset + s.num_tokens > width:
+                row, offset = row + 1, 0
+            placements.append(Placement(i, row, offset, s.num_tokens))
             offset += s.num_tokens
-        shape = (1, offset)
+        shape = (row + 1, max(p.offset + p.length for p in placements))
     else:
         placements = [Placement(i, row, 0, s.num_tokens) for row, (i, s) in enumerate(zip(index, rows, strict=True))]
         shape = (len(rows), max(s.num_tokens for s in rows))
     ids = torch.full(shape, pad_id, dtype=torch.long)
     attention = torch.zeros(shape, dtype=torch.long)
+    # Packed: the padding at a row's end counts as a sequence of its own (positions from 0), which
+    # nothing attends to from a sample and no loss reads.
     positions = torch.zeros(shape, dtype=torch.long)
     mask = torch.zeros(shape, dtype=torch.float32)
     rollout = torch.zeros(shape, dtype=torch.float32)
     advantages = torch.zeros(shape, dtype=torch.float32)
+    ends = [0] * shape[0]
     for p, s in zip(placements, rows, strict=True):
         span = slice(p.offset, p.offset + p.length)
         ids[p.row, span] = torch.tensor(s.token_ids, dtype=torch.long)
@@ -146,6 +182,10 @@ def collate(
         advantages[p.row, span] = s.advantage
         if s.rollout_logprobs is not None:
             rollout[p.row, span] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
+        ends[p.row] = max(ends[p.row], p.offset + p.length)
+    if packing:
+        for r, end in enumerate(ends):
+            positions[r, end:] = torch.arange(shape[1] - end)
     return MicroBatch(
         input_ids=ids.to(device),
         attention_mask=None if packing else attention.to(device),

@@ -169,8 +169,8 @@ class RankGroup:
                     rank = by_conn[id(item)]
                     try:
                         kind, value = item.recv()
-                    except EOFError:
-                        continue  # its sentinel says why
+                    except (EOFError, OSError):  # the rank died: a closed pipe, or a reset one
+                        continue  # its sentinel says why (it is ready now, or in a moment)
                     if kind != "ok":
                         self._abort()
                         raise _error(kind, value, rank, method)

@@ -107,6 +107,14 @@ class Trainer:
         self.model = model.to(self.device).train()
         """The model as built (a ``peft`` model with LoRA): what is exported and checkpointed."""
         self.policy = PolicyForward(self.model)
+        hf_config = self.policy.lm.config
+        attention = str(getattr(hf_config, "_attn_implementation", "") or "")
+        self.row_tokens = micro_batches.row_tokens(
+            cfg.micro_batch_tokens,
+            hidden_size=int(getattr(hf_config, "hidden_size", 0) or 0),
+            varlen=attention.startswith("flash_attention"),  # its varlen kernel attends per sample
+        )
+        """How wide a packed row is (:func:`~sandrl.train.micro_batches.row_tokens`)."""
         if cfg.activation_checkpointing:
             sharding.enable_activation_checkpointing(self.policy)
         self.reference: PolicyForward | None = None
@@ -334,7 +342,9 @@ class Trainer:
 
     def _plans(self, samples: Sequence[TrainSample]) -> list[list[int]]:
         lengths = [s.num_tokens for s in samples]
-        return micro_batches.plan(lengths, self.config.micro_batch_tokens, packing=self.config.packing)
+        return micro_batches.plan(
+            lengths, self.config.micro_batch_tokens, packing=self.config.packing, row_tokens=self.row_tokens
+        )
 
     def _my_micro_batches(self, samples: Sequence[TrainSample]) -> list[MicroBatch | None]:
         """This rank's micro-batches of ``samples``, padded with None to the count every rank runs."""
@@ -342,7 +352,12 @@ class Trainer:
         mine, count = self.world.share(len(plans))
         out: list[MicroBatch | None] = [
             micro_batches.collate(
-                samples, plans[k], pad_id=self.pad_id, packing=self.config.packing, device=self.device
+                samples,
+                plans[k],
+                pad_id=self.pad_id,
+                packing=self.config.packing,
+                row_tokens=self.row_tokens,
+                device=self.device,
             )
             for k in mine
         ]
