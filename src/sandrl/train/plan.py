@@ -30,10 +30,11 @@ ranks' sum), with ``N = processes``:
   a frozen float32 copy of the parameters (1/N).
 
 Checked against measurements (``tests/train/test_plan*.py``): the peak of real CPU training steps
-of one process (fp32; full, LoRA, checkpointing, a reference: within 6%), and what autograd keeps
-for one decoder layer (fp32 and bf16, full and LoRA, packed or not: within 10%). The sharded and
-bf16 terms on GPUs (FSDP2's gathered units, the head in float32) follow FSDP2's documented
-behaviour and have not been measured yet.
+(fp32 in one process; two FSDP2 ranks over gloo with a sharded reference; bf16 through FSDP2's
+mixed precision with LoRA and checkpointing: within 10% a rank), and what autograd keeps for one
+decoder layer (fp32 and bf16, full and LoRA, packed or not: within 10%). On GPUs the CUDA caching
+allocator, NCCL's buffers and the attention kernels add what :data:`GPU_RESERVE` stands for; that
+part has not been measured here.
 """
 
 from __future__ import annotations
