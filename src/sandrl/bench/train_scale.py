@@ -4,28 +4,30 @@ One model for the first three rows: a Qwen3-architecture model of about 55M para
 decoder layers of width 640, the byte tokenizer's vocabulary), random weights, written to a
 temporary directory and loaded the way ``sandrl train`` loads a checkpoint. Its parameters sit in
 its decoder layers, as a 7B model's do (a small model with a 152k vocabulary would be mostly
-embedding). One run config (:func:`run_config`) trains it in every row.
+embedding). One ``[train]`` table (:meth:`ScaleSettings.run_config`) trains it in every row.
 
 - **ranks**: the peak resident memory of each of 2 gloo ranks (:class:`~sandrl.train.ranks.RankGroup`,
   FSDP2) over one training step, against the trainer alone in one process, same batch. Each
   process's high-water mark is reset after a first step (which made the optimizer state) and read
-  after the measured one; the same measure of a process holding a model of 4k parameters is
-  subtracted (Python, torch and gloo themselves), so what remains is the parameters, gradients,
-  optimizer state, activations and buffers the step held.
+  after the measured one; the same measure of a process holding a model of a few thousand
+  parameters is subtracted (Python, torch and gloo themselves), so what remains is the
+  parameters, gradients, optimizer state, activations and buffers the step held. Every process
+  maps large blocks on their own (:func:`_freed_memory_returned`), so that its RSS is what it holds,
+  not what glibc kept of what it freed.
 - **lora**: bytes of the trainable parameters and of AdamW's state after a step, LoRA rank 16 on
   every linear layer of the decoder (``[train.lora]``, through ``peft``) against full fine-tuning.
 - **bf16**: bytes of the parameters every decoder layer's forward sees (read in a forward pre-hook,
   after FSDP2 has gathered them), ``dtype = "bf16"`` (FSDP2's ``MixedPrecisionPolicy``, in a group
   of one rank) against fp32.
 - **packing**: the share of forwarded positions that are padding, packed against padded, on the
-  demo's episodes: each of its training tasks' prompt with its reference reply, as the tiny
-  model sees them, in batches of ``groups_per_step x group_size`` at its ``micro_batch_tokens``,
-  laid out by the trainer's own :mod:`~sandrl.train.micro_batches`.
+  demo's episodes: each of its training tasks' prompt with its reference reply, as its tiny model
+  sees them, in batches of ``groups_per_step x group_size``, laid out in micro-batches by a trainer
+  of the demo's model and ``[train]`` table (how wide a packed row may be depends on both).
 - **log-probs**: the peak bytes of the tensors made by the chunked log-probs of 8192 tokens with a
   152064-token head (forward with the entropy, as the trainer's training forward asks, and
   backward), against the same computation on the full logits, counted by
   :class:`~sandrl.bench.tensor_peak.TensorPeak` on ``meta`` tensors (the full computation holds
-  14 GiB at once; the count is the same as on real tensors).
+  about 19 GiB at once; the count is the same as on real tensors).
 
 Prints a card, then returns the JSON line's dict; ``met`` says whether every target was.
 """
@@ -51,12 +53,11 @@ from rich.text import Text
 
 from sandrl.bench.tensor_peak import TensorPeak, reset_peak_rss, rss_bytes
 from sandrl.inference.model import TinyModelConfig, build_tiny_model, load_model, save_weights
-from sandrl.inference.tokenizer import ByteTokenizer
-from sandrl.train import micro_batches
+from sandrl.inference.tokenizer import TINY, ByteTokenizer
 from sandrl.train.batch import Batch, TrainSample
 from sandrl.train.config import TrainConfig
 from sandrl.train.lora import LoraConfig
-from sandrl.train.ranks import RankGroup, RankSpec
+from sandrl.train.ranks import RankGroup, RankSpec, start_rank
 from sandrl.train.run_config import RunConfig
 from sandrl.train.trainer import Trainer
 
@@ -195,18 +196,24 @@ def _bf16_row(fp32: int, bf16: int, dtypes: list[str]) -> dict[str, Any]:
 
 
 def packing_row(demo: RunConfig, root: Path, tasks: int | None = None) -> dict[str, Any]:
-    """Padding's share of the positions forwarded, packed and padded, on the demo's episodes (see the module)."""
+    """Padding's share of the positions forwarded, packed and padded, on the demo's episodes (see the module).
+
+    The micro-batches are the trainer's own, for the demo's model and ``[train]`` table: how wide a
+    packed row may be depends on the model (its attention) as well as on the budget.
+    """
+    if demo.model.name != TINY:
+        raise ValueError(f"the demo's model is {TINY!r}, built with [warm_start.tiny]; got {demo.model.name!r}")
     samples = demo_episodes(demo, root, tasks)
     batch = demo.run.groups_per_step * demo.rollout.group_size
-    budget = demo.train.micro_batch_tokens
+    model, tokenizer = build_tiny_model(demo.warm_start.tiny)
     waste: dict[str, float] = {}
     count: dict[str, int] = {}
     for packing in (True, False):
+        trainer = Trainer(model, dataclasses.replace(demo.train, packing=packing), tokenizer=tokenizer)
         slots = tokens = micro = 0
         for start in range(0, len(samples), batch):
-            part = samples[start : start + batch]
-            for plan in micro_batches.plan([s.num_tokens for s in part], budget, packing=packing):
-                mb = micro_batches.collate(part, plan, pad_id=0, packing=packing)
+            for mb in trainer._my_micro_batches(samples[start : start + batch]):
+                assert mb is not None  # one process: every micro-batch is its own
                 slots, tokens, micro = slots + mb.slots, tokens + mb.tokens, micro + 1
         name = "packed" if packing else "padded"
         waste[name] = round(1 - tokens / slots, 4)
@@ -219,7 +226,8 @@ def packing_row(demo: RunConfig, root: Path, tasks: int | None = None) -> dict[s
         "padded_micro_batches": count["padded"],
         "episodes": len(samples),
         "batch": batch,
-        "micro_batch_tokens": budget,
+        "micro_batch_tokens": demo.train.micro_batch_tokens,
+        "model_hidden_size": demo.warm_start.tiny.hidden_size,
         "tokens_min": lengths[0],
         "tokens_median": lengths[len(lengths) // 2],
         "tokens_max": lengths[-1],
@@ -370,6 +378,9 @@ def _solo(
     model_dir: str, baseline_dir: str, config: TrainConfig, warm: Batch, measured: Batch, lora_rank: int
 ) -> dict[str, Any]:
     """In this (fresh) process: the trainer alone (its peak, less the stand-in's), then the LoRA and bf16 rows."""
+    # One thread, as each of 2 ranks has on 2 cores: threads waiting at a barrier on a busy host cost
+    # more than they compute at this size.
+    torch.set_num_threads(1)
     baseline = _alone_peak(baseline_dir, config, warm, measured)
     return {"alone_bytes": _alone_peak(model_dir, config, warm, measured) - baseline} | _probe(
         model_dir, config, warm, lora_rank
@@ -387,7 +398,7 @@ def _alone_peak(model_dir: str, config: TrainConfig, warm: Batch, measured: Batc
 
 def _probe(model_dir: str, config: TrainConfig, batch: Batch, lora_rank: int) -> dict[str, Any]:
     """Full and LoRA trainable state after a step; the parameters the decoder layers compute with, fp32
-    alone, then bf16 under FSDP2 in a group of one (this process's)."""
+    alone, then bf16 as a rank of a group of one (FSDP2)."""
     import torch.distributed as dist
 
     out: dict[str, Any] = {}
@@ -403,11 +414,11 @@ def _probe(model_dir: str, config: TrainConfig, batch: Batch, lora_rank: int) ->
     out["lora_state_bytes"] = trainable_state_bytes(lora.optimizer)
     out["lora_trainable"] = _trainable(lora.optimizer)
     del lora
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # as the ranks do: loopback only
     with tempfile.TemporaryDirectory(prefix="sandrl-bench-store-") as store:
-        dist.init_process_group("gloo", init_method=f"file://{store}/store", rank=0, world_size=1)
+        spec = RankSpec(model_dir, dataclasses.replace(config, dtype="bf16"))
+        bf16 = start_rank(0, 1, f"file://{store}/store", spec, loopback=True)  # what a bf16 run's rank builds
+        torch.set_num_threads(1)
         try:
-            bf16 = _trainer(model_dir, dataclasses.replace(config, dtype="bf16"))
             seen = _watch_layers(bf16)
             bf16.step(batch)
             out["bf16_layer_bytes"] = sum(b for b, _ in seen.values())
