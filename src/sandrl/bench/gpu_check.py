@@ -140,7 +140,8 @@ def batches(settings: CheckSettings, count: int, *, seed: int) -> list[Batch]:
     rng = random.Random(seed)
     out = []
     for b in range(count):
-        samples, total = [], 0
+        samples: list[TrainSample] = []
+        total = 0
         while total < settings.step_tokens:
             length = round(math.exp(rng.uniform(math.log(settings.min_tokens), math.log(settings.max_tokens))))
             samples.append(_sample(rng, length, settings.vocab_size, f"b{b}-{len(samples)}"))

@@ -23,11 +23,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 
-class TensorPeak(TorchDispatchMode):  # type: ignore[misc]
+class TensorPeak(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """``with TensorPeak() as peak: ...``, then ``peak.peak``: the most bytes alive at once."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.live = 0
         """Bytes of the storages made in the block and not yet freed."""
         self.peak = 0

@@ -21,8 +21,9 @@ embedding). One ``[train]`` table (:meth:`ScaleSettings.run_config`) trains it i
   of one rank) against fp32.
 - **packing**: the share of forwarded positions that are padding, packed against padded, on the
   demo's episodes: each of its training tasks' prompt with its reference reply, as its tiny model
-  sees them, in batches of ``groups_per_step x group_size``, laid out in micro-batches by a trainer
-  of the demo's model and ``[train]`` table (how wide a packed row may be depends on both).
+  sees them, in batches of ``groups_per_step x group_size`` at its ``micro_batch_tokens``, laid out
+  by the trainer's :mod:`~sandrl.train.micro_batches` in rows as wide as a trainer of the demo's
+  model makes them (and, reported beside, a varlen kernel's).
 - **log-probs**: the peak bytes of the tensors made by the chunked log-probs of 8192 tokens with a
   152064-token head (forward with the entropy, as the trainer's training forward asks, and
   backward), against the same computation on the full logits, counted by
@@ -44,7 +45,7 @@ from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from rich.console import Console
@@ -54,6 +55,7 @@ from rich.text import Text
 from sandrl.bench.tensor_peak import TensorPeak, reset_peak_rss, rss_bytes
 from sandrl.inference.model import TinyModelConfig, build_tiny_model, load_model, save_weights
 from sandrl.inference.tokenizer import TINY, ByteTokenizer
+from sandrl.train import micro_batches
 from sandrl.train.batch import Batch, TrainSample
 from sandrl.train.config import TrainConfig
 from sandrl.train.lora import LoraConfig
@@ -198,35 +200,39 @@ def _bf16_row(fp32: int, bf16: int, dtypes: list[str]) -> dict[str, Any]:
 def packing_row(demo: RunConfig, root: Path, tasks: int | None = None) -> dict[str, Any]:
     """Padding's share of the positions forwarded, packed and padded, on the demo's episodes (see the module).
 
-    The micro-batches are the trainer's own, for the demo's model and ``[train]`` table: how wide a
-    packed row may be depends on the model (its attention) as well as on the budget.
+    Packed rows are as wide as a trainer of the demo's model makes them (its attention decides:
+    ``3 x hidden_size`` with SDPA, as on the CPU); ``packed_varlen_waste`` is the same with a varlen
+    kernel's rows of the whole budget (flash-attention on a GPU).
     """
     if demo.model.name != TINY:
         raise ValueError(f"the demo's model is {TINY!r}, built with [warm_start.tiny]; got {demo.model.name!r}")
     samples = demo_episodes(demo, root, tasks)
     batch = demo.run.groups_per_step * demo.rollout.group_size
+    budget = demo.train.micro_batch_tokens
     model, tokenizer = build_tiny_model(demo.warm_start.tiny)
+    row = Trainer(model, dataclasses.replace(demo.train, packing=True), tokenizer=tokenizer).row_tokens
+    layouts = {"packed": (True, row), "padded": (False, 0), "packed_varlen": (True, budget)}
     waste: dict[str, float] = {}
     count: dict[str, int] = {}
-    for packing in (True, False):
-        trainer = Trainer(model, dataclasses.replace(demo.train, packing=packing), tokenizer=tokenizer)
-        slots = tokens = micro = 0
+    for name, (packing, width) in layouts.items():
+        slots = tokens = 0
         for start in range(0, len(samples), batch):
-            for mb in trainer._my_micro_batches(samples[start : start + batch]):
-                assert mb is not None  # one process: every micro-batch is its own
-                slots, tokens, micro = slots + mb.slots, tokens + mb.tokens, micro + 1
-        name = "packed" if packing else "padded"
+            part = samples[start : start + batch]
+            for plan in micro_batches.plan([s.num_tokens for s in part], budget, packing=packing, row_tokens=width):
+                mb = micro_batches.collate(part, plan, pad_id=0, packing=packing, row_tokens=width)
+                slots, tokens, count[name] = slots + mb.slots, tokens + mb.tokens, count.get(name, 0) + 1
         waste[name] = round(1 - tokens / slots, 4)
-        count[name] = micro
     lengths = sorted(s.num_tokens for s in samples)
     return {
         "packed_waste": waste["packed"],
         "padded_waste": waste["padded"],
+        "packed_varlen_waste": waste["packed_varlen"],
         "packed_micro_batches": count["packed"],
         "padded_micro_batches": count["padded"],
+        "packed_row_tokens": row,
         "episodes": len(samples),
         "batch": batch,
-        "micro_batch_tokens": demo.train.micro_batch_tokens,
+        "micro_batch_tokens": budget,
         "model_hidden_size": demo.warm_start.tiny.hidden_size,
         "tokens_min": lengths[0],
         "tokens_median": lengths[len(lengths) // 2],
@@ -238,6 +244,7 @@ def packing_row(demo: RunConfig, root: Path, tasks: int | None = None) -> dict[s
 
 def demo_episodes(demo: RunConfig, root: Path, tasks: int | None = None) -> list[TrainSample]:
     """Each of ``demo``'s training tasks (the first ``tasks``) as its reference episode, as the tiny model sees it."""
+    from sandrl.rollout.agents.formats import AgentFormat
     from sandrl.tasks.builtin.generated import generate_tasks
     from sandrl.train.warmstart import demonstrations
     from sandrl.wiring import load_task_set
@@ -248,9 +255,9 @@ def demo_episodes(demo: RunConfig, root: Path, tasks: int | None = None) -> list
     count = demo.tasks.count if tasks is None else min(tasks, demo.tasks.count)
     generate_tasks(root, family, count, demo.tasks.seed, overwrite=True)
     rollout = demo.rollout
-    return demonstrations(
-        load_task_set(root), ByteTokenizer(), rollout.system_prompt, rollout.format, rollout.tool_names()
-    )  # type: ignore[arg-type]
+    agent_format = cast(AgentFormat, rollout.format)
+    tasks_loaded = load_task_set(root)
+    return demonstrations(tasks_loaded, ByteTokenizer(), rollout.system_prompt, agent_format, rollout.tool_names())
 
 
 def logprob_row(settings: ScaleSettings) -> dict[str, Any]:
@@ -303,9 +310,9 @@ def logprob_peak(settings: ScaleSettings, *, chunked: bool, device: str = "meta"
                 probs = torch.softmax(logits, -1)
                 entropy = torch.logsumexp(logits, -1) - (probs * logits).sum(-1)
             del logits, probs, entropy
-        logprobs.sum().backward()
+        torch.autograd.backward(logprobs.sum())
         del logprobs
-    return peak.peak
+    return int(peak.peak)
 
 
 # -- measured in other processes -------------------------------------------------------------------
@@ -516,7 +523,8 @@ def render_card(result: dict[str, Any]) -> Table:
             bf["met"],
         ),
         (
-            f"padding, packed vs padded ({pk['episodes']} demo episodes)",
+            f"padding, packed in {pk['packed_row_tokens']}-token rows vs padded ({pk['episodes']} demo episodes; "
+            f"varlen rows: {pk['packed_varlen_waste']:.1%})",
             f"{pk['packed_waste']:.1%}",
             f"{pk['padded_waste']:.1%}",
             f"{pk['packed_waste']:.1%}",
