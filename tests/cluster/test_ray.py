@@ -192,3 +192,26 @@ async def test_killing_a_rollout_worker_mid_run_reissues_its_groups(
     assert c["worker_losses"] >= 1 and c["ledger"]["reissues"] >= 1, c
     assert c["workers_alive"] == 2, "Ray restarted the worker"
     await _wait_for(lambda: both_up["a"].live() == 0 and both_up["b"].live() == 0, 30)
+
+
+async def test_two_training_ranks_in_a_placement_group_train_the_run_exactly_once(
+    tmp_path: Path,
+    ray_cluster: Any,
+    both_up: dict[str, SandboxHost],
+    served: tuple[Engine, str],
+    inference_token_file: Path,
+) -> None:
+    """``[train] processes = 2`` under --ray: two rank actors (FSDP2 over gloo) are the trainer; the drivers
+    do not change, and every episode is trained once."""
+    from ray.util.placement_group import placement_group_table
+
+    out = tmp_path / "ranks"
+    config = run_config(out, inference_token_file, run={"steps": 2}, train={"processes": 2})
+    before = set(placement_group_table())
+    result = await run_cluster_training(
+        config, cluster_config(both_up, served[1]), address="auto", agent=ParityAgent(tokens=1)
+    )
+    groups = [g for key, g in placement_group_table().items() if key not in before]
+    assert [(len(g["bundles"]), g["strategy"], g["state"]) for g in groups] == [(2, "PACK", "REMOVED")]
+    _check_exactly_once(out, result, 2, 2, 4)
+    assert result["weight_version"] >= 1 and (out / "checkpoints" / "step-00000002" / "state").is_dir()
