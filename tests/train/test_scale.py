@@ -176,16 +176,19 @@ def test_activation_checkpointing_changes_memory_not_the_update(model_dir: Path)
     assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-6)
 
 
-def test_bf16_ranks_compute_in_bf16_and_export_bf16_weights_close_to_fp32(model_dir: Path, tmp_path: Path) -> None:
+def test_bf16_lora_ranks_with_a_kl_reference_compute_in_bf16_close_to_fp32(model_dir: Path, tmp_path: Path) -> None:
+    """bf16 through FSDP2, LoRA, and the reference (the base: adapters scaled to 0, as a sharded unit needs)."""
     fp32 = _alone(model_dir).logprobs(_batch().samples)
-    with RankGroup(RankSpec(str(model_dir), replace(CONFIG, dtype="bf16"))) as group:
-        bf16 = group.logprobs(_batch().samples)
-        metrics = group.step(_batch())
+    lora = LoraConfig(rank=4, target_modules=("q_proj", "v_proj"))
+    config = replace(CONFIG, dtype="bf16", lora=lora, loss=LossConfig(beta=0.1))
+    with RankGroup(RankSpec(str(model_dir), config)) as group:
+        bf16 = group.logprobs(_batch().samples)  # the adapters start at zero: the base's log-probs
+        metrics = [group.step(_batch()) for _ in range(2)]
         exported = _weights(group.export_weights(tmp_path).path)
     worst = max(abs(x - y) for a, b in zip(fp32, bf16, strict=True) for x, y in zip(a, b, strict=True))
     assert 0 < worst < 0.1  # bf16 compute: close, not equal
-    assert metrics["updates"] == 1
-    assert {t.dtype for t in exported.values()} == {torch.bfloat16}
+    assert [m["updates"] for m in metrics] == [1, 1] and metrics[0]["kl_mean"] == 0 < metrics[1]["kl_mean"]
+    assert {t.dtype for t in exported.values()} == {torch.bfloat16}  # merged, in the training dtype
 
 
 def _groups(count: int) -> list[Group]:

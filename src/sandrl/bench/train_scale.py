@@ -97,7 +97,8 @@ class ScaleSettings:
     """Qwen2.5's and Qwen3's vocabulary."""
     logprob_hidden: int = 64
     """The hidden states' width: the logits' bytes do not depend on it, and the row stays fast."""
-    logprob_chunk_tokens: int = 1024
+    logprob_chunk_tokens: int = TrainConfig.logprob_chunk_tokens
+    """The trainer's default."""
     demo_tasks: int | None = None
     """The demo's training tasks to lay out (None: all of them)."""
 

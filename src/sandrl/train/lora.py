@@ -121,6 +121,23 @@ def adapters_disabled(model: Any) -> Iterator[Any]:
         yield model
 
 
+@contextlib.contextmanager
+def adapters_zeroed(model: Any) -> Iterator[Any]:
+    """Within the block, every adapter's update is scaled by 0: ``model`` computes as its base (``x + 0``)
+    while its adapters still take part in the forward (as a sharded model's units need)."""
+    _check_peft(model, "adapters_zeroed")
+    layers = [m for m in model.modules() if isinstance(m, peft.tuners.lora.LoraLayer)]
+    saved = [dict(layer.scaling) for layer in layers]
+    try:
+        for layer in layers:
+            for name in layer.scaling:
+                layer.scaling[name] = 0.0
+        yield model
+    finally:
+        for layer, scaling in zip(layers, saved, strict=True):
+            layer.scaling.update(scaling)
+
+
 def lora_state_dict(model: Any) -> dict[str, torch.Tensor]:
     """The adapters' weights (``peft``'s names, without the adapter's name): what a checkpoint of the policy holds."""
     _check_peft(model, "lora_state_dict")

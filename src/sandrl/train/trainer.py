@@ -336,7 +336,10 @@ class Trainer:
         else:
             from sandrl.train import lora
 
-            with lora.adapters_disabled(self.model):
+            # Sharded, the adapters still run, scaled by 0: FSDP2 breaks (bf16 gradients meet float32
+            # ones in the next backward) when a forward leaves a unit's gathered parameters unused.
+            off = lora.adapters_zeroed if self.sharded else lora.adapters_disabled
+            with off(self.model):
                 out = self.policy(ids, **kwargs)
         return out
 
