@@ -41,7 +41,8 @@ def test_quick_scale_run_measures_every_row_and_exits_by_its_targets(
     assert result["bf16"]["bf16_dtypes"] == ["bfloat16"]
     packing = result["packing"]
     assert packing["episodes"] == QUICK.demo_tasks and packing["micro_batch_tokens"] == 16384, "the demo's budget"
-    assert 0 <= packing["packed_varlen_waste"] <= packing["packed_waste"] <= packing["padded_waste"] < 1
+    assert 0 <= packing["packed_waste"] <= packing["packed_masked_waste"] <= packing["padded_waste"] < 1
+    assert packing["packed_attention"] == "sandrl_packed"
     logprobs = result["logprobs"]
     assert logprobs["chunked_bytes"] < logprobs["full_bytes"] and logprobs["logits_bytes"] < logprobs["full_bytes"]
     assert not list(tmp_path.glob("sandrl-*")), "the bench leaves no model, task or store behind"

@@ -113,11 +113,15 @@ def test_lora_adapters_are_counted_as_peft_adds_them(tmp_path: Path) -> None:
         assert shape_of(wrapped, "peft").parameters == sum(p.numel() for p in wrapped.parameters())
 
 
-def _saved_bytes(model: Any, tokens: int, *, packed: bool) -> int:
+def _saved_bytes(model: Any, tokens: int, *, layout: str) -> int:
     """Bytes autograd keeps for the backward of the decoder's forward over ``tokens`` (parameters aside)."""
     from sandrl.train.logprobs import PolicyForward
+    from sandrl.train.packed_attention import use_packed_attention
 
-    decoder = PolicyForward(model).decoder
+    policy = PolicyForward(model)
+    decoder = policy.decoder
+    if layout == "packed":
+        assert use_packed_attention(policy.base), "the trainer's packed rows attend per sample"
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     kept: dict[int, int] = {}
 
@@ -126,8 +130,10 @@ def _saved_bytes(model: Any, tokens: int, *, packed: bool) -> int:
         kept[storage.data_ptr()] = storage.nbytes()
         return tensor
 
+    packed = layout != "unmasked"
     ids = torch.randint(0, int(model.config.vocab_size), (1, tokens) if packed else (4, tokens // 4))
-    # Packed: four samples end to end, positions restarting (Hugging Face's packed path masks across them).
+    # Four samples end to end, positions restarting: Hugging Face's SDPA path masks across them
+    # (masked), sandrl's packed attention attends per sample (packed).
     extra = {"position_ids": torch.arange(tokens // 4).repeat(4)[None]} if packed else {}
     with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
         decoder(input_ids=ids, use_cache=False, **extra)  # as the trainer calls it (a cache hides the packing)
@@ -135,12 +141,12 @@ def _saved_bytes(model: Any, tokens: int, *, packed: bool) -> int:
 
 
 @pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")  # peft's, not ours
-@pytest.mark.parametrize("packed", [False, True], ids=["unmasked", "packed"])
+@pytest.mark.parametrize("layout", ["unmasked", "masked", "packed"])
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize(
     "lora", [None, LoraConfig(rank=16), LoraConfig(rank=16, dropout=0.1)], ids=["full", "lora", "dropout"]
 )
-def test_a_layers_activations_are_what_autograd_keeps(packed: bool, dtype: str, lora: LoraConfig | None) -> None:
+def test_a_layers_activations_are_what_autograd_keeps(layout: str, dtype: str, lora: LoraConfig | None) -> None:
     """The per-layer count against the tensors a real forward saves: one layer is the difference of 2 and 1."""
     import peft
 
@@ -158,10 +164,10 @@ def test_a_layers_activations_are_what_autograd_keeps(packed: bool, dtype: str, 
             )
         # bf16 as FSDP2's mixed precision computes: every parameter gathered in bf16, the adapters' too.
         model = model.to(torch.bfloat16 if compute == 2 else torch.float32)
-        saved.append(_saved_bytes(model.train(), tokens, packed=packed))
+        saved.append(_saved_bytes(model.train(), tokens, layout=layout))
     measured = (saved[1] - saved[0]) / tokens
     shape = shape_of(transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**config)), "small")
-    planned = layer_activation_bytes(shape, compute, lora, mask_row=tokens if packed else 0)
+    planned = layer_activation_bytes(shape, compute, lora, mask_row=tokens if layout == "masked" else 0)
     assert measured * 0.9 <= planned <= measured * 1.1, (planned, measured)
 
 
@@ -299,7 +305,8 @@ def test_a_run_that_cannot_fit_is_refused_before_anything_starts(tmp_path: Path,
     message = result.exception.message
     assert message.startswith("the trainer needs ") and "but cpu has 64.0 GiB usable (64.0 GiB given)" in message
     # Neither alone fits (fp32 activations of 8192 tokens x 36 layers are 100+ GiB): both together do.
-    assert "set together [train] activation_checkpointing = true, [train.lora] rank = 16 (" in message
+    together = message.split("set together ", 1)[1].split(" (", 1)[0].split(", ")
+    assert sorted(together) == ["[train.lora] rank = 16", "[train] activation_checkpointing = true"], message
     assert "sandrl train CONFIG --plan" in message
     assert "\n" not in message
     assert not (tmp_path / "out").exists()  # no config written, no sandbox or engine started

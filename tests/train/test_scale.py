@@ -107,22 +107,25 @@ def test_two_gloo_ranks_train_like_one_process_and_their_checkpoint_resumes_on_o
             group.step(_batch())
 
 
-@pytest.mark.parametrize("varlen", [False, True])
-def test_packed_and_padded_micro_batches_give_the_same_log_probs_and_gradients(model_dir: Path, varlen: bool) -> None:
-    """Packed rows as wide as the attention kernel makes cheap (SDPA here: 3 x hidden; a varlen kernel:
-    the whole budget) train exactly what padded rows train, with less padding."""
+@pytest.mark.parametrize("per_sample", [True, False], ids=["per-sample", "masked"])
+def test_packed_and_padded_micro_batches_give_the_same_log_probs_and_gradients(
+    model_dir: Path, per_sample: bool
+) -> None:
+    """Packed rows train exactly what padded rows train, with less padding: rows of the whole budget
+    attended per sample (the trainer's default), or 3 x hidden rows under SDPA's row x row mask."""
     batch = Batch.of(sample("p" * (i % 7) ** 2, "out", advantage=(-1) ** i * 0.5) for i in range(40))
     roomy = replace(CONFIG, micro_batch_tokens=4096)
     packed, padded = _alone(model_dir, roomy), _alone(model_dir, replace(roomy, packing=False))
-    assert packed.row_tokens == 3 * 64
-    if varlen:
-        packed.row_tokens = roomy.micro_batch_tokens  # what a flash-attention model gets
+    assert packed.row_tokens == roomy.micro_batch_tokens
+    if not per_sample:  # what a model that cannot attend per sample gets
+        packed.policy.base.set_attn_implementation("sdpa")
+        packed.row_tokens = 3 * 64
     for a, b in zip(packed.logprobs(batch.samples), padded.logprobs(batch.samples), strict=True):
         assert len(a) == len(b) and max(abs(x - y) for x, y in zip(a, b, strict=True)) <= 1e-5
     m_packed, m_padded = packed.step(batch), padded.step(batch)
     assert m_packed["grad_norm"] == pytest.approx(m_padded["grad_norm"], rel=1e-5)
     assert m_padded["padding_frac"] >= 0.3  # the waste is reported
-    assert m_packed["padding_frac"] <= (0.05 if varlen else m_padded["padding_frac"] / 2)
+    assert m_packed["padding_frac"] <= (0.0 if per_sample else m_padded["padding_frac"] / 2)
 
 
 class _WidestLogits(TorchDispatchMode):  # type: ignore[no-untyped-call]

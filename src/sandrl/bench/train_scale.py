@@ -23,7 +23,9 @@ embedding). One ``[train]`` table (:meth:`ScaleSettings.run_config`) trains it i
   demo's episodes: each of its training tasks' prompt with its reference reply, as its tiny model
   sees them, in batches of ``groups_per_step x group_size`` at its ``micro_batch_tokens``, laid out
   by the trainer's :mod:`~sandrl.train.micro_batches` in rows as wide as a trainer of the demo's
-  model makes them (and, reported beside, a varlen kernel's).
+  model makes them (the whole budget: it attends per sample through
+  :mod:`~sandrl.train.packed_attention`), and, reported beside, in the ``3 x hidden_size`` rows of
+  a model that attends over a whole row with a mask.
 - **log-probs**: the peak bytes of the tensors made by the chunked log-probs of 8192 tokens with a
   152064-token head (forward with the entropy, as the trainer's training forward asks, and
   backward), against the same computation on the full logits, counted by
@@ -201,9 +203,9 @@ def _bf16_row(fp32: int, bf16: int, dtypes: list[str]) -> dict[str, Any]:
 def packing_row(demo: RunConfig, root: Path, tasks: int | None = None) -> dict[str, Any]:
     """Padding's share of the positions forwarded, packed and padded, on the demo's episodes (see the module).
 
-    Packed rows are as wide as a trainer of the demo's model makes them (its attention decides:
-    ``3 x hidden_size`` with SDPA, as on the CPU); ``packed_varlen_waste`` is the same with a varlen
-    kernel's rows of the whole budget (flash-attention on a GPU).
+    Packed rows are as wide as a trainer of the demo's model makes them (its attention decides: the
+    budget when it attends per sample); ``packed_masked_waste`` is the same in the ``3 x hidden_size``
+    rows of a model that attends over a whole row with a mask.
     """
     if demo.model.name != TINY:
         raise ValueError(f"the demo's model is {TINY!r}, built with [warm_start.tiny]; got {demo.model.name!r}")
@@ -211,8 +213,10 @@ def packing_row(demo: RunConfig, root: Path, tasks: int | None = None) -> dict[s
     batch = demo.run.groups_per_step * demo.rollout.group_size
     budget = demo.train.micro_batch_tokens
     model, tokenizer = build_tiny_model(demo.warm_start.tiny)
-    row = Trainer(model, dataclasses.replace(demo.train, packing=True), tokenizer=tokenizer).row_tokens
-    layouts = {"packed": (True, row), "padded": (False, 0), "packed_varlen": (True, budget)}
+    trainer = Trainer(model, dataclasses.replace(demo.train, packing=True), tokenizer=tokenizer)
+    row, attention = trainer.row_tokens, str(trainer.policy.base.config._attn_implementation)
+    masked_row = micro_batches.row_tokens(budget, hidden_size=demo.warm_start.tiny.hidden_size, varlen=False)
+    layouts = {"packed": (True, row), "padded": (False, 0), "packed_masked": (True, masked_row)}
     waste: dict[str, float] = {}
     count: dict[str, int] = {}
     for name, (packing, width) in layouts.items():
@@ -227,7 +231,9 @@ def packing_row(demo: RunConfig, root: Path, tasks: int | None = None) -> dict[s
     return {
         "packed_waste": waste["packed"],
         "padded_waste": waste["padded"],
-        "packed_varlen_waste": waste["packed_varlen"],
+        "packed_masked_waste": waste["packed_masked"],
+        "packed_attention": attention,
+        "packed_masked_row_tokens": masked_row,
         "packed_micro_batches": count["packed"],
         "padded_micro_batches": count["padded"],
         "packed_row_tokens": row,
@@ -525,7 +531,7 @@ def render_card(result: dict[str, Any]) -> Table:
         ),
         (
             f"padding, packed in {pk['packed_row_tokens']}-token rows vs padded ({pk['episodes']} demo episodes; "
-            f"varlen rows: {pk['packed_varlen_waste']:.1%})",
+            f"{pk['packed_masked_row_tokens']}-token masked rows: {pk['packed_masked_waste']:.1%})",
             f"{pk['packed_waste']:.1%}",
             f"{pk['padded_waste']:.1%}",
             f"{pk['packed_waste']:.1%}",

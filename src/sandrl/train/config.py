@@ -94,7 +94,9 @@ class TrainConfig:
     tenth of the full logits at 8k tokens, for no measurable time."""
     packing: bool = True
     """Micro-batches pack samples end to end up to ``micro_batch_tokens`` (position ids restart at every
-    sample; attention never crosses one) instead of padding each row to the longest."""
+    sample; attention never crosses one) instead of padding each row to the longest. Each sample is
+    attended on its own: flash-attention's varlen kernel where the model uses it, else sandrl's packed
+    attention (SDPA per group of similar lengths), so a row costs what its samples cost."""
     offload_optimizer: bool = False
     """Keep the sharded parameters' optimizer state (and the parameters between uses) in host memory
     (FSDP2's ``CPUOffloadPolicy``): GPU memory for host memory and PCIe time."""

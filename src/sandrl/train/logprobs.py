@@ -41,10 +41,15 @@ class PolicyForward(torch.nn.Module):
         self.lm = model
         inner = model.get_base_model() if hasattr(model, "get_base_model") else model
         # A plain tuple: registered as submodules they would appear twice in the state dict.
-        self._parts: tuple[Any, Any] = (inner.get_decoder(), inner.get_output_embeddings())
+        self._parts: tuple[Any, Any, Any] = (inner.get_decoder(), inner.get_output_embeddings(), inner)
         config = inner.config
         self.logit_scale = float(getattr(config, "logit_scale", None) or 1.0)
         self.softcap = getattr(config, "final_logit_softcapping", None)
+
+    @property
+    def base(self) -> Any:
+        """The Hugging Face model (inside the ``peft`` model with LoRA)."""
+        return self._parts[2]
 
     @property
     def decoder(self) -> Any:

@@ -5,12 +5,13 @@ Two layouts, chosen by ``[train] packing``:
 - **packed** (the default): samples laid end to end in rows, position ids restarting at 0 for every
   sample and no attention mask, which is the Hugging Face models' own packed-sequence path (their
   mask builder reads the restarts as sample boundaries and lets no token attend across one).
-  A row is ``row_tokens`` wide (at least the micro-batch's longest sample): with a varlen attention
-  kernel (flash-attention), one row of ``micro_batch_tokens``, since attention costs what each
-  sample's own does. Without one (SDPA, eager), attention runs over a row's whole width, masked,
-  so the trainer keeps rows narrow enough that attention costs less than the linear layers
-  (:func:`row_tokens`): shorter samples fill a row beside each other, the padding of one row per
-  sample is gone, and attention costs little more than in the padded layout.
+  A row is ``row_tokens`` wide (at least the micro-batch's longest sample). When the model attends
+  within each sample without a mask (flash-attention's varlen kernel, or sandrl's
+  :mod:`~sandrl.train.packed_attention`, which the trainer switches SDPA and eager models to), a
+  row is the whole ``micro_batch_tokens``, since attention costs what each sample's own does.
+  Otherwise (flex attention, a sliding window) attention runs over a row's whole width, masked,
+  so rows stay narrow enough that attention costs less than the linear layers
+  (:func:`row_tokens`).
 - **padded**: one sample per row, right-padded to the longest row of the micro-batch.
 
 Everything the loss needs per token (loss mask, rollout log-probs, advantages, weights, the
@@ -84,7 +85,7 @@ class MicroBatch:
 
 
 def row_tokens(max_tokens: int, *, hidden_size: int, varlen: bool) -> int:
-    """How wide a packed row may be: the whole budget with a varlen kernel; else ``3 x hidden_size``.
+    """How wide a packed row may be: the whole budget with a varlen attention; else ``3 x hidden_size``.
 
     Masked attention over a row of width ``W`` costs about ``4 W h`` FLOPs a token, the linear layers
     of a Llama/Qwen block about ``24 h^2``: at ``W = 3h`` attention is half of them, and the padding

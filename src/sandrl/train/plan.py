@@ -20,9 +20,9 @@ ranks' sum), with ``N = processes``:
   sample, which is forwarded alone): what the model saves per token and decoder layer for the
   backward, counted from its modules (:func:`layer_activation_bytes`), one layer more for the
   gradients of the layer whose backward runs; with activation checkpointing, each layer's input
-  plus one layer recomputed. Packed (or padded) rows attend through SDPA with a row x row mask,
-  which every layer keeps: on CPU, and on GPUs without flash-attention's varlen kernel, that is
-  ``micro_batch_tokens`` squared per layer.
+  plus one layer recomputed. Packed rows attend per sample without a mask (flash-attention's
+  varlen kernel, or :mod:`~sandrl.train.packed_attention`); padded rows attend through SDPA with a
+  row x row mask, which every layer keeps (except with flash-attention on a GPU).
 - **log-prob buffers**: ``logprob_chunk_tokens x vocab`` float32 logits, four times (the logits,
   logsumexp's exponentials, their gradient and the picked token's gradient), plus, in bf16, the
   head's weight (and gradient) in float32.
@@ -294,10 +294,10 @@ def _plan(
     host += moments if offload else 0
 
     tokens = max(train.micro_batch_tokens, longest_sample)
-    # A packed row attends within each of its samples: the block-causal mask that SDPA takes is a
-    # row x row matrix, which each layer converts and keeps (flash-attention's varlen kernel needs none).
-    row = tokens if train.packing else min(tokens, longest_sample or tokens)
-    masked = not (flash_attention and not cpu)
+    # Padded rows give SDPA a row x row padding mask, which each layer converts and keeps; packed
+    # rows attend per sample with no mask (so does flash-attention on a GPU).
+    row = min(tokens, longest_sample or tokens)
+    masked = not train.packing and not (flash_attention and not cpu)
     layer = layer_activation_bytes(shape, compute, lora, mask_row=row if masked else 0)
     outside = (4 + 3 * compute) * shape.hidden_size  # the final norm (upcast to fp32) and the head's input
     # One layer more: the gradients of a layer's activations while its backward runs (with

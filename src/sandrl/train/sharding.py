@@ -32,7 +32,7 @@ def decoder_layers(policy: PolicyForward) -> list[torch.nn.Module]:
 
 def enable_activation_checkpointing(policy: PolicyForward) -> None:
     """Recompute each decoder layer in the backward pass (the model's own gradient checkpointing)."""
-    inner: Any = policy.lm.get_base_model() if hasattr(policy.lm, "get_base_model") else policy.lm
+    inner: Any = policy.base
     if not getattr(inner, "supports_gradient_checkpointing", False):
         raise TrainError(f"{type(inner).__name__} does not support activation checkpointing; set it to false")
     if hasattr(inner, "activation_checkpointing_enable"):  # transformers >= 5.x

@@ -35,7 +35,7 @@ import torch
 
 from sandrl.errors import TrainError
 from sandrl.inference.tokenizer import Tokenizer
-from sandrl.train import checkpoint, micro_batches
+from sandrl.train import checkpoint, micro_batches, packed_attention
 from sandrl.train.batch import Batch, TrainSample
 from sandrl.train.config import TrainConfig
 from sandrl.train.device import torch_device
@@ -108,11 +108,10 @@ class Trainer:
         """The model as built (a ``peft`` model with LoRA): what is exported and checkpointed."""
         self.policy = PolicyForward(self.model)
         hf_config = self.policy.lm.config
-        attention = str(getattr(hf_config, "_attn_implementation", "") or "")
+        # Packed rows attend per sample (flash-attention's varlen kernel, else sandrl's): as wide as the budget.
+        varlen = cfg.packing and packed_attention.use_packed_attention(self.policy.base)
         self.row_tokens = micro_batches.row_tokens(
-            cfg.micro_batch_tokens,
-            hidden_size=int(getattr(hf_config, "hidden_size", 0) or 0),
-            varlen=attention.startswith("flash_attention"),  # its varlen kernel attends per sample
+            cfg.micro_batch_tokens, hidden_size=int(getattr(hf_config, "hidden_size", 0) or 0), varlen=varlen
         )
         """How wide a packed row is (:func:`~sandrl.train.micro_batches.row_tokens`)."""
         if cfg.activation_checkpointing:
@@ -121,6 +120,8 @@ class Trainer:
         if cfg.loss.beta > 0 and cfg.lora is None:
             frozen = reference if reference is not None else copy.deepcopy(model)
             self.reference = PolicyForward(frozen.to(self.device).eval())
+            if varlen:
+                packed_attention.use_packed_attention(self.reference.base)
             self.reference.requires_grad_(False)
             if self.sharded:
                 sharding.shard(self.reference, cfg, self.device)
