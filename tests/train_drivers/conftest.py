@@ -15,13 +15,15 @@ from typing import Any
 import pytest
 import torch
 
+from sandrl.rollout.jsonl import write_jsonl
+from sandrl.rollout.trajectory import Trajectory
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.train.run_config import RunConfig, from_dict
 
 from ..cluster.agents import ParityAgent
 from ..support import REASON
 
-__all__ = ["ParityAgent", "run_config"]
+__all__ = ["ParityAgent", "run_config", "write_saved_groups"]
 
 
 @pytest.fixture(autouse=True)
@@ -52,3 +54,30 @@ def run_config(out: Path, **sections: dict[str, Any]) -> RunConfig:
     for name, table in sections.items():
         data.setdefault(name, {}).update(table)
     return from_dict(data)
+
+
+def write_saved_groups(path: Path, groups: int = 4) -> Path:
+    """``groups`` saved groups of two samples (rewards 0 and 1) at ``path``, as ``--load-rollouts`` reads."""
+    write_jsonl(
+        path,
+        [
+            Trajectory.from_dict(
+                {
+                    "episode_id": f"r/t#{g}/{i}",
+                    "group_id": f"r/t#{g}",
+                    "task_id": "t",
+                    "sample_index": i,
+                    "agent": "llm",
+                    "status": "completed",
+                    "reward": float(i),
+                    "ids": [1, 2, 3, 4],
+                    "loss_mask": [0, 1, 1, 1],
+                    "logprobs": [0.0, -0.5, -0.25, -0.3],
+                    "weight_version": 0,
+                }
+            )
+            for g in range(groups)
+            for i in range(2)
+        ],
+    )
+    return path

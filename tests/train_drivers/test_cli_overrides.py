@@ -22,6 +22,8 @@ from sandrl.rollout.trajectory import Trajectory
 from sandrl.train.device import CUDA_INSTALL
 from sandrl.train.run_config import load_run_config
 
+from .conftest import write_saved_groups
+
 SANDRL = Path(sys.executable).with_name("sandrl")
 
 
@@ -38,26 +40,7 @@ def run_dir(tmp_path: Path) -> Path:
     (tmp_path / "conf" / "run.toml").write_text(
         '[run]\noutput_dir = "runs/x"\nsteps = 5\ngroups_per_step = 1\n[tasks]\nfamily = "echo"\n'
     )
-    trajectories = [
-        Trajectory.from_dict(
-            {
-                "episode_id": f"r/t#{g}/{i}",
-                "group_id": f"r/t#{g}",
-                "task_id": "t",
-                "sample_index": i,
-                "agent": "llm",
-                "status": "completed",
-                "reward": float(i),
-                "ids": [1, 2, 3, 4],
-                "loss_mask": [0, 1, 1, 1],
-                "logprobs": [0.0, -0.5, -0.25, -0.3],
-                "weight_version": 0,
-            }
-        )
-        for g in range(4)
-        for i in range(2)
-    ]
-    write_jsonl(tmp_path / "saved.jsonl", trajectories)
+    write_saved_groups(tmp_path / "saved.jsonl")
     return tmp_path
 
 

@@ -22,13 +22,12 @@ from sandrl.errors import ConfigError
 from sandrl.inference.engine import Engine, EngineConfig
 from sandrl.inference.model import TinyModelConfig, build_tiny_model, load_model
 from sandrl.inference.server import BackgroundServer, create_app
-from sandrl.rollout.jsonl import read_jsonl, write_jsonl
-from sandrl.rollout.trajectory import Trajectory
+from sandrl.rollout.jsonl import read_jsonl
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.train import checkpoint
 from sandrl.train.command import run_training
 
-from .conftest import ParityAgent, run_config
+from .conftest import ParityAgent, run_config, write_saved_groups
 
 CONFIG = """
 [run]
@@ -80,26 +79,7 @@ def run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "conf").mkdir()
     (tmp_path / "conf" / "run.toml").write_text(CONFIG)
-    trajectories = [
-        Trajectory.from_dict(
-            {
-                "episode_id": f"r/t#{g}/{i}",
-                "group_id": f"r/t#{g}",
-                "task_id": "t",
-                "sample_index": i,
-                "agent": "llm",
-                "status": "completed",
-                "reward": float(i),
-                "ids": [1, 2, 3, 4],
-                "loss_mask": [0, 1, 1, 1],
-                "logprobs": [0.0, -0.5, -0.25, -0.3],
-                "weight_version": 0,
-            }
-        )
-        for g in range(4)
-        for i in range(2)
-    ]
-    write_jsonl(tmp_path / "saved.jsonl", trajectories)
+    write_saved_groups(tmp_path / "saved.jsonl")
     return tmp_path
 
 

@@ -203,6 +203,10 @@ class Session:
             self.progress = episode_bar(self.config, self.console)
         out = self.config.output_dir
         out.mkdir(parents=True, exist_ok=True)
+        if self.trainer is not None and self.config.run.resume:
+            last = _forget_steps_after(out / "metrics.jsonl", self.trainer.steps)
+            # The run's totals go on from the checkpoint's step.
+            self.counters = Counters(**{k: int(last.get(f"total_{k}", 0)) for k in vars(Counters())})
         self._metrics = (out / "metrics.jsonl").open("a", encoding="utf-8")
         if self.trainer is not None:
             self.batches = self.trainer.steps
@@ -414,6 +418,30 @@ def episode_bar(config: RunConfig, console: Console) -> StepProgress:
 
 
 # -- putting a session together ----------------------------------------------------------------------
+
+
+def _forget_steps_after(metrics: Path, steps: int) -> dict[str, Any]:
+    """Drop the lines of steps the checkpoint does not hold (a run killed between a step's line and its
+    checkpoint, or a torn last line), so a resumed run's metrics have each step once; the last line kept."""
+    if not metrics.is_file():
+        return {}
+    kept: list[str] = []
+    last: dict[str, Any] = {}
+    lines = metrics.read_text(encoding="utf-8").splitlines()
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        step = record.get("step") if isinstance(record, dict) else None
+        if isinstance(step, int) and step <= steps:
+            kept.append(line)
+            last = record
+    if len(kept) != len(lines):
+        staging = metrics.with_name(f".{metrics.name}.resume")
+        staging.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
+        staging.replace(metrics)
+    return last
 
 
 def make_trainer(config: RunConfig) -> StepTrainer:
