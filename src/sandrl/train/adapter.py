@@ -11,18 +11,23 @@
 - an episode of several *segments* (:attr:`~sandrl.rollout.trajectory.Trajectory.segment_starts`:
   a harness re-sent its history in a form that did not extend the recorded ids) counts once in its
   group's advantage, and each segment with model tokens is trained as its own sequence with that
-  advantage: every sequence is exactly what the model saw.
+  advantage: every sequence is exactly what the model saw;
+- an episode a budget cut short is trained, masked or penalised as ``[train] on_truncated`` says
+  (:mod:`sandrl.train.truncation`, passed in as a :class:`~sandrl.train.truncation.TruncationPolicy`):
+  a masked one counts in its group's advantages and then leaves the batch, a penalty lowers the reward
+  the advantages are computed from; ``Adapted.truncation`` counts what was done, by budget.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from sandrl.rollout.trajectory import Trajectory
 from sandrl.train.batch import Batch, TrainSample, samples_from_groups
 from sandrl.train.losses import ScaleRewards
 from sandrl.train.staleness import oldest_version
+from sandrl.train.truncation import TruncationCounts, TruncationPolicy
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,8 @@ class Adapted:
     """Episodes dropped because their status is ``infra_error``."""
     untrainable: int
     """Other episodes dropped: no reward, or no model token."""
+    truncation: TruncationCounts = field(default_factory=TruncationCounts)
+    """The trained episodes that a budget cut short, and those the truncation policy masked or penalised."""
 
 
 def to_sample(trajectory: Trajectory) -> TrainSample:
@@ -72,11 +79,23 @@ def segment_samples(trajectory: Trajectory) -> list[TrainSample]:
     ]
 
 
-def batch_from_groups(groups: Iterable[Sequence[Trajectory]], *, scale_rewards: ScaleRewards = "group") -> Adapted:
-    """The GRPO batch of ``groups`` (each the trajectories of one task), with the dropped ones counted."""
+def batch_from_groups(
+    groups: Iterable[Sequence[Trajectory]],
+    *,
+    scale_rewards: ScaleRewards = "group",
+    truncation: TruncationPolicy | None = None,
+) -> Adapted:
+    """The GRPO batch of ``groups`` (each the trajectories of one task), with the dropped ones counted.
+
+    ``truncation`` (default: ``on_truncated = "train"``) says what becomes of the episodes a budget cut short.
+    """
+    policy = truncation if truncation is not None else TruncationPolicy()
+    counts = TruncationCounts()
     episodes = infra = untrainable = 0
     kept: list[list[TrainSample]] = []
     segmented: dict[str, list[TrainSample]] = {}
+    masked: set[str] = set()
+    verified: list[float] = []
     for group in groups:
         samples = []
         for trajectory in group:
@@ -86,16 +105,28 @@ def batch_from_groups(groups: Iterable[Sequence[Trajectory]], *, scale_rewards: 
             elif not trajectory.trainable:
                 untrainable += 1
             else:
-                samples.append(to_sample(trajectory))
+                verdict = policy.judge(trajectory)
+                counts.add(verdict)
+                sample = to_sample(trajectory)
+                verified.append(sample.reward)
+                if verdict.penalty:
+                    sample = replace(sample, reward=sample.reward + verdict.penalty)
+                if verdict.masked:
+                    masked.add(trajectory.episode_id)
+                samples.append(sample)
                 if len(trajectory.segments()) > 1:
                     segmented[trajectory.episode_id] = segment_samples(trajectory)
         kept.append(samples)
     batch = samples_from_groups(kept, scale_rewards=scale_rewards)
+    if counts.penalty_sum:  # the step reports what the verifier gave; the penalties are counted apart
+        batch = replace(batch, reward_mean=sum(verified) / len(verified))
+    if masked:  # after the advantages: a masked episode still counts in its group's baseline
+        batch = replace(batch, samples=tuple(s for s in batch.samples if s.episode_id not in masked))
     if segmented:
         expanded = [
-            replace(part, advantage=sample.advantage)
+            replace(part, reward=sample.reward, advantage=sample.advantage)
             for sample in batch.samples
             for part in segmented.get(sample.episode_id, [sample])
         ]
         batch = replace(batch, samples=tuple(expanded))
-    return Adapted(batch=batch, episodes=episodes, infra_errors=infra, untrainable=untrainable)
+    return Adapted(batch=batch, episodes=episodes, infra_errors=infra, untrainable=untrainable, truncation=counts)

@@ -30,6 +30,7 @@ from sandrl.errors import ConfigError
 from sandrl.toml_config import read_toml, type_name
 from sandrl.train.lora import LoraConfig
 from sandrl.train.losses import LossConfig
+from sandrl.train.truncation import TRUNCATED_BY, OnTruncated, TruncatedBy, check_settings
 
 DType = Literal["fp32", "bf16"]
 
@@ -100,6 +101,34 @@ class TrainConfig:
     offload_optimizer: bool = False
     """Keep the sharded parameters' optimizer state (and the parameters between uses) in host memory
     (FSDP2's ``CPUOffloadPolicy``): GPU memory for host memory and PCIe time."""
+    on_truncated: OnTruncated = "train"
+    """What an episode that a budget cut short (``truncated_by``) trains as (:mod:`sandrl.train.truncation`).
+
+    - ``train``: as a finished one.
+    - ``mask``: no policy-gradient token from it; its reward still counts in its group's mean and spread
+      (DAPO's overlong filtering, Yu et al. 2025, arXiv:2503.14476). For rewards a cut makes noisy: a
+      right answer cut before it was submitted.
+    - ``penalty``: DAPO's soft overlong punishment (arXiv:2503.14476): every episode's reward falls
+      linearly from 0 to ``-overlong_penalty`` over the last ``overlong_buffer`` tokens before
+      ``[rollout] max_total_tokens``, and an episode the token budget cut gets the whole
+      ``-overlong_penalty``; one the turn budget cut gets ``-overlong_penalty``; one the time budget cut
+      is masked (its time depends on the machines' load, not on the policy alone). For a policy that
+      learns to ramble until it is cut.
+
+    With ``[rollout] max_turns = 1`` every episode that acts ends on its turn budget: leave ``max_turns``
+    out of ``truncated_by`` there."""
+    truncated_by: tuple[TruncatedBy, ...] = TRUNCATED_BY
+    """The budgets ``on_truncated`` acts on: ``max_tokens`` (the conversation reached ``[rollout]
+    max_total_tokens``), ``max_turns``, ``wall_time``; an episode another budget cut trains as a finished one.
+    Without ``max_tokens``, ``penalty`` shapes no length either."""
+    overlong_buffer: int = 4096
+    """With ``on_truncated = "penalty"``: the tokens before the token budget over which the length penalty
+    ramps up (DAPO's ``L_cache``: 4096 before a budget of 20480); 0: only an episode the budget cut is
+    penalised. Must be less than ``[rollout] max_total_tokens``."""
+    overlong_penalty: float = 1.0
+    """With ``on_truncated = "penalty"``: the largest penalty subtracted from a reward (DAPO: 1, against
+    rewards of -1 and 1). Against a verifier's 0 or 1, 1 makes a passing episode that the budget cut score
+    as a failing one that finished."""
     lora: LoraConfig | None = None
     """Low-rank adapters (``[train.lora]``, through ``peft``): only they train; absent trains every weight."""
     loss: LossConfig = field(default_factory=LossConfig)
@@ -142,6 +171,7 @@ class TrainConfig:
                 "offload_optimizer moves a GPU's optimizer state (and idle parameters) into host memory; "
                 'with device = "cpu" they are there already: set offload_optimizer = false'
             )
+        check_settings(self.on_truncated, self.truncated_by, self.overlong_buffer, self.overlong_penalty)
         if self.logprob_chunk_tokens < 1:
             raise ConfigError(f"logprob_chunk_tokens must be >= 1 (512 is usual), got {self.logprob_chunk_tokens}")
 

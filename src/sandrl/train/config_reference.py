@@ -186,7 +186,10 @@ def _type_text(hint: Any) -> str:
         text = " or ".join(_type_text(a) for a in args)
         return f"{text}, or `false` for none" if type(None) in typing.get_args(hint) else text
     if origin is tuple:
-        return f"list of {_type_text(typing.get_args(hint)[0])}s"
+        item = typing.get_args(hint)[0]
+        if typing.get_origin(item) is typing.Literal:
+            return "list of " + ", ".join(f"`{_toml(choice)}`" for choice in typing.get_args(item))
+        return f"list of {_type_text(item)}s"
     names = {bool: "boolean", int: "integer", float: "number", str: "string"}
     return names.get(hint, getattr(hint, "__name__", str(hint)))
 

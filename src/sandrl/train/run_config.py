@@ -53,6 +53,7 @@ from sandrl.toml_config import read_toml
 from sandrl.train.config import TrainConfig, from_mapping, none_as_false
 from sandrl.train.losses import ScaleRewards
 from sandrl.train.overrides import apply_overrides
+from sandrl.train.truncation import TruncationPolicy, check_budgets
 from sandrl.train.warmstart import WarmStartConfig
 from sandrl.wiring.config import ModelConfig, RolloutConfig, TasksConfig
 
@@ -201,6 +202,17 @@ class RunConfig:
     def output_dir(self) -> Path:
         return Path(self.run.output_dir)
 
+    def truncation(self, max_context: int | None = None) -> TruncationPolicy:
+        """``[train] on_truncated`` and its settings, on the token budget the agent loop enforces: ``[rollout]
+        max_total_tokens`` capped at the policy's context (``max_context``), as the runner caps it."""
+        budget = self.rollout.max_total_tokens
+        if max_context is not None:
+            budget = min(budget, max_context)
+        train = self.train
+        return TruncationPolicy(
+            train.on_truncated, train.truncated_by, train.overlong_buffer, train.overlong_penalty, token_budget=budget
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """TOML-ready (sections as tables, None written ``false``); :func:`from_dict` reads it back."""
         out: dict[str, Any] = {}
@@ -251,6 +263,17 @@ def from_dict(data: Mapping[str, object], *, where: str = "config", base: Path |
         config = dataclasses.replace(
             config, warm_start=dataclasses.replace(config.warm_start, group_size=config.rollout.group_size)
         )
+    train = config.train
+    try:
+        check_budgets(
+            train.on_truncated,
+            train.truncated_by,
+            train.overlong_buffer,
+            max_total_tokens=config.rollout.max_total_tokens,
+            max_turns=config.rollout.max_turns,
+        )
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc.message}") from exc
     if base is not None:
         config = _resolve_paths(config, base)
     try:
