@@ -18,7 +18,7 @@ in ``[train] truncated_by``:
   advantages are set (no forward, no token in any aggregation): with ``loss_type = "dapo"`` that
   is exactly a zeroed loss mask, with ``grpo``/``dr_grpo`` it also leaves the count of samples the
   loss is averaged over, as verl's ``seq-mean-token-mean`` does for a fully masked sequence.
-- ``penalty``: DAPO's *soft overlong punishment* (arXiv:2503.14476, equation 13) on the token
+- ``penalty``: DAPO's *soft overlong punishment* (arXiv:2503.14476, section 3.4) on the token
   budget, a fixed penalty on the turn budget and a mask on the time budget:
 
   - Every trained episode, finished or not, gets ``overlong_penalty * R_length`` added to its
@@ -71,7 +71,7 @@ TRUNCATED_BY: tuple[TruncatedBy, ...] = get_args(TruncatedBy)
 
 
 def overlong_shaping(length: int, budget: int, buffer: int) -> float:
-    """DAPO's ``R_length`` (arXiv:2503.14476, equation 13) of a sequence of ``length`` ids: 0 to -1.
+    """DAPO's ``R_length`` (arXiv:2503.14476, section 3.4) of a sequence of ``length`` ids: 0 to -1.
 
     ``budget`` is ``L_max``, ``buffer`` is ``L_cache``; a buffer wider than the budget (a policy whose
     context is shorter than the run's token budget) ramps over the whole budget.
