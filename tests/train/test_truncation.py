@@ -7,6 +7,7 @@ drivers call it, against advantages computed by hand from the rewards the policy
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,6 @@ from sandrl.errors import ConfigError
 from sandrl.rollout.trajectory import Trajectory
 from sandrl.train.adapter import batch_from_groups, to_sample
 from sandrl.train.batch import samples_from_groups
-from sandrl.train.losses import group_advantages
 from sandrl.train.run_config import from_dict, load_run_config, save_resolved
 from sandrl.train.truncation import TruncationPolicy, overlong_shaping
 
@@ -63,7 +63,10 @@ def every_kind() -> list[Trajectory]:
 
 
 def advantages_of(rewards: list[float]) -> list[float]:
-    return group_advantages([rewards])[0]
+    """GRPO's, by hand: each reward minus the group's mean, over the group's (Bessel) spread + 1e-4."""
+    mean = sum(rewards) / len(rewards)
+    spread = math.sqrt(sum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1))
+    return [(r - mean) / (spread + 1e-4) for r in rewards]
 
 
 @pytest.mark.parametrize(
