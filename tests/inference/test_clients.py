@@ -17,8 +17,7 @@ import httpx
 import pytest
 
 from sandrl.errors import ConfigError, InferenceError
-from sandrl.inference.base import InferenceClient, SamplingParams
-from sandrl.inference.batch import UpdatePolicy
+from sandrl.inference.base import InferenceClient, SamplingParams, UpdatePolicy
 from sandrl.inference.openai import OpenAIClient
 from sandrl.inference.sglang import SGLangClient
 from sandrl.inference.tokenizer import ByteTokenizer

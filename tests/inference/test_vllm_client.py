@@ -14,8 +14,7 @@ import httpx
 import pytest
 
 from sandrl.errors import ConfigError
-from sandrl.inference.base import Generation, InferenceClient, SamplingParams
-from sandrl.inference.batch import UpdatePolicy
+from sandrl.inference.base import Generation, InferenceClient, SamplingParams, UpdatePolicy
 from sandrl.inference.engine import Engine
 from sandrl.inference.model import TinyModelConfig, build_tiny_model
 from sandrl.inference.server import BackgroundServer

@@ -42,8 +42,7 @@ from pathlib import Path
 from typing import Any, Final, Literal, cast
 
 from sandrl.errors import ConfigError
-from sandrl.inference.base import Generation, SamplingParams
-from sandrl.inference.batch import UPDATE_POLICIES, UpdatePolicy
+from sandrl.inference.base import UPDATE_POLICIES, Generation, SamplingParams, UpdatePolicy
 from sandrl.inference.engine import Engine, EngineConfig
 from sandrl.inference.model import TinyModelConfig, build_tiny_model, save_weights
 from sandrl.inference.tokenizer import TINY

@@ -271,7 +271,7 @@ def _bench_updates(
     json_only: bool,
 ) -> None:
     from sandrl.bench.inference_updates import UpdateBenchConfig, render_card, run
-    from sandrl.inference.batch import UPDATE_POLICIES
+    from sandrl.inference.base import UPDATE_POLICIES
 
     if policy != "all" and policy not in UPDATE_POLICIES:
         raise ConfigError(f"--update-policy is one of {', '.join(UPDATE_POLICIES)} or all, not {policy!r}")

@@ -9,7 +9,7 @@ import typer
 from sandrl.errors import ConfigError
 
 if TYPE_CHECKING:
-    from sandrl.inference.batch import UpdatePolicy
+    from sandrl.inference.base import UpdatePolicy
 
 app = typer.Typer(no_args_is_help=True, help="Servers: sandboxes, inference.")
 
@@ -62,7 +62,7 @@ def serve_inference(
     max_lora_rank: int = typer.Option(256, help="Largest rank of a LoRA adapter the server loads."),
 ) -> None:
     """Serve the embedded CPU engine with SGLang's and OpenAI's routes and the session gateway (/v1/sessions)."""
-    from sandrl.inference.batch import UPDATE_POLICIES
+    from sandrl.inference.base import UPDATE_POLICIES
     from sandrl.inference.engine import EngineConfig
     from sandrl.inference.server import serve
 

@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import Literal, Protocol, get_args, runtime_checkable
 
 from sandrl.errors import ConfigError
 from sandrl.inference.tokenizer import Tokenizer
+
+UpdatePolicy = Literal["in_place", "pause", "abort_and_resume"]
+"""What a weight update does to requests in flight (see :mod:`sandrl.inference.engine`)."""
+UPDATE_POLICIES: tuple[str, ...] = get_args(UpdatePolicy)
 
 FinishReason = Literal["stop", "length", "abort"]
 """Why generation ended: a stop token or string, the token budget (or the context), or an abort."""

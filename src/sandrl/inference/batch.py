@@ -20,14 +20,10 @@ from typing import Any, Literal, get_args
 import torch
 
 from sandrl.errors import ConfigError
-from sandrl.inference.base import FinishReason, Generation, SamplingParams
+from sandrl.inference.base import FinishReason, Generation, SamplingParams, UpdatePolicy
 from sandrl.inference.lora_adapter import LoraAdapter
 from sandrl.inference.sampling import RowSampler
 from sandrl.inference.tokenizer import Tokenizer
-
-UpdatePolicy = Literal["in_place", "pause", "abort_and_resume"]
-"""What a weight update does to requests in flight (see :mod:`sandrl.inference.engine`)."""
-UPDATE_POLICIES: tuple[str, ...] = get_args(UpdatePolicy)
 
 PauseMode = Literal["abort", "retract", "in_place"]
 """SGLang's ``/pause_generation`` modes: end the requests in flight, drop their KV cache to rebuild it

@@ -47,16 +47,14 @@ import torch
 from transformers import DynamicCache
 
 from sandrl.errors import ConfigError, InferenceError
-from sandrl.inference.base import FinishReason, Generation, SamplingParams
+from sandrl.inference.base import UPDATE_POLICIES, FinishReason, Generation, SamplingParams, UpdatePolicy
 from sandrl.inference.batch import (
     PAUSE_MODES,
-    UPDATE_POLICIES,
     Control,
     Partial,
     PauseMode,
     Request,
     RunningBatch,
-    UpdatePolicy,
     WeightUpdate,
     admit,
     check_prompt,
@@ -65,7 +63,8 @@ from sandrl.inference.batch import (
 )
 from sandrl.inference.engine_config import EngineConfig as EngineConfig
 from sandrl.inference.engine_config import EngineStats as EngineStats
-from sandrl.inference.lora_adapter import LoraAdapter, check_adapter_name, is_adapter_dir, read_adapter
+from sandrl.inference.lora_adapter import LoraAdapter, check_adapter_name, read_adapter
+from sandrl.inference.lora_client import is_adapter_dir
 from sandrl.inference.lora_registry import AdapterRegistry
 from sandrl.inference.lora_rows import AdapterRows
 from sandrl.inference.model import config_eos_ids, load_model, load_weights

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sandrl.errors import ConfigError
-from sandrl.inference.batch import UPDATE_POLICIES, UpdatePolicy
+from sandrl.inference.base import UPDATE_POLICIES, UpdatePolicy
 from sandrl.inference.model import TinyModelConfig
 
 

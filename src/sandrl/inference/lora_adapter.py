@@ -32,8 +32,8 @@ import torch
 from safetensors import safe_open
 
 from sandrl.errors import ConfigError
+from sandrl.inference.lora_client import ADAPTER_CONFIG as CONFIG_FILE
 
-CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 BASE_FILE = "sandrl_base.json"
 """sandrl's marker of the base model an adapter was trained on (:func:`base_signature`)."""
@@ -87,12 +87,6 @@ def check_adapter_name(name: str) -> str:
             f"a LoRA adapter's name must be 1-{MAX_NAME_CHARS} printable characters, got {str(name)[:80]!r}"
         )
     return name
-
-
-def is_adapter_dir(path: str | Path) -> bool:
-    """Whether ``path`` holds an adapter (``adapter_config.json``) rather than a full checkpoint (``config.json``)."""
-    directory = Path(path).expanduser()
-    return (directory / CONFIG_FILE).is_file() and not (directory / "config.json").exists()
 
 
 def read_adapter(path: str | Path, model: Any, *, name: str, max_rank: int) -> LoraAdapter:

@@ -13,9 +13,19 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import replace
+from pathlib import Path
 
 from sandrl.errors import ConfigError
 from sandrl.inference.base import LORA_NAME_PREFIX, Generation, LoraClient
+
+ADAPTER_CONFIG = "adapter_config.json"
+"""The file that makes a directory a LoRA adapter (``peft``'s)."""
+
+
+def is_adapter_dir(path: str | Path) -> bool:
+    """Whether ``path`` holds an adapter (``adapter_config.json``) rather than a full checkpoint (``config.json``)."""
+    directory = Path(path).expanduser()
+    return (directory / ADAPTER_CONFIG).is_file() and not (directory / "config.json").exists()
 
 
 class AdapterVersions:

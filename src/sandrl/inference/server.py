@@ -98,7 +98,7 @@ from fastapi import APIRouter, FastAPI, Request
 from sandrl.background_server import BackgroundServer as BackgroundServer
 from sandrl.errors import ConfigError
 from sandrl.inference.auth import MAX_BODY_BYTES, bind_host, install_guards, load_token
-from sandrl.inference.batch import UPDATE_POLICIES, UpdatePolicy
+from sandrl.inference.base import UPDATE_POLICIES, UpdatePolicy
 from sandrl.inference.engine import Engine, EngineConfig
 from sandrl.inference.gateway.gateway import Gateway, harness_router
 from sandrl.inference.gateway.gateway import router as gateway_router

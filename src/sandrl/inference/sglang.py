@@ -28,10 +28,8 @@ from typing import Any
 import httpx
 
 from sandrl.errors import ConfigError, InferenceError
-from sandrl.inference.base import FinishReason, Generation, SamplingParams
-from sandrl.inference.batch import UPDATE_POLICIES, UpdatePolicy
-from sandrl.inference.lora_adapter import is_adapter_dir
-from sandrl.inference.lora_client import AdapterVersions, labelled
+from sandrl.inference.base import UPDATE_POLICIES, FinishReason, Generation, SamplingParams, UpdatePolicy
+from sandrl.inference.lora_client import AdapterVersions, is_adapter_dir, labelled
 from sandrl.inference.tokenizer import Tokenizer
 from sandrl.inference.transport import HTTPConfig, JSONTransport, parse_version
 

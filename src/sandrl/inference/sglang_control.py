@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict
 
 from sandrl import __version__
 from sandrl.errors import ConfigError, SandrlError
-from sandrl.inference.batch import PAUSE_MODES, UPDATE_POLICIES, PauseMode, UpdatePolicy
+from sandrl.inference.base import UPDATE_POLICIES, UpdatePolicy
+from sandrl.inference.batch import PAUSE_MODES, PauseMode
 from sandrl.inference.serving import engine_of, served_name
 
 # What release/resume_memory_occupation may name (SGLang's GPU memory tags).

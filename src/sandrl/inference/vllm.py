@@ -64,10 +64,8 @@ from urllib.parse import urlsplit
 import httpx
 
 from sandrl.errors import ConfigError, InferenceError
-from sandrl.inference.base import Generation, SamplingParams
-from sandrl.inference.batch import UPDATE_POLICIES, UpdatePolicy
-from sandrl.inference.lora_adapter import is_adapter_dir
-from sandrl.inference.lora_client import AdapterVersions, labelled
+from sandrl.inference.base import UPDATE_POLICIES, Generation, SamplingParams, UpdatePolicy
+from sandrl.inference.lora_client import AdapterVersions, is_adapter_dir, labelled
 from sandrl.inference.openai import OpenAIClient
 from sandrl.inference.tokenizer import Tokenizer
 from sandrl.inference.transport import HTTPConfig, parse_version

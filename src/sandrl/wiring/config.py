@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from sandrl.errors import ConfigError
-from sandrl.inference.batch import UPDATE_POLICIES, UpdatePolicy
+from sandrl.inference.base import UPDATE_POLICIES, UpdatePolicy
 from sandrl.inference.transport import HTTPConfig
 from sandrl.inference.vllm import SCHEME as VLLM_SCHEME
 from sandrl.inference.vllm import server_url
