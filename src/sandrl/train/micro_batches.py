@@ -67,6 +67,15 @@ class MicroBatch:
         return sum(p.length for p in self.placements)
 
     @property
+    def sample_ids(self) -> torch.Tensor:
+        """``[rows, width]`` long: each position's sample, as its place in :attr:`placements` (0, 1, ...), or
+        -1 on padding; what sequence-level losses sum over (:mod:`sandrl.train.per_sample`)."""
+        out = torch.full(self.input_ids.shape, -1, dtype=torch.long, device=self.input_ids.device)
+        for k, p in enumerate(self.placements):
+            out[p.row, p.offset : p.offset + p.length] = k
+        return out
+
+    @property
     def slots(self) -> int:
         """Positions forwarded, padding included."""
         return int(self.input_ids.numel())
