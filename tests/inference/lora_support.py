@@ -11,7 +11,8 @@ import torch
 
 from sandrl.inference.model import TinyModelConfig, build_tiny_model
 from sandrl.inference.tokenizer import ByteTokenizer
-from sandrl.train.lora import LoraConfig, apply_lora, export_lora
+from sandrl.train.lora import apply_lora, export_lora
+from sandrl.train.lora_config import LoraConfig
 
 QWEN3 = TinyModelConfig(architecture="qwen3")
 LORA = LoraConfig(rank=4, alpha=8.0, target_modules=("q_proj", "v_proj", "o_proj", "down_proj"))

@@ -19,7 +19,7 @@ from sandrl.cli import app
 from sandrl.errors import ConfigError
 from sandrl.inference.model import build_tiny_model
 from sandrl.train.config import TrainConfig
-from sandrl.train.lora import LoraConfig
+from sandrl.train.lora_config import LoraConfig
 from sandrl.train.losses import LossConfig
 from sandrl.train.model_shape import model_shape, shape_of
 from sandrl.train.plan import (

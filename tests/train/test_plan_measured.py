@@ -50,7 +50,6 @@ MODEL = {
     "train",
     [
         pytest.param({"micro_batch_tokens": 256}, id="weights-dominate"),
-        pytest.param({"micro_batch_tokens": 1024, "packing": False}, id="activations-dominate"),
         pytest.param({"micro_batch_tokens": 512, "processes": 2, "loss": {"beta": 0.1}}, id="2-ranks-kl-reference"),
         pytest.param(
             {"micro_batch_tokens": 256, "dtype": "bf16", "activation_checkpointing": True, "lora": {"rank": 16}},

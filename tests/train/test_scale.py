@@ -28,7 +28,7 @@ from sandrl.rollout.trajectory import Trajectory
 from sandrl.train.batch import Batch
 from sandrl.train.config import TrainConfig
 from sandrl.train.driver_common import FileSource, Session, make_trainer
-from sandrl.train.lora import LoraConfig
+from sandrl.train.lora_config import LoraConfig
 from sandrl.train.losses import LossConfig
 from sandrl.train.ranks import RankGroup, RankSpec
 from sandrl.train.trainer import Trainer

@@ -40,7 +40,7 @@ import torch
 from sandrl.bench.tensor_peak import reset_peak_rss, rss_bytes
 from sandrl.train.batch import Batch, TrainSample
 from sandrl.train.config import TrainConfig
-from sandrl.train.lora import LoraConfig
+from sandrl.train.lora_config import LoraConfig
 from sandrl.train.model_shape import ModelShape, model_shape
 
 H100_BF16_TFLOPS = 989.0

@@ -60,7 +60,7 @@ from sandrl.inference.tokenizer import TINY, ByteTokenizer
 from sandrl.train import micro_batches
 from sandrl.train.batch import Batch, TrainSample
 from sandrl.train.config import TrainConfig
-from sandrl.train.lora import LoraConfig
+from sandrl.train.lora_config import LoraConfig
 from sandrl.train.ranks import RankGroup, RankSpec, start_rank
 from sandrl.train.run_config import RunConfig
 from sandrl.train.trainer import Trainer

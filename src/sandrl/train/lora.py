@@ -11,18 +11,19 @@ reference is the same model with its adapters switched off (no second copy).
 - :func:`export_lora` writes what the inference server loads: the merged model (``export = "merged"``,
   any server) or the adapter with sandrl's marker of its base (``"adapter"``: SGLang's and vLLM's
   ``load_lora_adapter``, and the embedded engine, which refuses an adapter of another base).
+
+The settings themselves (:class:`LoraConfig`) live in :mod:`sandrl.train.lora_config`, which a config
+loads without ``peft`` or PyTorch.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import math
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import peft
 import torch
@@ -31,48 +32,13 @@ from sandrl.errors import ConfigError
 from sandrl.inference.lora_adapter import BASE_FILE, base_signature
 from sandrl.inference.model import save_weights
 from sandrl.inference.tokenizer import Tokenizer
+from sandrl.train.lora_config import LoraConfig
 
 _PEFT_PREFIX = "base_model.model."
 """Where ``peft`` puts the wrapped model in its own state dict's names."""
 
-LoraExport = Literal["merged", "adapter"]
-
 _INIT_SEED = 0
 """The seed of the adapters' random initialisation (``lora_A``; ``lora_B`` starts at zero)."""
-
-DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-"""Every linear layer of a Llama/Qwen decoder block (attention and MLP), as most LoRA RL recipes target."""
-
-
-@dataclass(frozen=True)
-class LoraConfig:
-    """Low-rank adapters on the policy (``[train.lora]``); only they train."""
-
-    rank: int = 16
-    """The adapters' rank ``r``: trainable parameters per targeted layer are ``r * (in + out)``."""
-    alpha: float = 32.0
-    """The scale of the adapters' update is ``alpha / rank`` (LoRA, arXiv:2106.09685); 2x the rank is usual."""
-    dropout: float = 0.0
-    """Dropout on the adapters' input while training (0 keeps the trainer's and the server's log-probs equal)."""
-    target_modules: tuple[str, ...] = DEFAULT_TARGETS
-    """Names of the linear layers that get adapters (the last part of the module's name, as ``peft`` matches)."""
-    export: LoraExport = "merged"
-    """What ``export_weights`` writes for the inference server: ``merged`` (the adapters folded into a full
-    checkpoint, which any server loads) or ``adapter`` (the ``peft`` adapter alone, for servers that load
-    adapters: SGLang's ``load_lora_adapter``, vLLM's ``load_lora_adapter``, the embedded engine)."""
-
-    def __post_init__(self) -> None:
-        if self.rank < 1:
-            raise ConfigError(f"rank must be >= 1 (8 to 64 is usual), got {self.rank}")
-        if not math.isfinite(self.alpha) or self.alpha <= 0:
-            raise ConfigError(f"alpha must be a finite number > 0 (2x the rank is usual), got {self.alpha!r}")
-        if not 0 <= self.dropout < 1:
-            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout!r}")
-        if not self.target_modules or not all(self.target_modules):
-            raise ConfigError(
-                "target_modules must name at least one linear layer, e.g. ['q_proj', 'v_proj']; "
-                f"got {list(self.target_modules)!r}"
-            )
 
 
 def apply_lora(model: Any, cfg: LoraConfig) -> Any:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from sandrl.errors import ConfigError
-from sandrl.train.lora import LoraConfig
+from sandrl.train.lora_config import LoraConfig
 
 
 class UnknownArchitecture(ConfigError):

@@ -48,7 +48,7 @@ from typing import Any
 
 from sandrl.errors import ConfigError
 from sandrl.train.config import TrainConfig
-from sandrl.train.lora import LoraConfig
+from sandrl.train.lora_config import LoraConfig
 from sandrl.train.model_shape import ModelShape, UnknownArchitecture, model_shape
 from sandrl.train.run_config import RunConfig
 
