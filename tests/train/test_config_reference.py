@@ -15,7 +15,9 @@ from typer.testing import CliRunner
 from sandrl.cli import app
 from sandrl.cli.config import reference_sections, reference_text
 from sandrl.errors import ConfigError
+from sandrl.train.config import from_mapping, to_table, toml_key
 from sandrl.train.config_reference import Section, attribute_docstrings, render, undocumented
+from sandrl.train.overrides import apply_overrides
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "guide" / "config-reference.md"
 
@@ -41,11 +43,11 @@ def test_the_page_names_every_key_the_loader_accepts() -> None:
             hint = hints[f.name]
             inner = [a for a in (*typing.get_args(hint), hint) if dataclasses.is_dataclass(a) and isinstance(a, type)]
             if f.name in flatten:
-                expected.update(f"{table}.{g.name}" for g in dataclasses.fields(hint))
+                expected.update(f"{table}.{toml_key(g)}" for g in dataclasses.fields(hint))
             elif inner:
-                walk(f"{table}.{f.name}", inner[0])
+                walk(f"{table}.{toml_key(f)}", inner[0])
             else:
-                expected.add(f"{table}.{f.name}")
+                expected.add(f"{table}.{toml_key(f)}")
 
     for section in reference_sections():
         walk(section.name, section.cls, section.flatten)
@@ -175,3 +177,27 @@ def test_flattened_fields_are_keys_of_the_table_itself() -> None:
     page = render([Section("h", Holder, flatten=("options",))], title="T")
     assert "- **`depth`** (integer, default `2`)" in page
     assert "[h.options]" not in page
+
+
+@dataclass(frozen=True)
+class Keyword:
+    """A table whose keys include a Python keyword."""
+
+    is_: Inner | None = field(default=None, metadata={"toml": "is"})
+    """``[k.is]``: a table named by a keyword."""
+    from_: int = field(default=0, metadata={"toml": "from"})
+    """A key named by a keyword."""
+
+
+def test_a_key_that_is_a_python_keyword_is_read_written_and_documented_as_the_file_spells_it() -> None:
+    config = from_mapping(Keyword, {"from": 3, "is": {"depth": 5}}, where="[k]")
+    assert config == Keyword(is_=Inner(depth=5), from_=3)
+    assert to_table(config) == {"is": {"depth": 5}, "from": 3}
+    with pytest.raises(ConfigError, match=r"\[k\]: unknown key\(s\) from_; valid keys are is, from"):
+        from_mapping(Keyword, {"from_": 3}, where="[k]")
+    with pytest.raises(ConfigError, match=r"\[k.is\] depth must be an integer"):
+        from_mapping(Keyword, {"is": {"depth": "deep"}}, where="[k]")
+    page = render([Section("k", Keyword)], title="T")
+    assert "## `[k.is]`" in page and "- **`from`** (integer, default `0`)" in page
+    assert "is_" not in page and "from_" not in page
+    assert apply_overrides({}, ["k.is.depth=4", "k.from=1"], {"k": Keyword}) == {"k": {"is": {"depth": 4}, "from": 1}}

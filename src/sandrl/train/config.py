@@ -13,6 +13,9 @@
 TOML has no null, so an optional setting is switched off with ``false`` (``tis_cap = false``,
 ``max_grad_norm = false``). Every field is checked when the config is built; a wrong key, type
 or value is a :class:`~sandrl.errors.ConfigError` that names the key and what would be valid.
+A field whose key cannot be its Python name (``[train.loss.is]``: ``is`` is a keyword) says its
+key in its metadata, ``field(metadata={"toml": "is"})``; :func:`toml_key` reads it for every
+reader and writer of config files.
 """
 
 from __future__ import annotations
@@ -190,7 +193,7 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """A plain dict (TOML/JSON-ready: None is written ``false``) that :meth:`from_mapping` reads back."""
-        return none_as_false(dataclasses.asdict(self))
+        return to_table(self)
 
 
 def from_mapping(cls: type[T], table: object, *, where: str) -> T:
@@ -198,13 +201,14 @@ def from_mapping(cls: type[T], table: object, *, where: str) -> T:
     if not isinstance(table, Mapping):
         raise ConfigError(f"{where} must be a table of keys, got {type_name(table)}")
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    fields = {toml_key(f): f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(str(k) for k in table if k not in fields)
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; valid keys are {', '.join(fields)}")
     values: dict[str, Any] = {}
     for key, raw in table.items():
-        values[key] = _convert(hints[key], raw, f"{where} {key}", f"{where[:-1]}.{key}]")
+        name = fields[key].name
+        values[name] = _convert(hints[name], raw, f"{where} {key}", f"{where[:-1]}.{key}]")
     try:
         return cls(**values)
     except ConfigError as exc:
@@ -248,6 +252,24 @@ def _convert(hint: Any, raw: object, label: str, subtable: str) -> Any:
             raise ConfigError(f'{label} must be a list, e.g. ["a", "b"], got {type_name(raw)} {raw!r}')
         return tuple(_convert(item, x, f"{label}[{i}]", subtable) for i, x in enumerate(raw))
     raise ConfigError(f"{label}: values of type {hint} cannot be read from a config file")  # pragma: no cover
+
+
+def toml_key(f: dataclasses.Field[Any]) -> str:
+    """The key a config file writes for the field ``f``: its ``"toml"`` metadata, else its name."""
+    return str(f.metadata.get("toml", f.name))
+
+
+def to_table(config: object) -> dict[str, Any]:
+    """The config dataclass ``config`` as a TOML-ready dict keyed as a file writes it (None as ``false``)."""
+    return none_as_false({toml_key(f): _plain(getattr(config, f.name)) for f in dataclasses.fields(config)})  # type: ignore[arg-type]
+
+
+def _plain(value: object) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return to_table(value)
+    if isinstance(value, tuple | list):
+        return type(value)(_plain(v) for v in value)
+    return value
 
 
 def none_as_false(data: dict[str, Any]) -> dict[str, Any]:

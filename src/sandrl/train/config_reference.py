@@ -29,6 +29,7 @@ from functools import cache
 from typing import Any
 
 from sandrl.errors import ConfigError
+from sandrl.train.config import toml_key
 from sandrl.train.run_config import SECTION_TYPES, dumps
 
 
@@ -73,7 +74,7 @@ def render(sections: Sequence[Section], *, title: str, preface: str = "") -> str
 
 def undocumented(sections: Sequence[Section]) -> list[str]:
     """``table.key`` of every field (nested tables included) that has no docstring."""
-    return [f"{s.name}.{f.name}" for s in _walk(sections) for f, _, doc in _keys(s) if not doc.strip()]
+    return [f"{s.name}.{toml_key(f)}" for s in _walk(sections) for f, _, doc in _keys(s) if not doc.strip()]
 
 
 def attribute_docstrings(cls: type[Any]) -> dict[str, str]:
@@ -113,7 +114,7 @@ def _walk(sections: Sequence[Section]) -> Iterator[Section]:
                 continue
             inner, array = _table_class(hints[f.name])
             if inner is not None:
-                name = f"{section.name}.{f.name}"
+                name = f"{section.name}.{toml_key(f)}"
                 yield from _walk([Section(name, inner, array=array, doc=docs.get(f.name, ""))])
 
 
@@ -155,10 +156,10 @@ def _render_section(section: Section) -> str:
         if inner is not None and f.name not in section.flatten:
             optional = _is_optional(hints[f.name])
             note = " (optional: absent, it is off)" if optional else ""
-            child = Section(f"{section.name}.{f.name}", inner, array=_table_class(hints[f.name])[1])
+            child = Section(f"{section.name}.{toml_key(f)}", inner, array=_table_class(hints[f.name])[1])
             lines.append(f"- [`{_heading(child)}`](#{_anchor(child)}){note}: its own table, below.")
     for f, hint, doc in _keys(section):
-        lines.append(f"- **`{f.name}`** ({_type_text(hint)}, {_default_text(f)})")
+        lines.append(f"- **`{toml_key(f)}`** ({_type_text(hint)}, {_default_text(f)})")
         lines.append(textwrap.indent(_markdown(doc), "  "))
     return "\n".join(lines) + "\n"
 

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sandrl.errors import ConfigError
+from sandrl.train.config import toml_key
 
 
 def apply_overrides(
@@ -45,14 +46,14 @@ def _parse(item: str, sections: Mapping[str, type[Any]]) -> tuple[list[str], obj
         table = ".".join(path[:depth])
         if not _is_table(hint):
             raise ConfigError(f"--set {item}: {table} is a setting, not a table")
-        fields = [f.name for f in dataclasses.fields(hint)]
+        fields = {toml_key(f): f.name for f in dataclasses.fields(hint)}
         if key not in fields:
             raise ConfigError(f"--set {item}: [{table}]: unknown key {key}; valid keys are {', '.join(fields)}")
-        hint = _optional_table(typing.get_type_hints(hint)[key])
+        hint = _optional_table(typing.get_type_hints(hint)[fields[key]])
         if depth == len(path) - 1 and _is_table(hint) and text.strip() == "false":
             return path, False  # an optional table switched off (`--set train.lora=false`)
     if _is_table(hint):
-        keys = ", ".join(f.name for f in dataclasses.fields(hint))
+        keys = ", ".join(toml_key(f) for f in dataclasses.fields(hint))
         raise ConfigError(f"--set {item}: [{dotted}] is a table: set one of its keys ({keys})")
     return path, _typed(hint, text.strip(), f"--set {item}: {dotted}")
 
