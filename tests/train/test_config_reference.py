@@ -60,7 +60,8 @@ def test_the_page_names_every_key_the_loader_accepts() -> None:
         elif key := re.match(r"- \*\*`(\w+)`\*\* \(", line):
             found.add(f"{table}.{key.group(1)}")
     assert found == expected
-    for needed in ("train.processes", "train.dtype", "train.lora.rank", "train.loss.loss_type", "cluster.hosts.url"):
+    needed_keys = ("train.processes", "train.dtype", "train.lora.rank", "train.loss.loss_type", "train.loss.is.band")
+    for needed in (*needed_keys, "cluster.hosts.url"):
         assert needed in found
 
 
@@ -153,7 +154,7 @@ def test_types_defaults_and_nested_tables_are_written_as_a_config_file_holds_the
     assert '- **`names`** (list of strings, default `["p", "q"]`)' in page
     assert "## `[demo.inner]`\n\n`[demo.inner]`: nested." in page
     assert "## `[demo.extra]`\n\nAn optional table." in page
-    assert "[`[demo.extra]`](#demoextra) (optional: absent, it is off)" in page
+    assert "[`[demo.extra]`](#demoextra) (optional, absent by default)" in page
     assert "## `[[demo.items]]`" in page
     assert "- **`url`** (string, required)" in page
     assert "- **`depth`** (integer, default `2`)" in page

@@ -10,8 +10,6 @@ import torch
 from sandrl.errors import ConfigError
 from sandrl.train.losses import (
     LossConfig,
-    group_advantages,
-    has_signal,
     importance_weights,
     kl_k3,
     policy_loss,
@@ -24,31 +22,6 @@ NO_TIS = LossConfig(tis_cap=None)
 
 def _close(actual: torch.Tensor, expected: list[list[float]]) -> None:
     torch.testing.assert_close(actual, torch.tensor(expected, dtype=actual.dtype))
-
-
-def test_group_advantages_centre_and_scale_by_the_group_std() -> None:
-    # mean 0.5, unbiased std sqrt(1/3): (1 - 0.5) / sqrt(1/3) = sqrt(3)/2
-    [adv] = group_advantages([[1.0, 0.0, 0.0, 1.0]], "group", epsilon=0.0)
-    half_root3 = math.sqrt(3) / 2
-    assert adv == pytest.approx([half_root3, -half_root3, -half_root3, half_root3])
-
-
-def test_dr_grpo_advantages_are_only_centred() -> None:
-    assert group_advantages([[1.0, 0.0, 0.0, 0.0]], "none") == [[0.75, -0.25, -0.25, -0.25]]
-
-
-def test_batch_scaling_uses_the_spread_of_the_whole_batch() -> None:
-    # batch [1, 0, .5, .5]: mean .5, unbiased variance (.25 + .25) / 3 = 1/6
-    first, second = group_advantages([[1.0, 0.0], [0.5, 0.5]], "batch", epsilon=0.0)
-    assert first == pytest.approx([0.5 / math.sqrt(1 / 6), -0.5 / math.sqrt(1 / 6)])
-    assert second == [0.0, 0.0]
-
-
-def test_a_group_whose_rewards_are_equal_has_no_signal() -> None:
-    assert has_signal([0.0, 1.0])
-    assert not has_signal([1.0, 1.0, 1.0])
-    assert not has_signal([0.3])
-    assert not has_signal([])
 
 
 MASK = torch.tensor([[0, 1, 1, 0], [0, 1, 1, 1]], dtype=torch.float32)  # 2 and 3 model tokens
@@ -185,3 +158,60 @@ def test_sft_loss_is_the_mean_negative_log_prob_of_model_tokens() -> None:
 def test_bad_loss_options_are_rejected_with_the_fix(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         LossConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def _todays_policy_loss(
+    logp: torch.Tensor,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: LossConfig,
+    old: torch.Tensor,
+    rollout: torch.Tensor,
+    ref: torch.Tensor,
+) -> tuple[torch.Tensor, int, int, float, int]:
+    """The policy loss as it was before the estimators, importance levels and advantages were added (the oracle)."""
+    keep = mask.to(torch.bool)
+    weights = token_weights(mask, cfg)
+    a = adv.unsqueeze(-1)
+    ratio = torch.exp(torch.where(keep, logp - old, 0.0))
+    pg = -torch.minimum(ratio * a, ratio.clamp(1 - cfg.epsilon_low, 1 + cfg.epsilon_high) * a)
+    low = int((keep & (a < 0) & (ratio < 1 - cfg.epsilon_low)).sum())
+    high = int((keep & (a > 0) & (ratio > 1 + cfg.epsilon_high)).sum())
+    truncated, weight_sum = 0, float(keep.sum())
+    if cfg.tis_cap is not None:
+        w = torch.exp(torch.where(keep, old, 0.0) - torch.where(keep, rollout, 0.0)).clamp(max=cfg.tis_cap)
+        pg = pg * w
+        truncated, weight_sum = int((keep & (w >= cfg.tis_cap)).sum()), float(w[keep].sum())
+    if cfg.beta > 0:
+        pg = pg + cfg.beta * kl_k3(logp, torch.where(keep, ref, logp.detach()))
+    return torch.where(keep, pg * weights, 0.0).sum(), low, high, weight_sum, truncated
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        LossConfig(),
+        LossConfig(loss_type="dapo", epsilon_high=0.28, tis_cap=1.5, beta=0.1),
+        LossConfig(loss_type="dr_grpo", tis_cap=None, epsilon_low=0.1, scale_rewards="none"),
+    ],
+    ids=["defaults", "dapo-tis-kl", "dr_grpo"],
+)
+def test_the_defaults_give_exactly_todays_numbers(config: LossConfig) -> None:
+    generator = torch.Generator().manual_seed(7)
+    logp = -torch.rand(3, 6, generator=generator) * 3
+    old = logp + (torch.rand(3, 6, generator=generator) - 0.5) * 0.8
+    rollout = old + (torch.rand(3, 6, generator=generator) - 0.5) * 1.6
+    ref = logp + (torch.rand(3, 6, generator=generator) - 0.5)
+    mask = torch.tensor([[0, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 1], [0, 1, 0, 1, 1, 0]], dtype=torch.float32)
+    adv = torch.tensor([1.3, -0.7, 0.4])
+    mine, theirs = logp.clone().requires_grad_(True), logp.clone().requires_grad_(True)
+    out = policy_loss(mine, adv, mask, config, old_logprobs=old, rollout_logprobs=rollout, ref_logprobs=ref)
+    loss, low, high, weight_sum, truncated = _todays_policy_loss(theirs, adv, mask, config, old, rollout, ref)
+    assert torch.equal(out.loss, loss)
+    counts = (out.clipped_low, out.clipped_high, out.is_weight_sum, out.is_truncated)
+    assert counts == (low, high, weight_sum, truncated)
+    assert low + high > 0 and (config.tis_cap is None or truncated > 0)  # the example exercises clip and cap
+    torch.autograd.backward(out.loss)
+    torch.autograd.backward(loss)
+    assert mine.grad is not None and theirs.grad is not None
+    assert torch.equal(mine.grad, theirs.grad)

@@ -2,7 +2,7 @@
 
 A :class:`TrainSample` is one episode as the trainer sees it: the token ids of the whole
 conversation, a loss mask that is 1 on the model's own tokens, and the log-prob the inference
-server gave each of those tokens. :func:`samples_from_groups` turns GRPO groups (the samples of
+server gave each of those tokens. :func:`samples_from_groups` turns groups (the samples of
 one task) into a :class:`Batch` with advantages, dropping and counting the groups that carry no
 signal. :mod:`sandrl.train.micro_batches` cuts a batch into forwards that fit a token budget.
 """
@@ -14,7 +14,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from sandrl.errors import TrainError
-from sandrl.train.losses import ScaleRewards, group_advantages, has_signal
+from sandrl.train.advantages import advantages, has_signal
+from sandrl.train.loss_config import Advantage, ScaleRewards
 
 
 @dataclass(frozen=True)
@@ -94,24 +95,40 @@ class Batch:
 
 
 def samples_from_groups(
-    groups: Iterable[Sequence[TrainSample]], *, scale_rewards: ScaleRewards = "group", epsilon: float = 1e-4
+    groups: Iterable[Sequence[TrainSample]],
+    *,
+    scale_rewards: ScaleRewards = "group",
+    epsilon: float = 1e-4,
+    advantage: Advantage = "grpo",
 ) -> Batch:
-    """A batch with GRPO advantages (see :func:`~sandrl.train.losses.group_advantages`).
+    """A batch with advantages from ``advantage``'s estimator (see :mod:`sandrl.train.advantages`).
 
     Each group is the samples of one task; they must share a ``group_id``. A group whose rewards
-    are all equal (including a group of one) is dropped and counted in ``zero_signal_groups``.
-    With ``scale_rewards="batch"`` the spread is measured over the groups that are kept.
+    are all equal (including a group of one) has no signal against its own baseline and is dropped
+    and counted in ``zero_signal_groups``; with ``advantage="reinforce_pp"``, whose baseline is the
+    batch's, only a batch whose rewards are all equal is. Batch-wide statistics
+    (``scale_rewards="batch"``, REINFORCE++'s) are measured over the groups that are kept.
     """
     offered = [list(g) for g in groups]
     for group in offered:
         ids = {s.group_id for s in group}
         if len(ids) > 1:
             raise TrainError(f"a group holds samples of several group ids {sorted(ids)}; pass one group per task")
-    kept = [g for g in offered if has_signal([s.reward for s in g])]
-    advantages = group_advantages([[s.reward for s in g] for g in kept], scale_rewards, epsilon)
+    if advantage == "reinforce_pp":
+        everyone = [s.reward for g in offered for s in g]
+        kept = [g for g in offered if g] if has_signal(everyone) else []
+    else:
+        kept = [g for g in offered if has_signal([s.reward for s in g])]
+    values = advantages(
+        [[s.reward for s in g] for g in kept],
+        advantage,
+        scale=scale_rewards,
+        epsilon=epsilon,
+        tokens=[[s.num_model_tokens for s in g] for g in kept],
+    )
     samples = tuple(
         replace(s, advantage=a)
-        for group, advs in zip(kept, advantages, strict=True)
+        for group, advs in zip(kept, values, strict=True)
         for s, a in zip(group, advs, strict=True)
     )
     rewards = [s.reward for g in offered for s in g]

@@ -32,7 +32,7 @@ from typing import Any, Literal, TypeVar
 from sandrl.errors import ConfigError
 from sandrl.toml_config import read_toml, type_name
 from sandrl.train.lora import LoraConfig
-from sandrl.train.losses import LossConfig
+from sandrl.train.loss_config import LossConfig
 from sandrl.train.truncation import TRUNCATED_BY, OnTruncated, TruncatedBy, check_settings
 
 DType = Literal["fp32", "bf16"]
@@ -135,8 +135,9 @@ class TrainConfig:
     lora: LoraConfig | None = None
     """Low-rank adapters (``[train.lora]``, through ``peft``): only they train; absent trains every weight."""
     loss: LossConfig = field(default_factory=LossConfig)
-    """``[train.loss]``: the policy loss (GRPO, Dr. GRPO, DAPO), its clipping, reward scaling, KL and importance
-    correction."""
+    """``[train.loss]``: the policy loss: its estimator (PPO's clip, GSPO, CISPO), aggregation (GRPO, Dr. GRPO,
+    DAPO), advantages (GRPO, RLOO, REINFORCE++), clipping, KL and importance sampling
+    (``docs/guide/learning-signal.md``)."""
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.lr) or self.lr <= 0:

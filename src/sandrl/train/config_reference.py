@@ -155,7 +155,7 @@ def _render_section(section: Section) -> str:
         inner, _ = _table_class(hints[f.name])
         if inner is not None and f.name not in section.flatten:
             optional = _is_optional(hints[f.name])
-            note = " (optional: absent, it is off)" if optional else ""
+            note = " (optional, absent by default)" if optional else ""
             child = Section(f"{section.name}.{toml_key(f)}", inner, array=_table_class(hints[f.name])[1])
             lines.append(f"- [`{_heading(child)}`](#{_anchor(child)}){note}: its own table, below.")
     for f, hint, doc in _keys(section):
