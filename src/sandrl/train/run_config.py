@@ -51,7 +51,7 @@ from sandrl.errors import ConfigError
 from sandrl.tasks.builtin.generated import FAMILIES
 from sandrl.toml_config import read_toml
 from sandrl.train.config import TrainConfig, from_mapping, none_as_false
-from sandrl.train.losses import ScaleRewards
+from sandrl.train.loss_config import ScaleRewards
 from sandrl.train.overrides import apply_overrides
 from sandrl.train.truncation import TruncationPolicy, check_budgets
 from sandrl.train.warmstart import WarmStartConfig
