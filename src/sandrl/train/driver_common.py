@@ -278,7 +278,9 @@ class Session:
         :class:`asyncio.CancelledError`.
         """
         groups = [g.trajectories for _, g in items]
-        adapted = batch_from_groups(groups, scale_rewards=self.config.rollout.scale_rewards)
+        # The token budget the agent loop enforced: the policy's context caps [rollout] max_total_tokens.
+        truncation = self.config.truncation(self.policy.max_context if self.policy is not None else None)
+        adapted = batch_from_groups(groups, scale_rewards=self.config.rollout.scale_rewards, truncation=truncation)
         c = self.counters
         c.episodes += adapted.episodes
         c.infra_errors += adapted.infra_errors
@@ -325,6 +327,7 @@ class Session:
             "staleness_hist": {str(k): v for k, v in sorted(collections.Counter(staleness).items())},
             "token_staleness_hist": token_hist,
             "mixed_version_samples": sum(map(mixed_version, trajectories)),
+            **adapted.truncation.metrics(),
             **{f"total_{k}": v for k, v in vars(c).items()},
             **extra,
             **{f"train/{k}": v for k, v in trained.items()},
