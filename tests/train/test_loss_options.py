@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -111,3 +113,13 @@ def test_tis_cap_beside_a_table_that_says_the_same_is_accepted(tmp_path: Path) -
     assert loss.importance_sampling == ImportanceConfig(band=(0.0, 3.0))
     gspo = _load(tmp_path, '[train.loss]\nestimator = "gspo"\ntis_cap = false\n')
     assert gspo.importance_sampling is None
+
+
+def test_every_toml_example_of_the_learning_signal_guide_loads() -> None:
+    page = Path(__file__).resolve().parents[2] / "docs" / "guide" / "learning-signal.md"
+    blocks = re.findall(r"```toml\n(.*?)```", page.read_text(), flags=re.DOTALL)
+    assert len(blocks) >= 4
+    for block in blocks:
+        data = tomllib.loads(block)
+        assert set(data) == {"train"}, block
+        from_dict({"tasks": {"family": "echo"}, **data}, where="learning-signal.md")
