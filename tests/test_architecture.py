@@ -232,3 +232,16 @@ def test_no_backend_or_policy_sniffing_outside_their_packages() -> None:
 
     sites = [s for s in _call_sites(sniffs) if not s.startswith(("sandrl/sandbox/", "sandrl/inference/"))]
     assert sites == []
+
+
+def test_the_cli_and_reading_a_run_config_load_no_pytorch() -> None:
+    """``sandrl --help`` and a bad key in a run config answer in well under a second: PyTorch,
+    transformers and peft (~2 s to import) load only where a model is built."""
+    import subprocess
+    import sys
+
+    heavy = ("torch", "transformers", "peft")
+    for module in ("sandrl.cli", "sandrl.train.run_config"):
+        code = f"import sys, {module}; print(','.join(m for m in {heavy!r} if m in sys.modules))"
+        loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+        assert loaded.strip() == "", f"importing {module} loads {loaded.strip()}"

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from sandrl.cli import app
 from sandrl.demo.learn import DemoConfig, run, terminal_curve
 from sandrl.errors import ConfigError
-from sandrl.inference.model import TinyModelConfig
+from sandrl.inference.tiny_config import TinyModelConfig
 from sandrl.train.warmstart import WarmStartConfig
 
 from ..support import needs_sandbox

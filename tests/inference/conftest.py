@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from sandrl.inference.engine import Engine, EngineConfig
-from sandrl.inference.model import TinyModelConfig, build_tiny_model, save_weights
+from sandrl.inference.model import build_tiny_model, save_weights
 from sandrl.inference.server import BackgroundServer, create_app
+from sandrl.inference.tiny_config import TinyModelConfig
 from sandrl.inference.tokenizer import ByteTokenizer
 
 TOKEN = "inference-test-token-0123456789"

@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 
-from sandrl.inference.model import TinyModelConfig, build_tiny_model
+from sandrl.inference.model import build_tiny_model
+from sandrl.inference.tiny_config import TinyModelConfig
 from sandrl.inference.tokenizer import ByteTokenizer
 from sandrl.train.lora import apply_lora, export_lora
 from sandrl.train.lora_config import LoraConfig

@@ -18,7 +18,8 @@ import torch
 from sandrl.errors import ConfigError, InferenceError
 from sandrl.inference.base import InferenceClient, SamplingParams
 from sandrl.inference.engine import Engine, EngineConfig
-from sandrl.inference.model import TinyModelConfig, build_tiny_model
+from sandrl.inference.model import build_tiny_model
+from sandrl.inference.tiny_config import TinyModelConfig
 from sandrl.inference.tokenizer import ByteTokenizer
 
 ForwardLogprobs = Callable[[Any, list[int], list[int]], list[float]]

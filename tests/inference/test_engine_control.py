@@ -18,7 +18,8 @@ from sandrl.errors import ConfigError
 from sandrl.inference.base import Generation, SamplingParams
 from sandrl.inference.batch import Partial
 from sandrl.inference.engine import Engine, EngineConfig
-from sandrl.inference.model import TinyModelConfig, build_tiny_model
+from sandrl.inference.model import build_tiny_model
+from sandrl.inference.tiny_config import TinyModelConfig
 from sandrl.inference.tokenizer import ByteTokenizer
 
 ForwardLogprobs = Callable[[Any, list[int], list[int]], list[float]]

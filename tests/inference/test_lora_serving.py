@@ -23,9 +23,10 @@ from sandrl.inference.base import LoraClient, SamplingParams
 from sandrl.inference.engine import Engine, EngineConfig
 from sandrl.inference.lora_adapter import BASE_FILE, read_adapter
 from sandrl.inference.lora_rows import AdapterRows
-from sandrl.inference.model import TinyModelConfig, build_tiny_model
+from sandrl.inference.model import build_tiny_model
 from sandrl.inference.server import BackgroundServer, create_app
 from sandrl.inference.sglang import SGLangClient
+from sandrl.inference.tiny_config import TinyModelConfig
 from sandrl.inference.transport import HTTPConfig
 from sandrl.inference.vllm import VLLMClient
 from tests.inference.conftest import TOKEN, Served

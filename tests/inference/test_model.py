@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from sandrl.errors import ConfigError
-from sandrl.inference.model import TinyModelConfig, build_tiny_model, load_model, load_weights, save_weights
+from sandrl.inference.model import build_tiny_model, load_model, load_weights, save_weights
+from sandrl.inference.tiny_config import TinyModelConfig
 from sandrl.inference.tokenizer import ByteTokenizer
 
 

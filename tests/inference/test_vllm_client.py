@@ -16,8 +16,9 @@ import pytest
 from sandrl.errors import ConfigError
 from sandrl.inference.base import Generation, InferenceClient, SamplingParams, UpdatePolicy
 from sandrl.inference.engine import Engine
-from sandrl.inference.model import TinyModelConfig, build_tiny_model
+from sandrl.inference.model import build_tiny_model
 from sandrl.inference.server import BackgroundServer
+from sandrl.inference.tiny_config import TinyModelConfig
 from sandrl.inference.tokenizer import ByteTokenizer
 from sandrl.inference.version_spans import from_spans, to_spans
 from sandrl.inference.vllm import VLLMClient, server_url

@@ -10,7 +10,7 @@ import pytest
 
 from sandrl.inference.base import Generation, SamplingParams
 from sandrl.inference.engine import Engine, EngineConfig
-from sandrl.inference.model import TinyModelConfig
+from sandrl.inference.tiny_config import TinyModelConfig
 from sandrl.inference.tokenizer import ByteTokenizer
 from sandrl.rollout import Budget, EpisodeConfig, run_episode
 from sandrl.rollout.agents.terminus import HARBOR_PYTHON_ENV

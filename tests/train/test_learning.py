@@ -11,7 +11,8 @@ from pathlib import Path
 
 from sandrl.inference.base import SamplingParams
 from sandrl.inference.engine import Engine, EngineConfig
-from sandrl.inference.model import TinyModelConfig, build_tiny_model
+from sandrl.inference.model import build_tiny_model
+from sandrl.inference.tiny_config import TinyModelConfig
 from sandrl.train.batch import TrainSample, samples_from_groups
 from sandrl.train.config import TrainConfig
 from sandrl.train.losses import LossConfig

@@ -22,7 +22,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import sandrl.train.async_ as async_driver
 from sandrl.errors import TrainError
-from sandrl.inference.model import TinyModelConfig, build_tiny_model, load_model, save_weights
+from sandrl.inference.model import build_tiny_model, load_model, save_weights
+from sandrl.inference.tiny_config import TinyModelConfig
 from sandrl.rollout.runner import Group
 from sandrl.rollout.trajectory import Trajectory
 from sandrl.train.batch import Batch

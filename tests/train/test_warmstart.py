@@ -12,7 +12,8 @@ import torch
 
 from sandrl.errors import ConfigError, TaskError
 from sandrl.inference.chat import ChatFormat
-from sandrl.inference.model import TinyModelConfig, load_model
+from sandrl.inference.model import load_model
+from sandrl.inference.tiny_config import TinyModelConfig
 from sandrl.inference.tokenizer import ByteTokenizer, model_tokenizer
 from sandrl.rollout.agents.fenced import parse_action
 from sandrl.rollout.agents.formats import FencedFormat, make_format

@@ -21,7 +21,8 @@ from typer.testing import CliRunner
 
 from sandrl.cli import app
 from sandrl.errors import ConfigError
-from sandrl.inference.model import TinyModelConfig, build_tiny_model, load_model, save_weights
+from sandrl.inference.model import build_tiny_model, load_model, save_weights
+from sandrl.inference.tiny_config import TinyModelConfig
 from sandrl.train.device import CUDA_INSTALL
 from sandrl.train.run_config import SECTION_TYPES, load_run_config, save_resolved
 from sandrl.wiring import load_task_set

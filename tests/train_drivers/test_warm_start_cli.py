@@ -20,8 +20,9 @@ from typer.testing import CliRunner
 from sandrl.cli import app
 from sandrl.errors import ConfigError
 from sandrl.inference.engine import Engine, EngineConfig
-from sandrl.inference.model import TinyModelConfig, build_tiny_model, load_model
+from sandrl.inference.model import build_tiny_model, load_model
 from sandrl.inference.server import BackgroundServer, create_app
+from sandrl.inference.tiny_config import TinyModelConfig
 from sandrl.rollout.jsonl import read_jsonl
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.train import checkpoint

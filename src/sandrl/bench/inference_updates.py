@@ -44,7 +44,8 @@ from typing import Any, Final, Literal, cast
 from sandrl.errors import ConfigError
 from sandrl.inference.base import UPDATE_POLICIES, Generation, SamplingParams, UpdatePolicy
 from sandrl.inference.engine import Engine, EngineConfig
-from sandrl.inference.model import TinyModelConfig, build_tiny_model, save_weights
+from sandrl.inference.model import build_tiny_model, save_weights
+from sandrl.inference.tiny_config import TinyModelConfig
 from sandrl.inference.tokenizer import TINY
 from sandrl.stats import quantile
 

@@ -55,7 +55,8 @@ from rich.table import Table
 from rich.text import Text
 
 from sandrl.bench.tensor_peak import TensorPeak, reset_peak_rss, rss_bytes
-from sandrl.inference.model import TinyModelConfig, build_tiny_model, load_model, save_weights
+from sandrl.inference.model import build_tiny_model, load_model, save_weights
+from sandrl.inference.tiny_config import TinyModelConfig
 from sandrl.inference.tokenizer import TINY, ByteTokenizer
 from sandrl.train import micro_batches
 from sandrl.train.batch import Batch, TrainSample

@@ -111,12 +111,13 @@ def train_cmd(
 
         emit(train_on_ray(config, ray, mode=mode, rollout_only=rollout_only, overrides=overrides))
         return
-    # Imported here: the train package brings in PyTorch, which `sandrl --help` should not wait for.
-    from sandrl.train.command import run_training, saved_line
-    from sandrl.train.plan import parse_size
     from sandrl.train.run_config import load_run_config
 
+    # A bad config is refused before the trainer's modules (PyTorch: seconds) load.
     run_config = load_run_config(config, overrides)
+    from sandrl.train.command import run_training, saved_line
+    from sandrl.train.plan import parse_size
+
     memory = parse_size(device_memory) if device_memory is not None else None
     try:
         result = interrupt.run(

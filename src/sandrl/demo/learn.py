@@ -49,7 +49,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sandrl.errors import ConfigError
-from sandrl.inference.model import TinyModelConfig
+from sandrl.inference.tiny_config import TinyModelConfig
 from sandrl.rollout.jsonl import TrajectoryWriter
 from sandrl.sandbox.base import SandboxProvider
 from sandrl.tasks.builtin.generated import FAMILIES, generate_tasks
@@ -60,7 +60,7 @@ from sandrl.train.config import TrainConfig
 from sandrl.train.losses import LossConfig
 from sandrl.train.run_config import AsyncSection, RolloutSection, RunConfig, RunSection, WarmStartSection
 from sandrl.train.warm_run import warm_start_run
-from sandrl.train.warmstart import WarmStartConfig
+from sandrl.train.warm_start_config import WarmStartConfig
 from sandrl.wiring import (
     ModelConfig,
     RolloutConfig,

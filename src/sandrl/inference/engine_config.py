@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from sandrl.errors import ConfigError
 from sandrl.inference.base import UPDATE_POLICIES, UpdatePolicy
-from sandrl.inference.model import TinyModelConfig
+from sandrl.inference.tiny_config import TinyModelConfig
 
 
 @dataclass(frozen=True)

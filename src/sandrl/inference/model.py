@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import transformers
 
 from sandrl.errors import ConfigError, InferenceError
+from sandrl.inference.tiny_config import TinyModelConfig
 from sandrl.inference.tokenizer import TINY, ByteTokenizer, Tokenizer, model_tokenizer
 
 # Weights are saved and loaded on every policy update; transformers' per-call progress bars
@@ -29,28 +29,6 @@ transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-cal
 
 # transformers 5 renamed from_pretrained's ``torch_dtype`` to ``dtype`` and warns on the old name.
 _DTYPE_KWARG = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
-
-
-@dataclass(frozen=True)
-class TinyModelConfig:
-    """A small causal LM over the byte tokenizer, for tests, demos and CPU-only runs."""
-
-    architecture: Literal["llama", "qwen2", "qwen3"] = "llama"
-    """Which Hugging Face architecture to instantiate; all three are what real policies use."""
-    hidden_size: int = 64
-    """The width of the residual stream (each token's vector between layers)."""
-    num_layers: int = 2
-    """Decoder layers (attention and MLP blocks)."""
-    num_heads: int = 4
-    """Attention (query) heads per layer; ``hidden_size`` must be a multiple of it."""
-    num_kv_heads: int = 2
-    """Fewer key/value heads than query heads (grouped-query attention), as in Llama 3 and Qwen2."""
-    intermediate_size: int = 128
-    """The width of each layer's MLP."""
-    max_position_embeddings: int = 2048
-    """The context length: prompt plus output."""
-    seed: int = 0
-    """Seed of the random initialisation: the same seed gives the same weights, bit for bit."""
 
 
 def build_tiny_model(config: TinyModelConfig | None = None) -> tuple[Any, ByteTokenizer]:

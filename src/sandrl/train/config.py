@@ -31,7 +31,7 @@ from typing import Any, Literal, TypeVar
 
 from sandrl.errors import ConfigError
 from sandrl.toml_config import read_toml, type_name
-from sandrl.train.lora import LoraConfig
+from sandrl.train.lora_config import LoraConfig
 from sandrl.train.loss_config import LossConfig
 from sandrl.train.truncation import TRUNCATED_BY, OnTruncated, TruncatedBy, check_settings
 

@@ -54,7 +54,7 @@ from sandrl.train.config import TrainConfig, from_mapping, none_as_false
 from sandrl.train.loss_config import ScaleRewards
 from sandrl.train.overrides import apply_overrides
 from sandrl.train.truncation import TruncationPolicy, check_budgets
-from sandrl.train.warmstart import WarmStartConfig
+from sandrl.train.warm_start_config import WarmStartConfig
 from sandrl.wiring.config import ModelConfig, RolloutConfig, TasksConfig
 
 Mode = Literal["sync", "async"]
