@@ -54,3 +54,46 @@ def test_a_run_counts_the_episodes_a_budget_cut_and_masks_them_when_asked(
     assert [m["truncated_masked"] for m in steps] == [masked, masked]
     # Masked, the cut episode still sets its group's baseline but trains no token.
     assert [m["samples_trained"] for m in steps] == [2 - masked, 2 - masked]
+
+
+ESTIMATORS = [
+    "",
+    '[train.loss]\nestimator = "gspo"\nadvantage = "rloo"\nscale_rewards = "none"\n'
+    '[train.loss.is]\nlevel = "geometric"\n',
+    '[train.loss]\nestimator = "cispo"\nadvantage = "reinforce_pp"\nentropy_coef = 0.01\n',
+    '[train.loss]\nadvantage = "reinforce_pp_baseline"\n[train.loss.is]\nmode = "mask"\nband = [0.5, 2.0]\n',
+]
+
+
+@pytest.mark.parametrize("loss", ESTIMATORS, ids=["grpo", "gspo-rloo", "cispo-reinforce-pp", "mis-baseline"])
+def test_each_estimator_trains_and_its_step_says_the_new_metrics(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, loss: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("run.toml").write_text(CONFIG.format(policy="train") + loss)
+    write_saved_groups(tmp_path / "saved.jsonl", groups=2)
+    result = CliRunner().invoke(app, ["train", "run.toml", "--load-rollouts", "saved.jsonl"])
+    assert result.exit_code == 0, result.output
+    last = json.loads(Path("out/metrics.jsonl").read_text().splitlines()[-1])
+    for key in ("mismatch_kl", "is_masked_frac", "entropy_mean", "stale_1/mismatch_kl", "stop_unknown/reward_mean"):
+        assert f"train/{key}" in last, key
+    # Rewards 0 and 1 in each group: GRPO's advantages are +-0.707 (the group's std), RLOO's unscaled +-1.
+    expected = {"": 0.7071, "rloo": 1.0}.get("rloo" if "rloo" in loss else loss)
+    if expected is not None:
+        assert last["train/advantage_abs_mean"] == pytest.approx(expected, abs=1e-3)
+
+
+def test_scale_rewards_said_in_rollout_is_the_losss_and_the_two_may_not_differ(tmp_path: Path) -> None:
+    from sandrl.errors import ConfigError
+    from sandrl.train.run_config import load_run_config
+
+    path = tmp_path / "run.toml"
+    path.write_text('[tasks]\nfamily = "echo"\n[rollout]\nscale_rewards = "batch"\n')
+    assert load_run_config(path).train.loss.scale_rewards == "batch"
+    path.write_text('[tasks]\nfamily = "echo"\n[train.loss]\nscale_rewards = "none"\n')
+    config = load_run_config(path)
+    assert config.train.loss.scale_rewards == config.rollout.scale_rewards == "none"
+    both = '[rollout]\nscale_rewards = "batch"\n[train.loss]\nscale_rewards = "none"\n'
+    path.write_text('[tasks]\nfamily = "echo"\n' + both)
+    with pytest.raises(ConfigError, match=r"\[rollout\] scale_rewards = 'batch' but \[train.loss\] scale_rewards"):
+        load_run_config(path)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 
 from sandrl.rollout.trajectory import Trajectory
 from sandrl.train.batch import Batch, TrainSample, samples_from_groups
-from sandrl.train.losses import ScaleRewards
+from sandrl.train.loss_config import Advantage, ScaleRewards
 from sandrl.train.staleness import oldest_version
 from sandrl.train.truncation import TruncationCounts, TruncationPolicy
 
@@ -58,6 +58,7 @@ def to_sample(trajectory: Trajectory) -> TrainSample:
         group_id=trajectory.group_id,
         weight_version=oldest_version(trajectory) or 0,
         episode_id=trajectory.episode_id,
+        stop_reason=trajectory.stop_reason or "",
     )
 
 
@@ -84,6 +85,8 @@ def batch_from_groups(
     *,
     scale_rewards: ScaleRewards = "group",
     truncation: TruncationPolicy | None = None,
+    advantage: Advantage = "grpo",
+    epsilon: float = 1e-4,
 ) -> Adapted:
     """The GRPO batch of ``groups`` (each the trajectories of one task), with the dropped ones counted.
 
@@ -117,7 +120,7 @@ def batch_from_groups(
                 if len(trajectory.segments()) > 1:
                     segmented[trajectory.episode_id] = segment_samples(trajectory)
         kept.append(samples)
-    batch = samples_from_groups(kept, scale_rewards=scale_rewards)
+    batch = samples_from_groups(kept, scale_rewards=scale_rewards, epsilon=epsilon, advantage=advantage)
     if counts.penalty_sum:  # the step reports what the verifier gave; the penalties are counted apart
         batch = replace(batch, reward_mean=sum(verified) / len(verified))
     if masked:  # after the advantages: a masked episode still counts in its group's baseline

@@ -38,6 +38,9 @@ class TrainSample:
     weight_version: int = 0
     """The policy version that generated the sample (the oldest, if a weight update landed mid-episode)."""
     episode_id: str = ""
+    stop_reason: str = ""
+    """What ended the episode (``submitted``, ``max_turns``, ``max_tokens``, ...; empty when unknown):
+    the step's metrics are split by it (:mod:`sandrl.train.diagnostics`)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "token_ids", tuple(int(t) for t in self.token_ids))

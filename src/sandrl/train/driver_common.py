@@ -280,7 +280,14 @@ class Session:
         groups = [g.trajectories for _, g in items]
         # The token budget the agent loop enforced: the policy's context caps [rollout] max_total_tokens.
         truncation = self.config.truncation(self.policy.max_context if self.policy is not None else None)
-        adapted = batch_from_groups(groups, scale_rewards=self.config.rollout.scale_rewards, truncation=truncation)
+        loss = self.config.train.loss
+        adapted = batch_from_groups(
+            groups,
+            scale_rewards=loss.scale_rewards,
+            truncation=truncation,
+            advantage=loss.advantage,
+            epsilon=loss.advantage_epsilon,
+        )
         c = self.counters
         c.episodes += adapted.episodes
         c.infra_errors += adapted.infra_errors

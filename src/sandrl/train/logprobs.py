@@ -30,7 +30,8 @@ class TokenLogprobs:
     logprobs: torch.Tensor
     """``log p(ids[t] | ids[:t])``, float32, differentiable."""
     entropy: torch.Tensor | None
-    """The entropy of the predicted distribution at each position (detached), when asked for."""
+    """The entropy of the predicted distribution at each position, when asked for (detached unless
+    asked with its gradient, for an entropy bonus)."""
 
 
 class PolicyForward(torch.nn.Module):
@@ -67,16 +68,28 @@ class PolicyForward(torch.nn.Module):
         position_ids: torch.Tensor | None = None,
         chunk_tokens: int = 1024,
         entropy: bool = False,
+        entropy_grad: bool = False,
     ) -> TokenLogprobs:
         hidden = self.decoder(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
         ).last_hidden_state
-        return self.token_logprobs(hidden, input_ids, chunk_tokens=chunk_tokens, entropy=entropy)
+        return self.token_logprobs(
+            hidden, input_ids, chunk_tokens=chunk_tokens, entropy=entropy or entropy_grad, entropy_grad=entropy_grad
+        )
 
     def token_logprobs(
-        self, hidden: torch.Tensor, input_ids: torch.Tensor, *, chunk_tokens: int, entropy: bool
+        self,
+        hidden: torch.Tensor,
+        input_ids: torch.Tensor,
+        *,
+        chunk_tokens: int,
+        entropy: bool,
+        entropy_grad: bool = False,
     ) -> TokenLogprobs:
-        """The log-probs of ``input_ids[:, 1:]`` from the hidden states before them, a chunk at a time."""
+        """The log-probs of ``input_ids[:, 1:]`` from the hidden states before them, a chunk at a time.
+
+        ``entropy_grad``: the entropy keeps its gradient (an entropy bonus in the loss), at the cost of
+        one more ``chunk x vocab`` buffer kept for the backward."""
         rows, width = input_ids.shape
         states = hidden[:, :-1].reshape(-1, hidden.shape[-1])
         targets = input_ids[:, 1:].reshape(-1)
@@ -86,7 +99,7 @@ class PolicyForward(torch.nn.Module):
         spread: list[torch.Tensor] = []
         for start in range(0, targets.numel(), chunk_tokens):
             part = slice(start, start + chunk_tokens)
-            args = (states[part], weight, bias, targets[part], entropy)
+            args = (states[part], weight, bias, targets[part], entropy, entropy_grad)
             if torch.is_grad_enabled():
                 lp, ent = checkpoint(self._chunk, *args, use_reentrant=False)
             else:
@@ -104,6 +117,7 @@ class PolicyForward(torch.nn.Module):
         bias: torch.Tensor | None,
         targets: torch.Tensor,
         entropy: bool,
+        entropy_grad: bool,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         logits = states.float() @ weight.t()
         if bias is not None:
@@ -116,7 +130,7 @@ class PolicyForward(torch.nn.Module):
         picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - norm
         if not entropy:
             return picked, picked.new_zeros(())
-        with torch.no_grad():
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             probs = torch.softmax(logits, dim=-1)
             ent = norm - (probs * logits).sum(-1)
         return picked, ent

@@ -141,6 +141,13 @@ class LossConfig:
     or masked (:mod:`sandrl.train.importance`). Absent: as ``tis_cap`` says."""
     advantage_epsilon: float = 1e-4
     """Added to the standard deviation before dividing, so a near-constant group stays finite."""
+    entropy_coef: float = 0.0
+    """An entropy bonus: ``entropy_coef`` times each model token's entropy (of the policy's whole
+    next-token distribution, from the same chunked pass as the log-probs) is subtracted from its
+    loss, aggregated as ``loss_type`` says. It keeps exploration up where entropy collapses (the
+    PPO paper's entropy term, arXiv:1707.06347; DAPO prefers clip-higher, arXiv:2503.14476).
+    Small values (1e-3) are usual; 0 adds no term, and the entropy is still reported
+    (``entropy_mean``)."""
 
     def __post_init__(self) -> None:
         if self.loss_type not in ("grpo", "dr_grpo", "dapo"):
@@ -172,6 +179,8 @@ class LossConfig:
             raise ConfigError(f"max_tokens must be >= 1, or absent to use the longest sample; got {self.max_tokens}")
         if not math.isfinite(self.advantage_epsilon) or self.advantage_epsilon < 0:
             raise ConfigError(f"advantage_epsilon must be a finite number >= 0, got {self.advantage_epsilon!r}")
+        if not math.isfinite(self.entropy_coef) or self.entropy_coef < 0:
+            raise ConfigError(f"entropy_coef must be a finite number >= 0 (1e-3 is usual), got {self.entropy_coef!r}")
         self._check_together()
 
     def _check_together(self) -> None:

@@ -167,6 +167,7 @@ def policy_loss(
     ref_logprobs: torch.Tensor | None = None,
     weights: torch.Tensor | None = None,
     sample_ids: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
 ) -> LossOutput:
     """The policy loss of a ``[rows, tokens]`` micro-batch (see the module docstring).
 
@@ -177,6 +178,7 @@ def policy_loss(
     then 0). ``weights`` are from :func:`token_weights` over the whole batch; by default this
     micro-batch is the whole batch. ``sample_ids`` (``[rows, tokens]``, -1 on padding) says which
     sample each position belongs to when a row holds several (packing); None: each row is one.
+    ``entropy`` (per token, with its gradient) is needed when ``config.entropy_coef > 0``.
     """
     keep = mask.to(torch.bool)
     old = logprobs.detach() if old_logprobs is None else old_logprobs.detach()
@@ -221,6 +223,10 @@ def policy_loss(
         kl = kl_k3(logprobs, torch.where(keep, ref_logprobs, logprobs.detach()))
         per_token_loss = per_token_loss + config.beta * kl
         kl_sum = float(kl.detach()[keep].sum())
+    if config.entropy_coef > 0:
+        if entropy is None or not entropy.requires_grad:
+            raise ConfigError("an entropy bonus (entropy_coef > 0) needs the policy's entropy with its gradient")
+        per_token_loss = per_token_loss - config.entropy_coef * entropy
     loss = torch.where(keep, per_token_loss * weights, 0.0).sum()
     return LossOutput(
         loss=loss,

@@ -100,7 +100,8 @@ class RolloutSection(RolloutConfig):
     budget, ``[rollout.timeouts]``, the agent and its sampling), plus what GRPO needs of its groups."""
 
     scale_rewards: ScaleRewards = "group"
-    """How advantages are scaled (see :class:`~sandrl.train.losses.LossConfig`)."""
+    """How advantages are scaled: the same as ``[train.loss] scale_rewards``, which is where it belongs
+    (said here, it sets that one; the two may not differ)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -242,6 +243,28 @@ SECTION_TYPES: dict[str, type[Any]] = {
 }
 
 
+def _one_scale_rewards(config: RunConfig, data: Mapping[str, object], where: str) -> RunConfig:
+    """``[train.loss] scale_rewards`` is the one the advantages use; ``[rollout] scale_rewards``, where runs
+    set it first, still says it when the loss's is not given, and may not say otherwise."""
+    rollout, train = data.get("rollout", {}), data.get("train", {})
+    loss = train.get("loss", {}) if isinstance(train, Mapping) else {}
+    said = rollout.get("scale_rewards") if isinstance(rollout, Mapping) else None
+    if said is None:
+        return dataclasses.replace(
+            config, rollout=dataclasses.replace(config.rollout, scale_rewards=config.train.loss.scale_rewards)
+        )
+    if isinstance(loss, Mapping) and "scale_rewards" in loss and loss["scale_rewards"] != said:
+        raise ConfigError(
+            f"{where}: [rollout] scale_rewards = {said!r} but [train.loss] scale_rewards = {loss['scale_rewards']!r}: "
+            "keep the one in [train.loss]"
+        )
+    try:
+        scaled = dataclasses.replace(config.train.loss, scale_rewards=config.rollout.scale_rewards)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: [train.loss]: {exc.message}") from exc
+    return dataclasses.replace(config, train=dataclasses.replace(config.train, loss=scaled))
+
+
 def from_dict(data: Mapping[str, object], *, where: str = "config", base: Path | None = None) -> RunConfig:
     """A :class:`RunConfig` from parsed TOML; relative paths are resolved against ``base``."""
     unknown = sorted(str(k) for k in data if k not in _SECTIONS)
@@ -263,6 +286,7 @@ def from_dict(data: Mapping[str, object], *, where: str = "config", base: Path |
         config = dataclasses.replace(
             config, warm_start=dataclasses.replace(config.warm_start, group_size=config.rollout.group_size)
         )
+    config = _one_scale_rewards(config, data, where)
     train = config.train
     try:
         check_budgets(

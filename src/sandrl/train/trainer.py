@@ -39,6 +39,7 @@ from sandrl.train import checkpoint, micro_batches, packed_attention
 from sandrl.train.batch import Batch, TrainSample
 from sandrl.train.config import TrainConfig
 from sandrl.train.device import torch_device
+from sandrl.train.diagnostics import ByCause
 from sandrl.train.logprobs import PolicyForward, TokenLogprobs
 from sandrl.train.losses import policy_loss, sft_loss, token_weights
 from sandrl.train.micro_batches import MicroBatch
@@ -67,6 +68,11 @@ class _Sums:
     is_weight: float = 0.0
     is_truncated: int = 0
     kl: float = 0.0
+    is_masked: int = 0
+    is_masked_sequences: int = 0
+    mismatch_kl: float = 0.0
+    mismatch_tokens: int = 0
+    samples_in_loss: int = 0
     entropy: float = 0.0
     slots: int = 0
     """Positions forwarded, padding included."""
@@ -154,12 +160,14 @@ class Trainer:
             batch = Batch.of(batch)
         samples = batch.samples
         loss_cfg = self.config.loss
-        if loss_cfg.tis_cap is not None and any(s.rollout_logprobs is None for s in samples):
+        has_rollout = all(s.rollout_logprobs is not None for s in samples)
+        if loss_cfg.importance_sampling is not None and not has_rollout:
             raise TrainError(
-                "importance sampling (loss.tis_cap) needs each sample's rollout_logprobs; "
-                "give them, or set tis_cap to None"
+                "importance sampling (loss.tis_cap, [train.loss.is]) needs each sample's rollout_logprobs; "
+                "give them, or set tis_cap = false"
             )
         parts = _split(len(samples), self.config.minibatches) if samples else []
+        by_cause = ByCause(samples, self.version, self.device)
         old = self._no_grad_logprobs(samples, reference=False) if len(parts) > 1 else None
         ref = self._no_grad_logprobs(samples, reference=True) if loss_cfg.beta > 0 else None
         sums = _Sums()
@@ -174,16 +182,25 @@ class Trainer:
             part_old = old[part] if old is not None else None
             part_ref = ref[part] if ref is not None else None
 
-            def train_on(mb: MicroBatch, out: TokenLogprobs, sums: _Sums = sums, **tables: Any) -> torch.Tensor:
+            def train_on(
+                mb: MicroBatch, out: TokenLogprobs, sums: _Sums = sums, part: list[int] = part, **tables: Any
+            ) -> torch.Tensor:
+                old_mb = mb.take(tables["old"]) if tables["old"] is not None else None
+                rollout = mb.rollout_logprobs if has_rollout else None
                 result = policy_loss(
                     out.logprobs,
                     mb.advantages,
                     mb.loss_mask,
                     loss_cfg,
-                    old_logprobs=mb.take(tables["old"]) if tables["old"] is not None else None,
-                    rollout_logprobs=mb.rollout_logprobs,
+                    old_logprobs=old_mb,
+                    rollout_logprobs=rollout,
                     ref_logprobs=mb.take(tables["ref"]) if tables["ref"] is not None else None,
                     weights=mb.take(tables["weights"]),
+                    sample_ids=mb.sample_ids,
+                    entropy=out.entropy,
+                )
+                by_cause.add(
+                    mb, part, loss_cfg, logprobs=out.logprobs, old=old_mb, rollout=rollout, entropy=out.entropy
                 )
                 sums.loss += float(result.loss.detach())
                 sums.tokens += result.tokens
@@ -192,13 +209,27 @@ class Trainer:
                 sums.is_weight += result.is_weight_sum
                 sums.is_truncated += result.is_truncated
                 sums.kl += result.kl_sum
+                sums.is_masked += result.is_masked_tokens
+                sums.is_masked_sequences += result.is_masked_sequences
+                sums.mismatch_kl += result.mismatch_kl_sum
+                sums.mismatch_tokens += result.mismatch_tokens
+                sums.samples_in_loss += len(mb.placements)
                 return result.loss
 
-            self._accumulate(part_samples, sums, train_on, old=part_old, ref=part_ref, weights=weights)
+            self._accumulate(
+                part_samples,
+                sums,
+                train_on,
+                entropy_grad=loss_cfg.entropy_coef > 0,
+                old=part_old,
+                ref=part_ref,
+                weights=weights,
+            )
             if self._update(any(s.num_model_tokens for s in part_samples)):
                 updates += 1
                 grad_norm = self._last_norm
         sums.reduce(self.world, self.device)
+        by_cause.reduce(self.world)
         self.steps += 1
         tokens = max(sums.tokens, 1)
         staleness = [self.version - updates - s.weight_version for s in samples] or [0]
@@ -214,9 +245,13 @@ class Trainer:
             "clip_high_frac": sums.clipped_high / tokens,
             "is_weight_mean": sums.is_weight / tokens if sums.tokens else 1.0,
             "is_truncated_frac": sums.is_truncated / tokens,
+            "is_masked_frac": sums.is_masked / tokens,
+            "is_masked_seq_frac": sums.is_masked_sequences / max(sums.samples_in_loss, 1),
+            "mismatch_kl": sums.mismatch_kl / max(sums.mismatch_tokens, 1),
             "kl_mean": sums.kl / tokens,
             "staleness_mean": sum(staleness) / len(staleness),
             "staleness_max": float(max(staleness)),
+            **by_cause.metrics(),
         }
 
     def sft_step(self, samples: Iterable[TrainSample]) -> Metrics:
@@ -320,7 +355,9 @@ class Trainer:
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _forward(self, mb: MicroBatch | None, *, reference: bool = False, entropy: bool = False) -> TokenLogprobs:
+    def _forward(
+        self, mb: MicroBatch | None, *, reference: bool = False, entropy: bool = False, entropy_grad: bool = False
+    ) -> TokenLogprobs:
         """The token log-probs of ``mb``; None forwards a 2-token stand-in (a rank with no micro-batch left)."""
         ids = mb.input_ids if mb is not None else torch.full((1, 2), self.pad_id, device=self.device)
         kwargs: dict[str, Any] = {
@@ -328,6 +365,7 @@ class Trainer:
             "position_ids": mb.position_ids if mb is not None else None,
             "chunk_tokens": self.config.logprob_chunk_tokens,
             "entropy": entropy,
+            "entropy_grad": entropy_grad,
         }
         out: TokenLogprobs
         if not reference:
@@ -372,11 +410,15 @@ class Trainer:
         samples: Sequence[TrainSample],
         sums: _Sums,
         loss_of: Callable[..., torch.Tensor],
+        *,
+        entropy_grad: bool = False,
         **tables: Any,
     ) -> None:
-        """Forward and backward this rank's micro-batches of ``samples``; gradients accumulate."""
+        """Forward and backward this rank's micro-batches of ``samples``; gradients accumulate.
+
+        ``entropy_grad``: the entropy keeps its gradient (an entropy bonus in the loss)."""
         for mb in self._my_micro_batches(samples):
-            out = self._forward(mb, entropy=mb is not None)
+            out = self._forward(mb, entropy=mb is not None, entropy_grad=entropy_grad and mb is not None)
             if mb is None:
                 # FSDP2's reduce-scatter runs in every rank's backward: join it with a zero gradient.
                 torch.autograd.backward(out.logprobs.sum() * 0.0)
@@ -385,7 +427,7 @@ class Trainer:
             sums.slots += mb.slots
             sums.sample_tokens += mb.tokens
             if out.entropy is not None:
-                sums.entropy += float((out.entropy * mb.loss_mask).sum())
+                sums.entropy += float((out.entropy.detach() * mb.loss_mask).sum())
             if self.sharded or bool(mb.loss_mask.any()):
                 torch.autograd.backward(loss)
 
