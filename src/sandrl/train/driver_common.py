@@ -43,6 +43,7 @@ from sandrl.tasks.task import Task
 from sandrl.train import checkpoint
 from sandrl.train.adapter import batch_from_groups
 from sandrl.train.batch import Batch
+from sandrl.train.mismatch_watch import MismatchWatch
 from sandrl.train.run_config import RunConfig, save_resolved
 from sandrl.train.signal_watch import SignalWatch, split_no_signal
 from sandrl.train.staleness import mixed_version, oldest_version, token_staleness_hist
@@ -182,6 +183,7 @@ class Session:
     console: Console = field(default_factory=lambda: Console(stderr=True))
     counters: Counters = field(default_factory=Counters)
     signal: SignalWatch = field(default_factory=SignalWatch)
+    mismatch: MismatchWatch = field(default_factory=MismatchWatch)
     progress: StepProgress | None = None
     """The bar of the step in progress (default: on ``console``); the runner's ``on_episode`` feeds it."""
     batches: int = 0
@@ -368,6 +370,7 @@ class Session:
             line += f"  buffer {r['buffer_fill']:.2f}  idle: trainer {r['trainer_idle_s']:.1f}s"
             line += f" rollout {r['rollout_idle_s']:.1f}s"
         suffix, advice = self.signal.observe(r["groups_trained"], r["groups_all_pass"], r["groups_all_fail"])
+        suffix += self.mismatch.observe(r)
         self.console.print(line + suffix, highlight=False, markup=False, soft_wrap=True)
         if advice is not None:
             self.console.print(f"warning: {advice}", highlight=False, markup=False, soft_wrap=True)
