@@ -105,6 +105,7 @@ async def test_commands_run_and_submit_scores(
     )
     t = await run_episode(echo_task, provider, LLMAgent(tokenizer), policy=policy)
     assert t.status == "completed" and t.stop_reason == "submitted" and t.reward == 1.0 and t.passed
+    assert t.task_set == echo_task.source.parent.name != ""  # the directory its task came from
     assert [turn.command for turn in t.turns] == ["pwd", None, f"echo {word} > answer.txt && cat answer.txt", None]
     assert [turn.exit_code for turn in t.turns] == [0, None, 0, None]
     tools = assert_token_exact(t, echo_task, tokenizer)

@@ -96,3 +96,12 @@ def test_metrics_split_by_staleness_and_stop_reason_add_up_to_the_batch() -> Non
                 d = lp - rollout
                 k3, n = k3 + math.exp(d) - d - 1, n + 1
     assert m["stale_0/mismatch_kl"] == pytest.approx(k3 / n, rel=1e-4)
+
+
+def test_a_batch_from_several_task_sets_is_split_by_set_too() -> None:
+    batch = [dataclasses.replace(s, task_set="swebench" if i % 2 else "builtin") for i, s in enumerate(_batch())]
+    m = make_trainer(TrainConfig(lr=1e-2)).step(batch)
+    assert m["set_builtin/samples"] == m["set_swebench/samples"] == 4.0
+    assert m["set_builtin/length_mean"] == pytest.approx(sum(s.num_tokens for s in batch[::2]) / 4)
+    one_set = make_trainer(TrainConfig(lr=1e-2)).step(_batch())
+    assert not any(key.startswith("set_") for key in one_set)

@@ -243,6 +243,7 @@ async def run_episode(
         episode_id=eid,
         group_id=group,
         task_id=task.id,
+        task_set=task.source.parent.name,
         sample_index=sample_index,
         agent=agent.name,
         status=status,

@@ -278,6 +278,7 @@ class RolloutRunner:
             episode_id=f"{group_id}/{index}",
             group_id=group_id,
             task_id=task.id,
+            task_set=task.source.parent.name,
             sample_index=index,
             agent=self.agent.name,
             status="infra_error" if error.kind == "infra" else "agent_error",

@@ -232,6 +232,10 @@ class Trajectory:
     task's, the parent's), ``setup_s`` (the group's setup, run once and shared by its episodes, whose
     own ``timings.setup_s`` is 0), ``parent_create_s``, ``snapshot_s`` and ``attempt`` (of the
     group's setup). None: the episode set up its own sandbox."""
+    task_set: str = ""
+    """The task set the task came from: the name of the directory holding its task directory (a
+    dataset's, a generated family's, ``builtin``); the trainer's metrics are split by it. Empty in
+    trajectories written before it existed."""
 
     @property
     def num_turns(self) -> int:

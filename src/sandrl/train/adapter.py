@@ -59,6 +59,7 @@ def to_sample(trajectory: Trajectory) -> TrainSample:
         weight_version=oldest_version(trajectory) or 0,
         episode_id=trajectory.episode_id,
         stop_reason=trajectory.stop_reason or "",
+        task_set=trajectory.task_set,
     )
 
 

@@ -41,6 +41,8 @@ class TrainSample:
     stop_reason: str = ""
     """What ended the episode (``submitted``, ``max_turns``, ``max_tokens``, ...; empty when unknown):
     the step's metrics are split by it (:mod:`sandrl.train.diagnostics`)."""
+    task_set: str = ""
+    """The task set the episode's task came from (``Trajectory.task_set``); metrics are split by it too."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "token_ids", tuple(int(t) for t in self.token_ids))

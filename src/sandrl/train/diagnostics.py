@@ -1,4 +1,4 @@
-"""A step's numbers split by cause: how stale the samples were, and what ended their episodes.
+"""A step's numbers split by cause: how stale the samples were, what ended their episodes, where their tasks came from.
 
 A bad step has a cause a whole-batch mean hides: samples many versions behind (asynchronous
 training), episodes a budget cut short, or an inference engine whose log-probs drifted from the
@@ -11,7 +11,9 @@ part of the batch moved:
 - ``stale_<n>``: samples sampled ``n`` weight versions before the step's update (``stale_3+`` for
   three or more), by the oldest token of each (sandrl records each token's version);
 - ``stop_<reason>``: samples whose episode ended by ``reason`` (``submitted``, ``max_turns``,
-  ``max_tokens``, ``wall_time``, ...; ``stop_unknown`` for samples that do not say).
+  ``max_tokens``, ``wall_time``, ...; ``stop_unknown`` for samples that do not say);
+- ``set_<name>``: samples whose task came from the task set ``name`` (the directory holding the
+  task's, ``Trajectory.task_set``), only when a batch holds more than one.
 
 Keys are ``<cause>/<stat>`` (``stale_1/mismatch_kl``), every cause present in the batch, on every
 rank the same (the batch is), so the sums reduce across ranks as one tensor.
@@ -36,18 +38,20 @@ STALE_CAP = 3
 _STATS = ("samples", "tokens", "reward", "length", "entropy", "mismatch", "ratio", "clipped", "masked", "truncated")
 
 
-def causes(sample: TrainSample, version: int) -> tuple[str, str]:
-    """The causes ``sample`` counts under, trained at weight ``version``."""
+def causes(sample: TrainSample, version: int, *, by_set: bool = False) -> tuple[str, ...]:
+    """The causes ``sample`` counts under, trained at weight ``version`` (and its task set, ``by_set``)."""
     behind = max(version - sample.weight_version, 0)
     stale = f"stale_{behind}" if behind < STALE_CAP else f"stale_{STALE_CAP}+"
-    return stale, f"stop_{sample.stop_reason or 'unknown'}"
+    stop = f"stop_{sample.stop_reason or 'unknown'}"
+    return (stale, stop, f"set_{sample.task_set or 'unknown'}") if by_set else (stale, stop)
 
 
 class ByCause:
     """The sums of one step, by cause (see the module)."""
 
     def __init__(self, samples: Sequence[TrainSample], version: int, device: torch.device) -> None:
-        per_sample = [causes(s, version) for s in samples]
+        by_set = len({s.task_set for s in samples}) > 1
+        per_sample = [causes(s, version, by_set=by_set) for s in samples]
         self.keys = sorted({c for pair in per_sample for c in pair})
         index = {k: i for i, k in enumerate(self.keys)}
         self._rows = [[index[c] for c in pair] for pair in per_sample]
