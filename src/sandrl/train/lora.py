@@ -32,7 +32,7 @@ from sandrl.errors import ConfigError
 from sandrl.inference.lora_adapter import BASE_FILE, base_signature
 from sandrl.inference.model import save_weights
 from sandrl.inference.tokenizer import Tokenizer
-from sandrl.train.lora_config import LoraConfig
+from sandrl.train.lora_config import LoraConfig, check_targets
 
 _PEFT_PREFIX = "base_model.model."
 """Where ``peft`` puts the wrapped model in its own state dict's names."""
@@ -50,20 +50,9 @@ def apply_lora(model: Any, cfg: LoraConfig) -> Any:
     if isinstance(model, peft.PeftModel):
         raise TypeError("apply_lora: the model already has adapters; apply them once, to the base model")
     linears = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
-    valid = sorted({name.rsplit(".", 1)[-1] for name in linears})
-    unknown = [t for t in cfg.target_modules if t not in valid]
-    if unknown:
-        raise ConfigError(
-            f"[train.lora] target_modules: {', '.join(map(repr, unknown))} names no linear layer of this model; "
-            f"its linear layers are {', '.join(valid)}"
-        )
     embeddings = model.get_input_embeddings().weight
-    tied = sorted({n.rsplit(".", 1)[-1] for n, m in linears.items() if m.weight is embeddings})
-    if set(tied) & set(cfg.target_modules):
-        raise ConfigError(
-            f"[train.lora] target_modules: {tied[0]!r} shares its weight with the token embeddings "
-            "(tie_word_embeddings), so an adapter on it could be neither merged nor served; leave it out"
-        )
+    tied = [n.rsplit(".", 1)[-1] for n, m in linears.items() if m.weight is embeddings]
+    check_targets(cfg, (name.rsplit(".", 1)[-1] for name in linears), tied, "this model")
     config = peft.LoraConfig(
         r=cfg.rank,
         lora_alpha=cfg.alpha,  # type: ignore[arg-type]  # peft annotates int; it scales by alpha / r in float

@@ -7,6 +7,7 @@ config reference) loads neither ``peft`` nor PyTorch.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -47,3 +48,22 @@ class LoraConfig:
                 "target_modules must name at least one linear layer, e.g. ['q_proj', 'v_proj']; "
                 f"got {list(self.target_modules)!r}"
             )
+
+
+def check_targets(cfg: LoraConfig, linears: Iterable[str], tied: Iterable[str], model: str) -> None:
+    """Refuse ``cfg.target_modules`` that name no linear layer of ``model`` (its layers' last names are
+    ``linears``), or one whose weight is the token embeddings' (``tied``): the trainer when it adapts the
+    model and ``--plan`` when it counts the adapters say the same."""
+    valid = sorted(set(linears))
+    unknown = [t for t in cfg.target_modules if t not in valid]
+    if unknown:
+        raise ConfigError(
+            f"[train.lora] target_modules: {', '.join(map(repr, unknown))} names no linear layer of {model}; "
+            f"its linear layers are {', '.join(valid)}"
+        )
+    shared = sorted(set(tied) & set(cfg.target_modules))
+    if shared:
+        raise ConfigError(
+            f"[train.lora] target_modules: {shared[0]!r} shares its weight with the token embeddings "
+            "(tie_word_embeddings), so an adapter on it could be neither merged nor served; leave it out"
+        )

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from sandrl.errors import ConfigError
-from sandrl.train.lora_config import LoraConfig
+from sandrl.train.lora_config import LoraConfig, check_targets
 
 
 class UnknownArchitecture(ConfigError):
@@ -83,20 +83,8 @@ class ModelShape:
         return sum(m.in_features for m in self._targets(lora) if m.in_layer)
 
     def _targets(self, lora: LoraConfig) -> list[Adaptable]:
-        # The rules of sandrl.train.lora.apply_lora, which refuses the same names when the trainer starts.
-        names = sorted({m.name for m in self.adaptable})
-        unknown = [t for t in lora.target_modules if t not in names]
-        if unknown:
-            raise ConfigError(
-                f"[train.lora] target_modules: {', '.join(map(repr, unknown))} names no linear layer of {self.name}; "
-                f"its linear layers are {', '.join(names)}"
-            )
-        tied = sorted({m.name for m in self.adaptable if m.tied and m.name in lora.target_modules})
-        if tied:
-            raise ConfigError(
-                f"[train.lora] target_modules: {tied[0]!r} shares its weight with the token embeddings "
-                "(tie_word_embeddings), so an adapter on it could be neither merged nor served; leave it out"
-            )
+        tied = [m.name for m in self.adaptable if m.tied]
+        check_targets(lora, (m.name for m in self.adaptable), tied, self.name)
         return [m for m in self.adaptable if m.name in lora.target_modules]
 
 

@@ -225,9 +225,9 @@ class Trainer:
                 ref=part_ref,
                 weights=weights,
             )
-            if self._update(any(s.num_model_tokens for s in part_samples)):
-                updates += 1
-                grad_norm = self._last_norm
+            norm = self._update(any(s.num_model_tokens for s in part_samples))
+            if norm is not None:
+                updates, grad_norm = updates + 1, norm
         sums.reduce(self.world, self.device)
         by_cause.reduce(self.world)
         self.steps += 1
@@ -268,11 +268,11 @@ class Trainer:
 
         if items:
             self._accumulate(items, sums, train_on)
-        updated = self._update(total > 0)
+        norm = self._update(total > 0)
         sums.reduce(self.world, self.device)
         self.steps += 1
         return {
-            **self._common_metrics(sums, items, int(updated), self._last_norm if updated else 0.0),
+            **self._common_metrics(sums, items, int(norm is not None), norm or 0.0),
             "loss": sums.loss,
         }
 
@@ -443,13 +443,11 @@ class Trainer:
         table[:, 0] = 0.0  # a packed sample's first column holds the previous sample's guess
         return self.world.sum_tensor(table)
 
-    _last_norm: float = 0.0
-
-    def _update(self, has_tokens: bool) -> bool:
-        """Clip and apply the accumulated gradients (whether an update happened); nothing when no token trained."""
+    def _update(self, has_tokens: bool) -> float | None:
+        """Clip and apply the accumulated gradients: the gradient's norm; None (no update) when no token trained."""
         if not has_tokens:
             self.optimizer.zero_grad(set_to_none=True)
-            return False
+            return None
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         max_norm = self.config.max_grad_norm if self.config.max_grad_norm is not None else math.inf
         total = torch.nn.utils.clip_grad_norm_(params, max_norm)
@@ -465,8 +463,7 @@ class Trainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
-        self._last_norm = norm
-        return True
+        return norm
 
     def _common_metrics(self, sums: _Sums, samples: Sequence[TrainSample], updates: int, grad_norm: float) -> Metrics:
         return {
