@@ -207,6 +207,14 @@ def rl_config(cfg: DemoConfig) -> RunConfig:
     )
 
 
+def heldout_tasks(cfg: DemoConfig) -> list[Task]:
+    """The held-out tasks, written (again) under ``out/tasks/heldout``: the family's of ``seed`` + an offset."""
+    where = cfg.out / "tasks" / "heldout"
+    shutil.rmtree(where, ignore_errors=True)  # a set of another size, written before
+    generate_tasks(where, cfg.family, cfg.heldout_tasks, cfg.seed + HELDOUT_SEED_OFFSET)
+    return load_task_set(str(where))
+
+
 async def heldout_pass_rate(
     cfg: DemoConfig, model: Path, tasks: Sequence[Task], provider: SandboxProvider | None, label: str
 ) -> dict[str, Any]:
@@ -291,10 +299,7 @@ async def run(
     if cfg.out.exists():
         shutil.rmtree(cfg.out)  # a demo always starts from nothing: same seeds, same numbers
     con.rule("[bold]sandrl demo: GRPO on real sandboxes")
-    heldout_dirs = generate_tasks(
-        cfg.out / "tasks" / "heldout", cfg.family, cfg.heldout_tasks, cfg.seed + HELDOUT_SEED_OFFSET
-    )
-    heldout = load_task_set(str(heldout_dirs[0].parent))
+    heldout = heldout_tasks(cfg)
     con.print(f"tasks: {cfg.train_tasks} training and {len(heldout)} held-out of the '{cfg.family}' family")
     con.print(f"  e.g. {heldout[0].instruction.strip()}")
 
