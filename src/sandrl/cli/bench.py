@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal, cast
 
@@ -139,18 +140,44 @@ def bench_train(
         help="Instead: the trainer's memory at scale on the CPU (2 ranks vs 1 process, LoRA, bf16, packing on the "
         "demo's episodes, chunked log-probs), each against its target; exit status 1 when one is missed.",
     ),
+    estimators: bool = typer.Option(
+        False,
+        "--estimators",
+        help="Instead: the demo's held-out gain with each loss (GRPO/DAPO, GSPO, RLOO, REINFORCE++) over RL seeds, "
+        "from one warm start, with the async runs' mismatch KL and masked share by staleness. Hours (12 demo runs); "
+        "--quick: seconds. A measurement: no target.",
+    ),
+    seeds: int | None = typer.Option(None, help="With --estimators: RL seeds 0..N-1 per row (default 3; --quick 1)."),
+    rows: str | None = typer.Option(
+        None,
+        help="With --estimators: the losses, comma-separated, of dapo, gspo, rloo, reinforce_pp, cispo, icepop "
+        "(default the first four; --quick dapo,gspo).",
+    ),
+    out: Path | None = typer.Option(
+        None,
+        help="With --estimators: where the runs are written (default runs/bench-estimators, its warm start reused "
+        "by a rerun; --quick: a temporary directory).",
+    ),
     json_only: bool = typer.Option(False, "--json", help="Print only the JSON line."),
 ) -> None:
     """Async vs sync training on a long tail of command times: episodes per hour, same tasks, model and budget.
-    With --scale, what the trainer's scale features save, against their targets."""
+    With --scale, what the trainer's scale features save, against their targets; with --estimators, what each
+    loss gains on the demo."""
+    async_vs_sync: dict[str, object] = {"--steps": steps, "--max-staleness": max_staleness, "--on-stale": on_stale}
+    async_vs_sync |= {"--median-s": median_s, "--sigma": sigma, "--seed": seed or None}
+    by_loss: dict[str, object] = {"--seeds": seeds, "--rows": rows, "--out": out}
+    if scale and estimators:
+        raise ConfigError("--scale and --estimators are two benchmarks: give one of them")
     if scale:
-        given = {"--steps": steps, "--max-staleness": max_staleness, "--on-stale": on_stale, "--median-s": median_s}
-        given |= {"--sigma": sigma, "--seed": seed or None}
-        if any(v is not None for v in given.values()):
-            named = ", ".join(k for k, v in given.items() if v is not None)
-            raise ConfigError(f"--scale takes only --quick and --json; {named} belong to the async vs sync bench")
+        _refuse("--scale", "--quick and --json", {"the async vs sync bench": async_vs_sync, "--estimators": by_loss})
         _bench_train_scale(quick, json_only)
         return
+    if estimators:
+        takes = "--quick, --seeds, --rows, --out and --json"
+        _refuse("--estimators", takes, {"the async vs sync bench": async_vs_sync})
+        _bench_train_estimators(quick, seeds, _names(rows, "--rows"), out, json_only)
+        return
+    _refuse("the async vs sync bench", "its own options", {"--estimators": by_loss})
     from sandrl.bench.train import options, run
 
     settings = options(
@@ -164,6 +191,27 @@ def bench_train(
     )
     console = rich_console(quiet=json_only)
     emit(asyncio.run(run(settings, console=console)))
+
+
+def _refuse(bench: str, takes: str, others: Mapping[str, Mapping[str, object]]) -> None:
+    """A flag of another benchmark given to ``bench``: refused, saying whose it is."""
+    owned = []
+    for owner, flags in others.items():
+        named = [k for k, v in flags.items() if v is not None]
+        if named:
+            owned.append(f"{', '.join(named)} {'belongs' if len(named) == 1 else 'belong'} to {owner}")
+    if owned:
+        raise ConfigError(f"{bench} takes only {takes}; {'; '.join(owned)}")
+
+
+def _bench_train_estimators(
+    quick: bool, seeds: int | None, rows: tuple[str, ...] | None, out: Path | None, json_only: bool
+) -> None:
+    from sandrl.demo.estimators import options, run
+
+    settings = options(quick=quick, seeds=seeds, rows=rows)  # checked before anything starts
+    where = out if out is not None or quick else Path("runs/bench-estimators")
+    emit(asyncio.run(run(settings, out=where, console=rich_console(quiet=json_only, wide=True))))
 
 
 def _bench_train_scale(quick: bool, json_only: bool) -> None:
