@@ -25,13 +25,14 @@ if [[ ! -x "$VENV/bin/python" ]]; then
     "$PYTHON" -m venv "$VENV"
 fi
 
-# Reinstall only when the project's dependency list changed.
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+# Reinstall only when the project's dependency list, or the extras installed, changed.
+EXTRAS="dev,train,cluster,harness,trackers"
+want=$( (cat pyproject.toml && echo "extras: $EXTRAS") | sha256sum | cut -d' ' -f1)
 if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$want" ]]; then
     echo "bootstrap: installing Python packages into $VENV"
     "$VENV/bin/pip" install -q --upgrade pip
     # torch first and pinned, so nothing later pulls a CUDA build.
     "$VENV/bin/pip" install -q "torch==2.13.0"
-    "$VENV/bin/pip" install -q -e ".[dev,train,cluster,harness]"
+    "$VENV/bin/pip" install -q -e ".[$EXTRAS]"
     echo "$want" >"$STAMP"
 fi

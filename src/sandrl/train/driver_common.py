@@ -48,6 +48,7 @@ from sandrl.train.run_config import RunConfig, save_resolved
 from sandrl.train.signal_watch import SignalWatch, split_no_signal
 from sandrl.train.staleness import mixed_version, oldest_version, token_staleness_hist
 from sandrl.train.step_progress import StepProgress
+from sandrl.train.trackers.fanout import Trackers, open_trackers
 from sandrl.train.trainer import ExportedWeights, Metrics, Trainer
 from sandrl.wiring import build_runner, open_agent, open_policy, open_provider, task_set
 
@@ -199,6 +200,8 @@ class Session:
     _last: float = field(default_factory=time.monotonic)
     _began: tuple[float, int] | None = None
     """When this process's first step began, and the steps done before it (for the run's ETA)."""
+    trackers: Trackers | None = None
+    """``[run] trackers`` besides ``metrics.jsonl`` (default: opened from the config, on ``console``)."""
 
     def __post_init__(self) -> None:
         if self.progress is None:
@@ -210,6 +213,9 @@ class Session:
             # The run's totals go on from the checkpoint's step.
             self.counters = Counters(**{k: int(last.get(f"total_{k}", 0)) for k in vars(Counters())})
         self._metrics = (out / "metrics.jsonl").open("a", encoding="utf-8")
+        if self.trackers is None:
+            self.trackers = open_trackers(self.config, self.console)
+        self.trackers.log_config(self.config.to_dict())
         if self.trainer is not None:
             self.batches = self.trainer.steps
             self._next = self._low = self.trainer.data_position
@@ -344,6 +350,9 @@ class Session:
         assert self._metrics is not None
         self._metrics.write(json.dumps(record) + "\n")
         self._metrics.flush()
+        assert self.trackers is not None
+        tokenizer = self.policy.tokenizer if self.policy is not None else getattr(self.trainer, "tokenizer", None)
+        self.trackers.log_step(record, trajectories, tokenizer)
         self._progress(record)
         every = self.config.run.checkpoint_every
         if self.trainer is not None and every and self.batches % every == 0:
@@ -410,6 +419,8 @@ class Session:
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
+        if self.trackers is not None:
+            self.trackers.close(finished=self.finished)
 
 
 async def to_the_end(work: Awaitable[T]) -> tuple[T, bool]:

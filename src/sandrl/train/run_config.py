@@ -53,6 +53,7 @@ from sandrl.toml_config import read_toml
 from sandrl.train.config import TrainConfig, from_mapping, none_as_false
 from sandrl.train.loss_config import ScaleRewards
 from sandrl.train.overrides import apply_overrides
+from sandrl.train.trackers.names import check_trackers
 from sandrl.train.truncation import TruncationPolicy, check_budgets
 from sandrl.train.warm_start_config import WarmStartConfig
 from sandrl.wiring.config import ModelConfig, RolloutConfig, TasksConfig
@@ -83,10 +84,17 @@ class RunSection:
     """Append every trajectory to ``<output_dir>/rollouts.jsonl`` (what ``--load-rollouts`` reads)."""
     resume: bool = True
     """Continue from the newest checkpoint under ``<output_dir>/checkpoints`` if there is one."""
+    trackers: tuple[str, ...] = ("jsonl",)
+    """Where each step's metrics, the resolved config and a few sample episodes go: ``jsonl``
+    (``metrics.jsonl``, always written, listed or not), ``tensorboard`` (``<output_dir>/tensorboard``),
+    ``wandb`` (offline under ``<output_dir>/wandb`` unless ``WANDB_MODE`` says otherwise), ``mlflow``
+    (``<output_dir>/mlruns`` unless ``MLFLOW_TRACKING_URI`` is set). All but ``jsonl`` need
+    ``pip install 'sandrl[trackers]'``. A tracker that fails is reported once; the run goes on."""
 
     def __post_init__(self) -> None:
         if not self.output_dir:
             raise ConfigError("output_dir must name a directory")
+        check_trackers(self.trackers)
         for name in ("steps", "groups_per_step"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
