@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import struct
 import sys
@@ -14,6 +15,7 @@ from typer.testing import CliRunner
 
 from sandrl.cli import app
 from sandrl.errors import ConfigError
+from sandrl.train.driver_common import Session
 from sandrl.train.run_config import from_dict
 from sandrl.train.trackers.base import scalars
 from sandrl.train.trackers.episodes import TEXT_CHARS, conversation
@@ -223,3 +225,36 @@ def test_an_episodes_text_is_bounded_and_shows_escapes_as_text() -> None:
     assert "\x1b" not in text and "\x00" not in text
     assert "cut here" in text
     assert conversation([1, 2, 3], None) == "(3 ids; no tokenizer at hand to decode them)"
+
+
+def test_a_run_stopped_by_ctrl_c_closes_its_trackers_with_the_steps_it_did(
+    offline: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    train_step = Session.train
+
+    async def interrupted(self: Session, items: Any, **extra: float) -> dict[str, Any]:
+        # What SIGINT does (sandrl.interrupt): the command's task is cancelled while the step runs.
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()
+        return await train_step(self, items, **extra)
+
+    monkeypatch.setattr(Session, "train", interrupted)
+    with pytest.raises(asyncio.CancelledError):  # `sandrl train` makes it "interrupted: ...", exit 130
+        train('"tensorboard", "mlflow"')
+    assert len(Path("out/metrics.jsonl").read_text().splitlines()) == 1
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=(offline / "out/mlruns").as_uri())
+    experiment = client.get_experiment_by_name("sandrl")
+    assert experiment is not None
+    [run] = client.search_runs([experiment.experiment_id])
+    assert run.info.status == "KILLED"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "reward_mean")] == [1]
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator("out/tensorboard")
+    events.Reload()
+    assert [e.step for e in events.Scalars("reward_mean")] == [1]
