@@ -60,6 +60,9 @@ def offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("WANDB_DATA_DIR", str(tmp_path / "wandb-data"))
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
     monkeypatch.setenv("DO_NOT_TRACK", "true")
+    # The MLflow tracker sets MLFLOW_ALLOW_FILE_STORE where it is unset (as here): restored unset after the test.
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "")
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE")
     write_saved_groups(tmp_path / "saved.jsonl", groups=2)
     return tmp_path
 
@@ -99,6 +102,8 @@ def test_each_tracker_holds_the_steps_of_metrics_jsonl(offline: Path) -> None:
     assert run.data.params["run.steps"] == "2"
     table = json.loads(Path(client.download_artifacts(run.info.run_id, "episodes/step_000002.json")).read_text())
     assert [row[table["columns"].index("task")] for row in table["data"]] == ["t", "t"]
+    # Decoded by the trainer's (tiny, byte) tokenizer: ids 1-4 are control bytes, shown as their escapes.
+    assert [row[table["columns"].index("text")] for row in table["data"]] == ["\\x01\\x02\\x03\\x04"] * 2
 
     [log] = list((offline / "out/wandb").glob("offline-run-*/run-*.wandb"))
     history, config = wandb_records(log)

@@ -40,8 +40,9 @@ class WandbTracker:
 
     @property
     def location(self) -> str:
-        where = getattr(self._run, "dir", "")
-        return f"{self.mode} run {self._run.id} ({where})" if where else f"{self.mode} run {self._run.id}"
+        files = getattr(self._run, "dir", "")  # the run's files/, in the run's own directory
+        where = f" ({Path(files).parent})" if files else ""
+        return f"{self.mode} run {self._run.id}{where}"
 
     def log_config(self, config: Mapping[str, Any]) -> None:
         self._run.config.update(dict(config), allow_val_change=True)  # type: ignore[no-untyped-call]
