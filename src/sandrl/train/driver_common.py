@@ -521,7 +521,7 @@ async def open_session(
     tasks = task_set(config.tasks, config.output_dir / "tasks")
     writer = TrajectoryWriter(config.output_dir / "rollouts.jsonl", append=True) if config.run.save_rollouts else None
     try:
-        async with open_policy(config.model) as policy, contextlib.AsyncExitStack() as agents:
+        async with open_policy(config.model, seed=config.run.seed) as policy, contextlib.AsyncExitStack() as agents:
             if agent is None:
                 agent = await agents.enter_async_context(open_agent(config.rollout, policy))
             if provider is None:

@@ -77,7 +77,8 @@ class RunSection:
     groups_per_step: int = 4
     """Groups (tasks) in one step's batch; each holds ``rollout.group_size`` episodes."""
     seed: int = 0
-    """Seeds the order in which tasks are drawn (a new shuffle every pass over them)."""
+    """Seeds the order in which tasks are drawn (a new shuffle every pass over them) and the embedded
+    engine's sampling (a server seeds its own)."""
     checkpoint_every: int = 0
     """Save a checkpoint every this many steps; 0: only at the end. The run resumes from the newest."""
     save_rollouts: bool = True
