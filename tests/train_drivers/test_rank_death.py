@@ -16,7 +16,7 @@ SANDRL = Path(sys.executable).with_name("sandrl")
 CONFIG = """
 [run]
 output_dir = "runs/x"
-steps = 5
+steps = 3
 groups_per_step = 1
 checkpoint_every = 1
 
@@ -36,14 +36,14 @@ def _ranks(pid: int) -> list[int]:
 
 def test_a_killed_rank_stops_the_run_in_one_line_and_the_same_command_resumes(tmp_path: Path) -> None:
     (tmp_path / "run.toml").write_text(CONFIG)
-    write_saved_groups(tmp_path / "saved.jsonl", groups=5)
+    write_saved_groups(tmp_path / "saved.jsonl", groups=3)
     command = [str(SANDRL), "train", "run.toml", "--load-rollouts", "saved.jsonl"]
     run = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert run.stderr is not None
     seen = []
     for line in run.stderr:
         seen.append(line)
-        if line.startswith("step 2/5"):  # the next call to the ranks is step 2's checkpoint, or step 3
+        if line.startswith("step 1/3"):  # the next call to the ranks is step 1's checkpoint, or step 2
             ranks = _ranks(run.pid)
             assert len(ranks) == 2, seen
             os.kill(ranks[-1], signal.SIGKILL)
@@ -59,7 +59,7 @@ def test_a_killed_rank_stops_the_run_in_one_line_and_the_same_command_resumes(tm
     assert resumed.returncode == 0, resumed.stderr
     lines = [json.loads(line) for line in (tmp_path / "runs" / "x" / "metrics.jsonl").read_text().splitlines()]
     # Each step once (a line written before the kill but not checkpointed is dropped), each group once.
-    assert [m["step"] for m in lines] == [1, 2, 3, 4, 5]
-    assert [m["data_position"] for m in lines] == [1, 2, 3, 4, 5]
-    assert [m["samples_trained"] for m in lines] == [2] * 5
-    assert [m["total_episodes"] for m in lines] == [2, 4, 6, 8, 10]
+    assert [m["step"] for m in lines] == [1, 2, 3]
+    assert [m["data_position"] for m in lines] == [1, 2, 3]
+    assert [m["samples_trained"] for m in lines] == [2] * 3
+    assert [m["total_episodes"] for m in lines] == [2, 4, 6]
