@@ -215,3 +215,15 @@ def test_the_defaults_give_exactly_todays_numbers(config: LossConfig) -> None:
     torch.autograd.backward(loss)
     assert mine.grad is not None and theirs.grad is not None
     assert torch.equal(mine.grad, theirs.grad)
+
+
+def test_k3_of_nearly_equal_log_probs_is_never_negative_and_is_half_the_square() -> None:
+    """Two policies that agree to 1e-4 (an engine and a trainer on the same weights): exp(d) - d - 1 in
+    float32 was rounding noise of either sign; the estimate must stay >= 0 and ~d^2 / 2."""
+    from sandrl.train.losses import kl_k3
+
+    p = -torch.rand(10_000) * 5
+    d = (torch.rand(10_000) - 0.5) * 2e-4
+    k3 = kl_k3(p, p + d)
+    assert bool((k3 >= 0).all())
+    assert torch.allclose(k3.double(), ((p + d) - p).double() ** 2 / 2, rtol=1e-2, atol=1e-12)

@@ -28,6 +28,7 @@ import torch
 from sandrl.train.batch import TrainSample
 from sandrl.train.importance import correction
 from sandrl.train.loss_config import LossConfig
+from sandrl.train.losses import kl_k3
 from sandrl.train.micro_batches import MicroBatch
 from sandrl.train.per_sample import per_sample_sum
 from sandrl.train.world import World
@@ -87,8 +88,8 @@ class ByCause:
         clipped = ((adv < 0) & (ratio < 1 - config.epsilon_low)) | ((adv > 0) & (ratio > 1 + config.epsilon_high))
         mismatch = engine_ratio = masked = truncated = zeros
         if rollout is not None:
-            delta = torch.where(keep, proximal - rollout, 0.0)
-            mismatch, engine_ratio = total(torch.exp(delta) - delta - 1), total(torch.exp(delta))
+            delta = torch.where(keep, proximal - rollout, 0.0).to(torch.float64)
+            mismatch, engine_ratio = total(kl_k3(torch.zeros_like(delta), delta)), total(torch.exp(delta))
             sampling = config.importance_sampling
             if sampling is not None:
                 fix = correction(proximal, rollout, keep, sampling, sample_ids=ids, samples=count)
