@@ -230,3 +230,12 @@ def test_a_piped_eval_says_how_far_it_is_and_sigterm_says_what_it_kept(work: Pat
     ), lines[-5:]
     assert (results / "config.json").is_file() and not (results / "results.json").exists()
     assert left_behind(state_dir, proc.pid) == []
+    # As the line says: the same command evaluates again, into the same directory.
+    again, again_err = start(work, state_dir, *args)
+    try:
+        assert again.wait(WAIT_S) == 0, again_err.finish()[-5:]
+    finally:
+        again.kill()
+    again_err.finish()
+    assert (results / "results.json").is_file()
+    assert len((results / "rollouts.jsonl").read_text().splitlines()) == 4

@@ -289,10 +289,12 @@ def default_results_dir(now: datetime | None = None) -> Path:
 
 def start_results_dir(config: EvalConfig) -> None:
     """Make the results directory and write the resolved config into it, before any episode runs;
-    a directory that holds an earlier eval's results is refused rather than overwritten."""
+    a directory that holds an earlier eval's results is refused rather than overwritten. One whose
+    eval did not finish (a config, maybe some trajectories, no results) is evaluated again, as the
+    line of the interrupted eval says."""
     assert config.results_dir is not None
     path = config.results_dir
-    if (path / RESULTS_FILE).exists() or (path / CONFIG_FILE).exists():
+    if (path / RESULTS_FILE).exists():
         raise ConfigError(f"--results-dir {path} holds an earlier eval's results; give another directory")
     try:
         path.mkdir(parents=True, exist_ok=True)
