@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sandrl.wiring",),
     ("sandrl.train",),
     ("sandrl.cluster",),
-    ("sandrl.bench", "sandrl.demo"),
+    ("sandrl.bench", "sandrl.demo", "sandrl.view"),
     ("sandrl.cli",),
 )
 """Packages from the bottom up: a package imports only from layers below its own. Modules at the

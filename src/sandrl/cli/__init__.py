@@ -17,6 +17,7 @@ are registered with ``@app.command``; this module only mounts them::
     images.py   sandrl images build|pull|import|ls|prune|rm|templates
     demo.py     sandrl demo [sandbox]
     config.py   sandrl config reference
+    view.py     sandrl view RUN_DIR (the run's page)
     output.py   the consoles and the one JSON line every command shares
 
 Heavy components (PyTorch, Ray) are imported inside the commands that need them, so that
@@ -30,7 +31,7 @@ from importlib.metadata import version
 
 import typer
 
-from sandrl.cli import bench, config, demo, images, sandbox, serve, tasks, train
+from sandrl.cli import bench, config, demo, images, sandbox, serve, tasks, train, view
 from sandrl.cli import eval as eval_
 from sandrl.cli.output import err_console, one_line_warnings, print_error
 from sandrl.errors import SandrlError
@@ -63,6 +64,7 @@ def _root(
 # eval and train are mounted without a name: their one command joins the root's.
 app.add_typer(eval_.app)
 app.add_typer(train.app)
+app.add_typer(view.app)
 app.add_typer(sandbox.app, name="sandbox")
 app.add_typer(bench.app, name="bench")
 app.add_typer(serve.app, name="serve")

@@ -178,6 +178,11 @@ class Timings:
         return cls(**data)
 
 
+BULK_FIELDS: tuple[str, ...] = ("ids", "loss_mask", "logprobs", "turns", "verifier", "retried_errors")
+"""The fields whose size grows with the episode (or holds what a sandbox printed): written last,
+in this order, by :meth:`Trajectory.to_dict`; ``"ids"`` is the first of them."""
+
+
 @dataclass(frozen=True)
 class Trajectory:
     """One episode: identity, tokens, reward, status and timings. See the module docstring."""
@@ -277,7 +282,12 @@ class Trajectory:
         return [t for t, m in zip(self.ids, self.loss_mask, strict=True) if m]
 
     def to_dict(self) -> dict[str, Any]:
-        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        # The small fields first and the bulky ones (BULK_FIELDS) last, in one fixed order: a
+        # reader that wants an episode's summary (sandrl view's index of 100k episodes) parses
+        # the line's head and never the ids.
+        names = [f.name for f in dataclasses.fields(self)]
+        data = {name: getattr(self, name) for name in names if name not in BULK_FIELDS}
+        data.update((name, getattr(self, name)) for name in BULK_FIELDS)
         data["turns"] = [t.to_dict() for t in self.turns]
         data["timings"] = self.timings.to_dict()
         data["error"] = self.error.to_dict() if self.error is not None else None

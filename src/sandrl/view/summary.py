@@ -1,0 +1,235 @@
+"""The run at a glance, for the viewer's page: its curves, its tasks and task sources, its episodes by status.
+
+Built from what the run wrote (``metrics.jsonl`` and the episode index), so it is the same while
+the run goes on and after. The curves are every number of each step's metrics line, plus what the
+episodes say per step (episode time by phase) and what was measured beside the run (held-out
+pass rates); the page offers them all and draws a few by default (:data:`PANELS`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sandrl.view.episode_index import EpisodeIndex
+from sandrl.view.run_files import RunFiles
+
+STATUS_FILTERS: dict[str, Callable[[str, bool | None], bool]] = {
+    "passed": lambda status, passed: passed is True,
+    "failed": lambda status, passed: passed is False,
+    "truncated": lambda status, passed: status == "truncated",
+    "agent_error": lambda status, passed: status == "agent_error",
+    "infra_error": lambda status, passed: status == "infra_error",
+}
+"""The statuses the episode list filters by (an episode can be in more than one: passed and truncated)."""
+
+PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("Reward and pass rate", ("reward_mean", "pass_rate", "heldout/pass_rate")),
+    ("Loss", ("train/loss",)),
+    ("KL", ("train/kl_mean", "train/mismatch_kl")),
+    ("Entropy", ("train/entropy_mean",)),
+    ("Staleness", ("train/staleness_mean", "train/staleness_max")),
+    ("Episode time by phase (s, mean)", ("time/setup_s", "time/model_s", "time/commands_s", "time/verifier_s")),
+    ("Episodes per hour", ("episodes_per_hour",)),
+    ("Tokens per second", ("tokens_per_s",)),
+)
+"""The charts drawn by default: a title and the series it shows (those the run has)."""
+PHASES = ("setup_s", "model_s", "commands_s", "verifier_s", "total_s")
+"""Per-step episode time series, in the order of :attr:`EpisodeIndex.timings`' tuple."""
+MAX_BUCKETS = 24
+"""Points of a task's pass rate over steps: steps are grouped into at most this many buckets."""
+
+
+def summary(run: RunFiles) -> dict[str, Any]:
+    """The page's overview of ``run`` (call :meth:`RunFiles.refresh` first)."""
+    index = run.episodes
+    steps_of = index.steps(run.data_positions)
+    curves = _curves(run, index, steps_of)
+    by_task = _groups(index, steps_of, index.task_id, len(run.metrics))
+    by_source = _groups(index, steps_of, index.task_set, len(run.metrics))
+    statuses = {name: 0 for name in STATUS_FILTERS}
+    for status, passed in zip(index.status, index.passed, strict=True):
+        for name, test in STATUS_FILTERS.items():
+            statuses[name] += test(status, passed)
+    last = run.metrics[-1] if run.metrics else {}
+    config = run.config()
+    return {
+        "run": {
+            "kind": run.kind,
+            "name": run.directory.name,
+            "directory": str(run.directory),
+            "steps": len(run.metrics),
+            "planned_steps": (config.get("run") or {}).get("steps") if isinstance(config.get("run"), dict) else None,
+            "mode": last.get("mode"),
+            "episodes": len(index),
+            "unreadable": index.unreadable[:10],
+            "unreadable_count": index.unreadable_count,
+            "updated": last.get("time"),
+        },
+        "curves": curves,
+        "panels": [{"title": title, "series": [s for s in keys if s in curves["series"]]} for title, keys in PANELS],
+        "statuses": statuses,
+        "tasks": by_task,
+        "sources": by_source,
+        "filters": {
+            "steps": sorted({s for s in steps_of if s is not None}),
+            "statuses": list(STATUS_FILTERS),
+        },
+        "results": _results(run.results()),
+        "reports": run.reports(),
+        "config": config,
+    }
+
+
+def _curves(run: RunFiles, index: EpisodeIndex, steps_of: Sequence[int | None]) -> dict[str, Any]:
+    steps = [int(r.get("step", i + 1)) for i, r in enumerate(run.metrics)]
+    position = {step: i for i, step in enumerate(steps)}
+    series: dict[str, list[float | None]] = {}
+
+    def put(key: str, i: int, value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            return
+        series.setdefault(key, [None] * len(steps))[i] = float(value)
+
+    for i, record in enumerate(run.metrics):
+        for key, value in record.items():
+            if key not in ("step", "time"):
+                put(key, i, value)
+        seconds = record.get("step_s")
+        done = _episodes_in_step(run.metrics, i)
+        if done is not None and isinstance(seconds, int | float) and seconds > 0:
+            put("episodes_per_hour", i, done / seconds * 3600)
+    sums: dict[int, list[float]] = defaultdict(lambda: [0.0] * (len(PHASES) + 1))
+    for step, times in zip(steps_of, index.timings, strict=True):
+        if step is None or step not in position:
+            continue
+        row = sums[step]
+        for j, value in enumerate(times):
+            row[j] += value
+        row[-1] += 1
+    for step, row in sums.items():
+        for j, phase in enumerate(PHASES):
+            put(f"time/{phase}", position[step], row[j] / row[-1])
+    heldout = [{"step": p["step"], "value": p["pass_rate"], "label": p["label"]} for p in run.heldout()]
+    if heldout:
+        series["heldout/pass_rate"] = [None] * len(steps)
+    return {"steps": steps, "series": series, "points": {"heldout/pass_rate": heldout} if heldout else {}}
+
+
+def _episodes_in_step(metrics: Sequence[dict[str, Any]], i: int) -> float | None:
+    total = metrics[i].get("total_episodes")
+    if not isinstance(total, int | float):
+        return None
+    before = metrics[i - 1].get("total_episodes", 0) if i > 0 else 0
+    return float(total - before) if isinstance(before, int | float) and total >= before else None
+
+
+def _groups(
+    index: EpisodeIndex, steps_of: Sequence[int | None], keys: Sequence[str], steps: int
+) -> list[dict[str, Any]]:
+    """Per value of ``keys`` (a task, a task source): counts, rates and the pass rate over steps."""
+    width = max(1, math.ceil(steps / MAX_BUCKETS)) if steps else 1
+    rows: dict[str, dict[str, Any]] = {}
+    for i, key in enumerate(keys):
+        row = rows.get(key)
+        if row is None:
+            row = rows[key] = {
+                "name": key,
+                "episodes": 0,
+                "verified": 0,
+                "passed": 0,
+                "reward_sum": 0.0,
+                "retries": 0,
+                "truncated": 0,
+                "agent_errors": 0,
+                "infra_errors": 0,
+                "buckets": defaultdict(lambda: [0, 0]),
+            }
+        row["episodes"] += 1
+        row["retries"] += max(0, index.attempt[i] - 1)
+        status = index.status[i]
+        row["truncated"] += status == "truncated"
+        row["agent_errors"] += status == "agent_error"
+        row["infra_errors"] += status == "infra_error"
+        passed = index.passed[i]
+        if passed is not None:
+            row["verified"] += 1
+            row["passed"] += passed
+            step = steps_of[i]
+            bucket = row["buckets"][(step - 1) // width if step is not None else 0]
+            bucket[0] += passed
+            bucket[1] += 1
+        reward = index.reward[i]
+        if reward is not None:
+            row["reward_sum"] += reward
+    out = []
+    for row in rows.values():
+        buckets = row.pop("buckets")
+        verified = row["verified"]
+        row["pass_rate"] = row["passed"] / verified if verified else None
+        row["reward_mean"] = row.pop("reward_sum") / verified if verified else None
+        row["over_steps"] = [
+            [b * width + 1, min(steps, (b + 1) * width) if steps else None, p / n]
+            for b, (p, n) in sorted(buckets.items())
+        ]
+        out.append(row)
+    out.sort(key=lambda r: (-r["episodes"], r["name"]))
+    return out
+
+
+def _results(results: dict[str, Any] | None) -> dict[str, Any] | None:
+    """An eval's headline numbers (the per-task table is the page's own, from the episodes)."""
+    if not results:
+        return None
+    return {k: v for k, v in results.items() if isinstance(v, int | float | str | bool) or v is None}
+
+
+def select(
+    run: RunFiles,
+    *,
+    step: int | None = None,
+    task: str | None = None,
+    source: str | None = None,
+    status: str | None = None,
+    group: str | None = None,
+) -> list[int]:
+    """The episode numbers that match every filter given, in the file's order."""
+    index = run.episodes
+    steps_of = index.steps(run.data_positions) if step is not None else None
+    test = STATUS_FILTERS.get(status) if status else None
+    out = []
+    for i in range(len(index)):
+        if steps_of is not None and steps_of[i] != step:
+            continue
+        if task is not None and index.task_id[i] != task:
+            continue
+        if source is not None and index.task_set[i] != source:
+            continue
+        if group is not None and index.group_id[i] != group:
+            continue
+        if test is not None and not test(index.status[i], index.passed[i]):
+            continue
+        out.append(i)
+    return out
+
+
+def listing_row(run: RunFiles, i: int, steps_of: Sequence[int | None]) -> dict[str, Any]:
+    """One line of the episode list."""
+    index = run.episodes
+    return {
+        "n": i,
+        "episode_id": index.episode_id[i],
+        "group_id": index.group_id[i],
+        "task_id": index.task_id[i],
+        "task_set": index.task_set[i],
+        "step": steps_of[i] if i < len(steps_of) else None,
+        "status": index.status[i],
+        "stop_reason": index.stop_reason[i],
+        "reward": index.reward[i],
+        "passed": index.passed[i],
+        "attempt": index.attempt[i],
+        "total_s": round(index.timings[i][-1], 3),
+        "error": index.error[i],
+    }
