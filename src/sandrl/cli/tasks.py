@@ -1,4 +1,4 @@
-"""``sandrl tasks list|validate|run``: task sets from the command line.
+"""``sandrl tasks list|validate|run|pull``: task sets from the command line.
 
 Errors are raised as :class:`~sandrl.errors.SandrlError` and printed as one line by
 ``sandrl``'s ``main()``.
@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from sandrl.cli.output import SWEBENCH_IMAGES_HELP, emit, rich_console
+from sandrl.cli.output import SWEBENCH_IMAGES_HELP, emit, print_error, rich_console
 from sandrl.errors import ConfigError
 from sandrl.progress import Progress
 from sandrl.sandbox.bwrap import BwrapProvider
+from sandrl.tasks.datasets import cache_root, default_registry, find_dataset, parse_spec, pull_dataset, read_registry
+from sandrl.tasks.datasets.pull import DEFAULT_JOBS, DEFAULT_TIMEOUT_S, TaskOutcome
 from sandrl.tasks.loader import TaskProblem, load_tasks
 from sandrl.tasks.swebench_specs import images_setting
 from sandrl.tasks.task import Task
@@ -32,7 +35,9 @@ def _shown(text: object) -> str:
     return escape(shown_text(str(text)))
 
 
-app = typer.Typer(no_args_is_help=True, help="Task sets: list, validate, run with the oracle or a null agent.")
+app = typer.Typer(
+    no_args_is_help=True, help="Task sets: list, validate, run with the oracle or a null agent, pull from a registry."
+)
 
 
 def _load(spec: str, console: Console, swebench_images: str | None) -> tuple[list[Task], list[TaskProblem]]:
@@ -201,4 +206,64 @@ def tasks_run(
         }
         emit(summary)
     if errors or problems:
+        raise typer.Exit(1)
+
+
+@app.command("pull")
+def tasks_pull(
+    args: list[str] = typer.Argument(
+        ..., metavar="[REGISTRY] NAME@VERSION", help="The dataset, after a registry.json path or URL if you name one."
+    ),
+    registry: str | None = typer.Option(
+        None,
+        help="A registry URL or registry.json path (default: registry in ~/.config/sandrl/datasets.toml, "
+        "else Harbor's public registry).",
+    ),
+    out: Path | None = typer.Option(None, help="The dataset directory to write (default: datasets/NAME@VERSION)."),
+    jobs: int = typer.Option(DEFAULT_JOBS, help="Repositories fetched at once."),
+    timeout_s: float = typer.Option(DEFAULT_TIMEOUT_S, help="Seconds one git command may take."),
+    json_out: bool = typer.Option(False, "--json", help="End with one JSON line of what was pulled."),
+) -> None:
+    """Fetch a dataset's tasks (Harbor's registry format) with git, into a directory eval and train take."""
+    if len(args) > 2:
+        raise ConfigError("give NAME@VERSION, or a registry and NAME@VERSION")
+    if len(args) == 2 and registry is not None:
+        raise ConfigError(f"the registry is named twice ({args[0]} and --registry {registry}); give one")
+    source = args[0] if len(args) == 2 else registry or default_registry()
+    name, version = parse_spec(args[-1])
+    console = rich_console(quiet=json_out)
+    cache = cache_root()
+    datasets, note = read_registry(source, cache)
+    if note is not None:
+        print_error(note, label="warning")  # even with --json: the dataset may be out of date
+    dataset = find_dataset(datasets, name, version, source)
+    target = out if out is not None else Path("datasets") / dataset.spec
+
+    with Progress(console=console) as progress:
+        bar = progress.add_task(f"pulling {dataset.spec}", total=len(dataset.tasks))
+
+        def done(outcome: TaskOutcome) -> None:
+            progress.advance(bar)
+
+        report = pull_dataset(dataset, target, cache=cache, jobs=jobs, timeout_s=timeout_s, on_done=done)
+    written = report.written
+    cached = sum(o.from_cache for o in written)
+    console.print(
+        f"{dataset.spec}: {len(written)}/{len(report.outcomes)} tasks in {_shown(target)} "
+        f"({len(written) - cached} fetched, {cached} from the cache; {report.network_calls} git network calls "
+        f"to {report.repositories} repositories) in {report.seconds:.1f} s",
+        highlight=False,
+        soft_wrap=True,
+    )
+    if report.removed:
+        console.print(f"removed {len(report.removed)} tasks the dataset no longer lists", highlight=False)
+    for outcome in report.failed:
+        console.print(
+            f"[red]failed[/] {_shown(outcome.label)}: {_shown(outcome.reason)}", highlight=False, soft_wrap=True
+        )
+    if written:
+        console.print(f"next: sandrl eval {_shown(target)} --agent oracle", highlight=False, soft_wrap=True)
+    if json_out:
+        emit(report.to_dict())
+    if report.failed:
         raise typer.Exit(1)
