@@ -75,8 +75,11 @@ class GitServer:
         self.port = 0
         self.process: subprocess.Popen[bytes] | None = None
 
-    def repository(self, name: str, commits: list[Tree], config: Mapping[str, str] = {}) -> list[str]:
-        """A bare repository ``name.git`` with one commit per tree (each adding to the last); the commit ids."""
+    def repository(
+        self, name: str, commits: list[Tree], config: Mapping[str, str] = {}, submodules: tuple[str, ...] = ()
+    ) -> list[str]:
+        """A bare repository ``name.git`` with one commit per tree (each adding to the last; the
+        last also holds a submodule entry at each of ``submodules``); the commit ids."""
         work = self.work / name
         work.mkdir(parents=True)
         _git(work, "init", "-q", "-b", "main")
@@ -84,13 +87,26 @@ class GitServer:
         for i, files in enumerate(commits):
             write_tree(work, files)
             _git(work, "add", "-A")
+            if i == len(commits) - 1:
+                for path in submodules:
+                    _git(work, "update-index", "--add", "--cacheinfo", f"160000,{'1' * 40},{path}")
             _git(work, "commit", "-q", "-m", f"commit {i}")
             ids.append(_git(work, "rev-parse", "HEAD"))
         bare = self.base / f"{name}.git"
         subprocess.run(["git", "clone", "-q", "--bare", str(work), str(bare)], check=True, capture_output=True)
+        _git(work, "remote", "add", "origin", str(bare))
         for key, value in config.items():
             _git(bare, "config", key, value)
         return ids
+
+    def commit(self, name: str, files: Tree) -> str:
+        """One more commit on ``main`` of repository ``name``, as a push brings it; its id."""
+        work = self.work / name
+        write_tree(work, files)
+        _git(work, "add", "-A")
+        _git(work, "commit", "-q", "-m", "one more")
+        _git(work, "push", "-q", "origin", "main")
+        return _git(work, "rev-parse", "HEAD")
 
     def url(self, name: str) -> str:
         return f"git://127.0.0.1:{self.port}/{name}.git"

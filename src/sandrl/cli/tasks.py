@@ -229,8 +229,8 @@ def tasks_pull(
         raise ConfigError("give NAME@VERSION, or a registry and NAME@VERSION")
     if len(args) == 2 and registry is not None:
         raise ConfigError(f"the registry is named twice ({args[0]} and --registry {registry}); give one")
-    source = args[0] if len(args) == 2 else registry or default_registry()
     name, version = parse_spec(args[-1])
+    source = args[0] if len(args) == 2 else registry or default_registry()
     console = rich_console(quiet=json_out)
     cache = cache_root()
     datasets, note = read_registry(source, cache)

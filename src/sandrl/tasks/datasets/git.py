@@ -44,6 +44,7 @@ _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
 _HOST = re.compile(rf"^(?:{_LABEL}(?:\.{_LABEL})*|\[[0-9A-Fa-f:.]+\])(?::[0-9]{{1,5}})?$")
 _URL_PATH = re.compile(r"^/[A-Za-z0-9._~%!$&'()*+,;=:@/-]*$")
 _UNPRINTABLE = re.compile(r"[^\x20-\x7e]+")
+_SPACE_OR_CONTROL = re.compile(r"[^\x21-\x7e]")
 
 _HARDENING = (
     "core.hooksPath=/dev/null",
@@ -106,12 +107,12 @@ def check_url(url: object) -> str | None:
     if not isinstance(url, str) or not url:
         return "has no git_url (a registry task must name the repository it is fetched from)"
     shown = one_line(url, 120)
-    if len(url) > MAX_URL_CHARS or _UNPRINTABLE.search(url):
-        return f"git_url {shown!r} is over {MAX_URL_CHARS} characters or holds spaces or control characters"
     parts = urlsplit(url)
     if parts.scheme not in SCHEMES or not url.startswith(f"{parts.scheme}://"):
         kind = "ext:: runs a command" if url.startswith("ext::") else f"transport {parts.scheme or 'local path'!r}"
         return f"git_url {shown!r} is refused: {kind}; only {', '.join(s + '://' for s in SCHEMES)} URLs are fetched"
+    if len(url) > MAX_URL_CHARS or _SPACE_OR_CONTROL.search(url):
+        return f"git_url {shown!r} is over {MAX_URL_CHARS} characters or holds spaces or control characters"
     if "@" in parts.netloc:
         return f"git_url {shown!r} is refused: it carries a user name or password"
     if not _HOST.match(parts.netloc):

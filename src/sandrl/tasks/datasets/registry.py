@@ -238,36 +238,33 @@ def _datasets(body: bytes, source: str) -> list[Any]:
 def find_dataset(datasets: list[Any], name: str, version: str | None, source: str) -> Dataset:
     """The dataset ``name@version`` (``version`` may be left out when there is one); other
     entries are not looked at, so a malformed one elsewhere does not matter."""
-    versions: list[str] = []
-    for entry in datasets:
-        if not isinstance(entry, dict) or entry.get("name") != name:
-            continue
-        found = entry.get("version")
-        if isinstance(found, str):
-            versions.append(found)
-        if version is not None and found != version:
-            continue
-        if version is None and not isinstance(found, str):
-            continue
-        tasks = entry.get("tasks")
-        if not isinstance(tasks, list):
-            raise TaskError(f"{name}@{found} in the registry {source} has no list of tasks")
-        description = entry.get("description")
-        return Dataset(
-            name=name,
-            version=str(found),
-            description=description if isinstance(description, str) else "",
-            tasks=tuple(_task(i, t) for i, t in enumerate(tasks)),
-        )
-    if version is None and len(versions) > 1:
-        raise ConfigError(
-            f"{name} has {len(versions)} versions in {source} ({', '.join(versions[:20])}); name one: {name}@VERSION"
-        )
-    if versions:
-        raise ConfigError(f"no version {version!r} of {name} in {source}; it has {', '.join(versions[:20])}")
-    names = sorted({e["name"] for e in datasets if isinstance(e, dict) and isinstance(e.get("name"), str)})
-    shown = ", ".join(one_line(n, 60) for n in names[:15]) + (", ..." if len(names) > 15 else "")
-    raise ConfigError(f"no dataset {name!r} in the registry {source}; it has {len(names)}: {shown}")
+    entries = [e for e in datasets if isinstance(e, dict) and e.get("name") == name]
+    versions = [str(e.get("version")) for e in entries]
+    chosen = [e for e in entries if e.get("version") == version] if version is not None else entries
+    if len(chosen) != 1 or not isinstance(chosen[0].get("version"), str):
+        if entries and version is None:
+            listed = ", ".join(versions[:20])
+            raise ConfigError(f"{name} has {len(versions)} versions in {source} ({listed}); name one: {name}@VERSION")
+        if entries and not chosen:
+            raise ConfigError(f"no version {version!r} of {name} in {source}; it has {', '.join(versions[:20])}")
+        if len(chosen) > 1:
+            raise TaskError(
+                f"{name}@{version} is listed {len(chosen)} times in the registry {source}; fix the registry"
+            )
+        names = sorted({e["name"] for e in datasets if isinstance(e, dict) and isinstance(e.get("name"), str)})
+        shown = ", ".join(one_line(n, 60) for n in names[:15]) + (", ..." if len(names) > 15 else "")
+        raise ConfigError(f"no dataset {name!r} in the registry {source}; it has {len(names)}: {shown}")
+    entry = chosen[0]
+    tasks = entry.get("tasks")
+    if not isinstance(tasks, list):
+        raise TaskError(f"{name}@{entry['version']} in the registry {source} has no list of tasks")
+    description = entry.get("description")
+    return Dataset(
+        name=name,
+        version=entry["version"],
+        description=description if isinstance(description, str) else "",
+        tasks=tuple(_task(i, t) for i, t in enumerate(tasks)),
+    )
 
 
 def _task(index: int, raw: object) -> RegistryTask:
