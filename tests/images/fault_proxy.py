@@ -80,6 +80,10 @@ class ProxiedRequest:
     """``"status 429"``, ``"cut after K bytes"``, ``"stalled S s after K bytes"``, or None for a plain forward."""
     body_bytes: int = 0
     """Response body bytes sent to the client."""
+    started: float = 0.0
+    """``time.monotonic()`` when the request came (a test measures what was in flight at once)."""
+    ended: float | None = None
+    """When its response was sent whole, cut or failed (None: not yet)."""
 
 
 class FaultProxy:
@@ -230,9 +234,17 @@ class FaultProxy:
         path: str = scope["path"]
         query = scope["query_string"].decode("latin-1")
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
-        record = ProxiedRequest(method, path, query, {k.lower(): v for k, v in headers})
+        record = ProxiedRequest(method, path, query, {k.lower(): v for k, v in headers}, started=time.monotonic())
         with self._lock:
             self._requests.append(record)
+        try:
+            await self._forward(scope, receive, send, record)
+        finally:
+            record.ended = time.monotonic()
+
+    async def _forward(self, scope: Scope, receive: Receive, send: Send, record: ProxiedRequest) -> None:
+        method, path, query = record.method, record.path, record.query
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
         fault = self._take_fault(method, path)
         if fault is not None and fault.status:
             record.fault = f"status {fault.status}"

@@ -1,8 +1,9 @@
-"""``sandrl images build|pull|import|ls|prune|rm``: the environment images in the local store.
+"""``sandrl images build|pull|prefetch|import|ls|prune|rm``: the environment images in the local store.
 
 ``images build`` runs a Dockerfile through :class:`~sandrl.sandbox.bwrap.dockerfile.builder.ImageBuilder`, or makes
 the Debian base image with debootstrap (``sandrl images build debian``); ``images pull`` fetches a
-registry image (:mod:`sandrl.sandbox.bwrap.pulled`).
+registry image (:mod:`sandrl.sandbox.bwrap.pulled`); ``images prefetch`` fetches every image a task
+set needs (:mod:`sandrl.rollout.prefetch`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import typer
@@ -22,17 +24,20 @@ from rich.progress import BarColumn, DownloadColumn, TaskID, TextColumn, Transfe
 from rich.table import Table
 
 import sandrl.sandbox.bwrap.provider
-from sandrl.cli.output import emit, rich_console
+from sandrl.cli.output import SWEBENCH_IMAGES_HELP, emit, rich_console
 from sandrl.errors import ConfigError, ImageBuildError
 from sandrl.images.manifest import Platform
 from sandrl.images.pull import PullEvent
 from sandrl.progress import Progress
+from sandrl.rollout.images import TaskImages
+from sandrl.rollout.prefetch import PREFETCH_JOBS, PrefetchReport, prefetch_images, print_report
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.sandbox.bwrap.dockerfile.builder import BuildOptions, ImageBuilder, StepEvent
 from sandrl.sandbox.bwrap.dockerfile.names import BUILD_PREFIX
 from sandrl.sandbox.bwrap.images import DEFAULT_PATH, HOST_IMAGE, ImageStore
 from sandrl.sandbox.bwrap.prune import PrunePlan, apply_prune, plan_prune
 from sandrl.sandbox.bwrap.pulled import import_rootfs_tar, pull_into_store
+from sandrl.tasks.task import Task
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -177,6 +182,66 @@ def images_pull(
     config = store.meta(name).get("config")
     digest = config.get("digest") if isinstance(config, dict) else None
     emit({"image": name, "reference": reference, "digest": digest})
+
+
+def prefetch_tasks(
+    tasks: Sequence[Task],
+    *,
+    jobs: int = PREFETCH_JOBS,
+    max_store_gb: float | None = None,
+    console: Console | None = None,
+) -> PrefetchReport:
+    """Every image ``tasks`` need, pulled or built into this host's store, ``jobs`` at a time, with a
+    progress bar and the report printed on ``console`` (stderr by default); ``max_store_gb`` stops
+    fetching more once the store takes that much. ``sandrl images prefetch`` and ``sandrl tasks
+    pull --images`` both run this; the caller emits ``report.to_dict()`` and says a failure."""
+    if jobs < 1:
+        raise ConfigError(f"--jobs must be at least 1, got {jobs}")
+    if max_store_gb is not None and not max_store_gb > 0:
+        raise ConfigError(f"--max-store-gb must be a positive number of GB, got {max_store_gb}")
+    bound = round(max_store_gb * 1e9) if max_store_gb is not None else None
+    console = console or rich_console(stderr=True)
+
+    async def go() -> PrefetchReport:
+        provider = BwrapProvider()
+        try:
+            images = TaskImages(provider)
+            return await prefetch_images(
+                images, tasks, jobs=jobs, max_store_bytes=bound, progress=True, console=console
+            )
+        finally:
+            await provider.close_all()
+
+    report = asyncio.run(go())
+    print_report(report, console)
+    return report
+
+
+@app.command("prefetch")
+def images_prefetch(
+    tasks: str = typer.Argument(..., help="A task directory, a directory of them, a SWE-bench file, or 'builtin'."),
+    jobs: int = typer.Option(PREFETCH_JOBS, "--jobs", "-j", help="Images pulled or built at once."),
+    max_store_gb: float | None = typer.Option(
+        None,
+        "--max-store-gb",
+        help="Fetch no more once the image store takes this many GB (the images in flight finish; "
+        "nothing is deleted); unset: no bound.",
+    ),
+    swebench_images: str | None = typer.Option(None, help=SWEBENCH_IMAGES_HELP),
+    json_only: bool = typer.Option(False, "--json", help="Print only the JSON line."),
+) -> None:
+    """Pull or build every task's image into this host's store before a run; exit 1 if any failed.
+
+    Each distinct image once, in the tasks' order, --jobs at a time, with a progress bar; then the
+    images pulled, cached, built, failed (with the reason) or skipped at --max-store-gb, and the
+    store's disk use. Ends with one JSON line."""
+    from sandrl.wiring.tasks import load_task_set
+
+    loaded = load_task_set(tasks, swebench_images=swebench_images)
+    report = prefetch_tasks(loaded, jobs=jobs, max_store_gb=max_store_gb, console=rich_console(quiet=json_only))
+    emit({"tasks": tasks, **report.to_dict()})
+    if report.count("failed"):
+        raise typer.Exit(1)
 
 
 @app.command("import")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType, TracebackType
@@ -404,4 +404,43 @@ class SandboxProvider(Protocol):
         built from its Dockerfile by a provider that builds (a cache hit when unchanged), else its
         prebuilt image (see :func:`prebuilt_image`). Raises :class:`~sandrl.errors.ImageBuildError`
         when a build fails, :class:`~sandrl.errors.TaskError` when the provider cannot build one."""
+        ...
+
+
+FetchHow = Literal["cached", "pulled", "built", "host", "named"]
+"""How a provider came by an image: in its store already, pulled from a registry, built from a
+Dockerfile (some steps ran), the built-in ``host`` image (nothing to fetch), or named by a provider
+with no store here (not an :class:`ImageFetcher`: its host fetches the image when a sandbox needs it)."""
+
+
+@dataclass(frozen=True)
+class FetchedImage:
+    """An image a provider has in its store now (:meth:`ImageFetcher.fetch_image`)."""
+
+    name: str
+    """As :meth:`SandboxProvider.resolve_image` answers it."""
+    how: FetchHow
+    downloaded_bytes: int = 0
+    """Bytes that came from a registry for it (layers the store had are not fetched)."""
+
+
+@runtime_checkable
+class ImageFetcher(Protocol):
+    """A provider whose images live in a store on this machine, fetched into it ahead of the
+    sandboxes that start from them (``sandrl images prefetch``). A provider without a store of its
+    own (a remote service, E2B) is not one: its images are fetched where its sandboxes run."""
+
+    async def fetch_image(self, source: ImageSource, *, on_bytes: Callable[[int], None] | None = None) -> FetchedImage:
+        """What :meth:`SandboxProvider.resolve_image` does (it calls this), saying how it went;
+        ``on_bytes`` hears each chunk of a download, by its size."""
+        ...
+
+    def cached_image(self, source: ImageSource) -> str | None:
+        """The image ``source`` gives when the store has it already (no network, no build); else
+        None, also when only a build could tell (a Dockerfile's cache hit)."""
+        ...
+
+    def store_bytes(self) -> int:
+        """The disk the store takes (its layers, whatever images share, counted once). Blocking:
+        the first call walks every layer; later ones only the layers new since."""
         ...

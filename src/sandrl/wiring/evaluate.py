@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rich.console import Console
+from rich.markup import escape
 
 from sandrl.errors import ConfigError
 from sandrl.inference.base import InferenceClient
@@ -37,6 +38,7 @@ from sandrl.rollout.agent import Agent
 from sandrl.rollout.agents.harness import HARNESSES
 from sandrl.rollout.agents.scripted import DEFAULT_REPLAY, NullAgent, OracleAgent, ReplayAgent, ThinkTime
 from sandrl.rollout.jsonl import TrajectoryWriter
+from sandrl.rollout.prefetch import images_ahead
 from sandrl.rollout.runner import RunResult
 from sandrl.rollout.summary import print_summary
 from sandrl.sandbox.base import SandboxProvider
@@ -257,6 +259,8 @@ async def evaluate(
                 agent = await stack.enter_async_context(open_agent(config.rollout(), policy))
             if provider is None:
                 provider = await stack.enter_async_context(open_provider(config.rollout()))
+            # Every task's image fetched ahead, in the tasks' order: an episode waits for its own only.
+            prefetch = await stack.enter_async_context(images_ahead(provider, tasks))
             runner = build_runner(
                 config.rollout(),
                 provider,
@@ -264,15 +268,21 @@ async def evaluate(
                 agent=agent,
                 run_id=config.run_id,
                 writer=writer,
+                image_for=prefetch.images,
             )
             result = await runner.run(tasks, progress=progress)
+            images = prefetch.report()
     finally:
         if writer is not None:
             writer.close()
     print_summary(result.summary, console)
     print_report(result.trajectories, console or Console(stderr=True))
+    if images is not None:
+        (console or Console(stderr=True)).print(f"images: {escape(images.line())}", highlight=False)
     if config.results_dir is not None:
         results = {**result_line(config, result), **report(result.trajectories)}
+        if images is not None:
+            results["images"] = images.to_dict()
         (config.results_dir / RESULTS_FILE).write_text(json.dumps(results, indent=2, default=str) + "\n")
     return result
 

@@ -113,10 +113,10 @@ from sandrl.errors import (
     SandboxUnavailableError,
 )
 from sandrl.host_memory import ADMISSION_MEMORY_AGE_S, mem_available_bytes
-from sandrl.sandbox.base import DEFAULT_OUTPUT_CAP, ImageSource, SandboxSpec
+from sandrl.sandbox.base import DEFAULT_OUTPUT_CAP, FetchedImage, ImageSource, SandboxSpec
 from sandrl.sandbox.bwrap import protocol
 from sandrl.sandbox.bwrap.cgroups import CgroupManager, remove_group_dir
-from sandrl.sandbox.bwrap.dockerfile.source import image_for
+from sandrl.sandbox.bwrap.dockerfile.source import cached_image, fetch_image
 from sandrl.sandbox.bwrap.egress import EgressFilter, parse_allow
 from sandrl.sandbox.bwrap.helper import helper_path
 from sandrl.sandbox.bwrap.images import ImageStore, MountPlan
@@ -127,6 +127,7 @@ from sandrl.sandbox.bwrap.protocol import AgentConnection
 from sandrl.sandbox.bwrap.sandbox import HOST_CLEANUP, HOST_WORK, BwrapSandbox
 from sandrl.sandbox.bwrap.snapshot import fork_sandbox, layers_in_use, remove_snapshot, snapshot_sandbox
 from sandrl.sandbox.bwrap.state import StateDir, process_identity
+from sandrl.sandbox.bwrap.store_usage import StoreUsage
 from sandrl.sandbox.entrypoint import start_entrypoint
 
 DEFAULT_STATE_DIR = Path(os.environ.get("SANDRL_STATE_DIR", "/var/lib/sandrl"))
@@ -168,6 +169,7 @@ class BwrapProvider:
         _raise_fd_limit()  # one socket per live sandbox: hundreds at once
         self.state = StateDir(Path(state_dir) if state_dir is not None else DEFAULT_STATE_DIR)
         self.images = ImageStore(self.state.root / "images")
+        self._usage = StoreUsage(self.images)
         self.helper = helper_path(self.state.root / "bin")
         self.cgroups = CgroupManager(root=cgroup_root, subdir=f"sandrl/{self.state.cgroup_name}")
         self._cgroup_missing = self.cgroups.missing()
@@ -242,7 +244,18 @@ class BwrapProvider:
     async def resolve_image(self, source: ImageSource) -> str:
         """The store image ``source`` gives: built from its Dockerfile here (a cache hit when
         unchanged), else its prebuilt image when the store has it, else ``host``."""
-        return await image_for(self, source)
+        return (await self.fetch_image(source)).name
+
+    async def fetch_image(self, source: ImageSource, *, on_bytes: Callable[[int], None] | None = None) -> FetchedImage:
+        """:meth:`resolve_image`, saying whether the image was in the store, pulled or built
+        (:class:`~sandrl.sandbox.base.ImageFetcher`)."""
+        return await fetch_image(self, source, on_bytes=on_bytes)
+
+    def cached_image(self, source: ImageSource) -> str | None:
+        return cached_image(self, source)
+
+    def store_bytes(self) -> int:
+        return self._usage.bytes()
 
     async def create(self, spec: SandboxSpec | None = None) -> BwrapSandbox:
         """A new sandbox of ``spec``; with ``network=True`` its egress goes through slirp4netns

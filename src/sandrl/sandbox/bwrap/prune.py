@@ -10,7 +10,6 @@ how much each kind frees (:class:`PruneKind`): a layer counts for the first kind
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 import shutil
@@ -23,6 +22,7 @@ from sandrl.sandbox.bwrap.images import HOST_IMAGE, ImageStore
 from sandrl.sandbox.bwrap.pulled import WORK_DIR
 from sandrl.sandbox.bwrap.snapshot import FORK_PREFIX
 from sandrl.sandbox.bwrap.state import StateDir
+from sandrl.sandbox.bwrap.store_usage import tree_bytes
 
 __all__ = ["KINDS", "PruneKind", "PrunePlan", "apply_prune", "plan_prune"]
 
@@ -90,15 +90,6 @@ def _layers_of(store: ImageStore, name: str) -> set[str]:
     return found
 
 
-def _size(path: Path) -> int:
-    total = 0
-    for dirpath, _dirs, files in os.walk(path):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
-    return total
-
-
 def plan_prune(store: ImageStore, state: StateDir, *, build_cache: bool = True, tasks: bool = True) -> PrunePlan:
     """``build_cache``: the cache and fork images go; ``tasks``: tasks' images go (each only
     when no live sandbox uses it); and with them every layer no image that stays uses."""
@@ -116,7 +107,7 @@ def plan_prune(store: ImageStore, state: StateDir, *, build_cache: bool = True, 
         for d in (layers_dir.iterdir() if layers_dir.is_dir() else [])
         if d.is_dir() and not d.name.startswith(".") and d.name not in kept_layers
     )
-    sizes = {lid: _size(layers_dir / lid) for lid in layers}
+    sizes = {lid: tree_bytes(layers_dir / lid) for lid in layers}
     unclaimed = set(layers)
     kinds = []
     for kind, prefix in KINDS:
@@ -131,7 +122,7 @@ def plan_prune(store: ImageStore, state: StateDir, *, build_cache: bool = True, 
     leftover_bytes = 0
     for name in leftovers:
         path = layers_dir / WORK_DIR / name
-        leftover_bytes += _size(path) if path.is_dir() else path.stat().st_size
+        leftover_bytes += tree_bytes(path) if path.is_dir() else path.stat().st_size
     kinds.append(PruneKind("pull leftovers", tuple(leftovers), leftover_bytes))
     return PrunePlan(
         images=tuple(doomed),

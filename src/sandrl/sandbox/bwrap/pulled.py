@@ -29,7 +29,7 @@ from sandrl.images.unpack import LayerPolicy, unpack_layer
 from sandrl.sandbox.bwrap.images import DEFAULT_PATH, ImageStore
 from sandrl.sandbox.bwrap.layer_owners import kept_xattr, layer_mode, store_id
 
-__all__ = ["import_rootfs_tar", "layer_id", "pull_into_store"]
+__all__ = ["import_rootfs_tar", "layer_id", "pull_into_store", "stored_name"]
 
 WORK_DIR = ".pull"
 """Under ``layers/``: downloads, unpack targets and layer locks (the store's filesystem, 0700)."""
@@ -66,6 +66,18 @@ class _StoreLayers:
             raise SandboxError(f"cannot move a pulled layer into the image store at {target} ({exc})") from exc
 
 
+def stored_name(store: ImageStore, reference: str, platform: Platform | None = None) -> str | None:
+    """The store image of ``reference`` when the store holds it whole (every layer), else None."""
+    name = store_name(parse_reference(reference), platform)
+    if not store.exists(name):
+        return None
+    try:
+        store.get(name)
+    except ImageNotFoundError:
+        return None  # a layer of it was removed (pruned by hand, a disk cleaned): it must be pulled again
+    return name
+
+
 async def pull_into_store(
     store: ImageStore,
     reference: str,
@@ -78,12 +90,8 @@ async def pull_into_store(
     """The store image of ``reference``, pulled unless it is there (or ``refresh``); its name."""
     ref = parse_reference(reference)
     name = store_name(ref, platform)
-    if store.exists(name) and not refresh:
-        try:
-            store.get(name)
-            return name
-        except ImageNotFoundError:
-            pass  # a layer of it was removed (pruned by hand, a disk cleaned): pull it again
+    if not refresh and stored_name(store, reference, platform) is not None:
+        return name
     own_client = client is None
     registry = client or RegistryClient()
     try:
