@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from sandrl.tasks.datasets import find_dataset, pull_dataset
 from sandrl.tasks.datasets.fetch import Repository
 
 from ..support import REASON
@@ -116,3 +117,67 @@ def test_pull_fetches_each_repository_once_and_the_dataset_runs_with_the_oracle(
         assert result["pass@1"] == 1.0, r.stderr
         tasks = json.loads((tmp_path / "results" / "results.json").read_text())["tasks"]
         assert sorted(t["task"] for t in tasks) == ["alpha", "beta", "gamma"]
+
+
+def test_a_missing_commit_or_path_is_reported_for_its_task_and_the_rest_is_written(
+    server: GitServer, two_repositories: dict[str, str], tmp_path: Path
+) -> None:
+    a = server.url("tasks-a")
+    entries = [
+        task("alpha", a, two_repositories["a"], "tasks/alpha"),
+        task("ghost", a, "0123456789abcdef" * 2 + "01234567", "tasks/beta"),
+        task("nowhere", a, two_repositories["a"], "tasks/missing"),
+        task("blob", a, two_repositories["a"], "big/blob.bin"),
+    ]
+    registry(tmp_path / "registry.json", [{"name": "broken", "version": "1", "tasks": entries}])
+    (tmp_path / "datasets.toml").write_text('registry = "registry.json"\n')  # beside it: read from there
+
+    r = sandrl(["tasks", "pull", "broken@1"], tmp_path, SANDRL_DATASETS_CONFIG=str(tmp_path / "datasets.toml"))
+    assert r.returncode == 1, r.stderr
+    assert f"failed ghost: commit {'0123456789abcdef' * 2}01234567 is not in {a}" in r.stderr
+    assert f"failed nowhere: path 'tasks/missing' is not in {a} at commit {two_repositories['a'][:12]}" in r.stderr
+    assert (
+        f"failed blob: big/blob.bin in {a} at {two_repositories['a'][:12]} is a file, not a task directory" in r.stderr
+    )
+    assert "broken@1: 1/4 tasks in datasets/broken@1" in r.stderr and "Traceback" not in r.stderr
+    assert sorted(p.name for p in (tmp_path / "datasets" / "broken@1").iterdir()) == [".sandrl", "alpha"]
+
+
+def test_a_server_that_will_not_send_a_commit_by_its_id_is_fetched_whole(server: GitServer, tmp_path: Path) -> None:
+    old, _ = server.repository("plain", [harbor_task("7"), {"instruction.md": "later\n"}])
+    server.start()
+    (tmp_path / "gitconfig").write_text("[protocol]\n\tversion = 0\n")  # v0: only advertised tips by id
+    dataset = find_dataset(
+        [{"name": "d", "version": "1", "tasks": [task("seven", server.url("plain"), old, "")]}], "d", "1", "test"
+    )
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("GIT_CONFIG_GLOBAL", str(tmp_path / "gitconfig"))
+        report = pull_dataset(dataset, tmp_path / "out", cache=tmp_path / "cache")
+    assert report.failed == [] and server.fetches() == {"plain": 2}  # refused by id, then everything
+    assert (tmp_path / "out" / "seven" / "instruction.md").read_text() == "Write 7 into /workspace/answer.txt.\n"
+
+
+def test_a_branch_is_looked_up_at_every_pull_and_a_changed_dataset_is_rewritten(
+    server: GitServer, tmp_path: Path
+) -> None:
+    server.repository("moving", [{**{f"one/{k}": v for k, v in harbor_task("1").items()}, "two/task.toml": ""}])
+    server.start()
+    url = server.url("moving")
+    out = tmp_path / "out"
+    (out / "mine").mkdir(parents=True)  # the user's: never touched
+
+    def pull(*entries: dict[str, Any]) -> Any:
+        dataset = find_dataset([{"name": "d", "version": "1", "tasks": list(entries)}], "d", "1", "test")
+        return pull_dataset(dataset, out, cache=tmp_path / "cache")
+
+    first = pull(task("one", url, "main", "one"), task("two", url, None, "two"), task("mine", url, None, "x/mine"))
+    assert [o.label for o in first.written] == ["one", "two"]
+    assert "mine exists and was not written by a pull" in str(first.failed[0].reason)
+    server.commit("moving", {"one/instruction.md": "moved on\n"})
+
+    second = pull(task("one", url, "main", "one"))  # "two" is no longer listed
+    assert second.failed == [] and second.network_calls >= 1  # the branch is asked for again
+    assert (out / "one" / "instruction.md").read_text() == "moved on\n"
+    assert second.removed == ["two"] and not (out / "two").exists() and (out / "mine").is_dir()
+    manifest = json.loads((out / ".sandrl" / "dataset.json").read_text())
+    assert list(manifest["tasks"]) == ["one"] and manifest["tasks"]["one"]["ref"] == "main"

@@ -31,6 +31,7 @@ import hashlib
 import os
 import shutil
 import uuid
+from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -145,20 +146,35 @@ class Repository:
         return reasons
 
     def trees(self, places: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
-        """The tree id of each ``(commit, path)``, or why there is none (``"!reason"``)."""
-        wanted = sorted(set(places))
-        lines = "".join(f"{commit}:{path}\n" if path else f"{commit}^{{tree}}\n" for commit, path in wanted)
-        answers = self.git.text(["cat-file", "--batch-check"], stdin=lines.encode()).splitlines()
+        """The tree id of each ``(commit, path)``, or why there is none (``"!reason"``).
+
+        Read from the listing of each path's parent, never from the object itself: a path that
+        names a file whose content is not fetched is told apart without fetching it."""
+        by_parent: dict[tuple[str, str], list[str]] = defaultdict(list)
+        for commit, path in set(places):
+            parent, _, name = path.rpartition("/")
+            by_parent[commit, parent].append(name)
         found: dict[tuple[str, str], str] = {}
-        for (commit, path), answer in zip(wanted, answers, strict=True):
-            oid, _, rest = answer.partition(" ")
-            kind = rest.split(" ")[0]
-            if kind == "tree":
-                found[commit, path] = oid
-            elif kind in ("blob", "commit"):
-                found[commit, path] = f"!{path} in {self.url} at {commit[:12]} is a file, not a task directory"
-            else:
-                found[commit, path] = f"!path {path!r} is not in {self.url} at commit {commit[:12]}"
+        for (commit, parent), names in by_parent.items():
+            spec = f"{commit}:{parent}" if parent else f"{commit}^{{tree}}"
+            listed = self.git.run(["ls-tree", "-z", spec], check=False)
+            entries = {}
+            if listed.returncode == 0:
+                for record in listed.stdout.split(b"\0"):
+                    meta, _, entry = record.partition(b"\t")
+                    if meta:
+                        entries[entry.decode("utf-8", "surrogateescape")] = meta.decode().split()
+            for name in names:
+                path = f"{parent}/{name}" if parent else name
+                if not name:  # the repository's root
+                    root = self.git.text(["rev-parse", "--verify", "-q", spec]).strip()
+                    found[commit, path] = root
+                elif name not in entries:
+                    found[commit, path] = f"!path {path!r} is not in {self.url} at commit {commit[:12]}"
+                elif entries[name][1] != "tree":
+                    found[commit, path] = f"!{path} in {self.url} at {commit[:12]} is a file, not a task directory"
+                else:
+                    found[commit, path] = entries[name][2]
         return found
 
     def fetch_files(self, trees: Iterable[str], commits: Iterable[str]) -> str | None:
