@@ -83,10 +83,13 @@ def test_pull_fetches_each_repository_once_and_the_dataset_runs_with_the_oracle(
     url = f"http://127.0.0.1:{http.server_address[1]}/registry.json"
     cache = {"SANDRL_CACHE_DIR": str(tmp_path / "cache")}
 
-    r = sandrl(["tasks", "pull", "--registry", url, "demo@1.0", "--json"], tmp_path, **cache)
+    images = ["--images"] if REASON is None else []  # each task's image into the store, after the pull
+    r = sandrl(["tasks", "pull", "--registry", url, "demo@1.0", "--json", *images], tmp_path, **cache)
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert summary["written"] == 3 and summary["failed"] == [] and summary["repositories"] == 2
+    if images:
+        assert summary["images"]["failed"] == 0 and summary["images"]["images"] >= 1, summary["images"]
     # A: its commits and trees, then the files of both tasks in one request; B ignores the filter: once.
     assert server.fetches() == {"tasks-a": 2, "tasks-b": 1}
     assert summary["network_calls"] == 3

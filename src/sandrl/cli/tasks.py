@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from sandrl.cli.images import prefetch_tasks
 from sandrl.cli.output import SWEBENCH_IMAGES_HELP, emit, print_error, rich_console
 from sandrl.errors import ConfigError
 from sandrl.progress import Progress
@@ -220,8 +221,11 @@ def tasks_pull(
         "else Harbor's public registry).",
     ),
     out: Path | None = typer.Option(None, help="The dataset directory to write (default: datasets/NAME@VERSION)."),
-    jobs: int = typer.Option(DEFAULT_JOBS, help="Repositories fetched at once."),
+    jobs: int = typer.Option(DEFAULT_JOBS, help="Repositories fetched at once (and images, with --images)."),
     timeout_s: float = typer.Option(DEFAULT_TIMEOUT_S, help="Seconds one git command may take."),
+    images: bool = typer.Option(
+        False, "--images", help="Then pull or build every task's image into this host's store (sandrl images prefetch)."
+    ),
     json_out: bool = typer.Option(False, "--json", help="End with one JSON line of what was pulled."),
 ) -> None:
     """Fetch a dataset's tasks (Harbor's registry format) with git, into a directory eval and train take."""
@@ -251,7 +255,7 @@ def tasks_pull(
     console.print(
         f"{dataset.spec}: {len(written)}/{len(report.outcomes)} tasks in {_shown(target)} "
         f"({len(written) - cached} fetched, {cached} from the cache; {report.network_calls} git network calls "
-        f"to {report.repositories} repositories) in {report.seconds:.1f} s",
+        f"to {report.repositories} repositor{'y' if report.repositories == 1 else 'ies'}) in {report.seconds:.1f} s",
         highlight=False,
         soft_wrap=True,
     )
@@ -261,9 +265,16 @@ def tasks_pull(
         console.print(
             f"[red]failed[/] {_shown(outcome.label)}: {_shown(outcome.reason)}", highlight=False, soft_wrap=True
         )
+    summary = report.to_dict()
+    images_failed = 0
+    if images and written:
+        loaded, _ = _load(str(target), console, None)
+        fetched = prefetch_tasks(loaded, jobs=jobs, console=console)
+        summary["images"] = fetched.to_dict()
+        images_failed = fetched.count("failed")
     if written:
         console.print(f"next: sandrl eval {_shown(target)} --agent oracle", highlight=False, soft_wrap=True)
     if json_out:
-        emit(report.to_dict())
-    if report.failed:
+        emit(summary)
+    if report.failed or images_failed:
         raise typer.Exit(1)

@@ -142,6 +142,9 @@ def pull_dataset(
             by_repository[source.repository].append((task.index, source))
 
     out.mkdir(parents=True, exist_ok=True)
+    for pattern in ("tmp-*", "old-*"):  # what an interrupted pull left behind
+        for left in (out / MANIFEST.parent).glob(pattern):
+            shutil.rmtree(left, ignore_errors=True)
     repositories = [Repository(cache, tasks[0][1].url, timeout_s) for tasks in by_repository.values()]
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="sandrl-pull") as pool:
         jobs_done = [
