@@ -5,18 +5,21 @@ whole set and returns the good tasks together with a ``(path, problem)`` entry f
 so that one broken task does not hide the others (``sandrl tasks validate`` prints the problems).
 
 The format is told by what the path holds: ``task.toml`` → Harbor; ``task.yaml`` → Terminal-Bench
-1; a ``.json`` / ``.jsonl`` file → SWE-bench instances.
+1; a ``.json`` / ``.jsonl`` / ``.parquet`` file → instance rows of SWE-bench, SWE-Gym, SWE-smith
+or R2E-Gym, each row's dataset told by its keys (:mod:`sandrl.tasks.rows`).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
 from sandrl.errors import InvalidTaskError
 from sandrl.tasks.harbor import INSTRUCTION, is_harbor_dir, load_harbor_task
-from sandrl.tasks.swebench import is_swebench_file, load_swebench_instances, read_records
+from sandrl.tasks.rows import first_record, is_row_file, looks_like_row, row_format
+from sandrl.tasks.swebench import load_swebench_instances
 from sandrl.tasks.task import Task, TaskFormat
 from sandrl.tasks.terminal_bench import is_terminal_bench_dir, load_terminal_bench_task
 
@@ -40,10 +43,13 @@ def detect_format(path: Path) -> TaskFormat:
     if not path.exists():
         raise InvalidTaskError(f"{path}: does not exist", path=path)
     if path.is_file():
-        if is_swebench_file(path):
-            return "swe-bench"
+        if is_row_file(path):
+            first = first_record(path)
+            return row_format(first) if isinstance(first, Mapping) else "swe-bench"
         raise InvalidTaskError(
-            f"{path}: is not a task; give a task directory or a SWE-bench .json/.jsonl file", path=path
+            f"{path}: is not a task; give a task directory or a file of SWE-bench, SWE-Gym, SWE-smith or "
+            "R2E-Gym instances (.json, .jsonl, .parquet)",
+            path=path,
         )
     if is_harbor_dir(path):
         return "harbor"
@@ -60,9 +66,9 @@ def detect_format(path: Path) -> TaskFormat:
 def load_task(
     path: Path, *, repos: Path | None = None, test_command: str | None = None, swebench_images: str | None = None
 ) -> Task:
-    """Load one task: a Harbor or Terminal-Bench directory, or a file holding one SWE-bench instance.
+    """Load one task: a Harbor or Terminal-Bench directory, or a file holding one instance row.
 
-    ``repos``, ``test_command`` and ``swebench_images`` apply to SWE-bench only (see
+    ``repos``, ``test_command`` and ``swebench_images`` apply to instance rows only (see
     :func:`load_swebench_instances`: the published image of each instance, or a local clone).
     """
     path = Path(path)
@@ -91,13 +97,12 @@ def _is_repository(path: Path) -> bool:
 
 
 def _holds_instances(path: Path) -> bool:
-    """A top-level .json/.jsonl counts as SWE-bench when its first record has an instance_id."""
+    """A top-level .json/.jsonl/.parquet counts as instance rows when its first record is one."""
     try:
-        records = read_records(path)
+        first = first_record(path)
     except InvalidTaskError:
         return True  # malformed: report it rather than skip it silently
-    first = records[0][1] if records else None
-    return isinstance(first, dict) and "instance_id" in first
+    return looks_like_row(first)
 
 
 def _task_dirs(root: Path, depth: int) -> list[Path]:
@@ -115,12 +120,14 @@ def _task_dirs(root: Path, depth: int) -> list[Path]:
 def load_tasks(
     path: Path, *, repos: Path | None = None, test_command: str | None = None, swebench_images: str | None = None
 ) -> tuple[list[Task], list[TaskProblem]]:
-    """Every task under ``path`` (a task directory, a directory of them, or a SWE-bench file).
+    """Every task under ``path`` (a task directory, a directory of them, or a file of instance rows).
 
     Returns the tasks that loaded, sorted by id, and a :class:`TaskProblem` for each that did not
-    (a duplicate id is a problem too). Task directories are found up to :data:`MAX_DEPTH` levels
-    down; ``.json``/``.jsonl`` files directly in ``path`` are read as SWE-bench instances (in
-    ``swebench_images``' images, or from local clones; see :func:`load_swebench_instances`).
+    (a duplicate id is a problem too; a malformed row is one, naming its row, id and why). Task
+    directories are found up to :data:`MAX_DEPTH` levels down; ``.json``/``.jsonl``/``.parquet``
+    files directly in ``path`` are read as instance rows (a Hugging Face dataset's ``data/``
+    directory of shards, say; SWE-bench's in ``swebench_images``' images or from local clones; see
+    :func:`load_swebench_instances`).
     """
     path = Path(path)
     tasks: list[Task] = []
@@ -131,14 +138,14 @@ def load_tasks(
     if path.is_file() or _looks_like_task(path):
         candidates = [path]
     else:
-        instance_files = sorted(p for p in path.iterdir() if is_swebench_file(p) and _holds_instances(p))
+        instance_files = sorted(p for p in path.iterdir() if is_row_file(p) and _holds_instances(p))
         candidates = [*instance_files, *_task_dirs(path, 1)]
         if not candidates:
             logger.info("no tasks under %s", path)
 
     for candidate in candidates:
         try:
-            if candidate.is_file() and is_swebench_file(candidate):
+            if candidate.is_file() and is_row_file(candidate):
                 loaded, errors = load_swebench_instances(
                     candidate, repos=repos, test_command=test_command, images=swebench_images
                 )

@@ -1,4 +1,10 @@
-"""SWE-bench instances, read from the JSON or JSONL files the dataset is published as.
+"""SWE-bench instances, read from the JSON, JSONL or Parquet files the dataset is published as;
+and the loading of every file of SWE-style rows, which holds SWE-smith's and R2E-Gym's too.
+
+A file's rows are read by :mod:`sandrl.tasks.rows`, which tells each row's dataset: SWE-bench's and
+SWE-Gym's rows load here, SWE-smith's in :mod:`sandrl.tasks.swe_smith`, R2E-Gym's in
+:mod:`sandrl.tasks.r2e_gym`. A row that is malformed is reported with its id and why, and the
+others load.
 
 An instance names a GitHub repository and a commit, and is graded in one of two environments:
 
@@ -15,9 +21,11 @@ An instance names a GitHub repository and a commit, and is graded in one of two 
   the ``repos/`` directory next to the instance file.
 
 ``swebench_images`` picks one: ``"swebench"`` (Docker Hub, the harness's default namespace),
-``"epoch"`` or a template (``{instance_id}``, ``{instance_key}``, ``{arch}``) for the images;
-``"local"`` for clones only. Unset (``"auto"``): the clone when the mirror has one, else the
-instance's image in the ``swebench`` namespace.
+``"epoch"``, ``"swegym"`` (SWE-Gym's, :mod:`sandrl.tasks.swe_gym`) or a template
+(``{instance_id}``, ``{instance_key}``, ``{swegym_key}``, ``{arch}``) for the images; ``"local"``
+for clones only. Unset (``"auto"``): the clone when the mirror has one, else the instance's
+published image: SWE-Gym's for SWE-Gym's repositories, else the ``swebench`` namespace's.
+SWE-smith's and R2E-Gym's rows name their image themselves and always run in it.
 
 ``FAIL_TO_PASS`` and ``PASS_TO_PASS`` are JSON-encoded strings in the published dataset and real
 lists in many exports; both are read. The test command is the instance's own ``test_cmd``, else
@@ -27,7 +35,6 @@ the caller's, else the harness's for the repository and version (images) or ``py
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 from collections.abc import Mapping
@@ -35,7 +42,23 @@ from pathlib import Path
 from types import MappingProxyType
 
 from sandrl.errors import InvalidTaskError
+from sandrl.tasks import r2e_gym, swe_smith
 from sandrl.tasks.fields import type_name
+from sandrl.tasks.rows import (
+    DEFAULT_TIMEOUT_S,
+    REPO_DIR,
+    instruction_field,
+    iter_records,
+    optional_string,
+    patch_files,
+    published_environment,
+    require,
+    row_format,
+    row_label,
+    sha_field,
+    string_field,
+    test_list,
+)
 from sandrl.tasks.swebench_specs import (
     AUTO,
     eval_prelude,
@@ -43,77 +66,16 @@ from sandrl.tasks.swebench_specs import (
     images_setting,
     instance_image,
     parser_for,
+    published_images,
     test_directives,
 )
-from sandrl.tasks.task import EnvironmentSpec, SolutionSpec, SweBenchInstance, Task, VerifierSpec
+from sandrl.tasks.task import SolutionSpec, SweBenchInstance, Task, VerifierSpec
 
 DEFAULT_TEST_COMMAND = "pytest -rA"
-DEFAULT_TIMEOUT_S = 1800.0
-"""SWE-bench's evaluation timeout; the agent gets the same by default."""
-REPO_DIR = "/testbed"
 
 _REQUIRED = ("instance_id", "repo", "base_commit", "patch", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS")
 _OPTIONAL = ("environment_setup_commit", "version", "problem_statement", "test_cmd")
-_DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
 _REPO_NAME = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
-_SHA = re.compile(r"^[0-9a-f]{7,64}$")
-
-
-def is_swebench_file(path: Path) -> bool:
-    return path.is_file() and path.suffix in (".json", ".jsonl")
-
-
-def read_records(path: Path) -> list[tuple[str, object]]:
-    """The instance records of a file, each with a label for messages (``file:line`` for JSONL)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidTaskError(f"{path}: cannot be read ({exc})", path=path) from exc
-    if path.suffix == ".jsonl":
-        records: list[tuple[str, object]] = []
-        for number, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                records.append((f"{path}:{number}", json.loads(line)))
-            except json.JSONDecodeError as exc:
-                raise InvalidTaskError(
-                    f"{path}:{number}: is not valid JSON ({exc.msg}); a .jsonl file holds one instance object per line",
-                    path=path,
-                ) from exc
-        return records
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InvalidTaskError(f"{path}: is not valid JSON ({exc})", path=path) from exc
-    items = data if isinstance(data, list) else [data]
-    return [(f"{path}[{index}]", item) for index, item in enumerate(items)]
-
-
-def _test_list(record: Mapping[str, object], key: str, where: str, path: Path) -> tuple[str, ...]:
-    value = record[key]
-    if isinstance(value, str):
-        # The published dataset stores the lists JSON-encoded.
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise InvalidTaskError(
-                f"{where}: {key} is a string but not a JSON list ({exc.msg}); write it as a list of test ids",
-                path=path,
-            ) from exc
-    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-        raise InvalidTaskError(
-            f"{where}: {key} must be a list of test ids (or a JSON string of one), got {type_name(value)}", path=path
-        )
-    return tuple(value)
-
-
-def patch_files(patch: str) -> tuple[str, ...]:
-    """The files a diff touches, in order, as ``git apply`` sees them."""
-    seen: dict[str, None] = {}
-    for match in _DIFF_HEADER.finditer(patch):
-        seen[match.group(2)] = None
-    return tuple(seen)
 
 
 def _is_git_repo(path: Path) -> bool:
@@ -148,7 +110,7 @@ def _check_commit(source: Path, commit: str, where: str, path: Path) -> None:
 
 
 def _to_task(
-    record: object,
+    record: Mapping[str, object],
     where: str,
     path: Path,
     repos: Path,
@@ -156,48 +118,39 @@ def _to_task(
     verify_commits: bool,
     images: str | None,
 ) -> Task:
-    if not isinstance(record, Mapping):
-        raise InvalidTaskError(f"{where}: an instance must be a JSON object, got {type_name(record)}", path=path)
-    missing = [key for key in _REQUIRED if key not in record]
-    if missing:
-        raise InvalidTaskError(
-            f"{where}: missing {', '.join(missing)}; a SWE-bench instance has {', '.join(_REQUIRED)}", path=path
-        )
-    strings: dict[str, str] = {}
-    for key in (*_REQUIRED[:5], *_OPTIONAL):
-        value = record.get(key)
-        if value is None and key in _OPTIONAL:
-            continue
-        if not isinstance(value, str):
-            raise InvalidTaskError(f"{where}: {key} must be a string, got {type_name(value)}", path=path)
-        strings[key] = value
-    instance_id, repo, base_commit = strings["instance_id"], strings["repo"], strings["base_commit"]
+    require(record, _REQUIRED, where, path, "a SWE-bench instance")
+    strings: dict[str, str] = {key: string_field(record, key, where, path) for key in _REQUIRED[:5]}
+    for key in _OPTIONAL:
+        value = optional_string(record, key, where, path)
+        if value is not None:
+            strings[key] = value
+    instance_id, repo = strings["instance_id"], strings["repo"]
     if not _REPO_NAME.match(repo):
         raise InvalidTaskError(f"{where}: repo must be 'owner/name', got {repo!r}", path=path)
-    if not _SHA.match(base_commit):
-        raise InvalidTaskError(f"{where}: base_commit must be a commit sha, got {base_commit!r}", path=path)
+    base_commit = sha_field(strings["base_commit"], "base_commit", where, path)
     if not strings["test_patch"].strip():
         raise InvalidTaskError(f"{where}: test_patch is empty; it adds the tests that grade the instance", path=path)
-    fail_to_pass = _test_list(record, "FAIL_TO_PASS", where, path)
-    pass_to_pass = _test_list(record, "PASS_TO_PASS", where, path)
+    fail_to_pass = test_list(record, "FAIL_TO_PASS", where, path)
+    pass_to_pass = test_list(record, "PASS_TO_PASS", where, path)
     if not fail_to_pass:
         raise InvalidTaskError(f"{where}: FAIL_TO_PASS is empty, so nothing shows the issue is fixed", path=path)
 
-    test_files = patch_files(strings["test_patch"])
+    test_patch = strings["test_patch"]
+    test_files = patch_files(test_patch)
     version = strings.get("version")
     own_command = strings.get("test_cmd") or test_command
     source: Path | None = None
     image: str | None = None
     if images == AUTO:
         # A clone here means the user set one up for this; otherwise the instance's own image.
-        images = None if find_repo(repo, repos) is not None else "swebench"
+        images = None if find_repo(repo, repos) is not None else published_images(repo)
     if images is not None:
         # The published image: the repository and its environment are in it.
         image = instance_image(instance_id, images)
         if own_command:
-            command = " ".join([own_command, *test_directives(repo, test_files)])
+            command = " ".join([own_command, *test_directives(repo, test_files, test_patch)])
         else:
-            command = harness_test_command(repo, version, test_files)
+            command = harness_test_command(repo, version, test_files, test_patch)
     else:
         source = find_repo(repo, repos)
         if source is None:
@@ -210,13 +163,13 @@ def _to_task(
             )
         if verify_commits:
             _check_commit(source, base_commit, where, path)
-        command = " ".join([own_command or DEFAULT_TEST_COMMAND, *test_directives(repo, test_files)])
+        command = " ".join([own_command or DEFAULT_TEST_COMMAND, *test_directives(repo, test_files, test_patch)])
     instance = SweBenchInstance(
         instance_id=instance_id,
         repo=repo,
         base_commit=base_commit,
         patch=strings["patch"],
-        test_patch=strings["test_patch"],
+        test_patch=test_patch,
         fail_to_pass=fail_to_pass,
         pass_to_pass=pass_to_pass,
         repo_source=source,
@@ -229,32 +182,40 @@ def _to_task(
         parser=parser_for(command),
     )
     metadata = {key: value for key, value in record.items() if key not in (*_REQUIRED, "problem_statement")}
-    instruction = strings.get("problem_statement") or ""
-    if not instruction.strip():
-        raise InvalidTaskError(
-            f"{where}: problem_statement is missing or empty; it is what the agent is told", path=path
-        )
+    instruction = instruction_field(record, where, path)
     return Task(
         id=instance_id,
         name=instance_id,
         source=path,
         format="swe-bench",
         instruction=instruction,
-        environment=EnvironmentSpec(
-            docker_image=image,
-            base_image=image,
-            cpus=1.0,
-            memory_mb=4096,
-            storage_mb=10240,
-            allow_internet=False,  # the environment is complete; grading must not depend on the network
-            workdir=REPO_DIR,
-        ),
+        environment=published_environment(image),
         verifier=VerifierSpec(command=command, timeout_s=DEFAULT_TIMEOUT_S, reward="swe-bench"),
         solution=SolutionSpec(command="git apply --verbose -", stdin=instance.patch),
         agent_timeout_s=DEFAULT_TIMEOUT_S,
         metadata=MappingProxyType(metadata),
         swebench=instance,
     )
+
+
+def _row_to_task(
+    record: object,
+    where: str,
+    path: Path,
+    repos: Path,
+    test_command: str | None,
+    verify_commits: bool,
+    images: str | None,
+) -> Task:
+    where = row_label(where, record)
+    if not isinstance(record, Mapping):
+        raise InvalidTaskError(f"{where}: an instance must be a JSON object, got {type_name(record)}", path=path)
+    kind = row_format(record)
+    if kind == "r2e-gym":
+        return r2e_gym.to_task(record, where, path)
+    if kind == "swe-smith":
+        return swe_smith.to_task(record, where, path, test_command)
+    return _to_task(record, where, path, repos, test_command, verify_commits, images)
 
 
 def load_swebench_instances(
@@ -265,14 +226,15 @@ def load_swebench_instances(
     verify_commits: bool = True,
     images: str | None = AUTO,
 ) -> tuple[list[Task], list[InvalidTaskError]]:
-    """Every instance of a ``.json`` / ``.jsonl`` file, and the errors of those that are malformed.
+    """Every instance of a ``.json`` / ``.jsonl`` / ``.parquet`` file of SWE-bench, SWE-Gym, SWE-smith
+    or R2E-Gym rows, and the errors of those that are malformed (each naming its row and id).
 
     ``images`` is ``swebench_images`` (see the module docstring; None: local clones only); ``repos`` is a
     local clone or a mirror directory (default: ``repos/`` next to the file); ``test_command``
-    replaces the default test command for instances without their own ``test_cmd``;
-    ``verify_commits`` checks that each base commit is in the clone (one ``git`` call each). A file
-    that cannot be read at all, or an ``images`` that is no image set or template, raises
-    :class:`~sandrl.errors.InvalidTaskError`.
+    replaces the default test command for instances without their own ``test_cmd`` (SWE-smith's: its
+    repository profile's); ``verify_commits`` checks that each base commit is in the clone (one
+    ``git`` call each). A file that cannot be read at all, or an ``images`` that is no image set or
+    template, raises :class:`~sandrl.errors.InvalidTaskError`.
     """
     path = Path(path)
     try:
@@ -282,9 +244,9 @@ def load_swebench_instances(
     mirror = Path(repos) if repos is not None else path.parent / "repos"
     tasks: list[Task] = []
     errors: list[InvalidTaskError] = []
-    for where, record in read_records(path):
+    for where, record in iter_records(path):
         try:
-            tasks.append(_to_task(record, where, path, mirror, test_command, verify_commits, images))
+            tasks.append(_row_to_task(record, where, path, mirror, test_command, verify_commits, images))
         except InvalidTaskError as exc:
             errors.append(exc)
     return tasks, errors

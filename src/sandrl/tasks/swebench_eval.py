@@ -29,11 +29,13 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 
 from sandrl.errors import SandboxFileError, TaskError
 from sandrl.sandbox.base import Sandbox
+from sandrl.tasks import swe_smith
 from sandrl.tasks.envvars import resolve_env
 from sandrl.tasks.pytest_results import JunitError, TestStatus, parse_junit_xml, status_of
 from sandrl.tasks.result import VerifyResult, tail
@@ -105,8 +107,12 @@ def repository_snapshot(source: Path, commit: str) -> Path:
 
 
 async def setup_repository(task: Task, sandbox: Sandbox) -> None:
-    """Put the repository at ``base_commit`` into the sandbox at ``/testbed`` (from an image: check it is there)."""
+    """Put the repository at ``base_commit`` into the sandbox at ``/testbed`` (from an image: check it
+    is there; SWE-smith's: make it the bug's commit, :mod:`sandrl.tasks.swe_smith`)."""
     instance = _instance(task)
+    if instance.bug_patch is not None:
+        await swe_smith.setup_bug(task, instance, sandbox)
+        return
     if instance.repo_source is None:
         base = shlex.quote(f"{instance.base_commit}^{{commit}}")
         found = await sandbox.exec(f"git cat-file -e {base}", cwd=instance.repo_dir, timeout_s=60.0)
@@ -130,13 +136,12 @@ async def setup_repository(task: Task, sandbox: Sandbox) -> None:
 _NOT_THE_ANSWER = ("':(exclude,glob)**/__pycache__/**'", "':(exclude,glob)**/*.pyc'")
 
 
-async def model_patch(task: Task, sandbox: Sandbox, dest: str) -> str | None:
+async def model_patch(instance: SweBenchInstance, sandbox: Sandbox, dest: str) -> str | None:
     """Write the agent's work as a diff against ``base_commit`` (new files included) to ``dest``.
 
     Returns None when it succeeded, else why not. The diff goes to a file, not through the exec
     result, whose output cap a large diff would exceed.
     """
-    instance = _instance(task)
     result = await sandbox.exec(
         f"git add -A -- . {' '.join(_NOT_THE_ANSWER)} && "
         f"git diff --cached --binary {shlex.quote(instance.base_commit)} > {shlex.quote(dest)}",
@@ -208,6 +213,8 @@ def grade_statuses(
 async def grade(task: Task, sandbox: Sandbox, *, patch: str | None = None) -> VerifyResult:
     """Grade the agent's changes to ``/testbed`` (or ``patch``, when given) as SWE-bench does."""
     instance = _instance(task)
+    base = swe_smith.graded_base(task) if instance.bug_patch is not None else instance.base_commit
+    instance = replace(instance, base_commit=base or "")
     start = time.monotonic()
     repo = instance.repo_dir
 
@@ -233,10 +240,15 @@ async def grade(task: Task, sandbox: Sandbox, *, patch: str | None = None) -> Ve
             infra_error=infra_error,
         )
 
+    if not base:
+        return result(
+            error=f"task {task.id}: its repository was not set up in this process, so the bug's commit is not known",
+            infra_error=True,
+        )
     await run(sandbox, empty_dir_command(WORK_DIR), what="making the grading directory")
     patch_file = f"{WORK_DIR}/model.patch"
     if patch is None:
-        why = await model_patch(task, sandbox, patch_file)
+        why = await model_patch(instance, sandbox, patch_file)
         if why is not None:
             return result(error=f"the agent's changes could not be read from {repo}: {why}")
         try:
@@ -250,7 +262,6 @@ async def grade(task: Task, sandbox: Sandbox, *, patch: str | None = None) -> Ve
     if not patch.strip():
         # As SWE-bench: an empty prediction is unresolved without running anything.
         return result(error="empty patch: nothing in the repository was changed")
-    await sandbox.write_file(f"{WORK_DIR}/test.patch", instance.test_patch.encode())
 
     applied_with: str | None = None
     attempts: list[str] = []
@@ -269,13 +280,15 @@ async def grade(task: Task, sandbox: Sandbox, *, patch: str | None = None) -> Ve
         )
 
     await run(sandbox, _test_files_command(instance), what="resetting the test files", cwd=repo)
-    applied = await sandbox.exec(f"git apply --verbose {WORK_DIR}/test.patch", cwd=repo, timeout_s=300.0)
-    if applied.exit_code != 0:
-        return result(
-            error="the instance's test_patch does not apply after the model patch",
-            output=applied.stdout + applied.stderr,
-            infra_error=True,
-        )
+    if instance.test_patch:  # SWE-smith's tests are the repository's own: nothing to add
+        await sandbox.write_file(f"{WORK_DIR}/test.patch", instance.test_patch.encode())
+        applied = await sandbox.exec(f"git apply --verbose {WORK_DIR}/test.patch", cwd=repo, timeout_s=300.0)
+        if applied.exit_code != 0:
+            return result(
+                error="the instance's test_patch does not apply after the model patch",
+                output=applied.stdout + applied.stderr,
+                infra_error=True,
+            )
 
     junit = f"{WORK_DIR}/junit.xml"
     log = f"{WORK_DIR}/test-output.txt"

@@ -25,28 +25,35 @@ the facts of ``constants/python.py``, for the repositories of SWE-bench, Lite an
   ``-rA`` summary, which a test can print too);
 - not done: the version's ``install`` command is not run again before the tests (it matters only
   for patches to compiled code), and the harness's informational ``git status`` / ``git show``.
+
+SWE-Gym's repositories get the facts of SWE-Gym's fork of the harness (:mod:`sandrl.tasks.swe_gym`):
+its images (``swegym``), test commands and ``eval_commands``.
 """
 
 from __future__ import annotations
 
 import re
 
+from sandrl.tasks import swe_gym
 from sandrl.tasks.task import TestParser
 
 ARCH = "x86_64"
 IMAGE_TEMPLATES = {
     "swebench": "swebench/sweb.eval.{arch}.{instance_key}:latest",
     "epoch": "ghcr.io/epoch-research/swe-bench.eval.{arch}.{instance_id}",
+    "swegym": swe_gym.IMAGE_TEMPLATE,
 }
 """Published image sets by name. ``{instance_key}`` is the harness's spelling: the id lower-cased,
-``__`` as ``_1776_``; ``{instance_id}`` the id as is; ``{arch}`` ``x86_64`` or ``arm64``."""
+``__`` as ``_1776_``; ``{swegym_key}`` SWE-Gym's: ``__`` as ``_s_``, lower-cased; ``{instance_id}``
+the id as is; ``{arch}`` ``x86_64`` or ``arm64``."""
 LOCAL = "local"
 """The ``swebench_images`` value for no image: the repository from a local clone (:mod:`sandrl.tasks.swebench`)."""
 CONDA_ACTIVATE = "source /opt/miniconda3/bin/activate && conda activate testbed"
 """What every command of the harness's eval script runs in."""
 
 _PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
-_FIELDS = ("instance_id", "instance_key", "arch")
+_INSTANCE_FIELDS = ("instance_id", "instance_key", "swegym_key")
+_FIELDS = (*_INSTANCE_FIELDS, "arch")
 
 TEST_PYTEST = "pytest -rA"
 TEST_DJANGO = "./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1"
@@ -91,16 +98,17 @@ def image_template(images: str) -> str:
     template = IMAGE_TEMPLATES.get(images, images)
     names = set(_PLACEHOLDER.findall(template))
     unknown = names - set(_FIELDS)
-    if "{" not in template or "instance" not in " ".join(names) or unknown:
+    if "{" not in template or not names & set(_INSTANCE_FIELDS) or unknown:
         raise ValueError(
             f"swebench_images must be {', '.join(repr(n) for n in IMAGE_TEMPLATES)}, {LOCAL!r}, or an image template "
-            f"with {{instance_id}} or {{instance_key}} (and optionally {{arch}}), got {images!r}"
+            f"with {{instance_id}}, {{instance_key}} or {{swegym_key}} (and optionally {{arch}}), got {images!r}"
         )
     return template
 
 
 AUTO = "auto"
-"""The default: an instance's local clone when the mirror has one, else its published image."""
+"""The default: an instance's local clone when the mirror has one, else its published image
+(:func:`published_images`)."""
 
 
 def images_setting(value: str | None) -> str | None:
@@ -120,13 +128,26 @@ def instance_key(instance_id: str) -> str:
     return instance_id.lower().replace("__", "_1776_")
 
 
+def published_images(repo: str) -> str:
+    """The image set an instance of ``repo`` is published in: SWE-Gym's for its repositories, else SWE-bench's."""
+    return "swegym" if swe_gym.is_swe_gym_repo(repo) else "swebench"
+
+
 def instance_image(instance_id: str, images: str = "swebench", *, arch: str = ARCH) -> str:
     """The published image of an instance: ``swebench/sweb.eval.x86_64.django_1776_django-11099:latest``."""
-    return image_template(images).format(instance_id=instance_id, instance_key=instance_key(instance_id), arch=arch)
+    return image_template(images).format(
+        instance_id=instance_id,
+        instance_key=instance_key(instance_id),
+        swegym_key=swe_gym.swegym_key(instance_id),
+        arch=arch,
+    )
 
 
-def test_directives(repo: str, test_files: tuple[str, ...]) -> list[str]:
-    """What the test command is given: the test patch's files but data files; Django's as module names."""
+def test_directives(repo: str, test_files: tuple[str, ...], test_patch: str = "") -> list[str]:
+    """What the test command is given: the test patch's files but data files; Django's as module names;
+    mypy's (SWE-Gym) ``-k`` and its test cases' names."""
+    if swe_gym.is_mypy(repo):
+        return swe_gym.mypy_directives(test_patch)
     directives = [name for name in test_files if not name.endswith(NON_TEST_EXTS)]
     if repo != "django/django":
         return directives
@@ -147,12 +168,15 @@ def parser_for(test_command: str) -> TestParser:
     return "junit"
 
 
-def harness_test_command(repo: str, version: str | None, test_files: tuple[str, ...]) -> str:
-    """The harness's test command for an instance: its repository's ``test_cmd`` and the directives."""
-    base = _VERSION_TEST_COMMANDS.get((repo, version or ""), _TEST_COMMANDS.get(repo, TEST_PYTEST))
-    return " ".join([base, *test_directives(repo, test_files)])
+def harness_test_command(repo: str, version: str | None, test_files: tuple[str, ...], test_patch: str = "") -> str:
+    """The harness's test command for an instance: its repository's ``test_cmd`` (SWE-bench's, else
+    SWE-Gym's, else ``pytest -rA``) and the directives."""
+    base = _VERSION_TEST_COMMANDS.get((repo, version or "")) or _TEST_COMMANDS.get(repo)
+    base = base or swe_gym.test_command(repo, version) or TEST_PYTEST
+    return " ".join([base, *test_directives(repo, test_files, test_patch)])
 
 
 def eval_prelude(repo: str, version: str | None) -> str:
     """The lines run before the tests in the image: the conda environment, then the version's ``eval_commands``."""
-    return "\n".join([CONDA_ACTIVATE, *_EVAL_COMMANDS.get((repo, version or ""), ())])
+    commands = _EVAL_COMMANDS.get((repo, version or ""), swe_gym.EVAL_COMMANDS.get(repo.lower(), ()))
+    return "\n".join([CONDA_ACTIVATE, *commands])

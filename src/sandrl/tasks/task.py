@@ -1,9 +1,9 @@
 """The task model: what an episode attempts, independent of the format it was written in.
 
-A :class:`Task` is loaded from a Harbor task directory, a Terminal-Bench 1 task directory or a
-SWE-bench instance (see :mod:`sandrl.tasks.loader`). It says what the agent is told
-(``instruction``), where it works (:class:`EnvironmentSpec`), how its work is judged
-(:class:`VerifierSpec`) and, when the format has one, a reference solution
+A :class:`Task` is loaded from a Harbor task directory, a Terminal-Bench 1 task directory or an
+instance row of SWE-bench, SWE-Gym, SWE-smith or R2E-Gym (see :mod:`sandrl.tasks.loader`). It says
+what the agent is told (``instruction``), where it works (:class:`EnvironmentSpec`), how its work
+is judged (:class:`VerifierSpec`) and, when the format has one, a reference solution
 (:class:`SolutionSpec`). Every field is plain data; nothing here touches a sandbox.
 """
 
@@ -18,10 +18,10 @@ from typing import Literal
 from sandrl.sandbox.base import ImageSource, SandboxSpec
 from sandrl.tasks.envvars import resolve_env
 
-TaskFormat = Literal["harbor", "terminal-bench", "swe-bench"]
-"""The on-disk format a task was loaded from."""
+TaskFormat = Literal["harbor", "terminal-bench", "swe-bench", "swe-smith", "r2e-gym"]
+"""The on-disk format a task was loaded from (SWE-Gym's rows are SWE-bench's)."""
 
-RewardSource = Literal["reward-file", "pytest-summary", "swebench-log", "swe-bench"]
+RewardSource = Literal["reward-file", "pytest-summary", "swebench-log", "swe-bench", "r2e-gym"]
 """How the verifier's reward is read.
 
 - ``reward-file``: Harbor; the test command writes ``/logs/verifier/reward.txt`` (one number)
@@ -34,6 +34,8 @@ RewardSource = Literal["reward-file", "pytest-summary", "swebench-log", "swe-ben
   here``, and the task passed when that block is exactly ``PASSED``.
 - ``swe-bench``: the SWE-bench harness; the model's diff and the test patch are applied, the tests
   run with a JUnit XML report, resolved when every FAIL_TO_PASS and PASS_TO_PASS test passed.
+- ``r2e-gym``: R2E-Gym's; the image's hidden tests run, and every test's status must be the one the
+  instance expects (:mod:`sandrl.tasks.r2e_gym_eval`).
 """
 
 TestParser = Literal["junit", "django", "sympy"]
@@ -126,7 +128,7 @@ class SweBenchInstance:
     """``owner/name`` on GitHub."""
     base_commit: str
     patch: str
-    """The gold patch (the oracle solution)."""
+    """The gold patch (the oracle solution); empty for SWE-smith, whose fix is ``bug_patch`` reversed."""
     test_patch: str
     fail_to_pass: tuple[str, ...]
     pass_to_pass: tuple[str, ...]
@@ -148,6 +150,28 @@ class SweBenchInstance:
     harness's ``eval_commands``); empty in a local clone."""
     parser: TestParser = "junit"
     """How the test run's per-test results are read (:mod:`sandrl.tasks.swebench_logs`)."""
+    bug_patch: str | None = None
+    """SWE-smith: the diff that put the bug into the image's repository. The repository graded
+    against is ``base_commit`` (or the branch named after the instance) when the image has it, else
+    the image's HEAD with this applied (:mod:`sandrl.tasks.swe_smith`); None for SWE-bench."""
+
+
+@dataclass(frozen=True)
+class R2eGymInstance:
+    """The R2E-Gym fields grading needs (:mod:`sandrl.tasks.r2e_gym`)."""
+
+    repo_name: str
+    """R2E-Gym's short name of the repository (``pandas``, ``aiohttp``...)."""
+    commit_hash: str
+    """The commit that fixed it; the image's repository is at its parent, ``old_commit``."""
+    old_commit: str
+    expected: Mapping[str, str]
+    """Test name (R2E-Gym's: ``TestClass.test_name``) → ``PASSED``, ``FAILED`` or ``ERROR`` after the fix."""
+    repo_dir: str = "/testbed"
+    tests_dir: str = "/r2e_tests"
+    """Where the image keeps the tests; they are taken out of the sandbox before the agent starts."""
+    run_tests: str = "/testbed/run_tests.sh"
+    """The image's script that runs them (``pytest -rA r2e_tests`` in ``repo_dir``)."""
 
 
 StepReward = Literal["mean", "final"]
@@ -193,6 +217,7 @@ class Task:
     extra: Mapping[str, object] = field(default_factory=_frozen)
     """Keys sandrl does not know, kept as read (dotted paths, e.g. ``environment.gpus_per_node``)."""
     swebench: SweBenchInstance | None = None
+    r2e_gym: R2eGymInstance | None = None
     steps: tuple[TaskStep, ...] = ()
     """A Harbor multi-step task's steps, in order; empty for every other task. The agent is given
     every step's instruction at once, and :func:`~sandrl.tasks.verify.verify` runs the steps'

@@ -18,7 +18,7 @@ from types import MappingProxyType
 
 from sandrl.errors import SandboxFileError, TaskError
 from sandrl.sandbox.base import ExecResult, Sandbox
-from sandrl.tasks import swebench_eval
+from sandrl.tasks import r2e_gym_eval, swebench_eval
 from sandrl.tasks.envvars import resolve_env
 from sandrl.tasks.offline import offline_failure
 from sandrl.tasks.pytest_results import parse_short_summary
@@ -37,13 +37,17 @@ REWARD_MAX_BYTES = 64 << 10
 async def prepare_environment(task: Task, sandbox: Sandbox) -> None:
     """What the task's environment needs before the agent starts, beyond the sandbox's image.
 
-    SWE-bench: the repository at ``base_commit`` in ``/testbed``. Harbor and Terminal-Bench
+    SWE-bench: the repository at ``base_commit`` in ``/testbed`` (SWE-smith: at the bug's commit);
+    R2E-Gym: its tests taken out of the sandbox until verify time. Harbor and Terminal-Bench
     environments come from their Dockerfile, which the image builder handles; here only the
     working directory is made, and a multi-step task's steps' ``workdir/`` files put there (each
     ``setup.sh`` run) in order.
     """
     if task.swebench is not None:
         await swebench_eval.setup_repository(task, sandbox)
+        return
+    if task.r2e_gym is not None:
+        await r2e_gym_eval.setup_repository(task, sandbox)
         return
     workdir = task.environment.workdir
     await run(sandbox, f"mkdir -p {workdir}", what="making the working directory")
@@ -85,6 +89,8 @@ async def verify(task: Task, sandbox: Sandbox, *, patch: str | None = None) -> V
         return await swebench_eval.grade(task, sandbox, patch=patch)
     if patch is not None:
         raise TaskError(f"task {task.id} is a {task.format} task; only SWE-bench tasks are graded from a patch")
+    if task.verifier.reward == "r2e-gym":
+        return await r2e_gym_eval.grade(task, sandbox)
     if task.steps:
         return await _verify_steps(task, sandbox)
     start = time.monotonic()
