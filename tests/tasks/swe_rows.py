@@ -185,7 +185,7 @@ def parsed_commit(commit: R2eCommit) -> dict[str, object]:
             elif hunks:
                 kind = {" ": "context", "+": "added", "-": "deleted", "\\": "note"}[line[:1] or " "]
                 content = line[2:] if kind == "note" else line[1:]
-                hunks[-1]["line_group"]["all_lines"].append({"content": content, "type": kind})  # type: ignore[index]
+                hunks[-1]["line_group"]["all_lines"].append({"content": content, "type": kind})
             elif line.startswith("index "):
                 old, rest = line[len("index ") :].split("..")
                 new, _, mode = rest.partition(" ")

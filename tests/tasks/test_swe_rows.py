@@ -240,9 +240,9 @@ def _bad_rows(calc: CalcRepo, tmp_path: Path) -> list[tuple[dict[str, object], s
     commit = r2e_commit(calc, tmp_path)
     r2e = f"calc@{commit.new}"
     no_python = parsed_commit(commit)
-    no_python["file_diffs"] = no_python["file_diffs"][:1]  # type: ignore[index]  # the README only
+    no_python["file_diffs"] = no_python["file_diffs"][:1]  # the README only
     bad_line = parsed_commit(commit)
-    bad_line["file_diffs"][1]["hunks"][0]["line_group"]["all_lines"][0]["type"] = "moved"  # type: ignore[index]
+    bad_line["file_diffs"][1]["hunks"][0]["line_group"]["all_lines"][0]["type"] = "moved"
 
     def gym(ident: str, **fields: object) -> dict[str, object]:
         return swe_gym_row(calc, instance_id=ident, **fields)
