@@ -44,6 +44,9 @@ def test_hostile_entries_are_refused_each_with_its_reason_and_the_rest_is_writte
         **in_dir("through", {**harbor_task("4"), "a/b/q": Link("../.."), "tests/p": Link("../a/b/q/../..")}),
         **in_dir("inside", {**harbor_task("5"), "tests/ok": Link("../a/../instruction.md"), "a/x": "x"}),
         **in_dir("sub", harbor_task("6")),
+        **in_dir(
+            "lfs", {**harbor_task("7"), "data.bin": "version https://git-lfs.github.com/spec/v1\noid sha256:00\n"}
+        ),
     }
     (evil,) = server.repository("evil", [links], submodules=("sub/vendor",))
     server.start()
@@ -72,6 +75,7 @@ def test_hostile_entries_are_refused_each_with_its_reason_and_the_rest_is_writte
         {"name": "through", "git_url": e, "git_commit_id": evil, "path": "through"},
         {"name": "inside", "git_url": e, "git_commit_id": evil, "path": "inside"},
         {"name": "sub", "git_url": e, "git_commit_id": evil, "path": "sub"},
+        {"name": "lfs", "git_url": e, "git_commit_id": evil, "path": "lfs"},
     ]
     dataset = find_dataset([{"name": "evil", "version": "1", "tasks": entries}], "evil", "1", "test")
     out = tmp_path / "out"
@@ -99,6 +103,7 @@ def test_hostile_entries_are_refused_each_with_its_reason_and_the_rest_is_writte
         "abs": "symlink 'tests/leak' points to the absolute path '/etc/passwd'",
         "through": "symlink 'tests/p' points out of the task directory",
         "sub": "holds a git submodule at 'vendor'",
+        "lfs": "'data.bin' is a git-lfs pointer",
     }
     assert set(reasons) == set(expected), reasons
     for label, fragment in expected.items():

@@ -18,7 +18,8 @@ dataset makes no network call at all. Every command that reads the cache runs wi
 allowed, so a missing object is an error, never a fetch.
 
 A tree is exported by sandrl itself, from ``git ls-tree`` and ``git cat-file``, never by a
-checkout: regular files get mode 644 or 755, a submodule is refused, and a symbolic link is kept
+checkout: regular files get mode 644 or 755, a submodule or a git-lfs pointer (whose content is
+not in the repository) is refused, and a symbolic link is kept
 only when it resolves inside the task directory (an absolute link, or one reaching out through
 ``..`` or through another link, refuses the task). A task is bounded in files and bytes.
 """
@@ -34,6 +35,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import IO
 
 from sandrl.tasks.datasets.git import GitFailed, GitRunner, one_line, repository_key
 
@@ -43,6 +45,9 @@ MAX_TASK_FILES = 100_000
 MAX_TASK_BYTES = 4 << 30
 """A task directory's files, together: a bound against a repository that is a bomb."""
 MAX_LINK_CHARS = 4096
+LFS_POINTER = b"version https://git-lfs.github.com/spec/"
+MAX_LFS_POINTER_BYTES = 1024
+"""A small file starting so is a git-lfs pointer: the task's real file is elsewhere, and refused."""
 CACHE_ENV = "SANDRL_CACHE_DIR"
 
 
@@ -294,7 +299,7 @@ def _write(repository: Repository, entries: list[tuple[str, str, int, str]], roo
                     raise Refused(f"symlink {one_line(path, 120)!r} is over {MAX_LINK_CHARS} characters")
                 links.append((path, reader.stdout.read(size)))
             else:
-                _write_file(reader.stdout, size, root / path, 0o755 if mode == "100755" else 0o644)
+                _write_file(reader.stdout, size, root, path, 0o755 if mode == "100755" else 0o644)
             reader.stdout.read(1)
     finally:
         reader.stdin.close()
@@ -319,15 +324,23 @@ def _write(repository: Repository, entries: list[tuple[str, str, int, str]], roo
             )
 
 
-def _write_file(source: object, size: int, path: Path, mode: int) -> None:
+def _write_file(source: IO[bytes], size: int, root: Path, name: str, mode: int) -> None:
+    """``root/name`` from the next ``size`` bytes of ``source`` (never through a link, never over a file)."""
+    path = root / name
     path.parent.mkdir(parents=True, exist_ok=True)
+    head = source.read(min(size, 1 << 20))
+    if len(head) < min(size, 1 << 20):
+        raise Refused(f"the content of {one_line(name, 120)!r} ended early")
+    if size <= MAX_LFS_POINTER_BYTES and head.startswith(LFS_POINTER):
+        raise Refused(f"{one_line(name, 120)!r} is a git-lfs pointer: its content is in git-lfs, which is not fetched")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     with os.fdopen(fd, "wb") as out:
-        left = size
+        out.write(head)
+        left = size - len(head)
         while left:
-            chunk = source.read(min(left, 1 << 20))  # type: ignore[attr-defined]
+            chunk = source.read(min(left, 1 << 20))
             if not chunk:
-                raise Refused(f"the content of {one_line(str(path.name), 120)!r} ended early")
+                raise Refused(f"the content of {one_line(name, 120)!r} ended early")
             out.write(chunk)
             left -= len(chunk)
     os.chmod(path, mode)  # the umask does not decide a task's modes
