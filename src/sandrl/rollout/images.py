@@ -12,7 +12,9 @@ One fetch per image (:func:`image_key`: tasks that name one registry image share
 first: an episode, or the prefetch that fetches every task's image ahead of the episodes
 (:mod:`sandrl.rollout.prefetch`); whoever asks later waits for that fetch, never starts a second.
 With ``jobs``, at most that many fetches that episodes asked for run at once, in the order they
-were asked; the prefetch has its own ``jobs``, so an episode never queues behind work done ahead.
+were asked (a runner's ``concurrency``: an image queued behind them could not have had its
+episode run sooner). The prefetch fetches with what they leave (:meth:`TaskImages.room`) and is
+never in their way: an episode never queues behind work done ahead.
 """
 
 from __future__ import annotations
@@ -51,7 +53,9 @@ class ImageFetch:
     """Started by the prefetch rather than by an episode."""
     asked_s: float
     started_s: float | None = None
-    """When it left the queue of ``jobs`` (None: still queued)."""
+    """When it left the queue of ``jobs`` (None: not yet)."""
+    queued: bool = False
+    """It waited for one of the ``jobs`` fetches before it to end."""
     ended_s: float | None = None
     task: asyncio.Task[FetchedImage] | None = None
     waiters: int = field(default=0, repr=False)
@@ -85,6 +89,7 @@ class TaskImages:
         self.on_bytes: Callable[[int], None] | None = None
         self._fetches: dict[ImageSource, ImageFetch] = {}
         self._lanes = asyncio.Semaphore(jobs) if jobs is not None else None
+        self._changed = asyncio.Event()
 
     async def __call__(self, task: Task) -> str:
         return (await self.fetch(task.image_source())).name
@@ -92,6 +97,24 @@ class TaskImages:
     def known(self, source: ImageSource) -> ImageFetch | None:
         """The fetch of ``source``'s image, running, queued or done (a cancelled one is forgotten)."""
         return self._fetches.get(image_key(source))
+
+    def busy(self) -> int:
+        """Fetches under way (or about to be), not counting those queued for one of the ``jobs``."""
+        return sum(
+            1
+            for f in self._fetches.values()
+            if f.task is not None and not f.task.done() and not (f.queued and f.started_s is None)
+        )
+
+    async def room(self, limit: int) -> None:
+        """Wait until fewer than ``limit`` fetches are :meth:`busy`: the prefetch fetches ahead only
+        with what the episodes' fetches leave (the images wanted now come first)."""
+        while self.busy() >= limit:
+            await self._changed.wait()
+
+    def _poke(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
 
     async def fetch(self, source: ImageSource, *, ahead: bool = False) -> FetchedImage:
         """``source``'s image on the provider: joins the fetch of that image if there is one, else
@@ -124,12 +147,16 @@ class TaskImages:
 
     async def _run(self, fetch: ImageFetch) -> FetchedImage:
         lanes = None if fetch.ahead else self._lanes
-        async with lanes if lanes is not None else contextlib.nullcontext():
-            fetch.started_s = self.clock()
-            try:
-                return await self._fetch_one(fetch.source)
-            finally:
-                fetch.ended_s = self.clock()
+        fetch.queued = lanes is not None and lanes.locked()
+        try:
+            async with lanes if lanes is not None else contextlib.nullcontext():
+                fetch.started_s = self.clock()
+                try:
+                    return await self._fetch_one(fetch.source)
+                finally:
+                    fetch.ended_s = self.clock()
+        finally:
+            self._poke()
 
     async def _fetch_one(self, source: ImageSource) -> FetchedImage:
         if isinstance(self.provider, ImageFetcher):

@@ -8,9 +8,12 @@ one whose image the prefetch has not reached yet starts it at once (the prefetch
 running), so an episode waits only for its own image, never for another task's.
 
 Each distinct image (:func:`~sandrl.rollout.images.image_key`) is fetched once, in the order of the
-tasks, at most ``jobs`` at a time; a failure is the row of that image, with its reason, and the
-rest go on. ``max_store_bytes`` bounds what is fetched ahead: before a fetch starts, the store's disk
-use is measured, and at the bound the images not in the store are skipped (said so in the report);
+tasks, at most ``jobs`` at a time, and ahead only while fewer than ``jobs`` fetches run in all: the
+images episodes want now are not slowed by those wanted later. A failure is the row of that image,
+with its reason, and the rest go on.
+
+``max_store_bytes`` bounds what is fetched ahead: before a fetch starts, the store's disk use is
+measured, and at the bound the images not in the store are skipped (said so in the report);
 fetches already running finish, so the store may pass the bound by what they bring. Nothing is
 deleted: an episode whose image was skipped fetches it when it starts, as without a prefetch.
 """
@@ -178,7 +181,9 @@ async def prefetch_images(
                     if skip is not None and images.known(source) is None:
                         found[key] = ImageRow(label, task_ids, "skipped", reason=skip)
                         return
-                    got = await images.fetch(source, ahead=True)
+                    await images.room(jobs)
+                    if images.known(source) is None:
+                        got = await images.fetch(source, ahead=True)
             if got is None:  # an episode asked first: wait for its fetch outside the lanes
                 got = await images.fetch(source, ahead=True)
         except Exception as exc:
@@ -275,16 +280,18 @@ async def images_ahead(
     provider: SandboxProvider,
     tasks: Sequence[Task],
     *,
+    episode_jobs: int | None = None,
     jobs: int | None = None,
     max_store_bytes: int | None = None,
 ) -> AsyncIterator[Prefetch]:
     """Every task's image fetched in the background, in the order of ``tasks`` (the order episodes
     will want them), for as long as the context lasts: give the runner ``prefetch.images`` as its
-    ``image_for``. At most ``jobs`` fetches ahead, and ``jobs`` more that episodes asked for first.
-    Leaving the context stops what is still being fetched ahead (no episode waits for it then).
-    ``jobs`` None: :data:`PREFETCH_JOBS`."""
+    ``image_for``. ``episode_jobs``: at most this many fetches that episodes asked for at once (the
+    runner's ``concurrency``; None: no bound); ``jobs`` (None: :data:`PREFETCH_JOBS`): fetches
+    ahead, started only while fewer than that many fetches of any kind run. Leaving the context
+    stops what is still being fetched ahead (no episode waits for it then)."""
     jobs = jobs if jobs is not None else PREFETCH_JOBS
-    images = TaskImages(provider, jobs=jobs)
+    images = TaskImages(provider, jobs=episode_jobs)
     job = asyncio.ensure_future(prefetch_images(images, tasks, jobs=jobs, max_store_bytes=max_store_bytes))
     try:
         yield Prefetch(images, job)

@@ -260,9 +260,10 @@ async def evaluate(
             if provider is None:
                 provider = await stack.enter_async_context(open_provider(config.rollout()))
             # Every task's image fetched ahead, in the tasks' order: an episode waits for its own only.
-            prefetch = await stack.enter_async_context(images_ahead(provider, tasks))
+            rollout = config.rollout()
+            prefetch = await stack.enter_async_context(images_ahead(provider, tasks, episode_jobs=rollout.concurrency))
             runner = build_runner(
-                config.rollout(),
+                rollout,
                 provider,
                 policy=policy,
                 agent=agent,
