@@ -27,9 +27,10 @@ from rich.text import Text
 err_console = Console(stderr=True)
 
 SWEBENCH_IMAGES_HELP = (
-    "Where SWE-bench instances run: swebench (the published images), epoch (Epoch AI's), an image template "
-    "with {instance_id} or {instance_key} and {arch}; 'local': from local clones (repos/) only; unset: the local "
-    "clone when there is one, else the published image."
+    "Where SWE-bench instances run: swebench (the published images), epoch (Epoch AI's), swegym (SWE-Gym's), an "
+    "image template with {instance_id}, {instance_key} or {swegym_key} and {arch}; 'local': from local clones "
+    "(repos/) only; unset: the local clone when there is one, else the published image (SWE-Gym's for its "
+    "repositories). SWE-smith's and R2E-Gym's rows run in the image they name."
 )
 """The help of ``--swebench-images``, which every command that loads tasks takes."""
 

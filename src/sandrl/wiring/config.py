@@ -119,8 +119,10 @@ class TasksConfig:
     """Seed of the generated tasks."""
     swebench_images: str = ""
     """Where SWE-bench instances run: ``swebench`` (SWE-bench's published images on Docker Hub),
-    ``epoch`` (Epoch AI's), an image template with ``{instance_id}`` or ``{instance_key}`` and
-    ``{arch}``; empty or ``local``: from local clones (:mod:`sandrl.tasks.swebench`)."""
+    ``epoch`` (Epoch AI's), ``swegym`` (SWE-Gym's), an image template with ``{instance_id}``,
+    ``{instance_key}`` or ``{swegym_key}`` and ``{arch}``; ``local``: from local clones; empty: a
+    local clone when there is one, else the published image (:mod:`sandrl.tasks.swebench`).
+    SWE-smith's and R2E-Gym's rows run in the image they name."""
 
     def __post_init__(self) -> None:
         try:
