@@ -25,6 +25,7 @@ import posixpath
 import re
 import shlex
 import time
+import zlib
 from types import MappingProxyType
 
 from sandrl.errors import SandboxFileError, TaskError
@@ -45,7 +46,8 @@ SHOWN = 50
 """Tests named in a result's details, per kind of mismatch."""
 
 _captured: dict[str, bytes] = {}
-"""Task key → the archive of its image's tests, taken at setup in this process (see the module)."""
+"""Task key → the archive of its image's tests, taken at setup in this process (see the module);
+compressed, as a run may hold thousands."""
 _HEADER = re.compile(r"^=+\s*short test summary info\s*=+\s*$", re.IGNORECASE | re.MULTILINE)
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -86,7 +88,7 @@ async def setup_repository(task: Task, sandbox: Sandbox) -> None:
     except SandboxFileError as exc:
         raise TaskError(f"task {task.id}: its image's tests cannot be kept: {exc}") from exc
     await run(sandbox, f"rm -rf {shlex.quote(tests)} {shlex.quote(script)} {WORK_DIR}", what="removing the tests")
-    _captured[task.key] = data
+    _captured[task.key] = zlib.compress(data)
 
 
 def summary_statuses(log: str) -> dict[str, str] | None:
@@ -156,7 +158,7 @@ async def grade(task: Task, sandbox: Sandbox) -> VerifyResult:
             error=f"task {task.id}: its sandbox was not set up in this process, so its tests are not here",
             infra_error=True,
         )
-    await extract_tar(sandbox, tests, WORK_DIR, replace=True)
+    await extract_tar(sandbox, zlib.decompress(tests), WORK_DIR, replace=True)
     name = posixpath.basename(instance.tests_dir)
     placed = posixpath.join(instance.repo_dir, name)
     # Where run_tests.sh looks for them; whatever the agent left at that path goes first.
