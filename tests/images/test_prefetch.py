@@ -172,6 +172,25 @@ async def test_an_episode_waits_only_for_its_own_image(
     assert [_manifest_gets(fault_proxy, repo) for repo in repos] == [1, 1, 1]
 
 
+async def test_the_prefetch_fetches_only_with_what_the_episodes_leave(
+    provider: BwrapProvider, push_image: PushImage, fault_proxy: FaultProxy, tmp_path: Path
+) -> None:
+    """With ``jobs`` 1 and an episode's fetch of b running, a is fetched ahead only once b's ends."""
+    repos = _images(push_image, 2)
+    for i, repo in enumerate(repos):
+        _task(tmp_path / "tasks", f"t{i}", image=f"{fault_proxy.host}/{repo}:1")
+    tasks = _load(tmp_path / "tasks")
+    fault_proxy.stall_next("/manifests/", seconds=STALL_S, times=10)
+    images = TaskImages(provider)
+    episode = asyncio.ensure_future(images(tasks[1]))
+    await asyncio.sleep(0.05)
+    report = await prefetch_images(images, tasks, jobs=1)
+    await episode
+    assert [(r.outcome, r.ahead) for r in report.rows] == [("pulled", True), ("pulled", False)]
+    windows = _pull_windows(fault_proxy)
+    assert windows[repos[0]][0] >= windows[repos[1]][1]
+
+
 async def test_failures_are_listed_with_their_reason_and_the_rest_fetched(
     provider: BwrapProvider, push_image: PushImage, registry: LocalRegistry, tmp_path: Path
 ) -> None:

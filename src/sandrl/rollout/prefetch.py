@@ -45,7 +45,7 @@ saturate at a few pulls, and the first tasks' images come sooner than with all a
 REASON_CHARS = 600
 """A failure's reason is cut to this (a build's log is in the build's own error)."""
 LISTED_PROBLEMS = 20
-"""Failed and skipped images the printed report names one by one before saying how many more."""
+"""Failed and skipped images the report names one by one (printed, and in its JSON) before saying how many more."""
 
 Outcome = Literal["pulled", "cached", "built", "host", "named", "failed", "skipped"]
 
@@ -126,7 +126,8 @@ class PrefetchReport:
             "store_bytes": self.store_bytes,
             "max_store_bytes": self.max_store_bytes,
             "note": self.note,
-            "problems": [r.to_dict() | {"tasks": list(r.tasks[:5])} for r in self.problems],
+            "problems": [r.to_dict() | {"tasks": list(r.tasks[:5])} for r in self.problems[:LISTED_PROBLEMS]],
+            "problems_not_listed": max(0, len(self.problems) - LISTED_PROBLEMS),
         }
 
 
@@ -312,12 +313,23 @@ def print_report(report: PrefetchReport, console: Console) -> None:
             got = sum(r.downloaded_bytes for r in report.rows if r.outcome == outcome)
             table.add_row(outcome, str(n), filesize.decimal(got) if got else "")
     console.print(table)
-    for row in report.problems[:LISTED_PROBLEMS]:
-        tasks = ", ".join(row.tasks[:3]) + (f" and {len(row.tasks) - 3} more" if len(row.tasks) > 3 else "")
+    failed = [r for r in report.rows if r.outcome == "failed"]
+    for row in failed[:LISTED_PROBLEMS]:
+        tasks = escape(_some(row.tasks))
         console.print(
-            f"[bold]{row.outcome}[/] {escape(row.image)} [dim](tasks {escape(tasks)})[/]: {escape(row.reason or '')}",
+            f"[bold]failed[/] {escape(row.image)} [dim](tasks {tasks})[/]: {escape(row.reason or '')}", highlight=False
+        )
+    if len(failed) > LISTED_PROBLEMS:
+        console.print(f"... and {len(failed) - LISTED_PROBLEMS} more failed (the JSON line lists {LISTED_PROBLEMS})")
+    skipped = [r for r in report.rows if r.outcome == "skipped"]
+    if skipped:
+        console.print(
+            f"[bold]skipped[/] {len(skipped)} images ({escape(_some([r.image for r in skipped]))}): "
+            f"{escape(skipped[0].reason or '')}",
             highlight=False,
         )
-    if len(report.problems) > LISTED_PROBLEMS:
-        console.print(f"... and {len(report.problems) - LISTED_PROBLEMS} more failed or skipped")
     console.print(escape(report.line()), highlight=False)
+
+
+def _some(names: Sequence[str], shown: int = 3) -> str:
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
