@@ -29,7 +29,7 @@ def write_report(view: RunView, out: Path, *, max_episodes: int = MAX_EPISODES) 
     """Write the report of ``view``'s run to ``out``; return what it holds (episodes, bytes)."""
     summary = view.summary()
     numbers = sample_groups(view, max_episodes)
-    steps_of = view.run.episodes.steps(view.run.data_positions)
+    steps_of = view.run.episode_steps()
     rows = [listing_row(view.run, n, steps_of) for n in numbers]
     episodes = {str(n): view.episode(n, tokens_shown=REPORT_TOKENS) for n in numbers}
     data = {"summary": summary, "rows": rows, "episodes": episodes}

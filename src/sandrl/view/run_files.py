@@ -41,6 +41,8 @@ class RunFiles:
     metrics: list[dict[str, Any]] = field(default_factory=list)
     episodes: EpisodeIndex = field(init=False)
     _metrics_bytes: int = 0
+    _steps: list[int | None] = field(default_factory=list)
+    _steps_key: tuple[int, int] = (-1, -1)
 
     def __post_init__(self) -> None:
         self.episodes = EpisodeIndex(self.directory / "rollouts.jsonl")
@@ -78,6 +80,13 @@ class RunFiles:
             if isinstance(value, int) and not isinstance(value, bool):
                 positions.append(max(value, positions[-1]) if positions else value)
         return positions
+
+    def episode_steps(self) -> list[int | None]:
+        """Per episode, the step that trained it (None: not trained yet, or an eval's)."""
+        key = (len(self.episodes), len(self.metrics))
+        if key != self._steps_key:
+            self._steps, self._steps_key = self.episodes.steps(self.data_positions), key
+        return self._steps
 
     def config(self) -> dict[str, Any]:
         """The run's resolved config (a training run's ``config.toml``, an eval's ``config.json``); {} if unreadable."""

@@ -74,7 +74,7 @@ class RunView:
         with self._lock:
             self._refresh()
             numbers = select(self.run, step=step, task=task, source=source, status=status, group=group)
-            steps_of = self.run.episodes.steps(self.run.data_positions)
+            steps_of = self.run.episode_steps()
             rows = [listing_row(self.run, i, steps_of) for i in numbers[offset : offset + limit]]
         return {"total": len(numbers), "offset": offset, "rows": rows}
 
@@ -85,14 +85,18 @@ class RunView:
             if not 0 <= number < len(self.run.episodes):
                 raise KeyError(number)
             trajectory = self.run.episodes.read(number)
-            steps_of = self.run.episodes.steps(self.run.data_positions)
+            steps_of = self.run.episode_steps()
             step = steps_of[number]
             group = [
-                {"n": i, "sample_index": self.run.episodes.sample_index[i], "passed": self.run.episodes.passed[i]}
-                for i in select(self.run, group=self.run.episodes.group_id[number])
+                {
+                    "n": i,
+                    "sample_index": self.run.episodes.head(i)["sample_index"],
+                    "passed": self.run.episodes.passed[i],
+                }
+                for i in select(self.run, group=self.run.episodes.group_id[number])[:64]
             ]
         page = episode_page(trajectory, self._tokenizer_now(), number=number, step=step, tokens_shown=tokens_shown)
-        page["group"] = group[:64]
+        page["group"] = group
         return finite(page)  # type: ignore[no-any-return]
 
     def _refresh(self) -> None:

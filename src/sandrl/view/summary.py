@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sandrl.view.episode_index import EpisodeIndex
+from sandrl.view.episode_index import PHASES, EpisodeIndex
 from sandrl.view.run_files import RunFiles
 
 STATUS_FILTERS: dict[str, Callable[[str, bool | None], bool]] = {
@@ -36,8 +36,6 @@ PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Tokens per second", ("tokens_per_s",)),
 )
 """The charts drawn by default: a title and the series it shows (those the run has)."""
-PHASES = ("setup_s", "model_s", "commands_s", "verifier_s", "total_s")
-"""Per-step episode time series, in the order of :attr:`EpisodeIndex.timings`' tuple."""
 MAX_BUCKETS = 24
 """Points of a task's pass rate over steps: steps are grouped into at most this many buckets."""
 
@@ -45,7 +43,7 @@ MAX_BUCKETS = 24
 def summary(run: RunFiles) -> dict[str, Any]:
     """The page's overview of ``run`` (call :meth:`RunFiles.refresh` first)."""
     index = run.episodes
-    steps_of = index.steps(run.data_positions)
+    steps_of = run.episode_steps()
     curves = _curves(run, index, steps_of)
     by_task = _groups(index, steps_of, index.task_id, len(run.metrics))
     by_source = _groups(index, steps_of, index.task_set, len(run.metrics))
@@ -91,7 +89,10 @@ def _curves(run: RunFiles, index: EpisodeIndex, steps_of: Sequence[int | None]) 
     def put(key: str, i: int, value: Any) -> None:
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
             return
-        series.setdefault(key, [None] * len(steps))[i] = float(value)
+        line = series.get(key)
+        if line is None:
+            line = series[key] = [None] * len(steps)
+        line[i] = float(value)
 
     for i, record in enumerate(run.metrics):
         for key, value in record.items():
@@ -102,12 +103,12 @@ def _curves(run: RunFiles, index: EpisodeIndex, steps_of: Sequence[int | None]) 
         if done is not None and isinstance(seconds, int | float) and seconds > 0:
             put("episodes_per_hour", i, done / seconds * 3600)
     sums: dict[int, list[float]] = defaultdict(lambda: [0.0] * (len(PHASES) + 1))
-    for step, times in zip(steps_of, index.timings, strict=True):
+    for n, step in enumerate(steps_of):
         if step is None or step not in position:
             continue
         row = sums[step]
-        for j, value in enumerate(times):
-            row[j] += value
+        for j, column in enumerate(index.phases):
+            row[j] += column[n]
         row[-1] += 1
     for step, row in sums.items():
         for j, phase in enumerate(PHASES):
@@ -131,50 +132,51 @@ def _groups(
 ) -> list[dict[str, Any]]:
     """Per value of ``keys`` (a task, a task source): counts, rates and the pass rate over steps."""
     width = max(1, math.ceil(steps / MAX_BUCKETS)) if steps else 1
-    rows: dict[str, dict[str, Any]] = {}
-    for i, key in enumerate(keys):
-        row = rows.get(key)
+    # [episodes, verified, passed, reward sum, retries, truncated, agent errors, infra errors], buckets
+    counts: dict[str, list[float]] = {}
+    buckets: dict[str, dict[int, list[int]]] = {}
+    for key, status, passed, reward, attempt, step in zip(
+        keys, index.status, index.passed, index.reward, index.attempt, steps_of, strict=True
+    ):
+        row = counts.get(key)
         if row is None:
-            row = rows[key] = {
-                "name": key,
-                "episodes": 0,
-                "verified": 0,
-                "passed": 0,
-                "reward_sum": 0.0,
-                "retries": 0,
-                "truncated": 0,
-                "agent_errors": 0,
-                "infra_errors": 0,
-                "buckets": defaultdict(lambda: [0, 0]),
-            }
-        row["episodes"] += 1
-        row["retries"] += max(0, index.attempt[i] - 1)
-        status = index.status[i]
-        row["truncated"] += status == "truncated"
-        row["agent_errors"] += status == "agent_error"
-        row["infra_errors"] += status == "infra_error"
-        passed = index.passed[i]
+            row = counts[key] = [0, 0, 0, 0.0, 0, 0, 0, 0]
+            buckets[key] = {}
+        row[0] += 1
+        if attempt > 1:
+            row[4] += attempt - 1
+        if status != "completed":
+            row[5] += status == "truncated"
+            row[6] += status == "agent_error"
+            row[7] += status == "infra_error"
         if passed is not None:
-            row["verified"] += 1
-            row["passed"] += passed
-            step = steps_of[i]
-            bucket = row["buckets"][(step - 1) // width if step is not None else 0]
+            row[1] += 1
+            row[2] += passed
+            bucket = buckets[key].setdefault((step - 1) // width if step is not None else 0, [0, 0])
             bucket[0] += passed
             bucket[1] += 1
-        reward = index.reward[i]
         if reward is not None:
-            row["reward_sum"] += reward
-    out = []
-    for row in rows.values():
-        buckets = row.pop("buckets")
-        verified = row["verified"]
-        row["pass_rate"] = row["passed"] / verified if verified else None
-        row["reward_mean"] = row.pop("reward_sum") / verified if verified else None
-        row["over_steps"] = [
-            [b * width + 1, min(steps, (b + 1) * width) if steps else None, p / n]
-            for b, (p, n) in sorted(buckets.items())
-        ]
-        out.append(row)
+            row[3] += reward
+    out: list[dict[str, Any]] = []
+    for key, (episodes, verified, passed_n, reward_sum, retries, truncated, agent, infra) in counts.items():
+        out.append(
+            {
+                "name": key,
+                "episodes": int(episodes),
+                "verified": int(verified),
+                "passed": int(passed_n),
+                "pass_rate": passed_n / verified if verified else None,
+                "reward_mean": reward_sum / verified if verified else None,
+                "retries": int(retries),
+                "truncated": int(truncated),
+                "agent_errors": int(agent),
+                "infra_errors": int(infra),
+                "over_steps": [
+                    [b * width + 1, min(steps, (b + 1) * width) if steps else None, p / n]
+                    for b, (p, n) in sorted(buckets[key].items())
+                ],
+            }
+        )
     out.sort(key=lambda r: (-r["episodes"], r["name"]))
     return out
 
@@ -197,7 +199,7 @@ def select(
 ) -> list[int]:
     """The episode numbers that match every filter given, in the file's order."""
     index = run.episodes
-    steps_of = index.steps(run.data_positions) if step is not None else None
+    steps_of = run.episode_steps() if step is not None else None
     test = STATUS_FILTERS.get(status) if status else None
     out = []
     for i in range(len(index)):
@@ -216,20 +218,21 @@ def select(
 
 
 def listing_row(run: RunFiles, i: int, steps_of: Sequence[int | None]) -> dict[str, Any]:
-    """One line of the episode list."""
+    """One line of the episode list (what the index does not hold is read from the episode's line)."""
     index = run.episodes
+    head = index.head(i)
     return {
         "n": i,
-        "episode_id": index.episode_id[i],
+        "episode_id": head["episode_id"],
         "group_id": index.group_id[i],
         "task_id": index.task_id[i],
         "task_set": index.task_set[i],
         "step": steps_of[i] if i < len(steps_of) else None,
         "status": index.status[i],
-        "stop_reason": index.stop_reason[i],
+        "stop_reason": head["stop_reason"],
         "reward": index.reward[i],
         "passed": index.passed[i],
         "attempt": index.attempt[i],
-        "total_s": round(index.timings[i][-1], 3),
-        "error": index.error[i],
+        "total_s": round(index.phases[-1][i], 3),
+        "error": head["error"],
     }
