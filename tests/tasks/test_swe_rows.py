@@ -238,7 +238,7 @@ def _bad_rows(calc: CalcRepo, tmp_path: Path) -> list[tuple[dict[str, object], s
     """Malformed rows of each format: the row, the id its problem names, and the reason it gives."""
     mirror = smith_mirror(tmp_path / "smith")
     commit = r2e_commit(calc, tmp_path)
-    r2e = f"calc@{commit.new}"
+    r2e = f"calc__{commit.new}"
     no_python = parsed_commit(commit)
     no_python["file_diffs"] = no_python["file_diffs"][:1]  # the README only
     bad_line = parsed_commit(commit)
@@ -259,6 +259,11 @@ def _bad_rows(calc: CalcRepo, tmp_path: Path) -> list[tuple[dict[str, object], s
         (smith(repo="acme/calc"), "acme__calc.0123abcd.bad", r"repo must be SWE-smith's mirror"),
         (smith(patch="not a diff"), "acme__calc.0123abcd.bad", r"patch is not a git diff"),
         (smith(FAIL_TO_PASS=["TestFoo"]), "acme__calc.0123abcd.bad", r"'TestFoo', not a pytest id"),
+        (
+            swe_smith_row(mirror, "acme__calc.0123abcd.rs", FAIL_TO_PASS=["tests::parse::x"]),
+            "acme__calc.0123abcd.rs",
+            r"'tests::parse::x', not a pytest id",
+        ),
         (smith(PASS_TO_PASS="[oops"), "acme__calc.0123abcd.bad", r"PASS_TO_PASS is a string but not a JSON list"),
         (smith(problem_statement=""), "acme__calc.0123abcd.bad", r"problem_statement is missing or empty"),
         (smith(base_commit="HEAD"), "acme__calc.0123abcd.bad", r"base_commit must be a commit sha"),
@@ -268,7 +273,7 @@ def _bad_rows(calc: CalcRepo, tmp_path: Path) -> list[tuple[dict[str, object], s
             r"run with 'python -m tornado.test --verbose', not pytest",
         ),
         (r2e_row(commit, docker_image=3), r2e, r"docker_image must be a string, got an integer"),
-        (r2e_row(commit, commit_hash="main"), "calc@main", r"commit_hash must be a commit sha"),
+        (r2e_row(commit, commit_hash="main"), "calc__main", r"commit_hash must be a commit sha"),
         (r2e_row(commit, expected_output_json="{}"), r2e, r"expected_output_json is empty"),
         (r2e_row(commit, expected_output_json="[]"), r2e, r"expected_output_json must be a JSON object"),
         (

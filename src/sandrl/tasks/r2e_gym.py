@@ -30,6 +30,7 @@ from sandrl.tasks.rows import (
     image_field,
     instruction_field,
     published_environment,
+    r2e_gym_id,
     require,
     sha_field,
     string_field,
@@ -192,7 +193,7 @@ def to_task(record: Mapping[str, object], where: str, path: Path) -> Task:
             f"{where}: parsed_commit_content changes no Python file, so there is no reference solution", path=path
         )
     ident = record.get("instance_id")
-    task_id = ident if isinstance(ident, str) else f"{repo_name}__{commit}"
+    task_id = ident if isinstance(ident, str) else r2e_gym_id(repo_name, commit)
     if not _ID.match(task_id):
         raise InvalidTaskError(f"{where}: instance_id must be letters, digits, '_', '.', '@' and '-'", path=path)
     instance = R2eGymInstance(

@@ -128,6 +128,11 @@ def looks_like_row(record: object) -> bool:
     return isinstance(record, Mapping) and ("instance_id" in record or row_format(record) == "r2e-gym")
 
 
+def r2e_gym_id(repo_name: str, commit_hash: str) -> str:
+    """The id of an R2E-Gym row, which has none of its own: ``<repo_name>__<commit_hash>``."""
+    return f"{repo_name}__{commit_hash}"
+
+
 def row_label(where: str, record: object) -> str:
     """``where`` with the row's id, when it has one that reads as an id."""
     if not isinstance(record, Mapping):
@@ -135,7 +140,7 @@ def row_label(where: str, record: object) -> str:
     ident = record.get("instance_id")
     if not isinstance(ident, str) and row_format(record) == "r2e-gym":
         name, commit = record.get("repo_name"), record.get("commit_hash")
-        ident = f"{name}@{commit}" if isinstance(name, str) and isinstance(commit, str) else None
+        ident = r2e_gym_id(name, commit) if isinstance(name, str) and isinstance(commit, str) else None
     if not isinstance(ident, str) or not ident.strip():
         return where
     shown = ident if len(ident) <= 120 else ident[:117] + "..."

@@ -97,7 +97,7 @@ def _test_files(fail_to_pass: tuple[str, ...], where: str, path: Path) -> tuple[
     files: dict[str, None] = {}
     for test in fail_to_pass:
         file, sep, _ = test.partition("::")
-        if not sep or not file:
+        if not sep or not file.endswith(".py"):
             raise InvalidTaskError(
                 f"{where}: FAIL_TO_PASS holds {test[:120]!r}, not a pytest id (file.py::test); only SWE-smith's "
                 "pytest-run instances are supported",
