@@ -340,3 +340,21 @@ def test_quoting_of_the_mypy_case_names() -> None:
     patch = "diff --git a/t.test b/t.test\n+[case test'; touch /pwned; ']\n"
     command = harness_test_command("python/mypy", "1.5", (), patch)
     assert shlex.split(command)[-2:] == ["-k", "test'; touch /pwned; '"]
+
+
+def test_json_nested_too_deeply_for_the_parser_is_a_bad_row_not_a_crash(calc_repo: CalcRepo, tmp_path: Path) -> None:
+    deep = "[" * 100_000 + "]" * 100_000
+    commit = r2e_commit(calc_repo, tmp_path)
+    rows = [
+        r2e_row(commit, expected_output_json=deep),
+        r2e_row(commit, commit_hash="a" * 40, parsed_commit_content=deep),
+        swe_smith_row(smith_mirror(tmp_path), FAIL_TO_PASS=deep),
+        swe_gym_row(calc_repo),
+    ]
+    tasks, problems = load_tasks(write_rows(tmp_path / "rows" / "deep.jsonl", rows))
+    assert [task.id for task in tasks] == [SWE_GYM_ID]
+    assert len(problems) == 3 and all("nested too deeply" in problem.problem for problem in problems), problems
+    whole = tmp_path / "rows" / "deep-line.jsonl"
+    whole.write_text(deep + "\n")
+    tasks, problems = load_tasks(whole)
+    assert tasks == [] and "deep-line.jsonl:1: is not valid JSON (nested too deeply)" in problems[0].problem

@@ -29,6 +29,7 @@ from sandrl.tasks.rows import (
     REPO_DIR,
     image_field,
     instruction_field,
+    parse_json,
     published_environment,
     r2e_gym_id,
     require,
@@ -143,7 +144,7 @@ def gold_patch(parsed_commit: Mapping[str, object]) -> str:
 
 def _expected(text: str, where: str, path: Path) -> dict[str, str]:
     try:
-        data = json.loads(text)
+        data = parse_json(text)
     except json.JSONDecodeError as exc:
         raise InvalidTaskError(f"{where}: expected_output_json is not JSON ({exc.msg})", path=path) from exc
     if not isinstance(data, dict):
@@ -180,7 +181,7 @@ def to_task(record: Mapping[str, object], where: str, path: Path) -> Task:
     instruction = instruction_field(record, where, path)
     expected = _expected(string_field(record, "expected_output_json", where, path), where, path)
     try:
-        parsed = json.loads(string_field(record, "parsed_commit_content", where, path))
+        parsed = parse_json(string_field(record, "parsed_commit_content", where, path))
         old = _get(parsed, "old_commit_hash", str, "parsed_commit_content")
         patch = gold_patch(parsed)
     except (json.JSONDecodeError, _Malformed) as exc:

@@ -40,6 +40,15 @@ _DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
 _SHA = re.compile(r"^[0-9a-f]{7,64}$")
 
 
+def parse_json(text: str) -> object:
+    """``json.loads``, with nesting too deep for the parser a :class:`json.JSONDecodeError` like any
+    other bad JSON (it raises RecursionError, which would end the whole load)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deeply", text[:1000], 0) from None
+
+
 def is_row_file(path: Path) -> bool:
     return path.is_file() and path.suffix in ROW_SUFFIXES
 
@@ -77,7 +86,7 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[str, object]]:
         if not line.strip():
             continue
         try:
-            yield f"{path}:{number}", json.loads(line)
+            yield f"{path}:{number}", parse_json(line)
         except json.JSONDecodeError as exc:
             raise InvalidTaskError(
                 f"{path}:{number}: is not valid JSON ({exc.msg}); a .jsonl file holds one instance object per line",
@@ -94,7 +103,7 @@ def iter_records(path: Path) -> Iterator[tuple[str, object]]:
         yield from _jsonl_rows(path)
         return
     try:
-        data = json.loads(_text(path))
+        data = parse_json(_text(path))
     except json.JSONDecodeError as exc:
         raise InvalidTaskError(f"{path}: is not valid JSON ({exc})", path=path) from exc
     items = data if isinstance(data, list) else [data]
@@ -179,7 +188,7 @@ def test_list(record: Mapping[str, object], key: str, where: str, path: Path) ->
     value = record[key]
     if isinstance(value, str):
         try:
-            value = json.loads(value)
+            value = parse_json(value)
         except json.JSONDecodeError as exc:
             raise InvalidTaskError(
                 f"{where}: {key} is a string but not a JSON list ({exc.msg}); write it as a list of test ids",
