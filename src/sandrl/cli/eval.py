@@ -125,6 +125,12 @@ def eval_tasks(
         trained_with=trained_with,
         trained_model=run.model if run is not None else None,
     )
+    err_console.print(
+        f"view: sandrl view {eval_config.results_dir}  (its episodes, while it runs and after)",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
     try:
         result = interrupt.run(evaluate(eval_config, console=err_console))
     except interrupt.Interrupted as stop:

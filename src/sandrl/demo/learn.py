@@ -357,4 +357,5 @@ async def run(
     }
     (cfg.out / "demo.json").write_text(json.dumps(summary, indent=2) + "\n")
     con.print(f"reward curve: {png}   numbers: {cfg.out / 'demo.json'}   total {summary['wall_s']:.0f} s")
+    con.print(f"read every episode, turn by turn: sandrl view {rl.output_dir}", highlight=False)
     return summary

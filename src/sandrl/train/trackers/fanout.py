@@ -99,7 +99,7 @@ def open_trackers(config: RunConfig, console: Console) -> Trackers:
             trackers.open.append(opener(out, out.name))
         except Exception as exc:  # an import error, no credentials, a server down: reported, the run goes on
             trackers.report(name, "opening", exc)
-    if trackers.open:
-        where = ", ".join(f"{t.name} -> {t.location}" for t in trackers.open)
-        console.print(f"trackers: metrics.jsonl, {where}", highlight=False, markup=False, soft_wrap=True)
+    where = "".join(f", {t.name} -> {t.location}" for t in trackers.open)
+    console.print(f"trackers: metrics.jsonl{where}", highlight=False, markup=False, soft_wrap=True)
+    console.print(f"view: sandrl view {out}  (the run's page, while it runs and after)", highlight=False, markup=False)
     return trackers

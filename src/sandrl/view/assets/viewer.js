@@ -194,9 +194,28 @@
     return root;
   }
 
+  const SORTS = {};
+  const COLUMNS = [["name", "name"], ["episodes", "episodes"], ["pass rate", "pass_rate"], ["over steps", null],
+    ["mean reward", "reward_mean"], ["retries", "retries"], ["truncated", "truncated"], ["agent errors", "agent_errors"],
+    ["infra errors", "infra_errors"]];
+
   function taskTable(table, rows, key) {
     clear(table);
-    table.appendChild(el("tr", {}, ["name", "episodes", "pass rate", "over steps", "mean reward", "retries", "truncated", "agent errors", "infra errors"].map((h) => el("th", {}, h))));
+    const sort = SORTS[key];
+    if (sort) {
+      const [field, direction] = sort;
+      rows = rows.slice().sort((a, b) => {
+        const x = a[field], y = b[field];
+        if (x === y) return 0;
+        if (x === null || x === undefined) return 1;
+        if (y === null || y === undefined) return -1;
+        return (x < y ? -1 : 1) * direction;
+      });
+    }
+    table.appendChild(el("tr", {}, COLUMNS.map(([label, field]) => el("th", field ? {
+      class: "click", title: "sort by " + label,
+      on: { click: () => { SORTS[key] = [field, sort && sort[0] === field ? -sort[1] : (field === "name" ? 1 : -1)]; taskTable(table, rows, key); } },
+    } : {}, label + (sort && sort[0] === field ? (sort[1] > 0 ? " \u25b2" : " \u25bc") : "")))));
     for (const row of rows.slice(0, 2000)) {
       table.appendChild(el("tr", { class: "click", title: "read its episodes", on: { click: () => go({ view: "episodes", [key]: row.name }) } },
         el("td", {}, row.name || "(none)"), el("td", {}, row.episodes), el("td", {}, pct(row.pass_rate)), el("td", {}, spark(row.over_steps)),
