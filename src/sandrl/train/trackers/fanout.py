@@ -101,5 +101,10 @@ def open_trackers(config: RunConfig, console: Console) -> Trackers:
             trackers.report(name, "opening", exc)
     where = "".join(f", {t.name} -> {t.location}" for t in trackers.open)
     console.print(f"trackers: metrics.jsonl{where}", highlight=False, markup=False, soft_wrap=True)
-    console.print(f"view: sandrl view {out}  (the run's page, while it runs and after)", highlight=False, markup=False)
+    console.print(
+        f"view: sandrl view {out}  (the run's page, while it runs and after)",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
     return trackers
