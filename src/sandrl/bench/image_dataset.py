@@ -4,9 +4,10 @@ each image pulled when its first episode starts (as sandrl did before), in one r
 A real registry (Debian's ``docker-registry``) on loopback holds ``images`` images, each a runnable
 base that all share (a shell made from this host's binaries) and a layer of its own of ``image_mb``
 MB; ``tasks`` Harbor tasks name them (task ``i`` the image ``i mod images``), each solved and
-verified by the oracle in a real sandbox. The tasks run as the training loop draws them (a seeded
-shuffle, ``groups_per_step`` groups a step, each step waiting for all its episodes), twice, each
-time from an empty image store:
+verified by the oracle in a real sandbox, its solution first sleeping ``think_s`` (what a model's
+turns take: time in which this host's CPUs and network are free). The tasks run as the training
+loop draws them (a seeded shuffle, ``groups_per_step`` groups a step, each step waiting for all
+its episodes), twice, each time from an empty image store:
 
 - **loop**: no prefetch; an image is fetched when the first episode that needs it asks for it;
 - **prefetch**: the same loop, with :func:`~sandrl.rollout.prefetch.images_ahead` started with it
@@ -62,16 +63,20 @@ class DatasetSettings:
     groups_per_step: int = 5
     concurrency: int = 8
     jobs: int = PREFETCH_JOBS
+    think_s: float = 1.0
+    """Each episode's solution sleeps this long first: the model's time, which a prefetch fills."""
     seed: int = 0
 
     def check(self) -> None:
         if min(self.tasks, self.images, self.image_mb, self.groups_per_step, self.concurrency, self.jobs) < 1:
             raise ConfigError("--tasks, --images, --image-mb, --groups-per-step, --concurrency and --jobs must be >= 1")
+        if not 0 <= self.think_s <= 600:
+            raise ConfigError(f"--think-s is 0 to 600 seconds, not {self.think_s}")
         if self.images > self.tasks:
             raise ConfigError(f"{self.images} images need at least as many tasks, not {self.tasks}")
 
 
-QUICK = DatasetSettings(tasks=6, images=3, image_mb=1, groups_per_step=2, concurrency=4, jobs=2)
+QUICK = DatasetSettings(tasks=6, images=3, image_mb=1, groups_per_step=2, concurrency=4, jobs=2, think_s=0.2)
 
 
 @dataclass(frozen=True)
@@ -117,18 +122,18 @@ def _write_dataset(root: Path, registry: LocalRegistry, settings: DatasetSetting
         shutil.rmtree(layout.root)
         refs.append(f"{registry.host}/bench/img{n}:1")
     for i in range(settings.tasks):
-        _write_task(root / "tasks" / f"task-{i:03d}", refs[i % settings.images])
+        _write_task(root / "tasks" / f"task-{i:03d}", refs[i % settings.images], settings.think_s)
     return refs
 
 
-def _write_task(task: Path, image: str) -> None:
+def _write_task(task: Path, image: str, think_s: float) -> None:
     (task / "tests").mkdir(parents=True)
     (task / "solution").mkdir()
     (task / "task.toml").write_text(
         f'version = "1.0"\n\n[verifier]\ntimeout_sec = 60.0\n\n[environment]\ndocker_image = "{image}"\n'
     )
     (task / "instruction.md").write_text("Write done to /answer.\n")
-    (task / "solution" / "solve.sh").write_text("#!/bin/sh\necho done > /answer\n")
+    (task / "solution" / "solve.sh").write_text(f"#!/bin/sh\nsleep {think_s:g}\necho done > /answer\n")
     (task / "tests" / "test.sh").write_text(
         '#!/bin/sh\nif [ "$(cat /answer)" = done ]; then r=1; else r=0; fi\n'
         "mkdir -p /logs/verifier && echo $r > /logs/verifier/reward.txt\n"
@@ -222,6 +227,7 @@ async def run(settings: DatasetSettings, *, console: Console | None = None) -> d
             "groups_per_step": settings.groups_per_step,
             "concurrency": settings.concurrency,
             "jobs": settings.jobs,
+            "think_s": settings.think_s,
         },
         "loop": loop,
         "prefetch": ahead,
@@ -239,7 +245,7 @@ def render_card(result: dict[str, Any]) -> Table:
     table = Table(
         title=(
             f"{d['tasks']} tasks, {d['images']} images of {d['image_mb']} MB: "
-            f"{d['groups_per_step']} groups a step, {d['jobs']} ahead at a time"
+            f"{d['groups_per_step']} groups a step, episodes of {d['think_s']:g} s, {d['jobs']} ahead at a time"
         )
     )
     for column in (

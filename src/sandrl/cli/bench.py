@@ -241,6 +241,7 @@ def bench_images(
     image_mb: int = typer.Option(16, help="With --dataset: MB of each image's own layer."),
     groups_per_step: int = typer.Option(5, help="With --dataset: groups a step of the loop."),
     jobs: int = typer.Option(4, help="With --dataset: images fetched ahead at once."),
+    think_s: float = typer.Option(1.0, help="With --dataset: each episode's model time (its solution sleeps)."),
     json_only: bool = typer.Option(False, "--json", help="Print only the JSON line."),
 ) -> None:
     """Pull + unpack from a loopback registry: sandrl vs skopeo + umoci; shared layers; cached FROM to
@@ -255,7 +256,12 @@ def bench_images(
             QUICK
             if quick
             else DatasetSettings(
-                tasks=tasks, images=images, image_mb=image_mb, groups_per_step=groups_per_step, jobs=jobs
+                tasks=tasks,
+                images=images,
+                image_mb=image_mb,
+                groups_per_step=groups_per_step,
+                jobs=jobs,
+                think_s=think_s,
             )
         )
         outcome = asyncio.run(run_dataset(settings, console=console))
