@@ -379,7 +379,9 @@
       const run = summary.run;
       document.getElementById("run-name").textContent = run.name;
       document.title = "sandrl view · " + run.name;
-      const parts = [run.kind === "eval" ? "eval" : (run.mode || "train") + " run", `${run.steps}${run.planned_steps ? "/" + run.planned_steps : ""} steps`, `${run.episodes} episodes`];
+      const parts = run.kind === "train"
+        ? [(run.mode || "train") + " run", `${run.steps}${run.planned_steps ? "/" + run.planned_steps : ""} steps`, `${run.episodes} episodes`]
+        : [run.kind === "eval" ? "eval" : "episodes", `${run.episodes} episodes`];
       const s = summary.statuses;
       parts.push(`${s.passed} passed, ${s.failed} failed, ${s.truncated} truncated, ${s.agent_error} agent errors, ${s.infra_error} infra errors`);
       if (summary.results && summary.results["pass@1"] !== undefined) parts.push("pass@1 " + fmt(summary.results["pass@1"]));
