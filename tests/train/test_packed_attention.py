@@ -66,6 +66,22 @@ def test_rows_of_a_batch_and_a_row_without_positions_are_samples_of_their_own() 
     torch.testing.assert_close(model(input_ids=ids, position_ids=positions % 50).logits, expected, atol=1e-5, rtol=1e-5)
 
 
+def test_the_samples_borders_are_read_once_per_forward_not_once_per_layer(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _model(num_hidden_layers=3)
+    use_packed_attention(model)
+    calls: list[int] = []
+    segments = packed_attention._segments
+    monkeypatch.setattr(packed_attention, "_segments", lambda *a: calls.append(1) or segments(*a))
+    ids = torch.randint(0, 300, (1, 40), generator=torch.Generator().manual_seed(3))
+    positions = torch.cat([torch.arange(25), torch.arange(15)])[None]
+    first = model(input_ids=ids, position_ids=positions).logits
+    assert len(calls) == 1  # a host sync per forward, not per layer (3 here)
+    other = torch.cat([torch.arange(15), torch.arange(25)])[None]  # another forward, other borders
+    model(input_ids=ids, position_ids=other).logits.sum().backward()
+    assert len(calls) == 2
+    torch.testing.assert_close(model(input_ids=ids, position_ids=positions.clone()).logits, first)
+
+
 def test_buckets_keep_similar_lengths_together_longest_first() -> None:
     buckets = _buckets([(0, 100), (100, 5), (105, 90), (195, 81), (276, 4), (280, 1000)])
     assert buckets == [([280], [1000]), ([0, 105, 195], [100, 90, 81]), ([100, 276], [5, 4])]
