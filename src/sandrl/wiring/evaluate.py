@@ -11,7 +11,10 @@ The policy for ``--agent llm`` is the embedded engine (``--inference embedded``,
 ``--model``) or a server with SGLang's routes (``--inference URL``); over HTTP ``--model``
 names where the tokenizer is (``tiny``: the byte tokenizer; a checkpoint directory: its files).
 The episodes run as a training run's do (:func:`~sandrl.wiring.runner.build_runner`); an option
-left unset keeps :class:`~sandrl.wiring.config.RolloutConfig`'s default. The per-task table and
+left unset keeps :class:`~sandrl.wiring.config.RolloutConfig`'s default. Every task's image is
+fetched ahead in the background from the start (:func:`~sandrl.rollout.prefetch.images_ahead`):
+an episode waits only for its own image, and at most ``concurrency`` fetches its episodes asked for
+run at once (there used to be one per task, all at once). The per-task table and
 the grouped failures are :mod:`sandrl.wiring.eval_report`'s; with a results directory the resolved
 config, the results and every trajectory are written there.
 """
