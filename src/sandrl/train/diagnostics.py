@@ -57,7 +57,10 @@ class ByCause:
         index = {k: i for i, k in enumerate(self.keys)}
         self._rows = [[index[c] for c in pair] for pair in per_sample]
         self._samples = samples
-        self.sums = torch.zeros((len(self.keys), len(_STATS)), dtype=torch.float64, device=device)
+        self._device = device
+        # Summed on the host: a micro-batch's per-sample columns come back in one copy, and a
+        # sample's row goes to each of its causes without a device copy per sample and cause.
+        self.sums = torch.zeros((len(self.keys), len(_STATS)), dtype=torch.float64)
 
     @torch.no_grad()
     def add(
@@ -102,14 +105,16 @@ class ByCause:
         columns = torch.stack(
             [tokens, spread, mismatch, engine_ratio, total(clipped.to(torch.float64)), masked, truncated], dim=1
         ).cpu()
-        for placement, row in zip(mb.placements, columns.tolist(), strict=True):
-            sample = self._samples[positions[placement.sample]]
-            values = [1.0, row[0], sample.reward, float(sample.num_tokens), *row[1:]]
-            for cause in self._rows[positions[placement.sample]]:
-                self.sums[cause] += torch.tensor(values, dtype=torch.float64, device=self.sums.device)
+        samples = [self._samples[positions[p.sample]] for p in mb.placements]
+        known = torch.tensor([[1.0, s.reward, float(s.num_tokens)] for s in samples], dtype=torch.float64)
+        values = torch.cat([known[:, :1], columns[:, :1], known[:, 1:], columns[:, 1:]], dim=1)
+        rows = [(cause, k) for k, p in enumerate(mb.placements) for cause in self._rows[positions[p.sample]]]
+        if rows:
+            causes_t, samples_t = torch.tensor(rows).unbind(1)
+            self.sums.index_add_(0, causes_t, values[samples_t])
 
     def reduce(self, world: World) -> None:
-        self.sums = world.sum_tensor(self.sums)
+        self.sums = world.sum_tensor(self.sums.to(self._device)).cpu()
 
     def metrics(self) -> dict[str, float]:
         """``<cause>/<stat>``: samples, reward and length means per sample; the rest per model token."""
