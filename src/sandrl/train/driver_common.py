@@ -37,6 +37,7 @@ from sandrl.inference.base import InferenceClient
 from sandrl.progress import duration
 from sandrl.rollout.agent import Agent
 from sandrl.rollout.jsonl import TrajectoryWriter, iter_jsonl
+from sandrl.rollout.prefetch import images_ahead
 from sandrl.rollout.runner import Group, RolloutRunner
 from sandrl.sandbox.base import SandboxProvider
 from sandrl.tasks.task import Task
@@ -526,6 +527,13 @@ async def open_session(
                 agent = await agents.enter_async_context(open_agent(config.rollout, policy))
             if provider is None:
                 provider = await agents.enter_async_context(open_provider(config.rollout))
+            # Every task's image in the background, in the order of the run's first pass over the
+            # tasks: an episode waits only for its own image (nothing is fetched ahead on a
+            # provider that keeps no image store: a remote service, E2B).
+            order = [task_at(tasks, config.run.seed, p) for p in range(len(tasks))]
+            ahead = await agents.enter_async_context(
+                images_ahead(provider, order, episode_jobs=config.rollout.concurrency)
+            )
             runner = build_runner(
                 config.rollout,
                 provider,
@@ -533,6 +541,7 @@ async def open_session(
                 agent=agent,
                 run_id=Path(config.run.output_dir).name,
                 writer=writer,
+                image_for=ahead.images,
                 on_episode=progress.episode_done,
             )
             source = RolloutSource(runner, tasks, seed=config.run.seed)
