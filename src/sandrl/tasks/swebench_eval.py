@@ -33,6 +33,7 @@ from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 
+from sandrl.cache_dirs import cache_dir as sandrl_cache_dir
 from sandrl.errors import SandboxFileError, TaskError
 from sandrl.sandbox.base import Sandbox
 from sandrl.tasks import swe_smith
@@ -65,10 +66,7 @@ def _instance(task: Task) -> SweBenchInstance:
 
 def cache_dir() -> Path:
     """Where repository snapshots are kept: ``$SANDRL_CACHE_DIR/swebench`` or ``~/.cache/sandrl/swebench``."""
-    root = os.environ.get("SANDRL_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "sandrl"
-    )
-    return Path(root) / "swebench"
+    return sandrl_cache_dir("swebench")
 
 
 def _git(*args: str, cwd: Path | None = None) -> str:

@@ -37,6 +37,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
+from sandrl.cache_dirs import cache_dir
 from sandrl.tasks.datasets.git import GitFailed, GitRunner, one_line, repository_key
 
 __all__ = ["MAX_TASK_BYTES", "MAX_TASK_FILES", "Refused", "Repository", "cache_root", "export_tree"]
@@ -48,7 +49,6 @@ MAX_LINK_CHARS = 4096
 LFS_POINTER = b"version https://git-lfs.github.com/spec/"
 MAX_LFS_POINTER_BYTES = 1024
 """A small file starting so is a git-lfs pointer: the task's real file is elsewhere, and refused."""
-CACHE_ENV = "SANDRL_CACHE_DIR"
 
 
 class Refused(Exception):
@@ -61,10 +61,7 @@ class Refused(Exception):
 
 def cache_root() -> Path:
     """``$SANDRL_CACHE_DIR/datasets``, else ``$XDG_CACHE_HOME/sandrl/datasets`` or ``~/.cache/sandrl/datasets``."""
-    root = os.environ.get(CACHE_ENV) or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "sandrl"
-    )
-    return Path(root) / "datasets"
+    return cache_dir("datasets")
 
 
 class Repository:
