@@ -17,6 +17,7 @@ from sandrl.tasks.task import Task
 from sandrl.train import driver_common
 from sandrl.train.command import run_training
 from sandrl.train.driver_common import task_at
+from sandrl.wiring import task_set
 
 from .conftest import ParityAgent, run_config
 
@@ -37,7 +38,7 @@ async def test_a_run_fetches_every_tasks_image_ahead_and_its_episodes_use_that_f
     out = tmp_path / "run"
     config = run_config(out, run={"steps": 1, "groups_per_step": 1}, tasks={"family": "echo", "count": 4})
     await run_training(config, rollout_only=True, provider=provider, agent=ParityAgent())
-    loaded = driver_common.task_set(config.tasks, out / "tasks")
+    loaded = task_set(config.tasks, out / "tasks")
     assert [t.id for t in seen["tasks"]] == [task_at(loaded, 0, p).id for p in range(4)]
     assert seen["kwargs"] == {"episode_jobs": config.rollout.concurrency}
     report = seen["report"]

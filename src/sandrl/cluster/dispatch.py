@@ -29,6 +29,7 @@ from sandrl.rollout.jsonl import TrajectoryWriter
 from sandrl.rollout.runner import Group
 from sandrl.tasks.task import Task
 from sandrl.train.driver_common import group_id, task_at
+from sandrl.wiring.task_mix import TaskMix
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +132,7 @@ class ClusterSource:
     """The groups of a cluster run; see the module docstring."""
 
     pool: WorkerPool
-    tasks: Sequence[Task]
+    tasks: Sequence[Task] | TaskMix
     run_id: str
     group_size: int
     seed: int = 0

@@ -34,7 +34,7 @@ from sandrl.errors import ClusterError, ConfigError
 from sandrl.rollout.agent import Agent
 from sandrl.rollout.jsonl import TrajectoryWriter
 from sandrl.train.run_config import MODES, RunConfig, save_resolved
-from sandrl.wiring import task_set
+from sandrl.wiring import task_mix
 
 
 def require_ray() -> None:
@@ -97,7 +97,7 @@ async def run_cluster_training(
     save_resolved(config)
     save_cluster(cluster, out)
     run_id = Path(config.run.output_dir).name
-    tasks = task_set(config.tasks, out / "tasks")
+    tasks = task_mix(config.tasks, out / "tasks", config.run.seed)  # the positions draw as on one machine
     shares = concurrency_shares(config.rollout.concurrency, opts.workers)
     specs = [
         WorkerSpec(
@@ -129,11 +129,12 @@ async def run_cluster_training(
             run_id,
             config.rollout.group_size,
             seed=config.run.seed,
+            limit=tasks.limit,
             max_reissues=opts.max_reissues,
             writer=writer,
         )
         extra: dict[str, Any] = {"mode": chosen, **({"console": console} if console is not None else {})}
-        session = Session(config, source, trainer, policy=policy, **extra)
+        session = Session(config, source, trainer, policy=policy, mix=tasks, **extra)
         await session.push_weights()  # a resumed run serves the checkpoint's weights
         await (sync if chosen == "sync" else async_).run(session)
         records = [await _worker_metrics(h, ray_lib, wait_s=opts.worker_wait_s) for h in handles]

@@ -4,9 +4,10 @@ A driver only decides *when* groups are collected and *when* weights are pushed
 (:mod:`sandrl.train.sync`, :mod:`sandrl.train.async_`); everything else is here:
 
 - the data stream: data position ``p`` is task ``order[p]`` (a seeded shuffle per pass over the
-  tasks), or the ``p``-th group of a ``--load-rollouts`` file; a checkpoint saves the lowest one not
-  yet consumed and those above it already consumed, so a resumed run redoes only the groups that
-  were in flight, and trains none twice;
+  tasks; with ``[[tasks.sources]]``, a mix's draw, :mod:`sandrl.wiring.task_mix`, and each step's
+  record split by source, :mod:`sandrl.train.mix_report`), or the ``p``-th group of a
+  ``--load-rollouts`` file; a checkpoint saves the lowest one not yet consumed and those above it
+  already consumed, so a resumed run redoes only the groups that were in flight, and trains none twice;
 - :meth:`Session.train`: trajectories to a batch (:mod:`sandrl.train.adapter`), then the one
   :meth:`~sandrl.train.trainer.Trainer.step` both drivers use; metrics to ``metrics.jsonl`` (with
   staleness per trajectory and per token, :mod:`sandrl.train.staleness`) and the progress line;
@@ -21,7 +22,6 @@ import asyncio
 import collections
 import contextlib
 import json
-import random
 import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable, Sequence
@@ -45,13 +45,15 @@ from sandrl.train import checkpoint
 from sandrl.train.adapter import batch_from_groups
 from sandrl.train.batch import Batch
 from sandrl.train.mismatch_watch import MismatchWatch
+from sandrl.train.mix_report import MixReport
 from sandrl.train.run_config import RunConfig, save_resolved
 from sandrl.train.signal_watch import SignalWatch, split_no_signal
 from sandrl.train.staleness import mixed_version, oldest_version, token_staleness_hist
 from sandrl.train.step_progress import StepProgress
 from sandrl.train.trackers.fanout import Trackers, open_trackers
 from sandrl.train.trainer import ExportedWeights, Metrics, Trainer
-from sandrl.wiring import build_runner, open_agent, open_policy, open_provider, task_set
+from sandrl.wiring import build_runner, open_agent, open_policy, open_provider, task_mix
+from sandrl.wiring.task_mix import TaskMix, drawn_in_pass, shuffle_key
 
 Item = tuple[int, Group]
 """A group and its data position."""
@@ -89,13 +91,12 @@ class StepTrainer(Protocol):
         """Let go of what the trainer holds (its rank processes); a trainer in this process holds nothing."""
 
 
-def task_at(tasks: Sequence[Task], seed: int, position: int) -> Task:
-    """The task at a data position: a seeded shuffle per pass over the tasks (every driver, in
-    process or on a cluster, draws the same order)."""
-    epoch, index = divmod(position, len(tasks))
-    order = list(range(len(tasks)))
-    random.Random(f"sandrl.train:{seed}:{epoch}").shuffle(order)
-    return tasks[order[index]]
+def task_at(tasks: Sequence[Task] | TaskMix, seed: int, position: int) -> Task:
+    """The task at a data position: a seeded shuffle per pass over the tasks, or a mix's draw (the mix is
+    built on ``seed``); every driver, in process or on a cluster, draws the same order."""
+    if isinstance(tasks, TaskMix):
+        return tasks.task_at(position)
+    return drawn_in_pass(tasks, shuffle_key(seed), position)
 
 
 def group_id(run_id: str, task: Task, position: int, regenerated: int = 0) -> str:
@@ -109,7 +110,7 @@ class RolloutSource:
     """Runs the group of the task at each data position (seeded shuffle per pass over the tasks)."""
 
     runner: RolloutRunner
-    tasks: Sequence[Task]
+    tasks: Sequence[Task] | TaskMix
     seed: int = 0
     limit: int | None = None
     regenerates: bool = True
@@ -203,6 +204,9 @@ class Session:
     """When this process's first step began, and the steps done before it (for the run's ETA)."""
     trackers: Trackers | None = None
     """``[run] trackers`` besides ``metrics.jsonl`` (default: opened from the config, on ``console``)."""
+    mix: TaskMix | None = None
+    """What the positions' tasks are drawn from; with several sources, each step's record is split by source."""
+    _mix_report: MixReport | None = None
 
     def __post_init__(self) -> None:
         if self.progress is None:
@@ -221,6 +225,8 @@ class Session:
             self.batches = self.trainer.steps
             self._next = self._low = self.trainer.data_position
             self._consumed = {p for p in self.trainer.data_done if p > self._low}
+        if self.mix is not None:
+            self._mix_report = MixReport.of(self.mix, self.console, self._low, self._consumed)
 
     # -- the data stream ---------------------------------------------------------------------------
 
@@ -344,6 +350,7 @@ class Session:
             "token_staleness_hist": token_hist,
             "mixed_version_samples": sum(map(mixed_version, trajectories)),
             **adapted.truncation.metrics(),
+            **(self._mix_report.step(items, self._low, self._consumed) if self._mix_report else {}),
             **{f"total_{k}": v for k, v in vars(c).items()},
             **extra,
             **{f"train/{k}": v for k, v in trained.items()},
@@ -519,7 +526,7 @@ async def open_session(
         finally:
             session.close()
         return
-    tasks = task_set(config.tasks, config.output_dir / "tasks")
+    tasks = task_mix(config.tasks, config.output_dir / "tasks", config.run.seed)
     writer = TrajectoryWriter(config.output_dir / "rollouts.jsonl", append=True) if config.run.save_rollouts else None
     try:
         async with open_policy(config.model, seed=config.run.seed) as policy, contextlib.AsyncExitStack() as agents:
@@ -530,7 +537,7 @@ async def open_session(
             # Every task's image in the background, in the order of the run's first pass over the
             # tasks: an episode waits only for its own image (nothing is fetched ahead on a
             # provider that keeps no image store: a remote service, E2B).
-            order = [task_at(tasks, config.run.seed, p) for p in range(len(tasks))]
+            order = tasks.first_pass()
             ahead = await agents.enter_async_context(
                 images_ahead(provider, order, episode_jobs=config.rollout.concurrency)
             )
@@ -544,8 +551,8 @@ async def open_session(
                 image_for=ahead.images,
                 on_episode=progress.episode_done,
             )
-            source = RolloutSource(runner, tasks, seed=config.run.seed)
-            session = Session(config, source, trainer, policy=policy, **extra)
+            source = RolloutSource(runner, tasks, seed=config.run.seed, limit=tasks.limit)
+            session = Session(config, source, trainer, policy=policy, mix=tasks, **extra)
             try:
                 await session.push_weights()  # a resumed run serves the checkpoint's weights
                 yield session

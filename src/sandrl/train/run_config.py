@@ -296,6 +296,11 @@ def from_dict(data: Mapping[str, object], *, where: str = "config", base: Path |
             config, warm_start=dataclasses.replace(config.warm_start, group_size=config.rollout.group_size)
         )
     config = _one_scale_rewards(config, data, where)
+    if config.warm_start.enabled and config.tasks.sources and not config.warm_start.path:
+        raise ConfigError(
+            f"{where}: [warm_start] draws its demonstrations from one task set, not from [[tasks.sources]]: "
+            "set [warm_start] path to a task set with solutions"
+        )
     train = config.train
     try:
         check_budgets(
@@ -335,14 +340,24 @@ def save_resolved(config: RunConfig, path: str | Path | None = None) -> Path:
 
 
 def dumps(data: Mapping[str, Any], prefix: str = "") -> str:
-    """Nested dicts of strings, numbers and booleans as TOML (enough for config files)."""
-    lines = [f"{key} = {_value(value)}" for key, value in data.items() if not isinstance(value, Mapping)]
+    """Nested dicts of strings, numbers and booleans as TOML (enough for config files); a non-empty list
+    of dicts is an array of tables (``[[tasks.sources]]``)."""
+    lines = [f"{key} = {_value(value)}" for key, value in data.items() if not _is_table(value)]
     out = "\n".join(lines) + ("\n" if lines else "")
     for key, value in data.items():
+        name = f"{prefix}{key}"
         if isinstance(value, Mapping):
-            name = f"{prefix}{key}"
             out += f"\n[{name}]\n" + dumps(value, f"{name}.")
+        elif _is_table(value):
+            out += "".join(f"\n[[{name}]]\n" + dumps(item, f"{name}.") for item in value)
     return out
+
+
+def _is_table(value: object) -> bool:
+    """A table, or an array of tables, in TOML's terms."""
+    if isinstance(value, list | tuple):
+        return bool(value) and all(isinstance(item, Mapping) for item in value)
+    return isinstance(value, Mapping)
 
 
 def _value(value: object) -> str:
@@ -372,7 +387,11 @@ def _resolve_paths(config: RunConfig, base: Path) -> RunConfig:
     return dataclasses.replace(
         config,
         run=dataclasses.replace(config.run, output_dir=_output_dir(config.run.output_dir, base)),
-        tasks=dataclasses.replace(config.tasks, path=absolute(config.tasks.path)),
+        tasks=dataclasses.replace(
+            config.tasks,
+            path=absolute(config.tasks.path),
+            sources=tuple(dataclasses.replace(s, path=absolute(s.path)) for s in config.tasks.sources),
+        ),
         warm_start=dataclasses.replace(config.warm_start, path=absolute(config.warm_start.path)),
         rollout=dataclasses.replace(config.rollout, capacity_file=absolute(config.rollout.capacity_file)),
         model=model,

@@ -9,7 +9,9 @@ It sits above :mod:`sandrl.rollout`, :mod:`sandrl.inference`, :mod:`sandrl.sandb
                  carrying the model's tokenizer and context length
     runner.py    build_runner(rollout, provider, policy=..., agent=...): RunnerConfig, EpisodeConfig
                  (budget, per-phase timeouts), the LLM agent and its sampling, the RolloutRunner
-    tasks.py     task_set(tasks, root), load_task_set(path), task_path(spec): the tasks ('builtin': the suite)
+    tasks.py     task_set(tasks, root), load_task_set(path), task_path(spec): the tasks ('builtin': the suite);
+                 task_mix(tasks, root, seed): a training run's task at each data position
+    task_mix.py  TaskMix: [[tasks.sources]] drawn by weight, each source shuffled per pass
     sandboxes.py open_provider(rollout): [rollout] sandboxes, local (bubblewrap) or e2b (an E2B service)
     evaluate.py  sandrl eval: EvalConfig (overrides of RolloutConfig, or of a training run's), evaluate(),
                  the task filters and the results directory
@@ -27,7 +29,7 @@ from sandrl.wiring.config import ModelConfig, RolloutConfig, TasksConfig
 from sandrl.wiring.policy import open_policy
 from sandrl.wiring.runner import build_runner, llm_agent, local_provider, open_agent, runner_config
 from sandrl.wiring.sandboxes import open_provider
-from sandrl.wiring.tasks import load_task_set, task_set
+from sandrl.wiring.tasks import load_task_set, task_mix, task_set
 
 __all__ = [
     "ModelConfig",
@@ -41,5 +43,6 @@ __all__ = [
     "open_policy",
     "open_provider",
     "runner_config",
+    "task_mix",
     "task_set",
 ]

@@ -12,6 +12,7 @@ defaults; these defaults are the only ones.
 
     [tasks]                     # TasksConfig: a task directory, or a generated family
     family = "echo"             # or path = "verified.jsonl" with swebench_images = "swebench"
+                                # or several, each drawn by weight: [[tasks.sources]] path = ..., weight = 3
 
     [rollout]                   # RolloutConfig: runner, budget, agent and sampling
     concurrency = 8
@@ -28,6 +29,7 @@ Every field is checked when the object is built: a wrong value is a
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -105,9 +107,73 @@ class ModelConfig:
         return HTTPConfig(api_key=load_client_token(self.token_file or None))
 
 
+SOURCE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+"""A source's name: a metric key's part (``source/<name>/...``) and, for a family, a directory's."""
+_ROW_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+@dataclass(frozen=True)
+class TaskSource:
+    """One task set of a run that draws from several (``[[tasks.sources]]``, one table each).
+
+    Each data position draws its source with probability ``weight / sum(weight)`` over the sources
+    that have not run out, then that source's next task from a seeded shuffle per pass over its
+    tasks (:mod:`sandrl.wiring.task_mix`); all from ``[run] seed``, so a resumed run draws the same
+    tasks. Each step's metrics have ``source/<name>/...`` (episodes, reward, pass rate, and the share
+    of the run's groups each source has had so far).
+    """
+
+    path: str = ""
+    """A task directory, a directory of them, a SWE-style row file, or ``builtin`` (as ``[tasks] path``);
+    relative to the config file."""
+    family: str = ""
+    """Or a generated family (:mod:`sandrl.tasks.builtin.generated`), written under the run's ``tasks/<name>/``."""
+    count: int = 32
+    """Tasks generated of ``family``."""
+    seed: int = 0
+    """Seed of the generated tasks."""
+    weight: float = 1.0
+    """How often this source is drawn, relative to the others' weights (``3`` and ``1``: three groups of
+    this one for each of the other's); any positive number."""
+    epochs: int = 0
+    """Passes over this source's tasks before it runs out (``1``: each task once); it is then reported,
+    and its weight goes to the sources still drawing, in proportion to theirs. When every source has run
+    out the run ends, fewer than ``[run] steps`` steps in. 0: never runs out (each pass a new shuffle)."""
+    name: str = ""
+    """Names the source in the metrics (``source/<name>/reward_mean``); default: the last part of
+    ``path`` (without ``.jsonl``, ``.json`` or ``.parquet``), or the family's name. Letters, digits,
+    ``.``, ``_`` and ``-``."""
+
+    def __post_init__(self) -> None:
+        where = f"source {self.name or self.path or self.family!r}"
+        if bool(self.path) == bool(self.family):
+            raise ConfigError(
+                f"each [[tasks.sources]] takes exactly one of path (a task directory or 'builtin') and family "
+                f"(one of {', '.join(FAMILIES)}); got path={self.path!r}, family={self.family!r}"
+            )
+        if self.family and self.family not in FAMILIES:
+            raise ConfigError(f"{where}: family must be one of {', '.join(FAMILIES)}, got {self.family!r}")
+        if self.count < 1:
+            raise ConfigError(f"{where}: count must be >= 1, got {self.count}")
+        if not (math.isfinite(self.weight) and self.weight > 0):
+            raise ConfigError(f"{where}: weight must be a positive number (3 and 1 draw 3:1), got {self.weight!r}")
+        if self.epochs < 0:
+            raise ConfigError(f"{where}: epochs must be >= 0 (0: the source never runs out), got {self.epochs}")
+        if not self.name:
+            last = self.family or self.path.rstrip("/").rsplit("/", 1)[-1]
+            object.__setattr__(
+                self, "name", next((last.removesuffix(s) for s in _ROW_SUFFIXES if last.endswith(s)), last)
+            )
+        if not SOURCE_NAME.fullmatch(self.name):
+            raise ConfigError(
+                f'{where}: the name {self.name!r} cannot name a source: give the table name = "..." '
+                "(letters, digits, '.', '_', '-'; at most 64, not starting with '.')"
+            )
+
+
 @dataclass(frozen=True)
 class TasksConfig:
-    """What the episodes attempt: a task set on disk, or a generated family (exactly one)."""
+    """What the episodes attempt: a task set on disk, a generated family, or several sources mixed by weight."""
 
     path: str = ""
     """A task directory, a directory of them, a SWE-bench file, or ``builtin``."""
@@ -122,22 +188,46 @@ class TasksConfig:
     ``epoch`` (Epoch AI's), ``swegym`` (SWE-Gym's), an image template with ``{instance_id}``,
     ``{instance_key}`` or ``{swegym_key}`` and ``{arch}``; ``local``: from local clones; empty: a
     local clone when there is one, else the published image (:mod:`sandrl.tasks.swebench`).
-    SWE-smith's and R2E-Gym's rows run in the image they name."""
+    SWE-smith's and R2E-Gym's rows run in the image they name (in every source of a mix too)."""
+    sources: tuple[TaskSource, ...] = ()
+    """Several task sets in one run, instead of ``path`` or ``family``: one ``[[tasks.sources]]`` table
+    each, with its ``path`` or ``family`` and its ``weight`` (``weight = 3`` beside ``weight = 1``: three
+    groups of the first for each of the second's), each step's metrics split by source."""
 
     def __post_init__(self) -> None:
         try:
             images_setting(self.swebench_images)
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
+        if self.sources:
+            self._check_sources()
+            return
         if bool(self.path) == bool(self.family):
             raise ConfigError(
                 "give exactly one of path (a task directory or 'builtin') and family "
-                f"(one of {', '.join(FAMILIES)}); got path={self.path!r}, family={self.family!r}"
+                f"(one of {', '.join(FAMILIES)}), or [[tasks.sources]] tables; got path={self.path!r}, "
+                f"family={self.family!r}"
             )
         if self.family and self.family not in FAMILIES:
             raise ConfigError(f"family must be one of {', '.join(FAMILIES)}, got {self.family!r}")
         if self.count < 1:
             raise ConfigError(f"count must be >= 1, got {self.count}")
+
+    def _check_sources(self) -> None:
+        if self.path or self.family:
+            said = f"path = {self.path!r}" if self.path else f"family = {self.family!r}"
+            raise ConfigError(
+                f"[tasks] has both {said} and [[tasks.sources]]: move {said} into a [[tasks.sources]] table of its own"
+            )
+        if (self.count, self.seed) != (TasksConfig.count, TasksConfig.seed):
+            raise ConfigError("with [[tasks.sources]], count and seed go in each source table that has a family")
+        seen: set[str] = set()
+        for source in self.sources:
+            if source.name in seen:
+                raise ConfigError(
+                    f'two [[tasks.sources]] are named {source.name!r}: give each one a name = "..." of its own'
+                )
+            seen.add(source.name)
 
 
 @dataclass(frozen=True)
