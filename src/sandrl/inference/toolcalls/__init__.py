@@ -1,9 +1,10 @@
-"""Tool calls: one parser per model family (:mod:`.parsers`) and checks against the offered tools (:mod:`.schemas`)."""
+"""Tool calls (:mod:`.call`): one parser per model family (:mod:`.parsers`) and checks against the
+offered tools (:mod:`.schemas`)."""
 
+from sandrl.inference.toolcalls.call import ToolCall
 from sandrl.inference.toolcalls.parsers import (
     PARSERS,
     ParsedReply,
-    ToolCall,
     ToolCallParser,
     detect_parser,
     get_parser,

@@ -25,67 +25,16 @@ reported, as vLLM keeps it. ``parse`` never raises, whatever the text.
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sandrl.errors import ConfigError
+from sandrl.inference.toolcalls.call import STRICT_JSON, ToolCall, load_json
 from sandrl.inference.toolcalls.schemas import argument_schema, declared_types
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    """One call of one tool, with its arguments decoded."""
-
-    name: str
-    arguments: dict[str, Any]
-    id: str = ""
-    """The OpenAI call id; parsers assign ``call_<index>`` (the call's place in the reply's ``tool_calls``)."""
-
-    def to_openai(self) -> dict[str, Any]:
-        """The call as an OpenAI chat message carries it: arguments as a JSON string."""
-        arguments = json.dumps(self.arguments, ensure_ascii=False)
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": arguments}}
-
-    def for_template(self) -> dict[str, Any]:
-        """The call as chat templates want it in an assistant message: arguments as an object.
-
-        OpenAI's JSON-string arguments break them: GLM-4.5's template fails on a string (it calls
-        ``.items()``), Qwen2.5's and Llama 3.1's encode it a second time; only Qwen3's takes both.
-        """
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
-
-    @classmethod
-    def from_openai(cls, data: Mapping[str, Any]) -> ToolCall:
-        """Read an OpenAI tool call; its ``arguments`` may be a JSON string (as OpenAI sends) or an object."""
-        function = data.get("function") if isinstance(data, Mapping) else None
-        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str) or not function["name"]:
-            raise ConfigError(
-                "a tool call needs a 'function' object with a non-empty string 'name', as "
-                '{"id": "call_0", "type": "function", "function": {"name": "bash", "arguments": "{}"}}; '
-                f"got {data!r}"
-            )
-        if data.get("type", "function") != "function":
-            raise ConfigError(f"a tool call's 'type' must be 'function', got {data.get('type')!r}")
-        call_id = data.get("id") or ""
-        if not isinstance(call_id, str):
-            raise ConfigError(f"a tool call's 'id' must be a string, got {call_id!r}")
-        arguments = function.get("arguments")
-        if arguments is None or arguments == "":
-            arguments = {}
-        elif isinstance(arguments, str):
-            decoded, problem = _load_json(arguments)
-            if problem is not None:
-                raise ConfigError(f"tool call {function['name']!r}: 'arguments' is not valid JSON ({problem})")
-            arguments = decoded
-        if not isinstance(arguments, Mapping):
-            raise ConfigError(f"tool call {function['name']!r}: 'arguments' must be a JSON object, got {arguments!r}")
-        return cls(function["name"], dict(arguments), call_id)
 
 
 @dataclass(frozen=True)
@@ -134,37 +83,12 @@ def split_reasoning(text: str, calls_start: str = "") -> tuple[str | None, str]:
     return None, text
 
 
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if math.isinf(value):
-        raise ValueError(f"the number {text} is too large")
-    return value
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON value")
-
-
-_DECODER = json.JSONDecoder(parse_float=_finite_float, parse_constant=_no_constant)
-"""Strict JSON: NaN, Infinity and overflowing numbers are refused, so what is parsed can be sent on as JSON."""
-
-
-def _load_json(text: str) -> tuple[Any, str | None]:
-    """``(value, None)``, or ``(None, why)`` when ``text`` is not one JSON value (deep nesting included)."""
-    try:
-        return _DECODER.decode(text), None
-    except RecursionError:
-        return None, "it is nested too deeply"
-    except ValueError as exc:
-        return None, str(exc)
-
-
 def _arguments_object(value: Any) -> dict[str, Any] | None:
     """Arguments as a dict: an object, a JSON string holding one, or nothing at all ({}); None when neither."""
     if value is None:
         return {}
     if isinstance(value, str):
-        value, problem = _load_json(value) if value.strip() else ({}, None)
+        value, problem = load_json(value) if value.strip() else ({}, None)
         if problem is not None:
             return None
     return dict(value) if isinstance(value, Mapping) else None
@@ -234,12 +158,12 @@ class HermesParser:
         """The call in one block, what is wrong with it, and the text after it in an unclosed block."""
         rest = ""
         if closed:
-            obj, problem = _load_json(block.strip())
+            obj, problem = load_json(block.strip())
         else:
             # An unclosed block runs to the end of the reply: the JSON is its start, the rest is text.
             start = len(block) - len(block.lstrip())
             try:
-                obj, end = _DECODER.raw_decode(block, start)
+                obj, end = STRICT_JSON.raw_decode(block, start)
                 problem, rest = None, block[end:]
             except RecursionError:
                 obj, problem = None, "it is nested too deeply"
@@ -338,7 +262,7 @@ def _glm_value(raw: str, declared: tuple[str, ...]) -> Any:
     """A value as the template wrote it: strings raw, everything else as JSON."""
     if declared and all(t in ("string", "null") for t in declared):
         return raw
-    value, problem = _load_json(raw)
+    value, problem = load_json(raw)
     return raw if problem is not None or isinstance(value, str) else value
 
 
@@ -368,7 +292,7 @@ class Llama3JsonParser:
         while (pos := _skip_space(action, pos)) < len(action):
             n += 1
             try:
-                obj, pos = _DECODER.raw_decode(action, pos)
+                obj, pos = STRICT_JSON.raw_decode(action, pos)
                 problem = None if _looks_like_call(obj) else f'must be a JSON object with a "name", got {_kind(obj)}'
             except RecursionError:
                 obj, problem = None, "is nested too deeply"

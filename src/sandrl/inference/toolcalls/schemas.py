@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from sandrl.errors import ConfigError
 
 if TYPE_CHECKING:
-    from sandrl.inference.toolcalls.parsers import ToolCall
+    from sandrl.inference.toolcalls.call import ToolCall
 
 _ARTICLE_TYPES = {
     "string": "a string",
