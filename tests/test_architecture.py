@@ -253,3 +253,10 @@ def test_the_cli_and_reading_a_run_config_load_no_pytorch() -> None:
         code = f"import sys, {module}; print(','.join(m for m in {heavy!r} if m in sys.modules))"
         loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
         assert loaded.strip() == "", f"importing {module} loads {loaded.strip()}"
+
+
+def test_the_architecture_page_names_every_package_and_top_level_module() -> None:
+    page = (SRC.parents[0] / "docs" / "architecture.md").read_text()
+    named = {m.split(".")[1] for m in _modules() if m.count(".") >= 1}
+    missing = sorted(n for n in named if f"`{n}`" not in page and f"`{n}/`" not in page)
+    assert missing == [], "docs/architecture.md: say what these are"
