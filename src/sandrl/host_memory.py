@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from sandrl.recent import recent
 
-__all__ = ["ADMISSION_MEMORY_AGE_S", "mem_available_bytes", "meminfo_kb"]
+__all__ = ["ADMISSION_MEMORY_AGE_S", "mem_available_bytes", "meminfo_kb", "process_memory_bytes"]
 
 ADMISSION_MEMORY_AGE_S = 0.05
 """How old a reading an admission check accepts: a burst's creates share one."""
@@ -37,3 +37,18 @@ def mem_available_bytes(max_age_s: float = 0.0) -> int | None:
 def _mem_available_bytes() -> int | None:
     kb = meminfo_kb("MemAvailable")
     return None if kb is None else kb * 1024
+
+
+def process_memory_bytes() -> tuple[int, int] | None:
+    """This process's resident memory now and its peak (``VmRSS``, ``VmHWM``), in bytes; None if unknown."""
+    values: dict[str, int] = {}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(("VmRSS:", "VmHWM:")):
+                    values[line[:5]] = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    if "VmRSS" not in values or "VmHWM" not in values:
+        return None
+    return values["VmRSS"], values["VmHWM"]

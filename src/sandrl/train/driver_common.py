@@ -33,6 +33,7 @@ from rich.console import Console
 
 from sandrl.aio import gather_all
 from sandrl.errors import ConfigError
+from sandrl.host_memory import process_memory_bytes
 from sandrl.inference.base import InferenceClient
 from sandrl.progress import duration
 from sandrl.rollout.agent import Agent
@@ -97,6 +98,15 @@ def task_at(tasks: Sequence[Task] | TaskMix, seed: int, position: int) -> Task:
     if isinstance(tasks, TaskMix):
         return tasks.task_at(position)
     return drawn_in_pass(tasks, shuffle_key(seed), position)
+
+
+def _memory() -> dict[str, float]:
+    """The driver process's resident memory now and at its peak (MiB): a run whose memory grows
+    step after step on a flat workload shows it in every line."""
+    memory = process_memory_bytes()
+    if memory is None:
+        return {}
+    return {"rss_mb": memory[0] / 2**20, "rss_peak_mb": memory[1] / 2**20}
 
 
 def group_id(run_id: str, task: Task, position: int, regenerated: int = 0) -> str:
@@ -352,6 +362,7 @@ class Session:
             **adapted.truncation.metrics(),
             **(self._mix_report.step(items, self._low, self._consumed) if self._mix_report else {}),
             **{f"total_{k}": v for k, v in vars(c).items()},
+            **_memory(),
             **extra,
             **{f"train/{k}": v for k, v in trained.items()},
         }
@@ -379,6 +390,8 @@ class Session:
             f"tok/s {r['tokens_per_s']:.0f}  stale<={stale}  v{r['weight_version']}  "
             f"trained {r['groups_trained']}/{r['groups']} groups"
         )
+        if "rss_mb" in r:
+            line += f"  rss {r['rss_mb'] / 1024:.1f}G"
         if self._began is not None and r["step"] < self.config.run.steps:
             began, before = self._began
             per_step = (time.monotonic() - began) / max(r["step"] - before, 1)
