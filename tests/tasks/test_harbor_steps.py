@@ -1,15 +1,19 @@
-"""Harbor multi-step tasks: loaded from [[steps]] and steps/, verified step by step with Harbor's reward rule."""
+"""Harbor multi-step tasks: loaded from [[steps]] and steps/; each step set up, solved and verified on its own."""
 
 from __future__ import annotations
 
 import shutil
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from sandrl.errors import InvalidTaskError
-from sandrl.tasks import Task, TaskWarning, load_harbor_task, load_tasks, prepare_environment, run_solution, verify
+from sandrl.errors import InvalidTaskError, TaskError
+from sandrl.tasks import Task, load_harbor_task, load_tasks, prepare_environment, run_solution, verify
+from sandrl.tasks.multi_step import below_min_reward, roll_up, step_record, step_task
+from sandrl.tasks.step_setup import check_step, prepare_step
+from sandrl.tasks.task import Healthcheck
 
 from .conftest import FIXTURES, BwrapSandbox, SandboxFactory
 
@@ -17,14 +21,9 @@ MULTI = FIXTURES / "harbor" / "multi-step"
 
 
 def _load(task_dir: Path = MULTI) -> Task:
-    with pytest.warns(TaskWarning) as record:
-        task = load_harbor_task(task_dir)
-    # One warning, and it says what is not represented.
-    assert [str(w.message).split(": ", 1)[1] for w in record] == [
-        "a multi-step task (2 steps): sandrl gives the agent every step's instruction at once and verifies the "
-        "steps in order after it has finished (Harbor verifies each step before the next begins)"
-    ]
-    return task
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a multi-step task runs as Harbor runs it: nothing to warn about
+        return load_harbor_task(task_dir)
 
 
 def test_steps_are_loaded_from_task_toml_and_the_steps_directory() -> None:
@@ -32,12 +31,14 @@ def test_steps_are_loaded_from_task_toml_and_the_steps_directory() -> None:
     assert [s.name for s in task.steps] == ["01-create", "02-extend"] and task.step_reward == "mean"
     first, second = task.steps
     assert first.instruction == "Create /app/notes.txt holding the line `one`.\n"
-    assert task.instruction.startswith("This task has 2 steps.")
-    assert "## Step 1 of 2: 01-create\n\nCreate /app/notes.txt" in task.instruction
+    # The whole task's instruction is for listings; each step's agent gets the step's own.
+    assert task.instruction.startswith("This task has 2 steps, given to the agent one at a time")
     assert "## Step 2 of 2: 02-extend\n\nAdd the line `two`" in task.instruction
-    # Timeouts: the step's own, else the task's; the agent does every step in one run.
+    assert step_task(task, 1).instruction == second.instruction and step_task(task, 1).steps == ()
+    # Timeouts: the step's own, else the task's; the task's are the sums (the sandbox's TTL covers every step).
     assert (first.agent_timeout_s, second.agent_timeout_s, task.agent_timeout_s) == (30.0, 60.0, 90.0)
     assert (first.verifier.timeout_s, second.verifier.timeout_s, task.verifier.timeout_s) == (30.0, 20.0, 50.0)
+    assert step_task(task, 0).agent_timeout_s == 30.0 and step_task(task, 0).verifier == first.verifier
     # The task's tests/, then the step's files over it; a step without tests/ gets the task's.
     assert dict(first.verifier.uploads) == {
         "/tests": MULTI / "tests",
@@ -47,11 +48,37 @@ def test_steps_are_loaded_from_task_toml_and_the_steps_directory() -> None:
     assert dict(second.verifier.env) == {"NOTES": "/app/notes.txt", "EXPECTED": "two"}
     assert first.min_reward == {"reward": 1.0} and second.min_reward is None
     assert first.workdir_files == MULTI / "steps" / "01-create" / "workdir" and second.workdir_files is None
+    # Each step's own solution (the oracle runs it before that step's verifier); the task's is every step's.
+    assert first.solution is not None and dict(first.solution.uploads) == {
+        "/solution": MULTI / "steps/01-create/solution"
+    }
+    assert step_task(task, 1).solution == second.solution
     assert task.solution is not None and set(task.solution.uploads) == {
         "/solution/.sandrl-steps/01-create",
         "/solution/.sandrl-steps/02-extend",
     }
+    assert first.healthcheck is None and first.artifacts == ("/logs/artifacts",)
     assert not task.extra
+
+
+def test_healthcheck_artifacts_and_a_fallback_solution_are_read(tmp_path: Path) -> None:
+    task_dir = _edited(
+        tmp_path,
+        'name = "02-extend"\n',
+        'name = "02-extend"\nartifacts = ["/app/notes.txt", { source = "out/" }]\n'
+        '[steps.healthcheck]\ncommand = "test -f /app/notes.txt"\nretries = 2\ninterval_sec = 0.5\n',
+    )
+    config = task_dir / "task.toml"
+    config.write_text('artifacts = ["/app/log.txt"]\n' + config.read_text())
+    shutil.rmtree(task_dir / "steps" / "02-extend" / "solution")
+    (task_dir / "solution").mkdir()
+    (task_dir / "solution" / "solve.sh").write_text("echo two >> /app/notes.txt\n")
+    first, second = _load(task_dir).steps
+    assert first.artifacts == ("/app/log.txt", "/logs/artifacts")
+    assert second.artifacts == ("/app/log.txt", "/app/notes.txt", "out/", "/logs/artifacts")
+    assert second.healthcheck == Healthcheck("test -f /app/notes.txt", interval_s=0.5, retries=2)
+    # Harbor's oracle falls back to the task's solution/ for a step without its own.
+    assert second.solution is not None and second.solution.uploads["/solution"] == task_dir / "solution"
 
 
 async def _sandbox(task: Task, make_sandbox: SandboxFactory) -> BwrapSandbox:
@@ -60,37 +87,56 @@ async def _sandbox(task: Task, make_sandbox: SandboxFactory) -> BwrapSandbox:
     return sandbox
 
 
+async def _step(task: Task, index: int, sandbox: BwrapSandbox, *, solve: bool) -> dict[str, object]:
+    if index > 0:  # the first step's setup is the environment's (prepare_environment)
+        await prepare_step(task, index, sandbox)
+    await check_step(task, index, sandbox)
+    view = step_task(task, index)
+    if solve:
+        assert (await run_solution(view, sandbox)).exit_code == 0
+    return step_record(task.steps[index].name, await verify(view, sandbox))
+
+
 async def test_the_oracle_passes_every_step(make_sandbox: SandboxFactory) -> None:
     task = _load()
     sandbox = await _sandbox(task, make_sandbox)
-    # The steps' workdir/ was copied in and its setup.sh run before the agent.
+    # The first step's workdir/ was copied in and its setup.sh run with the environment's setup.
     assert (sandbox.root / "app" / "setup-ran.txt").read_text() == "seed\n"
-    assert (await run_solution(task, sandbox)).exit_code == 0
+    records = [await _step(task, 0, sandbox, solve=True)]
+    records.append(await _step(task, 1, sandbox, solve=True))
     assert (sandbox.root / "app" / "notes.txt").read_text() == "one\ntwo\n"
-    result = await verify(task, sandbox)
+    result = roll_up(task, records, None, duration_s=0.0)
+    assert result is not None
     assert (result.reward, result.passed, result.error, result.infra_error) == (1.0, True, None, False)
-    assert [(s["step"], s["reward"]) for s in result.details["steps"]] == [("01-create", 1.0), ("02-extend", 1.0)]
+    assert [(s["step"], s["reward"]) for s in records] == [("01-create", 1.0), ("02-extend", 1.0)]
     assert result.details["rewards"] == {"reward": 1.0}
 
 
-async def test_rewards_roll_up_as_harbor_rolls_them(make_sandbox: SandboxFactory, tmp_path: Path) -> None:
+async def test_rewards_roll_up_as_harbor_rolls_them(make_sandbox: SandboxFactory) -> None:
     task = _load()
     sandbox = await _sandbox(task, make_sandbox)
-    notes = sandbox.root / "app" / "notes.txt"
-    notes.write_text("one\n")  # step 1 done, step 2 not
-    result = await verify(task, sandbox)
-    assert (result.reward, result.passed) == (0.5, False)  # mean over the two steps
+    records = [await _step(task, 0, sandbox, solve=True), await _step(task, 1, sandbox, solve=False)]
+    assert not below_min_reward(task, 0, records[0])
+    result = roll_up(task, records, None, duration_s=0.0)
+    assert result is not None and (result.reward, result.passed) == (0.5, False)  # mean over the two steps
     assert "mean over the steps" in str(result.details["reward_rule"])
+    final = roll_up(replace(task, step_reward="final"), records, None, duration_s=0.0)
+    assert final is not None and final.reward == 0.0  # the last step's
+    # Step 1 below its min_reward (1.0): Harbor runs no further step.
+    failing = await _step(task, 0, await _sandbox(task, make_sandbox), solve=False)
+    assert failing["reward"] == 0.0 and below_min_reward(task, 0, failing)
+    assert not below_min_reward(task, 1, records[1])  # no min_reward: a 0 goes on
 
-    final = replace(task, step_reward="final")
-    assert (await verify(final, sandbox)).reward == 0.0  # the last step's
 
-    # Step 1 below its min_reward: Harbor runs no further step, and the mean is over the steps run.
-    notes.write_text("two\n")
-    result = await verify(task, sandbox)
-    steps = result.details["steps"]
-    assert isinstance(steps, list) and [s["step"] for s in steps] == ["01-create"] and steps[0]["stopped"]
-    assert (result.reward, result.passed, result.infra_error) == (0.0, False, False)
+async def test_the_previous_steps_tests_are_gone_before_the_next_step(make_sandbox: SandboxFactory) -> None:
+    task = _load()
+    sandbox = await _sandbox(task, make_sandbox)
+    await _step(task, 0, sandbox, solve=True)
+    assert (sandbox.root / "tests" / "test.sh").exists() and (
+        sandbox.root / "logs" / "verifier" / "reward.txt"
+    ).exists()
+    await prepare_step(task, 1, sandbox)
+    assert list((sandbox.root / "tests").iterdir()) == [] and list((sandbox.root / "logs" / "verifier").iterdir()) == []
 
 
 async def test_a_step_with_a_broken_test_script_is_an_infra_error(make_sandbox: SandboxFactory, tmp_path: Path) -> None:
@@ -100,8 +146,10 @@ async def test_a_step_with_a_broken_test_script_is_an_infra_error(make_sandbox: 
     task = _load(task_dir)
     sandbox = await _sandbox(task, make_sandbox)
     (sandbox.root / "app" / "notes.txt").write_text("one\ntwo\n")
-    result = await verify(task, sandbox)
-    assert result.infra_error and result.error is not None and result.error.startswith("step 02-extend: ")
+    result = await verify(step_task(task, 1), sandbox)
+    assert result.infra_error and result.error is not None
+    with pytest.raises(TaskError, match="each verified after its own agent"):
+        await verify(task, sandbox)
 
 
 def _edited(tmp_path: Path, old: str, new: str) -> Path:
@@ -139,6 +187,5 @@ def test_a_step_without_any_test_script(tmp_path: Path) -> None:
 
 def test_a_suite_with_a_multi_step_task_loads(tmp_path: Path) -> None:
     shutil.copytree(MULTI, tmp_path / "suite" / "multi-step")
-    with pytest.warns(TaskWarning, match="multi-step task"):
-        tasks, problems = load_tasks(tmp_path / "suite")
+    tasks, problems = load_tasks(tmp_path / "suite")
     assert problems == [] and [t.id for t in tasks] == ["multi-step"]

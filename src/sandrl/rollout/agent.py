@@ -80,6 +80,9 @@ class AgentResult:
 
     segment_starts: list[int] = field(default_factory=lambda: [0])
     """Where each segment of ``ids`` starts (see :attr:`~sandrl.rollout.trajectory.Trajectory.segment_starts`)."""
+    resume_from: object = None
+    """What the :class:`ContinuingAgent` that made this result needs to go on with its conversation;
+    opaque to everyone else, never recorded."""
 
     @property
     def truncated(self) -> bool:
@@ -95,4 +98,19 @@ class Agent(Protocol):
 
     async def run(self, task: Task, sandbox: Sandbox, policy: InferenceClient | None, budget: Budget) -> AgentResult:
         """Run until done or out of budget. Raise only for infrastructure failures."""
+        ...
+
+
+@runtime_checkable
+class ContinuingAgent(Agent, Protocol):
+    """An agent that can go on with a conversation it ran: a Harbor multi-step task's next step is then
+    the next user turn of the same conversation (:mod:`sandrl.rollout.multi_step`); other agents get
+    each step as a fresh run."""
+
+    async def resume(
+        self, task: Task, sandbox: Sandbox, policy: InferenceClient | None, budget: Budget, previous: AgentResult
+    ) -> AgentResult:
+        """Continue ``previous`` (a result of this agent) with ``task``'s instruction as the next user message,
+        token-exact, within a fresh ``budget`` of turns and wall time (its token budget counts the whole
+        conversation); return the whole conversation's result."""
         ...

@@ -10,6 +10,9 @@
       verifier        verify(task, sandbox): tests/ written only now, then run, reward read
       close           sandbox.close(), always: on errors and on cancellation too
 
+A Harbor multi-step task runs its steps between setup and close, each step's setup, agent and
+verifier in turn (:mod:`sandrl.rollout.multi_step`); the phases' timings add up over the steps.
+
 Nothing here raises for a failed episode: the failure is recorded on the returned
 :class:`~sandrl.rollout.trajectory.Trajectory` (``status``, ``error``), and an ``infra_error``
 has no reward. Only cancellation propagates, after the sandbox is closed.
@@ -33,6 +36,8 @@ from sandrl.errors import ConfigError
 from sandrl.inference.base import InferenceClient
 from sandrl.rollout.agent import Agent, AgentResult, Budget
 from sandrl.rollout.failures import classify, penalized
+from sandrl.rollout.multi_step import run_steps
+from sandrl.rollout.phases import PhaseClock
 from sandrl.rollout.trajectory import EpisodeError, EpisodeStatus, Timings, Trajectory
 from sandrl.sandbox.base import Sandbox, SandboxProvider
 from sandrl.tasks.result import VerifyResult
@@ -77,14 +82,6 @@ class EpisodeConfig:
 
     budget: Budget = field(default_factory=Budget)
     timeouts: EpisodeTimeouts = field(default_factory=EpisodeTimeouts)
-
-
-@dataclass
-class _Clock:
-    timings: dict[str, float] = field(default_factory=dict)
-
-    def add(self, phase: str, seconds: float) -> None:
-        self.timings[phase] = self.timings.get(phase, 0.0) + seconds
 
 
 async def close_sandbox(sandbox: Sandbox, timeout_s: float) -> None:
@@ -152,40 +149,31 @@ async def run_episode(
     limits = cfg.timeouts
     group = group_id or f"adhoc/{task.id}"
     eid = episode_id or f"{group}/{sample_index}-{uuid.uuid4().hex[:8]}"
-    clock = _Clock()
+    clock = PhaseClock()
     started_at = time.time()
     start = time.monotonic()
     sandbox: Sandbox | None = None
     agent_result: AgentResult | None = None
     verified: VerifyResult | None = None
     error: EpisodeError | None = None
-    phase = "sandbox_create"
-
-    async def timed(name: str, coro_timeout: float, work: Any) -> Any:
-        t0 = time.monotonic()
-        try:
-            async with asyncio.timeout(coro_timeout):
-                return await work
-        finally:
-            clock.add(name, time.monotonic() - t0)
 
     try:
         spec = task.to_sandbox_spec(image=image)
-        sandbox = await timed("sandbox_create_s", limits.create_timeout_s, provider.create(spec))
+        sandbox = await clock.run("sandbox_create", "sandbox_create_s", limits.create_timeout_s, provider.create(spec))
         if forked_from is None:
-            phase = "setup"
-            await timed("setup_s", limits.setup_timeout_s, prepare_environment(task, sandbox))
-        phase = "agent"
-        wall = cfg.budget.wall_time_for(task) + limits.agent_grace_s
-        agent_result = await timed("agent_s", wall, agent.run(task, sandbox, policy, cfg.budget))
-        if agent_result.stop_reason != "error":
-            phase = "verifier"
-            verified = await timed(
-                "verifier_s", task.verifier.timeout_s + limits.verifier_grace_s, verify(task, sandbox)
-            )
+            await clock.run("setup", "setup_s", limits.setup_timeout_s, prepare_environment(task, sandbox))
+        if task.steps:
+            agent_result, verified = await run_steps(task, sandbox, agent, policy, cfg, clock)
+        else:
+            wall = cfg.budget.wall_time_for(task) + limits.agent_grace_s
+            agent_result = await clock.run("agent", "agent_s", wall, agent.run(task, sandbox, policy, cfg.budget))
+            if agent_result.stop_reason != "error":
+                timeout_s = task.verifier.timeout_s + limits.verifier_grace_s
+                verified = await clock.run("verifier", "verifier_s", timeout_s, verify(task, sandbox))
     except asyncio.CancelledError:
         raise
     except Exception as exc:
+        phase = clock.phase
         error = classify(exc, phase)
         if phase == "agent" and isinstance(exc, TimeoutError):
             error = EpisodeError(

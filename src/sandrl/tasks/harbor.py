@@ -17,8 +17,8 @@ deprecated spellings ``memory = "4G"`` and ``storage = "10G"`` are read too, and
 a warning) over the older ``allow_internet``.
 
 Every key of Harbor's task config (:data:`HARBOR_KEYS`, from ``harbor.models.task.config``) is
-accepted. Those sandrl does not act on (``artifacts``, ``[environment] mcp_servers``,
-``healthcheck``, ``[agent] network_mode``...) are kept in :attr:`Task.extra` under their dotted path
+accepted. Those sandrl does not act on (``artifacts`` of a single-step task, ``[environment] mcp_servers``
+and ``healthcheck``, ``[agent] network_mode``...) are kept in :attr:`Task.extra` under their dotted path
 without a warning, unless ignoring them changes what the task measures (``gpus``, a non-root
 ``user``, a separate verifier environment), which is warned about. Keys Harbor does not define are
 kept in :attr:`Task.extra` too and reported with a :class:`~sandrl.tasks.fields.TaskWarning`.

@@ -15,23 +15,21 @@
         └── 02-extend/ ...
 
 The facts are Harbor 0.26's (``harbor.models.task.config.StepConfig``, ``harbor.trial.multi_step``):
-steps run in the order of ``[[steps]]`` in one environment; a step's verifier env is the task's with
-the step's over it; a step whose rewards fall below its ``min_reward`` (a number: the ``reward``
-key; a table: each key; a missing key counts as below) ends the trial; the trial's rewards are the
-per-key mean over the steps that were verified (a key a step lacks counts 0; ``mean``, the
-default) or the last verified step's (``final``).
+steps run in the order of ``[[steps]]`` in one environment, each in turn: its ``workdir/`` copied
+into the working directory and its ``setup.sh`` run there, its ``[steps.healthcheck]``, the agent on
+its instruction (the next step's continues the same conversation), its artifacts recorded, its
+verifier (``/tests`` and ``/logs/verifier`` fresh for each, and emptied again before the next step's
+agent); a step's verifier env is the task's with the step's over it; a step whose rewards fall below
+its ``min_reward`` (a number: the ``reward`` key; a table: each key; a missing key counts as below)
+ends the trial; the trial's rewards are the per-key mean over the steps that were verified (a key a
+step lacks counts 0; ``mean``, the default) or the last verified step's (``final``). The oracle runs
+each step's ``solution/solve.sh`` (else the task's ``solution/solve.sh``) before that step's verifier.
+A step's timeouts are its own ``[steps.agent]`` / ``[steps.verifier] timeout_sec``, else the task's.
 
-How sandrl maps it onto one :class:`~sandrl.tasks.task.Task` (an episode is one agent run): the
-agent is given every step's instruction at once, in order, under ``## Step k of n: <name>``, with
-the sum of the steps' agent timeouts; each step's ``workdir/`` is copied in and its ``setup.sh`` run,
-in order, before the agent starts; after the agent, the steps' verifiers run in order in the same
-sandbox (``/tests`` and ``/logs/verifier`` fresh for each), with Harbor's early stop and reward
-rule, and the reward is read from the rolled-up rewards as a single-step task's is
-(:func:`~sandrl.tasks.verify.reward_of`). The oracle runs the steps' ``solve.sh`` in order. Harbor
-instead verifies each step before the next one starts and runs each step's setup just before it;
-that is the one thing not represented, and loading a multi-step task says so in one warning. A
-step's verifier timeout is its own ``[steps.verifier] timeout_sec``, else the task's (Harbor's
-model defaults it to 600 s).
+This module reads the steps; :mod:`sandrl.tasks.multi_step` is the task's side of running them and
+:mod:`sandrl.rollout.multi_step` the episode's. The task-level :attr:`~sandrl.tasks.task.Task.instruction`,
+``verifier`` and ``solution`` of a multi-step task describe the whole (every step's, in order) for
+listings and ``run_solution``; an episode never gives them to an agent.
 """
 
 from __future__ import annotations
@@ -44,13 +42,15 @@ from types import MappingProxyType
 
 from sandrl.errors import InvalidTaskError
 from sandrl.tasks.fields import Table, type_name, warn
-from sandrl.tasks.task import TESTS_DIR, SolutionSpec, StepReward, TaskStep, VerifierSpec
+from sandrl.tasks.task import TESTS_DIR, Healthcheck, SolutionSpec, StepReward, TaskStep, VerifierSpec
 
 STEPS_DIR = "steps"
 STRATEGIES: tuple[StepReward, ...] = ("mean", "final")
 SOLUTIONS = "/solution/.sandrl-steps"
 """Where the steps' solution directories wait; each is put at /solution just before its solve.sh runs."""
 TEST_COMMAND = f"chmod +x {TESTS_DIR}/test.sh && {TESTS_DIR}/test.sh"
+ARTIFACTS_DIR = "/logs/artifacts"
+"""Harbor's conventional directory a step's commands publish files in: recorded with every step's artifacts."""
 _BAD_NAME = re.compile(r'[<>:"/\\|?*\x00-\x1f\x7f]')
 
 
@@ -107,21 +107,77 @@ def _test_uploads(task_tests: Path, step_tests: Path) -> dict[str, Path]:
     return uploads
 
 
+def _healthcheck(table: Table) -> Healthcheck | None:
+    if not table.has("healthcheck"):
+        return None
+    check = table.table("healthcheck")
+    command = check.string("command", required=True) or ""
+    found = Healthcheck(
+        command=command,
+        interval_s=check.number("interval_sec", 5.0, low=0.0, high=3600.0),
+        timeout_s=check.seconds("timeout_sec", 30.0),
+        start_period_s=check.number("start_period_sec", 0.0, low=0.0, high=86400.0),
+        start_interval_s=check.number("start_interval_sec", 5.0, low=0.0, high=3600.0),
+        retries=check.integer("retries", 3, low=1, high=1000),
+    )
+    strange = check.unknown()
+    if strange:
+        warn(table.file, f"[{check.section}] unknown keys {', '.join(sorted(strange))} are ignored")
+    return found
+
+
+def artifact_sources(table: Table, key: str = "artifacts") -> list[str]:
+    """The sandbox paths of an ``artifacts`` list (Harbor's: a path, or ``{ source = ..., destination = ... }``)."""
+    value = table.raw(key)
+    if value is None:
+        return []
+    where = f"[{table.section}] {key}" if table.section else key
+    if not isinstance(value, list):
+        raise table.error(f"{where} must be a list of paths, got {type_name(value)}", fix='write e.g. ["/app/out.txt"]')
+    sources: list[str] = []
+    for entry in value:
+        source = entry.get("source") if isinstance(entry, dict) else entry
+        service = entry.get("service") if isinstance(entry, dict) else None
+        if not isinstance(source, str) or not source or "\x00" in source or ".." in source.split("/"):
+            raise table.error(
+                f"{where}: {entry!r} is not a path without '..' (or a table with one as source)",
+                fix='write e.g. "/app/out.txt" or { source = "/app/out.txt" }',
+            )
+        if service not in (None, "main"):
+            warn(table.file, f"{where}: {source} of service {service!r} is not recorded (sandrl runs one container)")
+            continue
+        sources.append(source)
+    return sources
+
+
+def _step_solution(step_dir: Path, task_dir: Path, env: Mapping[str, str]) -> SolutionSpec | None:
+    """The step's solve.sh, else the task's (Harbor's oracle falls back to it)."""
+    for directory in (step_dir / "solution", task_dir / "solution"):
+        if (directory / "solve.sh").is_file():
+            return SolutionSpec(
+                command="bash /solution/solve.sh",
+                uploads=MappingProxyType({"/solution": directory}),
+                env=MappingProxyType(dict(env)),
+                script=directory / "solve.sh",
+            )
+    return None
+
+
 def _solution(steps: tuple[TaskStep, ...], env: Mapping[str, str]) -> SolutionSpec | None:
+    """Every step's solution in order, as one command: what ``run_solution`` of the whole task runs."""
     solved = [step for step in steps if step.solution is not None]
     if not solved:
         return None
     lines = []
     for step in solved:
-        # Harbor's oracle puts each step's solution/ at /solution before running its solve.sh.
+        # Each step's solution/ is put at /solution before its solve.sh runs, as the oracle does per step.
         lines.append(
             f"find /solution -mindepth 1 -maxdepth 1 ! -name .sandrl-steps -exec rm -rf {{}} + && "
             f"cp -a {SOLUTIONS}/{step.name}/. /solution/ && bash /solution/solve.sh"
         )
+    uploads = {f"{SOLUTIONS}/{s.name}": s.solution.uploads["/solution"] for s in solved if s.solution is not None}
     return SolutionSpec(
-        command=" && \\\n".join(lines),
-        uploads=MappingProxyType({f"{SOLUTIONS}/{s.name}": s.solution for s in solved if s.solution is not None}),
-        env=MappingProxyType(dict(env)),
+        command=" && \\\n".join(lines), uploads=MappingProxyType(uploads), env=MappingProxyType(dict(env))
     )
 
 
@@ -153,6 +209,7 @@ def load_steps(
         strategy = "final" if strategy_value == "final" else "mean"
 
     task_tests = task_dir / "tests"
+    task_artifacts = artifact_sources(top)
     steps: list[TaskStep] = []
     seen: set[str] = set()
     extra: dict[str, object] = {}
@@ -179,8 +236,8 @@ def load_steps(
                 f"{task_dir}: step {name} has no test script; add {STEPS_DIR}/{name}/tests/test.sh or tests/test.sh",
                 path=task_dir,
             )
-        solve_dir = step_dir / "solution"
         workdir = step_dir / "workdir"
+        own_artifacts = [a for a in artifact_sources(table) if a not in task_artifacts]
         steps.append(
             TaskStep(
                 name=name,
@@ -195,9 +252,11 @@ def load_steps(
                     env=MappingProxyType({**verifier.env, **step_verifier.env("env")}),
                 ),
                 agent_timeout_s=agent.seconds("timeout_sec", agent_timeout_s),
-                solution=solve_dir if (solve_dir / "solve.sh").is_file() else None,
+                solution=_step_solution(step_dir, task_dir, solution_env),
                 workdir_files=workdir if workdir.is_dir() else None,
                 min_reward=_min_reward(table),
+                healthcheck=_healthcheck(table),
+                artifacts=(*task_artifacts, *own_artifacts, ARTIFACTS_DIR),
             )
         )
         for part, allowed in ((table, keys["steps"]), (agent, keys["agent"]), (step_verifier, keys["verifier"])):
@@ -213,13 +272,8 @@ def load_steps(
         )
     extra.update(unknown)
     done = tuple(steps)
-    warn(
-        config_file,
-        f"a multi-step task ({len(done)} steps): sandrl gives the agent every step's instruction at once and "
-        "verifies the steps in order after it has finished (Harbor verifies each step before the next begins)",
-    )
     instruction = "\n\n".join(
-        [f"This task has {len(done)} steps. Do them in order; each is checked in turn when you have finished."]
+        [f"This task has {len(done)} steps, given to the agent one at a time, each checked before the next."]
         + [f"## Step {k} of {len(done)}: {step.name}\n\n{step.instruction.strip()}" for k, step in enumerate(done, 1)]
     )
     solution = _solution(done, solution_env)

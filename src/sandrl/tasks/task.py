@@ -179,6 +179,21 @@ StepReward = Literal["mean", "final"]
 
 
 @dataclass(frozen=True)
+class Healthcheck:
+    """A command that must succeed before an agent starts (Harbor's, as Docker's ``HEALTHCHECK``): run
+    until it exits 0; failures in the first ``start_period_s`` do not count, and ``retries`` failures
+    in a row after it fail the check."""
+
+    command: str
+    interval_s: float = 5.0
+    timeout_s: float = 30.0
+    """One run's limit."""
+    start_period_s: float = 0.0
+    start_interval_s: float = 5.0
+    retries: int = 3
+
+
+@dataclass(frozen=True)
 class TaskStep:
     """One step of a Harbor multi-step task (``[[steps]]`` and ``steps/<name>/``)."""
 
@@ -187,13 +202,18 @@ class TaskStep:
     verifier: VerifierSpec
     """The step's tests: the task's ``tests/`` with the step's own ``tests/`` over it."""
     agent_timeout_s: float
-    solution: Path | None = None
-    """The step's ``solution/`` directory, when it has ``solve.sh``."""
+    solution: SolutionSpec | None = None
+    """The step's part of the oracle: its ``solution/solve.sh``, else the task's ``solution/solve.sh``."""
     workdir_files: Path | None = None
-    """``steps/<name>/workdir/``: copied into the working directory before the agent; its
+    """``steps/<name>/workdir/``: copied into the working directory just before the step's agent; its
     ``setup.sh`` is run there."""
     min_reward: Mapping[str, float] | None = None
-    """Later steps are not verified when a reward of this step is below its threshold (or missing)."""
+    """Later steps are not run when a reward of this step is below its threshold (or missing)."""
+    healthcheck: Healthcheck | None = None
+    """Run after the step's setup, before its agent (``[steps.healthcheck]``)."""
+    artifacts: tuple[str, ...] = ()
+    """Sandbox paths recorded after the step's agent, before its verifier: the task's ``artifacts``
+    then the step's, then Harbor's ``/logs/artifacts``."""
 
 
 @dataclass(frozen=True)
@@ -219,9 +239,9 @@ class Task:
     swebench: SweBenchInstance | None = None
     r2e_gym: R2eGymInstance | None = None
     steps: tuple[TaskStep, ...] = ()
-    """A Harbor multi-step task's steps, in order; empty for every other task. The agent is given
-    every step's instruction at once, and :func:`~sandrl.tasks.verify.verify` runs the steps'
-    verifiers in order (:mod:`sandrl.tasks.harbor_steps`)."""
+    """A Harbor multi-step task's steps, in order; empty for every other task. An episode runs them
+    as Harbor does, each step's setup, agent and verifier before the next step's
+    (:mod:`sandrl.tasks.multi_step`, :mod:`sandrl.rollout.multi_step`)."""
     step_reward: StepReward = "mean"
 
     @property

@@ -23,13 +23,12 @@ from sandrl.tasks.envvars import resolve_env
 from sandrl.tasks.offline import offline_failure
 from sandrl.tasks.pytest_results import parse_short_summary
 from sandrl.tasks.result import VerifyResult, tail
-from sandrl.tasks.sandbox_io import empty_dir_command, extract_tar, read_optional, run, run_logged, tar_path, upload_all
+from sandrl.tasks.sandbox_io import empty_dir_command, read_optional, run, run_logged, upload_all
+from sandrl.tasks.step_setup import prepare_step
 from sandrl.tasks.task import TESTS_DIR, VERIFIER_LOGS_DIR, Task
 
 TEST_LOG = f"{VERIFIER_LOGS_DIR}/test-output.txt"
 """The test command's interleaved output (Harbor keeps it at test-stdout.txt; the name is ours)."""
-SETUP_TIMEOUT_S = 600.0
-"""A multi-step task's step setup script (Harbor gives it no limit of its own)."""
 REWARD_MAX_BYTES = 64 << 10
 """Most bytes of ``reward.txt`` or ``reward.json`` read: one number, or a few named ones, are far less."""
 
@@ -40,8 +39,9 @@ async def prepare_environment(task: Task, sandbox: Sandbox) -> None:
     SWE-bench: the repository at ``base_commit`` in ``/testbed`` (SWE-smith: at the bug's commit);
     R2E-Gym: its tests taken out of the sandbox until verify time. Harbor and Terminal-Bench
     environments come from their Dockerfile, which the image builder handles; here only the
-    working directory is made, and a multi-step task's steps' ``workdir/`` files put there (each
-    ``setup.sh`` run) in order.
+    working directory is made, and a multi-step task's first step set up (its ``workdir/`` and
+    ``setup.sh``: nothing runs between the environment's start and it, so a fork group shares it);
+    each later step is set up just before its agent (:mod:`sandrl.tasks.step_setup`).
     """
     if task.swebench is not None:
         await swebench_eval.setup_repository(task, sandbox)
@@ -51,18 +51,8 @@ async def prepare_environment(task: Task, sandbox: Sandbox) -> None:
         return
     workdir = task.environment.workdir
     await run(sandbox, f"mkdir -p {workdir}", what="making the working directory")
-    for step in task.steps:
-        # A multi-step task's steps set up before the agent starts, in order (Harbor: just before each step).
-        if step.workdir_files is None:
-            continue
-        await extract_tar(sandbox, tar_path(step.workdir_files), workdir, replace=False)
-        if (step.workdir_files / "setup.sh").is_file():
-            done = await sandbox.exec("bash ./setup.sh", cwd=workdir, timeout_s=SETUP_TIMEOUT_S)
-            if done.exit_code != 0:
-                raise TaskError(
-                    f"task {task.id}: step {step.name}'s workdir/setup.sh failed (exit {done.exit_code}): "
-                    f"{(done.stderr or done.stdout).strip()[-500:]}"
-                )
+    if task.steps:
+        await prepare_step(task, 0, sandbox)
 
 
 async def run_solution(task: Task, sandbox: Sandbox) -> ExecResult:
@@ -92,7 +82,10 @@ async def verify(task: Task, sandbox: Sandbox, *, patch: str | None = None) -> V
     if task.verifier.reward == "r2e-gym":
         return await r2e_gym_eval.grade(task, sandbox)
     if task.steps:
-        return await _verify_steps(task, sandbox)
+        raise TaskError(
+            f"task {task.id} has {len(task.steps)} steps, each verified after its own agent: "
+            "verify sandrl.tasks.multi_step.step_task(task, k) for step k (an episode does)"
+        )
     start = time.monotonic()
     # One exec: count what the agent left running (before anything of the verifier's starts), then
     # clear the reward's directory.
@@ -160,62 +153,6 @@ async def verify(task: Task, sandbox: Sandbox, *, patch: str | None = None) -> V
     if offline is None:
         return judged
     return dataclasses.replace(judged, reward=0.0, error=offline, infra_error=True)
-
-
-async def _verify_steps(task: Task, sandbox: Sandbox) -> VerifyResult:
-    """A Harbor multi-step task: each step's verifier in order, Harbor's early stop and reward roll-up.
-
-    A step whose verifier could not give a reward (a broken test script) makes the whole result an
-    infra error; one whose tests failed to finish, or whose rewards miss its ``min_reward``, is the
-    last verified (Harbor aborts the remaining steps). ``mean``: the per-key mean over the verified
-    steps, a key a step lacks counting 0; ``final``: the last verified step's rewards.
-    """
-    start = time.monotonic()
-    records: list[dict[str, object]] = []
-    per_step: list[dict[str, float]] = []
-    last: VerifyResult | None = None
-    for step in task.steps:
-        result = await verify(dataclasses.replace(task, verifier=step.verifier, steps=()), sandbox)
-        found = result.details.get("rewards")
-        rewards = dict(found) if isinstance(found, Mapping) else {"reward": result.reward}
-        records.append(
-            {"step": step.name, "reward": result.reward, "rewards": rewards, "exit_code": result.exit_code}
-            | ({"error": result.error} if result.error else {})
-        )
-        if result.infra_error:
-            return dataclasses.replace(
-                result,
-                duration_s=time.monotonic() - start,
-                details=MappingProxyType({"steps": records}),
-                error=f"step {step.name}: {result.error}",
-            )
-        last = result
-        per_step.append(rewards)
-        thresholds = step.min_reward or {}
-        if result.error is not None or any(rewards.get(k, -math.inf) < v for k, v in thresholds.items()):
-            records[-1]["stopped"] = True  # Harbor runs no further step
-            break
-    assert last is not None  # a multi-step task has a step
-    if task.step_reward == "final":
-        rolled = per_step[-1]
-    else:
-        keys = {key for rewards in per_step for key in rewards}
-        rolled = {key: sum(r.get(key, 0.0) for r in per_step) / len(per_step) for key in sorted(keys)}
-    reward, rule = reward_of(rolled, task.verifier.reward_key)
-    error = None if reward is not None else f"the steps' rewards have no {task.verifier.reward_key!r}: {rule}"
-    return VerifyResult(
-        reward=reward if reward is not None else 0.0,
-        passed=reward is not None and reward >= 1.0,
-        duration_s=time.monotonic() - start,
-        details=MappingProxyType(
-            {"steps": records, "rewards": rolled, "reward_rule": f"{task.step_reward} over the steps; {rule}"}
-        ),
-        stdout_tail=last.stdout_tail,
-        exit_code=last.exit_code,
-        timed_out=last.timed_out,
-        error=error,
-        infra_error=error is not None,
-    )
 
 
 LEFTOVERS = 'n=0; for p in /proc/[0-9]*; do p=${p#/proc/}; [ "$p" = 1 ] || [ "$p" = $$ ] || n=$((n + 1)); done; echo $n'

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from sandrl.errors import ConfigError, InferenceError
 from sandrl.inference.base import Generation, InferenceClient, SamplingParams
 from sandrl.inference.chat import ChatFormat
-from sandrl.inference.tokenizer import Tokenizer
+from sandrl.inference.tokenizer import Message, Tokenizer
 from sandrl.rollout.agent import AgentResult, Budget, Deadline
 from sandrl.rollout.agents.formats import FORMATS, AgentFormat, StepLimits, make_format
 from sandrl.rollout.trajectory import StopReason, Turn
@@ -85,6 +85,13 @@ class _Conversation:
         self.mask = [0] * len(prompt)
         self.logprobs = [0.0] * len(prompt)
 
+    @classmethod
+    def of(cls, result: AgentResult, end: int) -> _Conversation:
+        """``result``'s conversation up to ``end``."""
+        conv = cls([])
+        conv.ids, conv.mask, conv.logprobs = result.ids[:end], result.loss_mask[:end], result.logprobs[:end]
+        return conv
+
     def add_model(self, generation: Generation) -> None:
         self.ids += generation.output_ids
         self.mask += [1] * len(generation.output_ids)
@@ -97,6 +104,20 @@ class _Conversation:
 
     def __len__(self) -> int:
         return len(self.ids)
+
+
+@dataclass
+class _ResumePoint:
+    """Where the conversation goes on from (:meth:`LLMAgent.resume`): right after the model's last turn, whose
+    parsed message and following messages (its observation, and the user turns given since) are rendered
+    again with the next user message. Before any model turn: the opening messages, rendered again."""
+
+    opening: list[Message]
+    end: int = 0
+    """``len(ids)`` at the end of the model's last output; 0 before any."""
+    output_ids: list[int] = field(default_factory=list)
+    assistant: Message | None = None
+    pending: list[Message] = field(default_factory=list)
 
 
 class LLMAgent:
@@ -116,26 +137,69 @@ class LLMAgent:
         )
         self.chat = ChatFormat(tokenizer, tools=self.format.tools)
 
+    def opening(self, task: Task) -> list[Message]:
+        return [{"role": "system", "content": self.format.system_prompt}, {"role": "user", "content": task.instruction}]
+
     def prompt_ids(self, task: Task) -> list[int]:
-        return self.chat.prompt_ids(
-            [{"role": "system", "content": self.format.system_prompt}, {"role": "user", "content": task.instruction}]
-        )
+        return self.chat.prompt_ids(self.opening(task))
 
     async def run(self, task: Task, sandbox: Sandbox, policy: InferenceClient | None, budget: Budget) -> AgentResult:
+        opening = self.opening(task)
+        conv = _Conversation(self.chat.prompt_ids(opening))
+        return await self._go_on(task, sandbox, policy, budget, conv, [], len(conv), _ResumePoint(opening))
+
+    async def resume(
+        self, task: Task, sandbox: Sandbox, policy: InferenceClient | None, budget: Budget, previous: AgentResult
+    ) -> AgentResult:
+        """The next user turn: ``task``'s instruction after the model's last turn and the messages that followed
+        it (what the ids already hold after that turn is rendered again, identically, with it)."""
+        point = previous.resume_from
+        if not isinstance(point, _ResumePoint):
+            raise ConfigError("the llm agent can only go on with a conversation it ran itself")
+        user: Message = {"role": "user", "content": task.instruction}
+        turns = list(previous.turns)
+        if point.assistant is None:
+            # The model never answered: nothing trained is lost by rendering the opening again with the new turn.
+            opening = [*point.opening, user]
+            conv = _Conversation(self.chat.prompt_ids(opening))
+            return await self._go_on(task, sandbox, policy, budget, conv, turns, len(conv), _ResumePoint(opening))
+        added = self.chat.append_ids(point.output_ids, point.assistant, [*point.pending, user])
+        after = dataclasses.replace(point, pending=[*point.pending, user])
+        if point.end + len(added) >= budget.max_total_tokens:
+            return dataclasses.replace(previous, stop_reason="max_tokens", resume_from=after)
+        conv = _Conversation.of(previous, point.end)
+        conv.add_context(added)
+        last = turns[-1]
+        turns[-1] = dataclasses.replace(last, observation_start=point.end, observation_end=len(conv))
+        return await self._go_on(task, sandbox, policy, budget, conv, turns, previous.prompt_len, after)
+
+    async def _go_on(
+        self,
+        task: Task,
+        sandbox: Sandbox,
+        policy: InferenceClient | None,
+        budget: Budget,
+        conv: _Conversation,
+        turns: list[Turn],
+        prompt_len: int,
+        point: _ResumePoint,
+    ) -> AgentResult:
+        """Model turns from ``conv`` (which ends with an assistant prefix) until a stop; ``turns`` holds the
+        conversation's earlier turns, ``point`` where it would go on from."""
         if policy is None:
             raise ConfigError("the llm agent needs a policy: pass --inference URL or --inference embedded")
         deadline = Deadline(budget.wall_time_for(task))
-        conv = _Conversation(self.prompt_ids(task))
-        prompt_len = len(conv)
-        turns: list[Turn] = []
+        first = len(turns)
 
         def result(stop: StopReason) -> AgentResult:
-            return AgentResult(stop, turns, conv.ids, conv.mask, conv.logprobs, prompt_len)
+            done = AgentResult(stop, turns, conv.ids, conv.mask, conv.logprobs, prompt_len)
+            done.resume_from = point
+            return done
 
-        if prompt_len >= budget.max_total_tokens:
+        if len(conv) >= budget.max_total_tokens:
             return result("max_tokens")
         limits = StepLimits(command_timeout(task, self.config.command_timeout_s), self.config.observation_tokens)
-        for index in range(budget.max_turns):
+        for index in range(first, first + budget.max_turns):
             context = len(conv)
             params = dataclasses.replace(
                 self.config.sampling,
@@ -168,13 +232,16 @@ class LLMAgent:
                 observation_start=len(conv),
                 observation_end=len(conv),
             )
+            reply = self.chat.reply_text(generation.output_ids)
             closed = bool(generation.output_ids) and generation.output_ids[-1] in self.chat.stop_ids
             if not closed and len(conv) >= budget.max_total_tokens:
                 turns.append(turn)
+                point = _ResumePoint(
+                    point.opening, len(conv), generation.output_ids, {"role": "assistant", "content": reply}
+                )
                 return result("max_tokens")
-            step = await self.format.step(
-                self.chat.reply_text(generation.output_ids), task, sandbox, deadline, self.chat, limits
-            )
+            step = await self.format.step(reply, task, sandbox, deadline, self.chat, limits)
+            point = _ResumePoint(point.opening, len(conv), generation.output_ids, step.assistant, list(step.appended))
             turn = dataclasses.replace(
                 turn,
                 command=step.command,
@@ -198,7 +265,7 @@ class LLMAgent:
                 turns.append(turn)
                 return result("wall_time")
             stop: StopReason | None = None
-            if index == budget.max_turns - 1:
+            if index == first + budget.max_turns - 1:
                 stop = "max_turns"
             elif deadline.expired:
                 stop = "wall_time"

@@ -1,0 +1,243 @@
+"""Harbor multi-step tasks run as Harbor runs them: each step's setup, agent and verifier before the next's.
+
+The task is built here in Harbor's format, shaped like Harbor's cookbook task ``hello-multi-step-full``:
+step 1 makes ``greet.sh`` print ``hello``, step 2 rewrites it to greet the name in ``config.txt`` (so
+step 1's check fails once step 2 is done), step 3 documents it. Verifying every step after the last
+agent, as sandrl did, scores the oracle 0 here.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+from sandrl.inference.tokenizer import ByteTokenizer
+from sandrl.rollout import AgentResult, LLMAgent, NullAgent, OracleAgent, Trajectory, run_episode
+from sandrl.rollout.agents.formats import FENCED_SYSTEM_PROMPT
+from sandrl.rollout.multi_step import after
+from sandrl.rollout.trajectory import Turn
+from sandrl.sandbox.bwrap import BwrapProvider
+from sandrl.tasks import Task, load_harbor_task
+
+from .conftest import ScriptedPolicy, bash
+
+TASK_TOML = """\
+schema_version = "1.4"
+artifacts = ["/app/greet.sh", "/app/build.log"]
+
+[task]
+name = "sandrl/greeter"
+
+[environment]
+allow_internet = false
+workdir = "/app"
+
+[[steps]]
+name = "scaffold"
+min_reward = 1.0
+[steps.agent]
+timeout_sec = 60.0
+
+[[steps]]
+name = "implement"
+min_reward = 0.5
+[steps.verifier.env]
+EXPECTED = "Hello, Harbor!"
+[steps.healthcheck]
+command = "test -x /app/greet.sh"
+interval_sec = 0.1
+retries = 2
+
+[[steps]]
+name = "document"
+artifacts = ["/app/README.md"]
+"""
+
+FILES = {
+    "environment/Dockerfile": "FROM host\nWORKDIR /app\n",
+    # Shared by every step's test.sh, as the cookbook's tests/helpers.sh is; each verdict is logged in
+    # order outside /tests and /logs/verifier, so the next step's agent can see which verifiers ran.
+    "tests/helpers.sh": (
+        'verdict() { echo "$1" > /logs/verifier/reward.txt; echo "$STEP=$1" >> /var/tmp/verdicts; exit 0; }\n'
+    ),
+    "steps/scaffold/instruction.md": "Write /app/greet.sh, an executable script printing `hello`.\n",
+    "steps/scaffold/solution/solve.sh": "printf '#!/bin/bash\\necho hello\\n' > /app/greet.sh\nchmod +x greet.sh\n",
+    "steps/scaffold/tests/test.sh": (
+        "#!/bin/bash\nSTEP=scaffold; source /tests/helpers.sh\n"
+        '[ "$(/app/greet.sh 2>/dev/null)" = hello ] && verdict 1; verdict 0\n'
+    ),
+    "steps/implement/instruction.md": "Make /app/greet.sh print `Hello, <name>!` for the name in /app/config.txt.\n",
+    "steps/implement/workdir/config.txt": "Harbor  \n",
+    # Harbor's setup hook: runs in the working directory before the agent, and removes itself.
+    "steps/implement/workdir/setup.sh": (
+        'tr -d "[:space:]" < config.txt > name && mv name config.txt\n'
+        "mkdir -p /logs/artifacts && echo ran > /logs/artifacts/setup.txt\n"
+        'rm -- "$0"\n'
+    ),
+    "steps/implement/solution/solve.sh": (
+        "printf '#!/bin/bash\\necho \"Hello, $(cat /app/config.txt)!\"\\n' > /app/greet.sh\nchmod +x /app/greet.sh\n"
+    ),
+    "steps/implement/tests/test.sh": (
+        "#!/bin/bash\nSTEP=implement; source /tests/helpers.sh\n"
+        '[ "$(/app/greet.sh)" = "$EXPECTED" ] || verdict 0\n'
+        'echo World > /app/config.txt; [ "$(/app/greet.sh)" = "Hello, World!" ] && verdict 1; verdict 0\n'
+    ),
+    "steps/document/instruction.md": "Write /app/README.md, titled `# greet.sh`.\n",
+    "steps/document/solution/solve.sh": "printf '# greet.sh\\nReads config.txt.\\n' > /app/README.md\n",
+    "steps/document/tests/test.sh": (
+        "#!/bin/bash\nSTEP=document; source /tests/helpers.sh\n"
+        "grep -qx '# greet.sh' /app/README.md && verdict 1; verdict 0\n"
+    ),
+}
+
+
+def greeter(root: Path, **replace: str) -> Task:
+    """The task, written in Harbor's format under ``root``; ``replace`` swaps a file's text."""
+    task_dir = root / "greeter"
+    for name, text in {"task.toml": TASK_TOML, **FILES, **replace}.items():
+        path = task_dir / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        return load_harbor_task(task_dir)
+
+
+def steps_of(t: Trajectory) -> list[dict[str, object]]:
+    steps = t.verifier["details"]["steps"]
+    assert isinstance(steps, list)
+    return steps
+
+
+async def test_the_oracle_scores_1_with_each_step_verified_after_its_own(
+    provider: BwrapProvider, tmp_path: Path
+) -> None:
+    task = greeter(tmp_path)
+    t = await run_episode(task, provider, OracleAgent())
+    assert (t.status, t.reward, t.passed, t.error) == ("completed", 1.0, True, None)
+    steps = steps_of(t)
+    assert [(s["step"], s["reward"]) for s in steps] == [("scaffold", 1.0), ("implement", 1.0), ("document", 1.0)]
+    # One trajectory: a turn per step (each step's solution), its span recorded on the step.
+    assert [turn.command for turn in t.turns] == ["bash /solution/solve.sh"] * 3
+    assert [turn.index for turn in t.turns] == [0, 1, 2]
+    assert [s["agent"] for s in steps] == [{"stop_reason": "done", "turns": [k, k + 1]} for k in range(3)]
+    # Artifacts per step, recorded after the step's agent: greet.sh as each step left it.
+    greet = [next(a for a in s["artifacts"] if a["path"] == "/app/greet.sh") for s in steps]  # type: ignore[union-attr]
+    assert greet[0]["text"] == "#!/bin/bash\necho hello\n"
+    assert greet[1]["text"] == greet[2]["text"] == '#!/bin/bash\necho "Hello, $(cat /app/config.txt)!"\n'
+    paths = [[(a["path"], a.get("missing", False)) for a in s["artifacts"]] for s in steps]  # type: ignore[union-attr]
+    assert paths == [
+        [("/app/greet.sh", False), ("/app/build.log", True)],
+        [("/app/greet.sh", False), ("/app/build.log", True), ("/logs/artifacts/setup.txt", False)],
+        [
+            ("/app/greet.sh", False),
+            ("/app/build.log", True),
+            ("/app/README.md", False),
+            ("/logs/artifacts/setup.txt", False),
+        ],
+    ]
+    readme = steps[2]["artifacts"][2]  # type: ignore[index]
+    assert readme == {
+        "path": "/app/README.md",
+        "bytes": 29,
+        "text": "# greet.sh\nReads config.txt.\n",
+        "truncated": False,
+    }
+    assert t.verifier["details"]["rewards"] == {"reward": 1.0}
+    assert t.timings.verifier_s > 0 and t.timings.setup_s > 0
+
+
+async def test_the_llm_agent_gets_each_step_as_a_new_user_turn_of_one_conversation(
+    provider: BwrapProvider, tmp_path: Path, tokenizer: ByteTokenizer
+) -> None:
+    task = greeter(tmp_path)
+    policy = ScriptedPolicy(
+        [
+            bash("printf '#!/bin/bash\\necho hello\\n' > greet.sh && chmod +x greet.sh"),
+            bash("submit"),
+            # Step 2's agent: step 1's verifier has run, and its tests are gone; setup.sh ran and removed itself.
+            bash("cat /var/tmp/verdicts; ls -A /tests | wc -l; ls; cat config.txt"),
+            bash("printf '#!/bin/bash\\necho \"Hello, $(cat /app/config.txt)!\"\\n' > greet.sh"),
+            bash("submit"),
+            bash("echo '# greet.sh' > README.md"),
+            bash("submit"),
+        ]
+    )
+    t = await run_episode(task, provider, LLMAgent(tokenizer), policy=policy)
+    assert (t.status, t.stop_reason, t.reward, t.error) == ("completed", "submitted", 1.0, None)
+    t.check()
+    # Token-exact: the ids are the chat template's rendering of the whole conversation, the steps'
+    # instructions user turns of it in order.
+    messages, open_turn = tokenizer.parse_messages(t.ids)
+    assert not open_turn and tokenizer.encode_messages(messages) == t.ids
+    assert [m["role"] for m in messages] == [
+        "system", "user", "assistant", "tool", "assistant",
+        "user", "assistant", "tool", "assistant", "tool", "assistant",
+        "user", "assistant", "tool", "assistant",
+    ]  # fmt: skip
+    assert messages[0]["content"] == FENCED_SYSTEM_PROMPT
+    assert [m["content"] for m in messages if m["role"] == "user"] == [s.instruction for s in task.steps]
+    assert t.prompt_len == len(tokenizer.encode_messages(messages[:2], add_generation_prompt=True))
+    assert t.segment_starts == [0] and sum(t.loss_mask) == sum(tu.output_end - tu.output_start for tu in t.turns)
+    # Each step's first call sees the whole conversation so far: step 1's turns, then the new instruction.
+    assert [len(call) for call in policy.calls] == [turn.output_start for turn in t.turns]
+    assert policy.calls[2] == t.ids[: t.turns[2].output_start]
+    assert t.turns[1].observation_end == t.turns[2].output_start  # the user turn follows step 1's last turn
+    assert messages[7]["content"] == "exit code: 0\nstdout:\nscaffold=1\n0\nconfig.txt\ngreet.sh\nHarbor"
+    steps = steps_of(t)
+    assert [(s["step"], s["reward"]) for s in steps] == [("scaffold", 1.0), ("implement", 1.0), ("document", 1.0)]
+    assert [s["agent"]["turns"] for s in steps] == [[0, 2], [2, 5], [5, 7]]  # type: ignore[index]
+
+
+async def test_a_step_below_min_reward_ends_the_episode(
+    provider: BwrapProvider, tmp_path: Path, tokenizer: ByteTokenizer
+) -> None:
+    task = greeter(tmp_path)
+    policy = ScriptedPolicy([bash("echo nothing"), bash("submit")])
+    t = await run_episode(task, provider, LLMAgent(tokenizer), policy=policy)
+    # Step 1 failed its min_reward: no further step's setup, agent or verifier ran; the roll-up is step 1's.
+    assert (t.status, t.reward, t.passed) == ("completed", 0.0, False)
+    assert len(policy.calls) == 2 and t.num_turns == 2
+    assert [(s["step"], s["reward"], s.get("stopped")) for s in steps_of(t)] == [("scaffold", 0.0, True)]
+    # The null agent on the same task: the same, without a model.
+    t = await run_episode(task, provider, NullAgent())
+    assert (t.reward, [s["step"] for s in steps_of(t)]) == (0.0, ["scaffold"])
+
+
+async def test_a_later_steps_failing_healthcheck_scores_that_step_0(provider: BwrapProvider, tmp_path: Path) -> None:
+    # Step 2's healthcheck needs what step 1 did not leave (a policy could do so): that step counts 0 and ends it.
+    toml = TASK_TOML.replace('command = "test -x /app/greet.sh"', 'command = "test -f /app/greet.conf"')
+    task = greeter(tmp_path, **{"task.toml": toml})
+    t = await run_episode(task, provider, OracleAgent())
+    steps = steps_of(t)
+    assert [(s["step"], s["reward"]) for s in steps] == [("scaffold", 1.0), ("implement", 0.0)]
+    assert "healthcheck failed 2 times in a row" in str(steps[1]["error"]) and steps[1]["stopped"]
+    assert (t.status, t.reward, t.error, t.num_turns) == ("completed", 0.5, None, 1)
+
+
+async def test_a_first_step_whose_setup_fails_is_the_tasks_failure(provider: BwrapProvider, tmp_path: Path) -> None:
+    task = greeter(tmp_path, **{"steps/scaffold/workdir/setup.sh": "exit 3\n"})
+    t = await run_episode(task, provider, OracleAgent())
+    assert t.status == "infra_error" and t.reward is None and t.error is not None
+    assert (t.error.phase, t.error.error_code) == ("setup", "step_setup_failed")
+    assert "scaffold's workdir/setup.sh failed (exit 3)" in t.error.message
+
+
+def test_a_fresh_run_per_step_is_a_new_segment() -> None:
+    """An agent that cannot continue a conversation (a harness) runs each step afresh: its ids follow as a segment."""
+    one = AgentResult("submitted", [Turn(0, "a", 2, 4, 2, observation_start=4, observation_end=4)], [1, 2, 3, 4])
+    one.loss_mask, one.logprobs, one.prompt_len = [0, 0, 1, 1], [0.0, 0.0, -1.0, -1.0], 2
+    two = AgentResult("done", [Turn(0, "b", 1, 2, 1, observation_start=2, observation_end=3)], [5, 6, 7])
+    two.loss_mask, two.logprobs, two.prompt_len = [0, 1, 0], [0.0, -2.0, 0.0], 1
+    both = after(one, two)
+    assert (both.ids, both.loss_mask, both.segment_starts, both.prompt_len) == (
+        [1, 2, 3, 4, 5, 6, 7],
+        [0, 0, 1, 1, 0, 1, 0],
+        [0, 4],
+        2,
+    )
+    assert [(u.index, u.output_start, u.output_end, u.observation_end) for u in both.turns] == [
+        (0, 2, 4, 4),
+        (1, 5, 6, 7),
+    ]
+    assert both.stop_reason == "done" and after(None, two) is two
