@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import warnings
 from pathlib import Path
 
-from sandrl.tasks import Task, TaskWarning, load_task
+from sandrl.tasks import Task, load_task
 
 SETUP = """#!/bin/bash
 # The expensive setup, as a checkout and a build would be: a wait, CPU work, files written.
@@ -103,7 +102,5 @@ def write_task(
 
 
 def load_setup_heavy(task_dir: Path) -> Task:
-    """Load a task :func:`write_task` wrote; the warning that it has steps is expected, so not shown."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", TaskWarning)
-        return load_task(task_dir)
+    """Load a task :func:`write_task` wrote."""
+    return load_task(task_dir)

@@ -17,6 +17,10 @@ segments and turns (each turn's commands are the ones run after its completion).
 did wrong, however the harness reports it, is the episode's outcome; a failure of sandrl's own
 machinery under the harness (the inference server, the sandbox) is raised as the infra error it
 is, even when the harness caught it.
+
+A harness starts its own conversation from an instruction, so a Harbor multi-step task gives it each
+step as a run of its own, in a session of its own: the trajectory holds one segment per step
+(:mod:`sandrl.rollout.multi_step`). Only the built-in LLM agent continues one conversation across steps.
 """
 
 from __future__ import annotations

@@ -17,6 +17,13 @@ exactly the ids the model saw and produced, for any chat template (Qwen3's, whic
 earlier turns, included: earlier turns are never re-rendered). A budget reached at turn k ends
 the episode at turn k: the last command still runs (its effect is verified) but nothing is
 appended after the model's last tokens, so the ids end with the model's last output.
+
+A Harbor multi-step task's next step goes on with the same conversation (:meth:`LLMAgent.resume`):
+the ids after the model's last turn (loss mask 0: its observation and the assistant prefix, when they
+were appended) are rendered again, by the same :meth:`~sandrl.inference.chat.ChatFormat.append_ids`,
+from the messages the format put after that turn followed by the step's instruction as a user
+message. Nothing the model produced is re-tokenized; the ids stay one sequence, the template's
+rendering of the whole conversation.
 """
 
 from __future__ import annotations
