@@ -256,6 +256,7 @@ def test_the_sources_are_saved_with_the_run_and_read_back_unchanged(tmp_path: Pa
     first, second = config.tasks.sources
     assert (first.name, first.path, first.weight) == ("mine", str(tmp_path / "sets" / "mine.jsonl"), 3.0)
     assert (second.name, second.epochs) == ("arith", 2)
+    assert TaskSource(path="datasets/terminal-bench@2.0/").name == "terminal-bench@2.0"  # what tasks pull writes
     saved = save_resolved(config)
     assert "[[tasks.sources]]" in saved.read_text()
     assert load_run_config(saved) == config

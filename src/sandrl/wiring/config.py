@@ -107,7 +107,7 @@ class ModelConfig:
         return HTTPConfig(api_key=load_client_token(self.token_file or None))
 
 
-SOURCE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+SOURCE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}")
 """A source's name: a metric key's part (``source/<name>/...``) and, for a family, a directory's."""
 _ROW_SUFFIXES = (".jsonl", ".json", ".parquet")
 
@@ -141,8 +141,9 @@ class TaskSource:
     out the run ends, fewer than ``[run] steps`` steps in. 0: never runs out (each pass a new shuffle)."""
     name: str = ""
     """Names the source in the metrics (``source/<name>/reward_mean``); default: the last part of
-    ``path`` (without ``.jsonl``, ``.json`` or ``.parquet``), or the family's name. Letters, digits,
-    ``.``, ``_`` and ``-``."""
+    ``path`` (without ``.jsonl``, ``.json`` or ``.parquet``: ``terminal-bench@2.0`` for
+    ``datasets/terminal-bench@2.0``), or the family's name. Letters, digits, ``.``, ``_``, ``-``, ``@``
+    and ``+``."""
 
     def __post_init__(self) -> None:
         where = f"source {self.name or self.path or self.family!r}"
@@ -167,7 +168,7 @@ class TaskSource:
         if not SOURCE_NAME.fullmatch(self.name):
             raise ConfigError(
                 f'{where}: the name {self.name!r} cannot name a source: give the table name = "..." '
-                "(letters, digits, '.', '_', '-'; at most 64, not starting with '.')"
+                "(letters, digits and . _ - @ +; at most 64, not starting with one of those)"
             )
 
 
