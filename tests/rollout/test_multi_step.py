@@ -8,12 +8,29 @@ agent, as sandrl did, scores the oracle 0 here.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
+from sandrl.inference.base import Generation, SamplingParams
 from sandrl.inference.tokenizer import ByteTokenizer
-from sandrl.rollout import AgentResult, LLMAgent, NullAgent, OracleAgent, Trajectory, run_episode
-from sandrl.rollout.agents.formats import FENCED_SYSTEM_PROMPT
+from sandrl.rollout import (
+    AgentResult,
+    Budget,
+    EpisodeConfig,
+    LLMAgent,
+    LLMAgentConfig,
+    NullAgent,
+    OracleAgent,
+    Trajectory,
+    run_episode,
+)
+from sandrl.rollout.agents.formats import FENCED_SYSTEM_PROMPT, TOOLS_SYSTEM_PROMPT
+from sandrl.rollout.agents.tools import SANDBOX_TOOLS
 from sandrl.rollout.multi_step import after
 from sandrl.rollout.trajectory import Turn
 from sandrl.sandbox.bwrap import BwrapProvider
@@ -187,6 +204,89 @@ async def test_the_llm_agent_gets_each_step_as_a_new_user_turn_of_one_conversati
     steps = steps_of(t)
     assert [(s["step"], s["reward"]) for s in steps] == [("scaffold", 1.0), ("implement", 1.0), ("document", 1.0)]
     assert [s["agent"]["turns"] for s in steps] == [[0, 2], [2, 5], [5, 7]]  # type: ignore[index]
+
+
+@pytest.mark.parametrize("fmt", ["fenced", "tools"])
+async def test_a_step_that_ran_out_of_turns_goes_on_after_its_last_observation(
+    provider: BwrapProvider, tmp_path: Path, tokenizer: ByteTokenizer, fmt: str
+) -> None:
+    """One turn per step: each step's command ran, its output was never appended (the budget ended the
+    step there); the next step's user turn comes after it, and the ids are still the template's rendering."""
+    task = greeter(tmp_path)
+    commands = [
+        "printf '#!/bin/bash\\necho hello\\n' > greet.sh && chmod +x greet.sh",
+        "printf '#!/bin/bash\\necho \"Hello, $(cat /app/config.txt)!\"\\n' > greet.sh",
+        "echo '# greet.sh' > README.md",
+    ]
+    if fmt == "fenced":
+        replies = [bash(c) for c in commands]
+    else:
+        replies = [
+            f'<tool_call>\n{{"name": "bash", "arguments": {{"command": {json.dumps(c)}}}}}\n</tool_call>'
+            for c in commands
+        ]
+    agent = LLMAgent(tokenizer, LLMAgentConfig(format=fmt))  # type: ignore[arg-type]
+    t = await run_episode(
+        task, provider, agent, policy=ScriptedPolicy(replies), config=EpisodeConfig(Budget(max_turns=1))
+    )
+    assert (t.status, t.stop_reason, t.reward) == ("truncated", "max_turns", 1.0), t.error
+    # Token-exact: the template's rendering of system, then per step its instruction, the reply and the
+    # command's output (the observations read back from the ids: what the sandbox printed).
+    parsed, open_turn = tokenizer.parse_messages(t.ids)
+    roles = ["system", "user", "assistant", "tool", "user", "assistant", "tool", "user", "assistant"]
+    assert not open_turn and [m["role"] for m in parsed] == roles
+    outputs = [m["content"] for m in parsed if m["role"] == "tool"]
+    assert len(outputs) == 2 and all(o.startswith("exit code: 0") for o in outputs)
+    system = TOOLS_SYSTEM_PROMPT if fmt == "tools" else FENCED_SYSTEM_PROMPT
+    messages: list[dict[str, str]] = [{"role": "system", "content": system}]
+    for k, step in enumerate(task.steps):
+        messages += [{"role": "user", "content": step.instruction}, {"role": "assistant", "content": replies[k]}]
+        messages += [{"role": "tool", "content": outputs[k]}] if k < 2 else []
+    assert t.ids == tokenizer.encode_messages(messages, tools=SANDBOX_TOOLS if fmt == "tools" else None)
+    assert t.loss_mask[-1] == 1  # the last step's last command ran; nothing follows the model's output
+
+
+@dataclass
+class StallingPolicy(ScriptedPolicy):
+    """Replies in turn, but the call numbered ``stall_at`` takes ``stall_s``."""
+
+    stall_at: int = 1
+    stall_s: float = 10.0
+
+    async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation:
+        if len(self.calls) == self.stall_at:
+            self.calls.append(list(input_ids))
+            await asyncio.sleep(self.stall_s)
+        return await super().generate(input_ids, params)
+
+
+async def test_a_step_whose_time_ran_out_mid_reply_goes_on_token_exact(
+    provider: BwrapProvider, tmp_path: Path, tokenizer: ByteTokenizer
+) -> None:
+    """Step 1's wall time ends while the model answers its second turn: the ids then end with the first
+    turn's observation and an open assistant prefix, which the next step's user turn must follow."""
+    task = greeter(tmp_path)
+    replies = [
+        bash("printf '#!/bin/bash\\necho hello\\n' > greet.sh && chmod +x greet.sh"),
+        bash("printf '#!/bin/bash\\necho \"Hello, $(cat /app/config.txt)!\"\\n' > greet.sh"),
+        bash("submit"),
+        bash("echo '# greet.sh' > README.md"),
+        bash("submit"),
+    ]
+    policy = StallingPolicy([replies[0], "(never seen)", *replies[1:]], stall_at=1, stall_s=10.0)
+    config = EpisodeConfig(Budget(max_turns=3, wall_time_s=2.0))
+    t = await run_episode(task, provider, LLMAgent(tokenizer), policy=policy, config=config)
+    assert (t.status, t.reward, t.error) == ("completed", 1.0, None)
+    assert [s["agent"] for s in steps_of(t)] == [  # type: ignore[index]
+        {"stop_reason": "wall_time", "turns": [0, 1]},
+        {"stop_reason": "submitted", "turns": [1, 3]},
+        {"stop_reason": "submitted", "turns": [3, 5]},
+    ]
+    messages, open_turn = tokenizer.parse_messages(t.ids)
+    assert not open_turn and tokenizer.encode_messages(messages) == t.ids
+    roles = ["system", "user", "assistant", "tool", "user", "assistant", "tool", "assistant", "user"]
+    assert [m["role"] for m in messages] == [*roles, "assistant", "tool", "assistant"]
+    assert [m["content"] for m in messages if m["role"] == "user"] == [s.instruction for s in task.steps]
 
 
 async def test_a_step_below_min_reward_ends_the_episode(
