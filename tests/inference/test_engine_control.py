@@ -211,7 +211,8 @@ async def test_a_prefill_pads_a_short_prompt_to_a_long_one_only_within_the_bound
     params = SamplingParams(max_new_tokens=3, ignore_eos=True, seed=1)
     long_prompt = tokenizer.encode_messages([{"role": "user", "content": "x" * 400}])
     short = [tokenizer.encode_messages([{"role": "user", "content": f"t{i}"}]) for i in range(3)]
-    async with Engine.load("tiny", EngineConfig()) as eng:
+    # Without the prefix cache: with it, the repeated prompts would prefill one token each.
+    async with Engine.load("tiny", EngineConfig(prefix_cache_tokens=0)) as eng:
         alone = [await eng.generate(p, params) for p in (long_prompt, *short)]
         for batch, expected in (([long_prompt, *short], 2), (short, 1)):
             await eng.pause("in_place")

@@ -113,6 +113,9 @@ class Generation:
     output_weight_versions: list[int] | None = field(default=None, repr=False)
     """Per output token, the version of the weights whose forward pass produced it (and its log-prob):
     exact when a weight update landed mid-generation. None when the backend does not say."""
+    cached_tokens: int = 0
+    """Prompt tokens whose KV the server reused from its prefix cache instead of computing them (SGLang's
+    ``meta_info.cached_tokens``, OpenAI's ``usage.prompt_tokens_details.cached_tokens``); 0 when it does not say."""
 
     def __post_init__(self) -> None:
         if len(self.output_ids) != len(self.output_logprobs):

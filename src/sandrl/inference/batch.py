@@ -41,6 +41,8 @@ class Partial:
     output_logprobs: list[float]
     output_weight_versions: list[int]
     output_top_logprobs: list[list[tuple[int, float]]] | None
+    cached_tokens: int = 0
+    """Prompt tokens whose KV came from the prefix cache (:mod:`sandrl.inference.prefix_cache`)."""
 
 
 @dataclass(eq=False)
@@ -93,6 +95,10 @@ class Request:
     """Someone aborted it: end it with finish_reason 'abort' and what it has so far."""
     retractions: int = 0
     """Times its KV cache was dropped and rebuilt from prompt + output (abort_and_resume, pause mode retract)."""
+    cached_tokens: int = 0
+    """Prompt tokens its first prefill took from the prefix cache instead of computing them."""
+    kv_epoch: int = -1
+    """The prefix cache's epoch at its last prefill: its KV is stored only if no weight swap came since."""
 
     @property
     def context(self) -> list[int]:
@@ -122,6 +128,11 @@ class Request:
         if self.on_token is not None:
             deliver_call(self.loop, self.on_token, len(self.output_ids))
 
+    def partial(self, n: int) -> Partial:
+        """The first ``n`` tokens of the output (a streamed request's progress)."""
+        top = self.top_logprobs[:n] if self.params.top_logprobs else None
+        return Partial(self.output_ids[:n], self.output_logprobs[:n], self.weight_versions[:n], top, self.cached_tokens)
+
     def result(self, weight_version: int, text: str | None) -> Generation:
         assert self.finish is not None
         return Generation(
@@ -135,6 +146,7 @@ class Request:
             text=text,
             output_top_logprobs=list(self.top_logprobs) if self.params.top_logprobs else None,
             output_weight_versions=list(self.weight_versions),
+            cached_tokens=self.cached_tokens,
         )
 
 
@@ -192,9 +204,12 @@ class RunningBatch:
         return requests
 
 
-def admit(waiting: deque[Request], room: int, max_prefill_tokens: int) -> tuple[list[Request], list[Request]]:
+def admit(
+    waiting: deque[Request], room: int, max_prefill_tokens: int, size: Callable[[Request], int] | None = None
+) -> tuple[list[Request], list[Request]]:
     """Take from ``waiting`` the requests of the next prefill: at most ``room``, within the prefill budget.
 
+    ``size``: the tokens a request's prefill computes (default: its whole context; less with a cached prefix).
     Returns them and the cancelled requests dropped on the way.
     """
     admitted: list[Request] = []
@@ -205,15 +220,15 @@ def admit(waiting: deque[Request], room: int, max_prefill_tokens: int) -> tuple[
         if request.cancelled:
             cancelled.append(waiting.popleft())
             continue
-        size = len(request.context)
-        width = max(longest, size)
+        tokens = size(request) if size is not None else len(request.context)
+        width = max(longest, tokens)
         padded = width * (len(admitted) + 1)
         # A prefill is one left-padded rectangle: past MAX_PADDING x its real tokens, padding costs
         # more than a second forward (retracted requests of any length come back together).
-        if admitted and (padded > max_prefill_tokens or padded > MAX_PADDING * (real + size)):
+        if admitted and (padded > max_prefill_tokens or padded > MAX_PADDING * (real + tokens)):
             break
         admitted.append(waiting.popleft())
-        longest, real = width, real + size
+        longest, real = width, real + tokens
     return admitted, cancelled
 
 

@@ -4,8 +4,8 @@ One background thread owns the model. Each turn of its loop it
 
 1. retires aborted requests and applies pause / continue,
 2. swaps in new weights if an update is waiting, as its policy says (below),
-3. admits waiting requests and prefills their prompts together (left-padded, one forward),
-   merging their KV cache into the running batch's,
+3. admits waiting requests and prefills their prompts together (left-padded, one forward, each
+   after its cached prefix: :mod:`~sandrl.inference.prefix_cache`), merging their KV into the batch's,
 4. decodes one token for every running request in one forward over the shared,
    attention-masked KV cache, and
 5. hands finished requests back to their callers' event loops.
@@ -68,6 +68,7 @@ from sandrl.inference.lora_client import is_adapter_dir
 from sandrl.inference.lora_registry import AdapterRegistry
 from sandrl.inference.lora_rows import AdapterRows
 from sandrl.inference.model import config_eos_ids, load_model, load_weights
+from sandrl.inference.prefix_cache import PrefixCache, note_prefill, prefill_inputs
 from sandrl.inference.sampling import RowSampler, sample_next
 from sandrl.inference.tokenizer import Tokenizer
 
@@ -118,6 +119,7 @@ class Engine:
         self._policy_adapter: LoraAdapter | None = None
         self._rows = AdapterRows(model)
         self._batch = RunningBatch()
+        self.prefix_cache = PrefixCache(self.config.prefix_cache_tokens, DynamicCache(config=model.config))
         self._thread = threading.Thread(target=self._run, name="sandrl-engine", daemon=True)
         self._thread.start()
 
@@ -199,8 +201,7 @@ class Engine:
                     n = counts.get_nowait()
                 if request.future.done():
                     break  # the finished Generation follows, with the same tokens
-                top = request.top_logprobs[:n] if request.params.top_logprobs else None
-                yield Partial(request.output_ids[:n], request.output_logprobs[:n], request.weight_versions[:n], top)
+                yield request.partial(n)
             yield await request.future
         finally:
             if not request.future.done():
@@ -303,6 +304,10 @@ class Engine:
 
     async def continue_generation(self) -> None:
         await self._control("continue")
+
+    async def flush_cache(self) -> None:
+        """Empty the prefix cache (SGLang's /flush_cache); running requests keep their own KV."""
+        await self._control("flush")
 
     async def set_weight_version(self, version: int) -> None:
         """Rename the current weights' version (SGLang's /update_weight_version); tokens sampled after it carry it."""
@@ -454,7 +459,9 @@ class Engine:
             self._retract()
         elif control.action == "version" and control.value is not None:
             self._weight_version = control.value
-        self._paused = control.action in PAUSE_MODES or (self._paused and control.action == "version")
+        elif control.action == "flush":
+            self.prefix_cache.clear()
+        self._paused = control.action in PAUSE_MODES or (self._paused and control.action in ("version", "flush"))
         deliver(control.loop, control.future, 0)
 
     def _apply_updates(self) -> bool:
@@ -483,7 +490,7 @@ class Engine:
     def _admit(self) -> list[Request]:
         """Take waiting requests that fit in the batch and the prefill budget (called under the lock)."""
         room = self.config.max_batch_size - len(self._batch)
-        admitted, cancelled = admit(self._waiting, room, self.config.max_prefill_tokens)
+        admitted, cancelled = admit(self._waiting, room, self.config.max_prefill_tokens, self.prefix_cache.uncached)
         self._inflight.difference_update(cancelled)
         return admitted
 
@@ -494,6 +501,7 @@ class Engine:
         except Exception as exc:
             deliver_error(update.loop, update.future, InferenceError(f"swapping in {update.path} failed: {exc}"))
             return
+        self.prefix_cache.clear()  # KV of the old weights is never reused
         self._weight_version = update.version if update.version is not None else self._weight_version + 1
         self._policy_adapter = update.adapter
         if update.adapter is None:
@@ -514,19 +522,14 @@ class Engine:
         return logits
 
     def _prefill(self, requests: list[Request]) -> None:
-        contexts = [r.context for r in requests]
-        width = max(len(c) for c in contexts)
+        hits = [self.prefix_cache.lookup(r) for r in requests]
         pad = self.tokenizer.pad_token_id if self.tokenizer is not None else 0
-        ids = torch.full((len(requests), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(requests), width), dtype=torch.long)
-        for row, context in enumerate(contexts):
-            # Left padding lines up every prompt's last token in the last column.
-            ids[row, width - len(context) :] = torch.tensor(context)
-            mask[row, width - len(context) :] = 1
-        positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
         cache = DynamicCache(config=self._model.config)
+        # Left padding lines up every prompt's last token in the last column.
+        ids, mask, positions = prefill_inputs([r.context for r in requests], hits, pad, cache)
         logits = self._forward(requests, ids, mask, positions, cache)
         self.stats.prefills += 1
+        note_prefill(requests, hits, self.prefix_cache.epoch, self.stats)
         for request in requests:
             if request.start_weight_version is None:
                 request.start_weight_version = self._weight_version
@@ -561,6 +564,7 @@ class Engine:
             request.check_finished(token, self.tokenizer)
             if request.finish is None:  # the last token comes with the finished Generation instead
                 request.notify()
+        self.prefix_cache.store_finished(self._batch)
         self._retire(self._batch.remove_leaving())
 
     def _retire(self, requests: list[Request]) -> None:

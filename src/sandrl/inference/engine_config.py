@@ -34,6 +34,10 @@ class EngineConfig:
     max_lora_rank: int = 256
     """The largest rank of an adapter the engine loads (SGLang's ``--max-lora-rank``); it also bounds the size of
     an adapter file the engine reads."""
+    prefix_cache_tokens: int = 32768
+    """Tokens of finished sequences whose KV the engine keeps for requests that extend them (the next turn of
+    an episode: :mod:`sandrl.inference.prefix_cache`; SGLang's radix cache), least recently used evicted first;
+    0 turns it off. Each token holds ``2 x layers x kv_heads x head_dim`` numbers (the tiny model: 512 bytes)."""
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
@@ -48,6 +52,10 @@ class EngineConfig:
             raise ConfigError(f"max_loras must be >= 0 (0 serves no LoRA adapter by name), got {self.max_loras}")
         if self.max_lora_rank < 1:
             raise ConfigError(f"max_lora_rank must be >= 1, got {self.max_lora_rank}")
+        if self.prefix_cache_tokens < 0:
+            raise ConfigError(
+                f"prefix_cache_tokens must be >= 0 (0 turns the prefix cache off), got {self.prefix_cache_tokens}"
+            )
 
 
 @dataclass
@@ -59,6 +67,10 @@ class EngineStats:
     decoded_tokens: int = 0
     """Tokens sampled in decode steps (the sum of the batch sizes)."""
     prefills: int = 0
+    prefill_tokens: int = 0
+    """Context tokens the prefills computed (padding not counted; a cached prefix is not computed)."""
+    cached_tokens: int = 0
+    """Context tokens the prefills took from the prefix cache instead."""
     max_batch: int = 0
     """The largest number of requests decoded in one step."""
     weight_updates: int = 0

@@ -224,10 +224,18 @@ class OpenAIClient:
             text=text if isinstance(text, str) else None,
             output_top_logprobs=[t[:top_k] for t in tops] if top_k else None,
             output_weight_versions=per_token,
+            cached_tokens=_cached_tokens(usage),
         )
 
     def _bad(self, what: str) -> InferenceError:
         return InferenceError(f"{self.base_url}: {what}", error_code="inference_bad_response")
+
+
+def _cached_tokens(usage: dict[str, Any]) -> int:
+    """``usage.prompt_tokens_details.cached_tokens`` (OpenAI's; SGLang's with ``--enable-cache-report``), else 0."""
+    details = usage.get("prompt_tokens_details")
+    value = details.get("cached_tokens") if isinstance(details, dict) else None
+    return value if isinstance(value, int) and value > 0 else 0
 
 
 def _token_id(token: Any) -> int:

@@ -51,6 +51,7 @@ from sandrl.inference.engine import Engine
 from sandrl.inference.gateway.session import plain, reply_message
 from sandrl.inference.openai_stream import StreamSpec, chat_logprobs, completion_logprobs, openai_stream
 from sandrl.inference.serving import (
+    cached_tokens,
     engine_of,
     output_text,
     reject_unsupported,
@@ -346,6 +347,7 @@ def _envelope(
 ) -> dict[str, Any]:
     prompt_tokens = sum(len(p) for p in {tuple(p) for _, p in generations})
     completion_tokens = sum(g.completion_tokens for g, _ in generations)
+    cached = cached_tokens((p, g) for g, p in generations)
     return {
         "id": f"{prefix}-{uuid.uuid4().hex}",
         "object": kind,
@@ -356,6 +358,7 @@ def _envelope(
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached},
         },
         "weight_version": min(g.weight_version for g, _ in generations),
     }

@@ -20,7 +20,7 @@ from typing import Any
 from sandrl.inference.base import Generation, InferenceClient, SamplingParams
 from sandrl.inference.batch import Partial
 from sandrl.inference.engine import Engine
-from sandrl.inference.serving import output_text, sse, stream_all, token_bytes, token_text
+from sandrl.inference.serving import cached_tokens, output_text, sse, stream_all, token_bytes, token_text
 
 
 @dataclass(frozen=True)
@@ -85,10 +85,12 @@ async def openai_stream(
     if spec.include_usage:
         prompt_tokens = sum(len(p) for p in {tuple(job[0]) for job in jobs})
         completion_tokens = sum(g.completion_tokens for g in finals if g is not None)
+        cached = cached_tokens(zip((job[0] for job in jobs), finals, strict=True))
         usage = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached},
         }
         yield sse({**head, "choices": [], "usage": usage})
     yield b"data: [DONE]\n\n"

@@ -12,7 +12,8 @@ Routes:
   string: sandrl's versions are the trainer's steps), ``abort_all_requests`` (in-flight requests
   end with finish_reason abort, then the swap), ``keep_pause`` (stays paused, in place, after),
   ``load_format`` (``auto``/``safetensors``, else 400), ``token_step`` (recorded, shown by
-  ``/get_server_info``) served; ``flush_cache`` no-op (no prefix cache), ``is_async`` no-op (the
+  ``/get_server_info``) served; ``flush_cache`` always (the prefix cache never outlives the weights that
+  computed it: every swap empties it, whatever the field says), ``is_async`` no-op (the
   checkpoint is always read off the decode thread and the answer always comes after the swap),
   ``torch_empty_cache``/``recapture_cuda_graph`` no-op (no CUDA); ``manifest`` 400. sandrl's
   ``update_policy`` (``in_place``/``pause``/``abort_and_resume``) picks what the update does to
@@ -33,7 +34,8 @@ Routes:
   an empty body (SGLang before 0.5.6) is ``abort``. ``POST /continue_generation``: served.
 - ``POST /abort_request``: served (``rid``, ``abort_all``); the request ends with finish_reason
   abort and the tokens it has.
-- ``GET|POST /flush_cache``: no-op, 200 (no prefix cache is kept between requests).
+- ``GET|POST /flush_cache``: served: empties the prefix cache (:mod:`~sandrl.inference.prefix_cache`); unlike
+  SGLang's it is not refused while requests run (each holds its own KV, not the cache's).
 - ``GET|POST /release_memory_occupation``, ``/resume_memory_occupation``: no-op, 200 (``tags``
   checked): the CPU engine has no device memory to hand to a colocated trainer.
 - ``POST /update_weights_from_tensor``, ``/update_weights_from_distributed``,
@@ -60,7 +62,8 @@ false (what RL clients send) served, true decodes the same (no tokenizer here sp
 ``min_new_tokens``, grammars (``json_schema``, ``regex``, ``ebnf``, ``structural_tag``),
 ``stop_regex``, ``custom_params``: 400 unless off. Answers: ``text``, ``output_ids``, ``meta_info``
 with ``id``, ``finish_reason`` (``{"type": "stop", "matched"}``, ``length``, ``abort``),
-``prompt_tokens``, ``completion_tokens``, ``weight_version`` (a string), ``output_token_logprobs``
+``prompt_tokens``, ``completion_tokens``, ``cached_tokens`` (the prompt's tokens taken from the prefix cache),
+``weight_version`` (a string), ``output_token_logprobs``
 (``[logprob, id, text or null]``; at the sampling temperature unless the server runs with
 ``SGLANG_RETURN_ORIGINAL_LOGPROB=1``, as SGLang's, or the request sends sandrl's
 ``return_original_logprob``), ``output_top_logprobs``, and sandrl's ``start_weight_version``

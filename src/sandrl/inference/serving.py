@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any, cast
 
 from fastapi import Request
@@ -60,6 +60,15 @@ def output_text(engine: Engine, generation: Generation, *, skip_special_tokens: 
         if at >= 0:
             text = text[: at + len(stop)] if keep_stop else text[:at]
     return text
+
+
+def cached_tokens(answers: Iterable[tuple[list[int], Generation | None]]) -> int:
+    """The prompt tokens of an answer's generations (prompt, generation) the prefix cache served: as SGLang's usage
+    counts them, each distinct prompt once, by its first sample (its others share its prompt)."""
+    first: dict[tuple[int, ...], int] = {}
+    for prompt, generation in answers:
+        first.setdefault(tuple(prompt), generation.cached_tokens if generation is not None else 0)
+    return sum(first.values())
 
 
 def token_text(engine: InferenceClient, token_id: int, *, as_id: bool) -> str:

@@ -228,6 +228,7 @@ class SGLangClient:
             text=answer.get("text") if isinstance(answer.get("text"), str) else None,
             output_top_logprobs=[[(int(e[1]), float(e[0])) for e in row] for row in top] if top else None,
             output_weight_versions=[int(v) for v in per_token] if isinstance(per_token, list) else None,
+            cached_tokens=cached if isinstance(cached := meta.get("cached_tokens"), int) and cached > 0 else 0,
         )
 
     def _bad_answer(self, path: str, answer: Any) -> InferenceError:

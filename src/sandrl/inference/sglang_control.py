@@ -228,11 +228,10 @@ async def abort_request(body: AbortRequest, request: Request) -> Response:
 
 
 @router.api_route("/flush_cache", methods=["GET", "POST"])
-async def flush_cache() -> Response:
-    return Response(
-        "Cache flushed.\nsandrl's engine keeps no prefix cache between requests, so there was nothing to flush.\n",
-        status_code=200,
-    )
+async def flush_cache(request: Request) -> Response:
+    # SGLang refuses while requests run (its radix tree holds their KV); here each request keeps its own.
+    await engine_of(request).flush_cache()
+    return Response("Cache flushed.\n", status_code=200)
 
 
 @router.api_route("/release_memory_occupation", methods=["GET", "POST"])
@@ -267,6 +266,8 @@ async def server_info(request: Request) -> dict[str, Any]:
         "return_original_logprob": request.app.state.return_original_logprob,
         "max_loaded_loras": engine.config.max_loras,
         "max_lora_rank": engine.config.max_lora_rank,
+        "disable_radix_cache": not engine.prefix_cache.max_tokens,
+        "prefix_cache_tokens": engine.prefix_cache.max_tokens,
         "loaded_lora_adapters": sorted(engine.lora_adapters),
         "internal_states": [{"#running_req": engine.running, "paused": engine.paused}],
         "version": __version__,

@@ -295,7 +295,7 @@ def _answer(engine: Engine, item: _Item, out: Partial | Generation, with_text: b
         "finish_reason": finish,
         "prompt_tokens": len(item.prompt),
         "completion_tokens": len(out.output_ids),
-        "cached_tokens": 0,
+        "cached_tokens": out.cached_tokens,
         "weight_version": str(final.weight_version if final else engine.weight_version),
         "start_weight_version": None if final is None else _str(final.start_weight_version),
         "e2e_latency": latency,
