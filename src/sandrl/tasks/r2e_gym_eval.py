@@ -21,18 +21,18 @@ runner that prints pytest's summary), so it is read rather than a JUnit report.
 
 from __future__ import annotations
 
+import functools
 import posixpath
 import re
 import shlex
 import time
 import zlib
-from types import MappingProxyType
 
 from sandrl.errors import SandboxFileError, TaskError
 from sandrl.sandbox.base import Sandbox
 from sandrl.tasks.envvars import resolve_env
 from sandrl.tasks.r2e_gym import STATUSES, test_key
-from sandrl.tasks.result import VerifyResult, tail
+from sandrl.tasks.result import VerifyResult, result_since
 from sandrl.tasks.sandbox_io import empty_dir_command, extract_tar, read_optional, run, run_logged
 from sandrl.tasks.task import R2eGymInstance, Task
 
@@ -130,27 +130,7 @@ async def grade(task: Task, sandbox: Sandbox) -> VerifyResult:
     instance = _instance(task)
     start = time.monotonic()
 
-    def result(
-        reward: float = 0.0,
-        *,
-        error: str | None = None,
-        details: dict[str, object] | None = None,
-        output: str = "",
-        exit_code: int | None = None,
-        timed_out: bool = False,
-        infra_error: bool = False,
-    ) -> VerifyResult:
-        return VerifyResult(
-            reward=reward,
-            passed=reward >= 1.0,
-            duration_s=time.monotonic() - start,
-            details=MappingProxyType(details or {}),
-            stdout_tail=tail(output),
-            exit_code=exit_code,
-            timed_out=timed_out,
-            error=error,
-            infra_error=infra_error,
-        )
+    result = functools.partial(result_since, start)
 
     tests = _captured.get(task.key)
     if tests is None:

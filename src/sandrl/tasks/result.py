@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -38,3 +39,29 @@ class VerifyResult:
     error: str | None = None
     """Why no reward could be read the way the task defines it, for people."""
     infra_error: bool = False
+
+
+def result_since(
+    start: float,
+    reward: float = 0.0,
+    *,
+    error: str | None = None,
+    details: dict[str, object] | None = None,
+    output: str = "",
+    exit_code: int | None = None,
+    timed_out: bool = False,
+    infra_error: bool = False,
+) -> VerifyResult:
+    """A grader's result, timed from ``start`` (``time.monotonic()``): passed at reward 1, its output's tail kept.
+    A grader binds its start once: ``result = functools.partial(result_since, time.monotonic())``."""
+    return VerifyResult(
+        reward=reward,
+        passed=reward >= 1.0,
+        duration_s=time.monotonic() - start,
+        details=MappingProxyType(details or {}),
+        stdout_tail=tail(output),
+        exit_code=exit_code,
+        timed_out=timed_out,
+        error=error,
+        infra_error=infra_error,
+    )

@@ -22,6 +22,7 @@ nothing behind.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import os
 import shlex
@@ -31,7 +32,6 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from types import MappingProxyType
 
 from sandrl.cache_dirs import cache_dir as sandrl_cache_dir
 from sandrl.errors import SandboxFileError, TaskError
@@ -39,7 +39,7 @@ from sandrl.sandbox.base import Sandbox
 from sandrl.tasks import swe_smith
 from sandrl.tasks.envvars import resolve_env
 from sandrl.tasks.pytest_results import JunitError, TestStatus, parse_junit_xml, status_of
-from sandrl.tasks.result import VerifyResult, tail
+from sandrl.tasks.result import VerifyResult, result_since
 from sandrl.tasks.sandbox_io import empty_dir_command, extract_tar, read_optional, run, run_logged
 from sandrl.tasks.swebench_logs import parse_django_log, parse_sympy_log
 from sandrl.tasks.task import SweBenchInstance, Task
@@ -216,27 +216,7 @@ async def grade(task: Task, sandbox: Sandbox, *, patch: str | None = None) -> Ve
     start = time.monotonic()
     repo = instance.repo_dir
 
-    def result(
-        reward: float = 0.0,
-        *,
-        error: str | None = None,
-        details: dict[str, object] | None = None,
-        output: str = "",
-        exit_code: int | None = None,
-        timed_out: bool = False,
-        infra_error: bool = False,
-    ) -> VerifyResult:
-        return VerifyResult(
-            reward=reward,
-            passed=reward >= 1.0,
-            duration_s=time.monotonic() - start,
-            details=MappingProxyType(details or {}),
-            stdout_tail=tail(output),
-            exit_code=exit_code,
-            timed_out=timed_out,
-            error=error,
-            infra_error=infra_error,
-        )
+    result = functools.partial(result_since, start)
 
     if not base:
         return result(
