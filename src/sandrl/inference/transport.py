@@ -9,6 +9,10 @@ Both clients (SGLang's native API and the OpenAI-compatible one) go through
 - any other 4xx: the server rejected the request, so sending it again cannot help:
   :class:`~sandrl.errors.ConfigError` with the server's own message;
 - 5xx, a timeout, or a body that is not JSON: :class:`~sandrl.errors.InferenceError`.
+
+A call made while an episode's routing key is bound (:mod:`sandrl.inference.fleet.affinity`)
+carries it in ``X-SMG-Routing-Key``, and counts on it the router's word that the call had to
+move to another engine.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 import httpx
 
 from sandrl.errors import ConfigError, InferenceError
+from sandrl.inference.fleet import affinity
 
 _RETRY_STATUS = frozenset({502, 503, 504})
 
@@ -70,10 +75,13 @@ class JSONTransport:
         """One request with retries; returns a 2xx response or raises a typed error."""
         url = self.base_url + path
         delay = self.config.backoff_s
+        # The episode the call belongs to, for a router in front of several engines (:mod:`~sandrl.inference.fleet`).
+        route = affinity.current()
+        headers = {affinity.ROUTING_KEY_HEADER: route.key} if route is not None else None
         for attempt in range(self.config.retries + 1):
             last_try = attempt == self.config.retries
             try:
-                response = await self._client.request(method, path, json=body)
+                response = await self._client.request(method, path, json=body, headers=headers)
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError) as exc:
                 if last_try:
                     raise InferenceError(
@@ -91,6 +99,8 @@ class JSONTransport:
             except httpx.HTTPError as exc:
                 raise InferenceError(f"{method} {url} failed: {type(exc).__name__}: {exc}") from exc
             else:
+                if route is not None and response.headers.get(affinity.MOVED_HEADER):
+                    route.moves += 1
                 if response.status_code not in _RETRY_STATUS or last_try:
                     if response.status_code >= 400:
                         raise _status_error(method, url, response)

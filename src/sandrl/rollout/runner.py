@@ -41,6 +41,7 @@ from typing import Any
 from sandrl.aio import gather_all, wait_out
 from sandrl.errors import ConfigError
 from sandrl.inference.base import InferenceClient
+from sandrl.inference.fleet import affinity
 from sandrl.rollout.agent import Agent
 from sandrl.rollout.episode import EpisodeConfig, run_episode
 from sandrl.rollout.failures import classify
@@ -305,6 +306,25 @@ class RolloutRunner:
     ) -> Trajectory:
         episode_id = f"{group_id}/{index}"
         earlier: list[EpisodeError] = []
+        # Every inference call of the episode names it: a router keeps it on one engine (the prefix cache).
+        with affinity.bound(episode_id) as route:
+            trajectory = await self._attempts(task, group_id, index, image, submitted, forked_from, earlier)
+        trajectory = dataclasses.replace(trajectory, retried_errors=earlier, engine_moves=route.moves)
+        self._finished(trajectory)
+        return trajectory
+
+    async def _attempts(
+        self,
+        task: Task,
+        group_id: str,
+        index: int,
+        image: str,
+        submitted: float,
+        forked_from: dict[str, Any] | None,
+        earlier: list[EpisodeError],
+    ) -> Trajectory:
+        """The episode's last attempt (after retryable infra errors, which ``earlier`` collects)."""
+        episode_id = f"{group_id}/{index}"
         backoff = self.config.retry_backoff_s
         attempt = 1
         while True:
@@ -339,6 +359,4 @@ class RolloutRunner:
             await asyncio.sleep(backoff)
             backoff *= 2
             submitted = time.monotonic()
-        trajectory = dataclasses.replace(trajectory, retried_errors=earlier)
-        self._finished(trajectory)
         return trajectory

@@ -237,6 +237,10 @@ class Trajectory:
     task's, the parent's), ``setup_s`` (the group's setup, run once and shared by its episodes, whose
     own ``timings.setup_s`` is 0), ``parent_create_s``, ``snapshot_s`` and ``attempt`` (of the
     group's setup). None: the episode set up its own sandbox."""
+    engine_moves: int = 0
+    """Calls of this episode that a router sent to another inference engine than its earlier ones, because
+    that engine had died (:mod:`sandrl.inference.fleet`): each re-prefilled the history there. Not an
+    error; 0 with one engine."""
     task_set: str = ""
     """The task set the task came from: the name of the directory holding its task directory (a
     dataset's, a generated family's, ``builtin``); the trainer's metrics are split by it. Empty in

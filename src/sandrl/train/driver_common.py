@@ -542,7 +542,12 @@ async def open_session(
     tasks = task_mix(config.tasks, config.output_dir / "tasks", config.run.seed)
     writer = TrajectoryWriter(config.output_dir / "rollouts.jsonl", append=True) if config.run.save_rollouts else None
     try:
-        async with open_policy(config.model, seed=config.run.seed) as policy, contextlib.AsyncExitStack() as agents:
+        async with (
+            open_policy(
+                config.model, seed=config.run.seed, fleet=config.inference, run_dir=config.output_dir
+            ) as policy,
+            contextlib.AsyncExitStack() as agents,
+        ):
             if agent is None:
                 agent = await agents.enter_async_context(open_agent(config.rollout, policy))
             if provider is None:

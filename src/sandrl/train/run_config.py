@@ -10,6 +10,10 @@
     [model]                     # sandrl.wiring.config.ModelConfig
     name = "tiny"
 
+    [inference]                 # sandrl.inference.fleet.config.FleetConfig: engines sandrl starts
+    launch = "embedded"         # or "sglang", "vllm"; left out: [model] inference says where the policy is
+    engines = 2
+
     [tasks]                     # sandrl.wiring.config.TasksConfig: a task directory, or a generated family
     family = "echo"
     count = 32
@@ -48,6 +52,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sandrl.errors import ConfigError
+from sandrl.inference.fleet.config import FleetConfig
 from sandrl.tasks.builtin.generated import FAMILIES
 from sandrl.toml_config import read_toml
 from sandrl.train.config import TrainConfig, from_mapping, none_as_false
@@ -202,6 +207,7 @@ class RunConfig:
 
     run: RunSection = field(default_factory=RunSection)
     model: ModelConfig = field(default_factory=ModelConfig)
+    inference: FleetConfig = field(default_factory=FleetConfig)
     tasks: TasksConfig = field(default_factory=lambda: TasksConfig(family="echo"))
     rollout: RolloutSection = field(default_factory=RolloutSection)
     async_: AsyncSection = field(default_factory=AsyncSection)
@@ -235,6 +241,7 @@ class RunConfig:
 _SECTIONS: dict[str, str] = {
     "run": "run",
     "model": "model",
+    "inference": "inference",
     "tasks": "tasks",
     "rollout": "rollout",
     "async": "async_",
@@ -244,6 +251,7 @@ _SECTIONS: dict[str, str] = {
 SECTION_TYPES: dict[str, type[Any]] = {
     "run": RunSection,
     "model": ModelConfig,
+    "inference": FleetConfig,
     "tasks": TasksConfig,
     "rollout": RolloutSection,
     "async": AsyncSection,
@@ -296,6 +304,11 @@ def from_dict(data: Mapping[str, object], *, where: str = "config", base: Path |
             config, warm_start=dataclasses.replace(config.warm_start, group_size=config.rollout.group_size)
         )
     config = _one_scale_rewards(config, data, where)
+    if config.inference.launched and not config.model.embedded:
+        raise ConfigError(
+            f"{where}: [inference] launch = {config.inference.launch!r} starts the engines, and [model] inference = "
+            f"{config.model.inference!r} names engines started elsewhere: drop one of them"
+        )
     if config.warm_start.enabled and config.tasks.sources and not config.warm_start.path:
         raise ConfigError(
             f"{where}: [warm_start] draws its demonstrations from one task set, not from [[tasks.sources]]: "

@@ -60,7 +60,10 @@ class ModelConfig:
     directory of the checkpoint it serves: its tokenizer is read from there."""
     inference: str = EMBEDDED
     """``embedded`` (the in-process engine on ``name``), the URL of a server, or ``vllm://HOST:PORT``
-    (a vLLM server: the same as its http:// URL with ``api = "vllm"``)."""
+    (a vLLM server: the same as its http:// URL with ``api = "vllm"``). Several servers started
+    elsewhere: their URLs joined by commas (``http://a:30000,http://b:30000``), sampled through
+    one router that keeps each episode on one of them (:mod:`sandrl.inference.fleet`). To have sandrl
+    start the engines, leave this ``embedded`` and set ``[inference] launch``."""
     api: Api = "sglang"
     """The server's routes: ``sglang`` (native ``/generate``: SGLang, ``sandrl serve inference``),
     ``vllm`` (``vllm serve``: OpenAI's completions with token ids, weights reloaded through its
@@ -89,9 +92,12 @@ class ModelConfig:
                 raise ConfigError(f"inference {self.inference!r} names a vLLM server, but api is 'openai': drop api")
             server_url(self.inference)  # a ConfigError if it is not vllm://HOST:PORT
             object.__setattr__(self, "api", "vllm")
-        elif self.inference != EMBEDDED and not self.inference.startswith(("http://", "https://")):
+        elif self.inference != EMBEDDED and not (
+            self.urls and all(u.startswith(("http://", "https://")) for u in self.urls)
+        ):
             raise ConfigError(
-                f"inference must be 'embedded', an http(s):// URL or vllm://HOST:PORT, got {self.inference!r}"
+                "inference must be 'embedded', an http(s):// URL (or several, joined by commas) or vllm://HOST:PORT, "
+                f"got {self.inference!r}"
             )
         if self.api not in ("sglang", "openai", "vllm"):
             raise ConfigError(f"api must be 'sglang', 'openai' or 'vllm', got {self.api!r}")
@@ -99,6 +105,13 @@ class ModelConfig:
     @property
     def embedded(self) -> bool:
         return self.inference == EMBEDDED
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """The servers ``inference`` names (one, or several joined by commas); none for ``embedded``."""
+        if self.embedded:
+            return ()
+        return tuple(u.strip() for u in self.inference.split(",") if u.strip())
 
     def http(self) -> HTTPConfig:
         """The inference clients' HTTP settings: the server's token, read now (see :attr:`token_file`)."""

@@ -5,24 +5,36 @@ Whichever it is, it carries the tokenizer of the model it serves
 weights; a client is given the one of ``[model] name``
 (:func:`~sandrl.inference.tokenizer.model_tokenizer`, the one place a model name becomes a
 tokenizer), so the agent renders prompts in the ids the server samples in.
+
+Several engines (``[inference] launch``, or ``[model] inference = "URL,URL"``) are one server to the
+client: the router of :mod:`sandrl.inference.fleet` in front of them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator
+from pathlib import Path
 
+from sandrl.errors import ConfigError
 from sandrl.inference.base import InferenceClient
-from sandrl.inference.tokenizer import model_tokenizer
+from sandrl.inference.fleet.config import FleetConfig
+from sandrl.inference.tokenizer import Tokenizer, model_tokenizer
+from sandrl.inference.transport import HTTPConfig
 from sandrl.wiring.config import ModelConfig
 
 
 @contextlib.asynccontextmanager
-async def open_policy(model: ModelConfig, *, seed: int = 0) -> AsyncIterator[InferenceClient]:
+async def open_policy(
+    model: ModelConfig, *, seed: int = 0, fleet: FleetConfig | None = None, run_dir: Path | None = None
+) -> AsyncIterator[InferenceClient]:
     """The policy of ``model``, started (or checked to answer) on entry and closed on exit.
 
-    ``seed`` seeds the embedded engine's samplers (a server seeds its own)."""
-    if model.embedded:
+    ``seed`` seeds the embedded engine's samplers (a server seeds its own). ``fleet`` (``[inference]``)
+    with ``launch`` starts the engines, logging to ``<run_dir>/engines/``."""
+    launched = fleet is not None and fleet.launched
+    if model.embedded and not launched:
         from sandrl.inference.engine import Engine, EngineConfig
 
         engine = Engine.load(model.name, EngineConfig(update_policy=model.update_policy, seed=seed))
@@ -33,26 +45,66 @@ async def open_policy(model: ModelConfig, *, seed: int = 0) -> AsyncIterator[Inf
         return
     tokenizer = model_tokenizer(model.name)
     http = model.http()
+    if not launched and len(model.urls) == 1:
+        async with _client(model.api, model.inference, http, tokenizer, model) as client:
+            yield client
+        return
+    from sandrl.inference.fleet.serve import open_fleet
+
+    if launched and not model.embedded:
+        raise ConfigError(
+            f"[inference] launch starts the engines, and [model] inference = {model.inference!r} names engines started "
+            "elsewhere: give one of them (drop [inference] launch, or [model] inference)"
+        )
+    if run_dir is None and launched:
+        raise ConfigError("engines launched from [inference] need a run directory for their logs")
+    config = fleet if fleet is not None else FleetConfig()
+    async with open_fleet(
+        config,
+        model=model.name,
+        log_dir=(run_dir or Path(".")) / "engines",
+        seed=seed,
+        update_policy=model.update_policy,
+        attach=() if launched else model.urls,
+        token=None if launched else http.api_key,
+    ) as served:
+        api = "vllm" if config.launch == "vllm" else ("sglang" if launched else model.api)
+        routed = dataclasses.replace(http, api_key=served.token)
+        # A launched SGLang returns temperature-1 log-probs (commands.py sets its switch).
+        original = True if config.launch == "sglang" else None
+        async with _client(api, served.url, routed, tokenizer, model, original_logprobs=original) as client:
+            yield client
+
+
+@contextlib.asynccontextmanager
+async def _client(
+    api: str,
+    url: str,
+    http: HTTPConfig,
+    tokenizer: Tokenizer | None,
+    model: ModelConfig,
+    *,
+    original_logprobs: bool | None = None,
+) -> AsyncIterator[InferenceClient]:
+    """A client of the server at ``url`` with ``api``'s routes, checked to answer."""
     client: InferenceClient
-    if model.api == "vllm":
+    if api == "vllm":
         from sandrl.inference.vllm import VLLMClient
 
-        async with VLLMClient(
-            model.inference, http=http, tokenizer=tokenizer, update_policy=model.update_policy
-        ) as client:
+        async with VLLMClient(url, http=http, tokenizer=tokenizer, update_policy=model.update_policy) as client:
             await client.health()
             yield client
-    elif model.api == "openai":
+    elif api == "openai":
         from sandrl.inference.openai import OpenAIClient
 
-        async with OpenAIClient(model.inference, http=http, tokenizer=tokenizer) as client:
+        async with OpenAIClient(url, http=http, tokenizer=tokenizer) as client:
             await client.health()
             yield client
     else:
         from sandrl.inference.sglang import SGLangClient
 
         async with SGLangClient(
-            model.inference, http=http, tokenizer=tokenizer, update_policy=model.update_policy
+            url, http=http, tokenizer=tokenizer, update_policy=model.update_policy, original_logprobs=original_logprobs
         ) as client:
             await client.health()
             yield client

@@ -55,6 +55,7 @@ from sandrl.errors import ConfigError, SessionNotFoundError
 from sandrl.inference.auth import MAX_BODY_BYTES, install_guards
 from sandrl.inference.base import InferenceClient, SamplingParams
 from sandrl.inference.chat import ChatFormat, tool_parser_for
+from sandrl.inference.fleet import affinity
 from sandrl.inference.gateway.session import Completion, Session
 from sandrl.inference.http_errors import install_error_handlers
 from sandrl.inference.openai_stream import chat_logprobs
@@ -105,6 +106,8 @@ class Gateway:
             error.http_status = 429
             raise error
         session = Session.new(max_turns=max_turns, max_total_tokens=max_total_tokens)
+        # Opened by an episode (the runner's harness agent): its calls carry the episode's routing key.
+        session.route = affinity.current() or affinity.RouteKey(session.id)
         self.sessions[session.id] = session
         return session
 
@@ -151,15 +154,16 @@ class Gateway:
             )
         parser = None if body.tool_choice == "none" else self.parser
         async with session.lock:
-            done = await session.complete(
-                body.messages,
-                body.tools,
-                params,
-                policy=self.policy,
-                chat=self.chat(body.tools),
-                parser=parser,
-                max_context=self.policy.max_context,
-            )
+            with affinity.bound(session.route or affinity.RouteKey(session.id)):
+                done = await session.complete(
+                    body.messages,
+                    body.tools,
+                    params,
+                    policy=self.policy,
+                    chat=self.chat(body.tools),
+                    parser=parser,
+                    max_context=self.policy.max_context,
+                )
         answer = self._answer(session, body, done)
         # The gateway's own cost of the turn: rendering, matching, parsing, the answer (the model's time excluded).
         done.turn.gateway_s = max(0.0, time.perf_counter() - entered - done.turn.model_s)

@@ -36,6 +36,7 @@ from sandrl.errors import ConfigError, InferenceError
 from sandrl.http_auth import new_token
 from sandrl.inference.base import Generation, InferenceClient, SamplingParams
 from sandrl.inference.chat import ChatFormat
+from sandrl.inference.fleet.affinity import RouteKey
 from sandrl.inference.toolcalls import ToolCallParser
 
 
@@ -161,6 +162,9 @@ class Session:
     """``max_turns`` or ``max_tokens`` once a call was refused for the budget."""
     failure: InferenceError | None = None
     """The policy's failure under a call (the inference server's, not the harness's): an infra error."""
+    route: RouteKey | None = None
+    """The routing key its calls carry (:mod:`sandrl.inference.fleet.affinity`): the episode's that opened it,
+    else its own; a router keeps them on one engine."""
 
     @classmethod
     def new(cls, *, max_turns: int | None = None, max_total_tokens: int | None = None) -> Session:

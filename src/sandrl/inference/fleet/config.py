@@ -1,0 +1,101 @@
+"""``[inference]``: inference engines that sandrl starts itself, one router in front of them.
+
+.. code-block:: toml
+
+    [inference]                 # FleetConfig
+    launch = "sglang"           # or "vllm", or "embedded" (sandrl's CPU engine, one process each)
+    engines = 4
+    gpus_per_engine = 2         # each engine's share of this host's GPUs (CUDA_VISIBLE_DEVICES)
+    args = ["--mem-fraction-static", "0.8"]   # passed through to each engine's command line
+
+Without ``launch`` the policy is what ``[model] inference`` says: the in-process engine, or the
+URL (or ``URL,URL,...``) of engines started elsewhere. With it, sandrl starts ``engines`` engines
+on this host, each on its own port and GPUs, logging to ``<output_dir>/engines/engine-N.log``;
+waits until each answers ``/health``; restarts one that dies (at most ``max_restarts`` times,
+waiting 1, 2, 4... up to 30 s between tries) and loads the trainer's current weights into it
+before it serves again; and stops them all when the run ends, on Ctrl-C, and when the driver is
+killed (:mod:`sandrl.inference.fleet.guard`). The run samples through one router
+(:mod:`sandrl.inference.fleet.proxy`) that keeps each episode on one engine.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from sandrl.errors import ConfigError
+
+LAUNCHES = ("embedded", "sglang", "vllm")
+"""What ``launch`` may name: sandrl's own server (``sandrl serve inference``), SGLang, vLLM."""
+SET_BY_SANDRL = ("--host", "--port", "--model", "--model-path", "--api-key")
+"""Engine flags sandrl sets itself; ``args`` may not repeat them."""
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    """Inference engines that sandrl starts on this host for the run (logs in ``<output_dir>/engines/``),
+    restarts when one dies and stops with the run, behind one router that keeps each episode on one
+    engine (:mod:`sandrl.inference.fleet`). Without ``launch`` nothing is started."""
+
+    launch: str = ""
+    """``embedded`` (``sandrl serve inference``, on CPU), ``sglang`` (``python -m sglang.launch_server``)
+    or ``vllm`` (vLLM's OpenAI server, with ``VLLM_SERVER_DEV_MODE=1`` for weight reloads), each
+    started with this Python. Empty: nothing is launched; ``[model] inference`` says where the policy is."""
+    engines: int = 1
+    """How many engines to start; each serves the whole model (data parallel)."""
+    gpus_per_engine: int | None = None
+    """GPUs each engine gets (set as its ``CUDA_VISIBLE_DEVICES``; with more than one, SGLang gets
+    ``--tp-size`` and vLLM ``--tensor-parallel-size`` unless ``args`` says). The engines take the
+    last ``engines x gpus_per_engine`` of this host's GPUs, leaving the first ones to the trainer.
+    Default: 1 for sglang and vllm, none for embedded (a CPU engine)."""
+    args: tuple[str, ...] = ()
+    """More command-line arguments for every engine, passed through as they are (``--host``,
+    ``--port``, the model and the API key are sandrl's to set)."""
+    port: int = 0
+    """The first engine's port, the next ones after it; 0: free ports of this host are chosen."""
+    startup_timeout_s: float = 900.0
+    """Longest wait for an engine to answer ``/health`` after it starts (a large model loads for minutes)."""
+    max_restarts: int = 3
+    """Restarts of one engine that died before it is given up on (the run goes on with the others)."""
+
+    def __post_init__(self) -> None:
+        if self.launch and self.launch not in LAUNCHES:
+            raise ConfigError(f"launch must be one of {', '.join(LAUNCHES)} (or left out), got {self.launch!r}")
+        if self.engines < 1:
+            raise ConfigError(
+                f"engines must be >= 1, got {self.engines}: set engines = 1 or more, or drop [inference] launch "
+                "to sample in-process ([model] inference = 'embedded') or from engines started elsewhere "
+                "([model] inference = 'http://HOST:PORT,http://HOST:PORT')"
+            )
+        if self.gpus_per_engine is not None and self.gpus_per_engine < 0:
+            raise ConfigError(f"gpus_per_engine must be >= 0, got {self.gpus_per_engine}")
+        if self.launch == "embedded" and self.gpus_per_engine:
+            raise ConfigError(
+                "launch = 'embedded' runs sandrl's CPU engine, which takes no GPU: drop gpus_per_engine, "
+                "or launch = 'sglang' or 'vllm' to serve on GPUs"
+            )
+        if not 0 <= self.port <= 65535 - self.engines + 1:
+            raise ConfigError(f"port must be 0 (free ports) or the first of {self.engines} free ports, got {self.port}")
+        if not (math.isfinite(self.startup_timeout_s) and self.startup_timeout_s > 0):
+            raise ConfigError(f"startup_timeout_s must be a positive number of seconds, got {self.startup_timeout_s!r}")
+        if self.max_restarts < 0:
+            raise ConfigError(f"max_restarts must be >= 0, got {self.max_restarts}")
+        for arg in self.args:
+            flag = arg.split("=", 1)[0]
+            if flag in SET_BY_SANDRL:
+                raise ConfigError(
+                    f"args holds {flag}, which sandrl sets for each engine: drop it"
+                    + (" (set [inference] port for fixed ports)" if flag == "--port" else "")
+                )
+
+    @property
+    def launched(self) -> bool:
+        """Whether sandrl starts the engines."""
+        return bool(self.launch)
+
+    @property
+    def gpus(self) -> int:
+        """Each engine's GPUs, the default resolved."""
+        if self.gpus_per_engine is not None:
+            return self.gpus_per_engine
+        return 0 if self.launch == "embedded" else 1
