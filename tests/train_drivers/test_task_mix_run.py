@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from rich.console import Console
 
 from sandrl.rollout.jsonl import read_jsonl
@@ -24,9 +26,9 @@ def _position(group_id: str) -> int:
     return int(group_id.rsplit("#", 1)[1].split(".")[0])
 
 
-def _mixed(out: Path, steps: int, sources: list[dict[str, Any]] = SOURCES) -> RunConfig:
+def _mixed(out: Path, steps: int, sources: list[dict[str, Any]] = SOURCES, groups: int = 4) -> RunConfig:
     """The drivers' small run (:func:`run_config`) on ``sources`` instead of its one family."""
-    data = run_config(out, run={"steps": steps, "groups_per_step": 4}, rollout={"group_size": 2}).to_dict()
+    data = run_config(out, run={"steps": steps, "groups_per_step": groups}, rollout={"group_size": 2}).to_dict()
     data["tasks"] = {"sources": sources}
     return from_dict(data)
 
@@ -66,16 +68,21 @@ async def test_a_mixed_run_draws_each_position_from_the_mix_reports_each_source_
     assert last["source/echo/share"] == [mix.source_at(p).name for p in range(12)].count("echo") / 12
 
 
-async def test_a_run_whose_sources_all_run_out_ends_there_and_says_so(tmp_path: Path, provider: BwrapProvider) -> None:
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_a_run_whose_sources_all_run_out_ends_there_and_says_so(
+    tmp_path: Path, provider: BwrapProvider, mode: str
+) -> None:
+    """4 groups in all, 3 a step: the second step has the one left (the async driver waited for more, forever)."""
     out = tmp_path / "ends"
     said = io.StringIO()
     sources = [{"family": "echo", "count": 2, "epochs": 1}, {"family": "arith", "count": 1, "epochs": 2, "name": "sum"}]
-    config = _mixed(out, 10, sources)
-    last = await run_training(
-        config, rollout_only=True, provider=provider, agent=ParityAgent(), console=Console(file=said, width=400)
-    )
-    assert last["steps"] == 1 and len(read_jsonl(out / "rollouts.jsonl")) == 4 * 2
+    config = _mixed(out, 10, sources, groups=3)
+    console = Console(file=said, width=400)
+    run = run_training(config, mode=mode, rollout_only=True, provider=provider, agent=ParityAgent(), console=console)
+    last = await asyncio.wait_for(run, 120)
+    assert last["steps"] == 2 and len(read_jsonl(out / "rollouts.jsonl")) == 4 * 2
     assert last["source/sum/groups_total"] == 2 and last["source/sum/ran_out"] == 1.0
+    assert last["source/echo/groups_total"] == 2 and last["source/sum/share"] == 0.5
     text = said.getvalue()
     assert text.count("ran out:") == 2 and "source 'sum' ran out: each of its 1 tasks was drawn 2 time(s)" in text
-    assert "every source of [[tasks.sources]] has run out, after 4 groups" in text
+    assert text.count("every source of [[tasks.sources]] has run out, after 4 groups") == 1

@@ -5,7 +5,9 @@ a group starts and given back when the trainer takes or drops it), so the rollou
 most ``capacity`` groups ahead. :meth:`GroupBuffer.take` hands the trainer the oldest ready groups
 whose staleness (the trainer's version minus the oldest version of any token in the group, judged
 per token: :mod:`sandrl.train.staleness`) is at most ``max_staleness``; staler ones go to
-:meth:`Session.stale` (dropped or regenerated).
+:meth:`Session.stale` (dropped or regenerated). Once a finite source (a mix whose sources all have
+``epochs``) is used up and its last groups are back, ``take`` hands over what is ready, fewer than
+asked (none at the end), instead of waiting for groups that will never come.
 
 Idle times: ``trainer_idle_s`` is how long ``take`` waited for groups; ``rollout_idle_s`` how long
 ``fill`` waited for a free slot (the buffer was full: the trainer is the bottleneck).
@@ -37,6 +39,8 @@ class GroupBuffer:
         self._ready: list[Item] = []
         self._changed = asyncio.Event()
         self._error: BaseException | None = None
+        self._used_up = False
+        """The source has no more positions, and every group started is back."""
         self._tasks: set[asyncio.Task[Item]] = set()
         self._rollout_idle_since_take = 0.0
 
@@ -59,6 +63,8 @@ class GroupBuffer:
                     # they finish (the finally below would cancel them).
                     if self._tasks:
                         await asyncio.wait(set(self._tasks))
+                    self._used_up = True
+                    self._changed.set()
                     return
                 self.in_flight += 1
                 task = asyncio.ensure_future(session.rollout(position))
@@ -90,7 +96,7 @@ class GroupBuffer:
             if self._error is not None:
                 raise self._error
             self._prune(session)
-            if len(self._ready) >= n:
+            if len(self._ready) >= n or self._used_up:
                 break
             self._changed.clear()
             await self._changed.wait()

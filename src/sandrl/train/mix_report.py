@@ -12,7 +12,8 @@ has, for each source ``<name>``:
   it was realised;
 - ``source/<name>/ran_out``, for a source with ``epochs``: 1 once its last group is done, else 0.
 
-A source that runs out is said once on the console, as is the end of the mix when every source has.
+A source that runs out is said once on the console (when its last group is done), as is the end of
+the mix (when every source has run out and every group is done).
 A resumed run counts from data position 0 (the mix draws the same sources again), so its shares are
 the whole run's, and says nothing again of a source that ran out before the checkpoint.
 """
@@ -48,7 +49,7 @@ class MixReport:
         report = cls(mix, console)
         report._count_below(low)
         report._said = {s.name for s in mix.sources if report._ran_out(s.name, low, consumed)}
-        if mix.limit is not None and len(report._said) == len(mix.sources):
+        if mix.limit is not None and low >= mix.limit:
             report._said.add("")  # the end of the mix, said before the resume
         return report
 
@@ -83,7 +84,7 @@ class MixReport:
             if name not in self._said:
                 self._said.add(name)
                 self._say_ran_out(name, [s.name for s in self.mix.sources if s.name not in ran_out])
-        if self.mix.limit is not None and "" not in self._said and len(self._said) == len(self.mix.sources):
+        if self.mix.limit is not None and "" not in self._said and low >= self.mix.limit:
             self._said.add("")
             self._say(
                 f"every source of [[tasks.sources]] has run out, after {self.mix.limit} groups: the run has no "
