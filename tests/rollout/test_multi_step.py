@@ -35,6 +35,7 @@ from sandrl.rollout.multi_step import after
 from sandrl.rollout.trajectory import Turn
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.tasks import Task, load_harbor_task
+from sandrl.wiring import RolloutConfig, open_agent
 
 from .conftest import ScriptedPolicy, bash
 
@@ -341,3 +342,50 @@ def test_a_fresh_run_per_step_is_a_new_segment() -> None:
         (1, 5, 6, 7),
     ]
     assert both.stop_reason == "done" and after(None, two) is two
+
+
+@dataclass
+class ScriptedWithTokenizer(ScriptedPolicy):
+    """The scripted policy with what a gateway needs of a policy: its tokenizer and context."""
+
+    @property
+    def tokenizer(self) -> ByteTokenizer:
+        return ByteTokenizer()
+
+    @property
+    def max_context(self) -> int:
+        return 8192
+
+
+async def test_a_harness_runs_each_step_as_a_session_of_its_own(provider: BwrapProvider, tmp_path: Path) -> None:
+    pytest.importorskip("minisweagent", reason="the harness extra is not installed: pip install -e '.[harness]'")
+    task = greeter(tmp_path)
+    done = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+    # Short commands: the byte-level tokens of a reply are bounded by the harness's per-turn limit.
+    commands = [
+        "echo echo hello>greet.sh;chmod +x greet.sh",
+        done,
+        "echo 'echo Hello, $(</app/config.txt)!'>greet.sh",
+        done,
+        "echo '# greet.sh'>README.md",
+        done,
+    ]
+    calls = [
+        f'<tool_call>\n{{"name": "bash", "arguments": {{"command": {json.dumps(c)}}}}}\n</tool_call>' for c in commands
+    ]
+    policy = ScriptedWithTokenizer(calls)
+    async with open_agent(RolloutConfig(agent="mini-swe-agent"), policy) as agent:  # type: ignore[arg-type]
+        t = await run_episode(task, provider, agent, policy=policy)  # type: ignore[arg-type]
+    assert (t.status, t.stop_reason, t.reward, t.error) == ("completed", "submitted", 1.0, None)
+    t.check()
+    # Three sessions, three segments: each step's run starts from the harness's own prompt, its instruction in it.
+    assert len(t.segment_starts) == 3 and [turn.index for turn in t.turns] == list(range(6))
+    bounds = [*t.segment_starts, len(t.ids)]
+    for k, step in enumerate(task.steps):
+        segment = ByteTokenizer().decode(t.ids[bounds[k] : bounds[k + 1]])
+        assert step.instruction.strip() in segment
+        assert all(other.instruction.strip() not in segment for other in task.steps if other is not step)
+    for turn, seen in zip(t.turns, policy.calls, strict=True):
+        start = max(s for s in t.segment_starts if s <= turn.output_start)
+        assert seen == t.ids[start : turn.output_start]  # each call saw exactly its segment so far
+    assert [s["agent"]["turns"] for s in steps_of(t)] == [[0, 2], [2, 4], [4, 6]]  # type: ignore[index]
