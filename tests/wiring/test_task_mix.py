@@ -207,11 +207,11 @@ def _load(tmp_path: Path, tasks: str) -> Any:
         ),
         (
             '[tasks]\npath = "builtin"\n[[tasks.sources]]\nfamily = "echo"\n',
-            "[tasks] has both path = 'builtin' and [[tasks.sources]]: move path = 'builtin' into a [[tasks.sources]]",
+            "path = 'builtin' and [[tasks.sources]] both say what to train on: move path = 'builtin' into a [[tasks",
         ),
         (
             '[tasks]\nfamily = "arith"\n[[tasks.sources]]\nfamily = "echo"\n',
-            "[tasks] has both family = 'arith' and [[tasks.sources]]",
+            "family = 'arith' and [[tasks.sources]] both say what to train on",
         ),
         ('[tasks]\ncount = 4\n[[tasks.sources]]\nfamily = "echo"\n', "count and seed go in each source table"),
         ('[[tasks.sources]]\nfamily = "echo"\nepochs = -1\n', "epochs must be >= 0"),

@@ -231,7 +231,8 @@ class TasksConfig:
         if self.path or self.family:
             said = f"path = {self.path!r}" if self.path else f"family = {self.family!r}"
             raise ConfigError(
-                f"[tasks] has both {said} and [[tasks.sources]]: move {said} into a [[tasks.sources]] table of its own"
+                f"{said} and [[tasks.sources]] both say what to train on: move {said} into a [[tasks.sources]] "
+                "table of its own"
             )
         if (self.count, self.seed) != (TasksConfig.count, TasksConfig.seed):
             raise ConfigError("with [[tasks.sources]], count and seed go in each source table that has a family")
