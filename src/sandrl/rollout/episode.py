@@ -163,7 +163,7 @@ async def run_episode(
         if forked_from is None:
             await clock.run("setup", "setup_s", limits.setup_timeout_s, prepare_environment(task, sandbox))
         if task.steps:
-            agent_result, verified = await run_steps(task, sandbox, agent, policy, cfg, clock)
+            agent_result, verified = await run_steps(task, sandbox, agent, policy, cfg.budget, limits, clock)
         else:
             wall = cfg.budget.wall_time_for(task) + limits.agent_grace_s
             agent_result = await clock.run("agent", "agent_s", wall, agent.run(task, sandbox, policy, cfg.budget))

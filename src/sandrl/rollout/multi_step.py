@@ -30,11 +30,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from sandrl.errors import TaskError
 from sandrl.inference.base import InferenceClient
-from sandrl.rollout.agent import Agent, AgentResult, ContinuingAgent
+from sandrl.rollout.agent import Agent, AgentResult, Budget, ContinuingAgent
 from sandrl.rollout.phases import PhaseClock
 from sandrl.sandbox.base import Sandbox
 from sandrl.tasks.multi_step import below_min_reward, collect_artifacts, roll_up, step_record, step_task
@@ -43,8 +43,16 @@ from sandrl.tasks.step_setup import STEP_SETUP_FAILED, check_step, prepare_step
 from sandrl.tasks.task import Task
 from sandrl.tasks.verify import verify
 
-if TYPE_CHECKING:  # episode.py imports this module
-    from sandrl.rollout.episode import EpisodeConfig
+
+class PhaseLimits(Protocol):
+    """The backstops a step's phases run within (:class:`~sandrl.rollout.episode.EpisodeTimeouts`)."""
+
+    @property
+    def setup_timeout_s(self) -> float: ...
+    @property
+    def agent_grace_s(self) -> float: ...
+    @property
+    def verifier_grace_s(self) -> float: ...
 
 
 def after(earlier: AgentResult | None, fresh: AgentResult) -> AgentResult:
@@ -103,13 +111,13 @@ async def run_steps(
     sandbox: Sandbox,
     agent: Agent,
     policy: InferenceClient | None,
-    config: EpisodeConfig,
+    budget: Budget,
+    limits: PhaseLimits,
     clock: PhaseClock,
 ) -> tuple[AgentResult | None, VerifyResult | None]:
     """Every step of ``task`` in ``sandbox``; see the module docstring. Returns the whole conversation's agent
     result and the rolled-up verifier result (None when no step was verified). Raises what the episode
     classifies: a failure of the machinery, a step-1 setup that failed, a phase past its timeout."""
-    limits = config.timeouts
     result: AgentResult | None = None
     records: list[dict[str, object]] = []
     last: VerifyResult | None = None
@@ -126,12 +134,12 @@ async def run_steps(
             records.append(_failed_setup(step.name, exc, records) | ({"stopped": True} if more else {}))
             break
         first = len(result.turns) if result is not None else 0
-        wall = config.budget.wall_time_for(view) + limits.agent_grace_s
+        wall = budget.wall_time_for(view) + limits.agent_grace_s
         if result is not None and isinstance(agent, ContinuingAgent):
-            resumed = agent.resume(view, sandbox, policy, config.budget, result)
+            resumed = agent.resume(view, sandbox, policy, budget, result)
             result = await clock.run("agent", "agent_s", wall, resumed)
         else:
-            fresh = await clock.run("agent", "agent_s", wall, agent.run(view, sandbox, policy, config.budget))
+            fresh = await clock.run("agent", "agent_s", wall, agent.run(view, sandbox, policy, budget))
             result = after(result, fresh)
         ran = {"stop_reason": result.stop_reason, "turns": [first, len(result.turns)]}
         if result.stop_reason == "error":
