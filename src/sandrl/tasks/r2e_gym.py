@@ -183,6 +183,7 @@ def to_task(record: Mapping[str, object], where: str, path: Path) -> Task:
     try:
         parsed = parse_json(string_field(record, "parsed_commit_content", where, path))
         old = _get(parsed, "old_commit_hash", str, "parsed_commit_content")
+        assert isinstance(parsed, Mapping)  # _get said so
         patch = gold_patch(parsed)
     except (json.JSONDecodeError, _Malformed) as exc:
         raise InvalidTaskError(
