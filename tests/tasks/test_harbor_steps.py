@@ -11,7 +11,16 @@ import pytest
 
 from sandrl.errors import InvalidTaskError, TaskError
 from sandrl.tasks import Task, load_harbor_task, load_tasks, prepare_environment, run_solution, verify
-from sandrl.tasks.multi_step import below_min_reward, roll_up, step_record, step_task
+from sandrl.tasks.multi_step import (
+    ARTIFACT_FILES,
+    ARTIFACT_STEP_TEXT_BYTES,
+    ARTIFACT_TEXT_BYTES,
+    below_min_reward,
+    collect_artifacts,
+    roll_up,
+    step_record,
+    step_task,
+)
 from sandrl.tasks.step_setup import check_step, prepare_step
 from sandrl.tasks.task import Healthcheck
 
@@ -189,3 +198,24 @@ def test_a_suite_with_a_multi_step_task_loads(tmp_path: Path) -> None:
     shutil.copytree(MULTI, tmp_path / "suite" / "multi-step")
     tasks, problems = load_tasks(tmp_path / "suite")
     assert problems == [] and [t.id for t in tasks] == ["multi-step"]
+
+
+async def test_artifacts_are_recorded_within_their_bounds(make_sandbox: SandboxFactory, tmp_path: Path) -> None:
+    task_dir = _edited(tmp_path, 'name = "02-extend"\n', 'name = "02-extend"\nartifacts = ["/app/out", "gone.txt"]\n')
+    task = _load(task_dir)
+    sandbox = await _sandbox(task, make_sandbox)
+    out = sandbox.root / "app" / "out"
+    out.mkdir()
+    (out / "binary").write_bytes(b"\x7fELF\x00\x01")
+    for k in range(40):  # more files than are recorded, more text than is kept
+        (out / f"f{k:02}.txt").write_text(f"{k:02}" * 2500)
+    records = await collect_artifacts(task, 1, sandbox)
+    assert len(records) == ARTIFACT_FILES + 1  # the files, then the missing one
+    assert records[-1] == {"path": "/app/gone.txt", "missing": True}
+    files = records[:-1]
+    assert all(str(r["path"]).startswith("/app/out/") for r in files)
+    assert sum(len(str(r.get("text", ""))) for r in files) <= ARTIFACT_STEP_TEXT_BYTES
+    kept = [r for r in files if "text" in r]
+    assert kept and all(r["truncated"] and len(str(r["text"])) <= ARTIFACT_TEXT_BYTES for r in kept)
+    assert all(r["bytes"] in (5000, 6) for r in files)
+    assert not any("text" in r for r in files if r["path"] == "/app/out/binary")

@@ -32,6 +32,9 @@ ARTIFACT_FILES = 32
 """Most files recorded per step (a directory's files count one each)."""
 ARTIFACT_TEXT_BYTES = 4096
 """Most bytes of one file's text kept in the record."""
+ARTIFACT_STEP_TEXT_BYTES = 16384
+"""Most bytes of text kept per step (a trajectory is a training record: its artifacts stay small);
+past it a file is recorded by path and size alone."""
 _PROBE_TIMEOUT_S = 30.0
 
 
@@ -50,7 +53,8 @@ def step_task(task: Task, index: int) -> Task:
 
 async def collect_artifacts(task: Task, index: int, sandbox: Sandbox) -> list[dict[str, object]]:
     """Step ``index``'s artifacts as they are after its agent: per file its path, size and the start of its
-    text (bounded: :data:`ARTIFACT_FILES` files, :data:`ARTIFACT_TEXT_BYTES` each); a path that is not
+    text (bounded: :data:`ARTIFACT_FILES` files, :data:`ARTIFACT_TEXT_BYTES` each and
+    :data:`ARTIFACT_STEP_TEXT_BYTES` in all); a path that is not
     there is recorded as missing (Harbor's ``/logs/artifacts`` only when it has files)."""
     step = task.steps[index]
     if not step.artifacts:
@@ -67,6 +71,7 @@ async def collect_artifacts(task: Task, index: int, sandbox: Sandbox) -> list[di
     )
     listed = await sandbox.exec(script, timeout_s=_PROBE_TIMEOUT_S, cwd="/")
     records: list[dict[str, object]] = []
+    text_left = ARTIFACT_STEP_TEXT_BYTES
     for line in listed.stdout.splitlines():
         kind, _, rest = line.partition("\t")
         if kind == "M":
@@ -77,13 +82,15 @@ async def collect_artifacts(task: Task, index: int, sandbox: Sandbox) -> list[di
         if kind != "F" or not size.strip().isdigit() or len(records) >= ARTIFACT_FILES:
             continue
         record: dict[str, object] = {"path": path, "bytes": int(size)}
-        head = await sandbox.exec(
-            f"head -c {ARTIFACT_TEXT_BYTES} -- {shlex.quote(path)}", timeout_s=_PROBE_TIMEOUT_S, cwd="/"
-        )
-        if head.exit_code == 0 and "\x00" not in head.stdout:
-            record["text"] = head.stdout[:ARTIFACT_TEXT_BYTES]
-            record["truncated"] = int(size) > ARTIFACT_TEXT_BYTES
         records.append(record)
+        want = min(ARTIFACT_TEXT_BYTES, text_left)
+        if want <= 0:
+            continue
+        head = await sandbox.exec(f"head -c {want} -- {shlex.quote(path)}", timeout_s=_PROBE_TIMEOUT_S, cwd="/")
+        if head.exit_code == 0 and "\x00" not in head.stdout:
+            record["text"] = head.stdout[:want]
+            record["truncated"] = int(size) > want
+            text_left -= len(head.stdout[:want].encode())
     return records
 
 
