@@ -312,12 +312,26 @@ def bench_inference(
     ),
     duration_s: float | None = typer.Option(None, help="With --update-policy: seconds per policy (default 40)."),
     update_every_s: float | None = typer.Option(None, help="With --update-policy: seconds between updates (4)."),
-    quick: bool = typer.Option(False, "--quick", help="With --update-policy: a smoke run of seconds."),
+    prefix_cache: bool = typer.Option(
+        False,
+        "--prefix-cache",
+        help="Instead of throughput: the demo's episodes over 4 turns with the engine's prefix cache off and on "
+        "(prompt tokens prefilled per episode, target <= 0.5x; generations identical).",
+    ),
+    quick: bool = typer.Option(False, "--quick", help="With --update-policy or --prefix-cache: a run of seconds."),
     seed: int = typer.Option(0, help="With --update-policy: seeds the episodes' lengths and prompts."),
     json_only: bool = typer.Option(False, "--json", help="Print only the JSON line."),
 ) -> None:
     """Embedded engine throughput: N concurrent requests against one at a time; or, with --update-policy,
-    what each weight-update policy costs async generation (episodes/hour, tokens discarded, update latency)."""
+    what each weight-update policy costs async generation (episodes/hour, tokens discarded, update latency);
+    or, with --prefix-cache, what the prefix cache saves multi-turn episodes."""
+    if prefix_cache:
+        from sandrl.bench.inference_prefix import PrefixBenchConfig, render_card, run
+
+        result = run(dataclasses.replace(PrefixBenchConfig.quick() if quick else PrefixBenchConfig(), seed=seed))
+        rich_console(quiet=json_only, wide=True).print(render_card(result), highlight=False)
+        emit(result)
+        return
     if update_policy is not None:
         _bench_updates(update_policy, concurrency, duration_s, update_every_s, quick, seed, json_only)
         return
