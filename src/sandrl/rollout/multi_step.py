@@ -18,8 +18,9 @@ unless the budget sets one), ``max_total_tokens`` counts the whole conversation 
 is full goes on to the next steps with no turn: their verifiers judge what is there, as Harbor's
 do after an agent that ran out of context). An agent that fails (``error``) ends the episode as
 today. A harness agent (``--agent mini-swe-agent``, ``terminus-2``, ``module:function``) runs each step
-as a fresh run in a gateway session of its own: the harnesses start their own conversations, so the
-trajectory holds one segment per step (:attr:`~sandrl.rollout.trajectory.Trajectory.segment_starts`).
+as a fresh run in a gateway session of its own (whose token budget is its own): the harnesses start
+their own conversations, so the trajectory holds one segment per step
+(:attr:`~sandrl.rollout.trajectory.Trajectory.segment_starts`), each trained with the episode's reward.
 
 The trajectory records per step, in ``verifier["details"]["steps"]``: its rewards, the verifier's exit
 code and error, ``agent`` (its stop reason and ``turns``, the ``[start, end)`` of its turns in the
