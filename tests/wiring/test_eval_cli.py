@@ -87,6 +87,8 @@ def test_eval_prints_pass_at_k_per_task_and_groups_the_failures(tasks: Path, tmp
     assert "3 episodes did not pass, for 1 distinct reason:" in r.stderr
     line = json.loads(r.stdout.strip().splitlines()[-1])
     assert line["pass@1"] == pytest.approx(2 / 3) and line["pass@3"] == pytest.approx(2 / 3)
+    assert line["rss_peak_mb"] > 0  # the eval's own memory at its peak
+    assert "view: sandrl view " in r.stderr  # where its page is, said at the start
     results = json.loads((out / "results.json").read_text())
     assert {t["task"]: (t["pass@1"], t["pass@3"]) for t in results["tasks"]} == {
         "bad": (0.0, 0.0),

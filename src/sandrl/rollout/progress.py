@@ -11,6 +11,7 @@ from types import TracebackType
 
 from rich.console import Console
 
+from sandrl.host_memory import process_memory_bytes
 from sandrl.progress import Progress
 from sandrl.rollout.trajectory import Trajectory
 
@@ -31,6 +32,9 @@ class EpisodeProgress:
             self.counts["passed"] += 1
         if self._progress is not None:
             text = " ".join(f"{k}={v}" for k, v in sorted(self.counts.items()))
+            memory = process_memory_bytes()
+            if memory is not None:  # an eval that holds more and more shows it
+                text += f" rss={memory[0] / 2**30:.1f}G"
             self._progress.update(self._task, advance=1, detail=text)
 
     def __enter__(self) -> EpisodeProgress:

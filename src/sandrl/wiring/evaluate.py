@@ -36,6 +36,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from sandrl.errors import ConfigError
+from sandrl.host_memory import process_memory_bytes
 from sandrl.inference.base import InferenceClient
 from sandrl.rollout.agent import Agent
 from sandrl.rollout.agents.harness import HARNESSES
@@ -357,4 +358,5 @@ def result_line(config: EvalConfig, result: RunResult) -> dict[str, Any]:
         **result.summary,
         "pass@1": mean["pass@1"],
         f"pass@{config.samples}": mean["pass@n"],
+        "rss_peak_mb": round(memory[1] / 2**20, 1) if (memory := process_memory_bytes()) else None,
     }
