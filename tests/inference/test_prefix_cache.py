@@ -8,6 +8,7 @@ the same token ids, and log-probs within the tolerance batching already has (1e-
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from sandrl.inference.model import build_tiny_model
 from sandrl.inference.prefix_cache import PrefixCache, common_prefix
 from sandrl.inference.server import BackgroundServer, create_app
 from sandrl.inference.tokenizer import ByteTokenizer
+from tests.inference.lora_support import policy_logprobs, train_and_export
 
 ForwardLogprobs = Callable[[Any, list[int], list[int]], list[float]]
 
@@ -49,6 +51,17 @@ def _opening(tok: ByteTokenizer, text: str) -> list[int]:
 def _next_turn(tok: ByteTokenizer, prompt: list[int], output: list[int], observation: str) -> list[int]:
     """What an agent sends next: the same ids, the model's output as sampled, then the observation's turn."""
     return prompt + output + tok.encode_messages([{"role": "tool", "content": observation}])[1:]
+
+
+async def _together(engine: Engine, prompts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
+    """Queue all, then start: the same batches on every run (and none finishes, and is stored, before the others
+    are admitted). Which rows share a forward moves logits by ~1e-7, enough to move a sampled token now and then."""
+    await engine.pause("in_place")
+    flights = [asyncio.ensure_future(engine.generate(p, sp)) for p, sp in zip(prompts, params, strict=True)]
+    while engine.running < len(prompts):
+        await asyncio.sleep(0.005)
+    await engine.continue_generation()
+    return list(await asyncio.gather(*flights))
 
 
 def _same(a: Generation, b: Generation) -> None:
@@ -108,13 +121,9 @@ async def test_concurrent_requests_with_and_without_cached_prefixes_are_exact(
     ]
     params = [GREEDY if i % 2 else SamplingParams(max_new_tokens=10, ignore_eos=True, seed=i) for i in range(5)]
     before = on.stats.prefill_tokens, on.stats.prefills
-    await on.pause("in_place")  # all queue first: none finishes (and is stored) before the others are admitted
-    flights = [asyncio.ensure_future(on.generate(p, sp)) for p, sp in zip(prompts, params, strict=True)]
-    await asyncio.sleep(0.05)
-    await on.continue_generation()
-    with_cache = await asyncio.gather(*flights)
+    with_cache = await _together(on, prompts, params)
     assert on.stats.prefills - before[1] < len(prompts), "rows with different cached prefixes must share a prefill"
-    without = await asyncio.gather(*(off.generate(p, sp) for p, sp in zip(prompts, params, strict=True)))
+    without = await _together(off, prompts, params)
     for prompt, a, b in zip(prompts, with_cache, without, strict=True):
         _same(a, b)
         reference = forward_logprobs(on.model, prompt, a.output_ids)
@@ -231,6 +240,24 @@ async def test_a_request_decoded_across_an_in_place_update_stores_nothing(
         assert eng.prefix_cache.entries == 0
         again = await eng.generate(_next_turn(tokenizer, opening, final.output_ids, "obs"), GREEDY)
         assert again.cached_tokens == 0
+
+
+async def test_requests_naming_an_adapter_neither_reuse_nor_leave_kv(tmp_path: Path) -> None:
+    """An adapter's KV is not the base's: a request with ``lora`` computes its whole prompt and stores nothing."""
+    trained = train_and_export(tmp_path)
+    tok = trained.tokenizer
+    async with Engine(copy.deepcopy(trained.base), tok) as eng:
+        await eng.load_lora_adapter("a", str(trained.adapter))
+        opening = _opening(tok, "the adapter learns")
+        first = await eng.generate(opening, GREEDY)  # the base's KV, stored
+        second = _next_turn(tok, opening, first.output_ids, "obs")
+        adapted = await eng.generate(second, GREEDY, lora="a")
+        assert adapted.cached_tokens == 0
+        reference = policy_logprobs(trained.policy, second, adapted.output_ids)
+        assert max(abs(a - b) for a, b in zip(adapted.output_logprobs, reference, strict=True)) < TOLERANCE
+        # The base's next turn finds the base's sequence, not the adapter's longer one.
+        third = _next_turn(tok, second, adapted.output_ids, "obs 2")
+        assert (await eng.generate(third, GREEDY)).cached_tokens == len(opening) + len(first.output_ids) - 1
 
 
 @pytest.fixture
