@@ -17,8 +17,11 @@ import httpx
 import pytest
 import torch
 from transformers import DynamicCache
+from typer.testing import CliRunner
 
+from sandrl.cli import app as cli
 from sandrl.errors import ConfigError
+from sandrl.inference import server as server_module
 from sandrl.inference.base import Generation, SamplingParams
 from sandrl.inference.batch import Partial
 from sandrl.inference.engine import Engine, EngineConfig
@@ -193,6 +196,18 @@ def test_sliding_window_models_get_no_cache_and_bad_budgets_are_refused(forward_
     assert PrefixCache(1000, Windowed()).max_tokens == 0
     with pytest.raises(ConfigError, match="prefix_cache_tokens must be >= 0"):
         EngineConfig(prefix_cache_tokens=-1)
+
+
+def test_serve_inference_takes_the_cache_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[Engine] = []
+    # uvicorn's edge: the app is built, nothing is bound
+    monkeypatch.setattr(server_module.uvicorn, "run", lambda app, **_: seen.append(app.state.engine))
+    result = CliRunner().invoke(cli, ["serve", "inference", "--prefix-cache-tokens", "0", "--port", "1"])
+    assert result.exit_code == 0, result.output
+    assert seen[0].prefix_cache.max_tokens == 0
+    seen[0].close()
+    bad = CliRunner().invoke(cli, ["serve", "inference", "--prefix-cache-tokens", "-5"])
+    assert bad.exit_code != 0 and "0 turns the prefix cache off" in str(bad.exception or bad.output)
 
 
 async def test_a_weight_update_drops_the_cache(

@@ -60,6 +60,11 @@ def serve_inference(
         8, help="Most LoRA adapters loaded at once (/load_lora_adapter), as SGLang's --max-loaded-loras."
     ),
     max_lora_rank: int = typer.Option(256, help="Largest rank of a LoRA adapter the server loads."),
+    prefix_cache_tokens: int = typer.Option(
+        32768,
+        help="Tokens of finished sequences whose KV is kept for requests that extend them (the next turn of an "
+        "episode; SGLang's radix cache), least recently used evicted first; 0 turns the cache off.",
+    ),
 ) -> None:
     """Serve the embedded CPU engine with SGLang's and OpenAI's routes and the session gateway (/v1/sessions)."""
     from sandrl.inference.base import UPDATE_POLICIES
@@ -80,7 +85,11 @@ def serve_inference(
         host,
         port,
         engine_config=EngineConfig(
-            max_batch_size=max_batch_size, seed=seed, max_loras=max_loaded_loras, max_lora_rank=max_lora_rank
+            max_batch_size=max_batch_size,
+            seed=seed,
+            max_loras=max_loaded_loras,
+            max_lora_rank=max_lora_rank,
+            prefix_cache_tokens=prefix_cache_tokens,
         ),
         update_policy=policy,
         tool_parser=tool_parser,
