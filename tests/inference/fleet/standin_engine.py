@@ -32,7 +32,8 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         self.rfile.read(length)
-        self._answer(200, {"text": "", "meta_info": {"output_token_logprobs": [[-0.5, 7, None]], "finish_reason": "length"}})
+        meta = {"output_token_logprobs": [[-0.5, 7, None]], "finish_reason": "length"}
+        self._answer(200, {"text": "", "meta_info": meta})
 
 
 def main(argv: list[str]) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -67,7 +68,8 @@ def test_a_request_weighs_its_prompt_and_its_budget() -> None:
 async def fleet() -> AsyncIterator[tuple[Fleet, list[StandIn]]]:
     engines = [StandIn(0).start(), StandIn(1).start()]
     try:
-        async with open_fleet(FleetConfig(), model="tiny", log_dir=None, attach=[e.url for e in engines], token=TOKEN) as f:  # type: ignore[arg-type]
+        urls = [e.url for e in engines]
+        async with open_fleet(FleetConfig(), model="tiny", log_dir=Path("."), attach=urls, token=TOKEN) as f:
             yield f, engines
     finally:
         for engine in engines:
@@ -145,7 +147,8 @@ async def test_an_unreachable_url_in_the_list_is_named() -> None:
     live = StandIn(0).start()
     try:
         with pytest.raises(ConfigError) as caught:
-            async with open_fleet(FleetConfig(), model="tiny", log_dir=None, attach=[live.url, "http://127.0.0.1:9"]):  # type: ignore[arg-type]
+            urls = [live.url, "http://127.0.0.1:9"]
+            async with open_fleet(FleetConfig(), model="tiny", log_dir=Path("."), attach=urls):
                 pass
     finally:
         live.stop()
