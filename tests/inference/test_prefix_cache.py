@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 import torch
 from transformers import DynamicCache
@@ -312,3 +313,19 @@ async def test_the_routes_report_cached_tokens_as_sglang_and_openai_do(
     assert last["usage"]["prompt_tokens_details"]["cached_tokens"] == len(second)
     info = (await server.get("/get_server_info")).json()
     assert info["prefix_cache_tokens"] == EngineConfig().prefix_cache_tokens and info["disable_radix_cache"] is False
+
+
+async def test_a_gateway_session_reports_what_its_next_turn_reused(server: httpx.AsyncClient) -> None:
+    opened = (await server.post("/v1/sessions")).json()
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "hi"}]
+    usages = []
+    async with openai.AsyncOpenAI(base_url=opened["base_url"], api_key=opened["api_key"], max_retries=0) as client:
+        for turn in range(2):
+            r = await client.chat.completions.create(model="tiny", messages=messages, max_tokens=8, seed=turn)  # type: ignore[arg-type]
+            assert r.usage is not None and r.usage.prompt_tokens_details is not None
+            usages.append(r.usage)
+            messages += [r.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "more"}]
+    first, second = usages
+    assert first.prompt_tokens_details is not None and first.prompt_tokens_details.cached_tokens == 0
+    assert second.prompt_tokens_details is not None
+    assert second.prompt_tokens_details.cached_tokens == first.prompt_tokens + first.completion_tokens - 1

@@ -188,6 +188,7 @@ class Gateway:
                 "prompt_tokens": len(done.prompt_ids),
                 "completion_tokens": len(g.output_ids),
                 "total_tokens": len(done.prompt_ids) + len(g.output_ids),
+                "prompt_tokens_details": {"cached_tokens": g.cached_tokens},
             },
             "weight_version": g.weight_version,
             "session": {
