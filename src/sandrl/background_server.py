@@ -26,7 +26,9 @@ class _LoopServer(uvicorn.Server):
 @contextlib.asynccontextmanager
 async def serve_on_loop(app: Any, host: str = "127.0.0.1", *, name: str = "server") -> AsyncIterator[str]:
     """Serve ``app`` on this event loop on a free port of ``host``; yields its URL; stops on exit."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets that say TCP, and without it an answer
+    # written in two parts (head, body) to a client on this same loop waits out a delayed ACK (~40 ms).
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, 0))
     port = sock.getsockname()[1]
