@@ -320,11 +320,27 @@ def bench_inference(
     ),
     quick: bool = typer.Option(False, "--quick", help="With --update-policy or --prefix-cache: a run of seconds."),
     seed: int = typer.Option(0, help="With --update-policy: seeds the episodes' lengths and prompts."),
+    router: bool = typer.Option(
+        False,
+        "--router",
+        help="Instead of throughput: what the fleet's router adds to a call, on 2 launched embedded engines "
+        "(episodes of 4 turns through it against the same calls sent to their engine directly; target <= 1 ms).",
+    ),
     json_only: bool = typer.Option(False, "--json", help="Print only the JSON line."),
 ) -> None:
     """Embedded engine throughput: N concurrent requests against one at a time; or, with --update-policy,
     what each weight-update policy costs async generation (episodes/hour, tokens discarded, update latency);
-    or, with --prefix-cache, what the prefix cache saves multi-turn episodes."""
+    or, with --prefix-cache, what the prefix cache saves multi-turn episodes; or, with --router, what the
+    fleet's router adds to a call."""
+    if router:
+        from sandrl.bench.router import bench_router
+        from sandrl.bench.router import render_card as router_card
+
+        result = bench_router(model)
+        if not json_only:
+            err_console.print(router_card(result))
+        emit(result)
+        return
     if prefix_cache:
         from sandrl.bench.inference_prefix import PrefixBenchConfig, render_card, run
 

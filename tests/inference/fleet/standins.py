@@ -21,6 +21,7 @@ class Request:
     path: str
     key: str | None
     body: dict[str, Any]
+    client_port: int = 0
 
 
 @dataclass
@@ -59,7 +60,13 @@ class StandIn:
         headers = dict(scope["headers"])
         key = headers.get(b"x-smg-routing-key")
         self.requests.append(
-            Request(scope["method"], scope["path"], key.decode() if key else None, json.loads(body) if body else {})
+            Request(
+                scope["method"],
+                scope["path"],
+                key.decode() if key else None,
+                json.loads(body) if body else {},
+                scope["client"][1],
+            )
         )
         answer: dict[str, Any] = {"success": True}
         if scope["path"] == "/generate":

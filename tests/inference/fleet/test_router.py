@@ -15,6 +15,7 @@ from sandrl.errors import ConfigError
 from sandrl.inference.base import SamplingParams
 from sandrl.inference.fleet import affinity
 from sandrl.inference.fleet.config import FleetConfig
+from sandrl.inference.fleet.forward import EngineGone, EnginePool
 from sandrl.inference.fleet.proxy import estimate_tokens
 from sandrl.inference.fleet.router import NoEngineError, Router
 from sandrl.inference.fleet.serve import Fleet, open_fleet
@@ -155,6 +156,27 @@ async def test_an_unreachable_url_in_the_list_is_named() -> None:
     message = caught.value.message
     assert "http://127.0.0.1:9 (number 2 of 2" in message and "start it, or drop it from the list" in message
     assert "\n" not in message
+
+
+async def test_generation_calls_share_kept_alive_connections_and_survive_one_closed_while_idle() -> None:
+    engine = StandIn(0).start()
+    pool = EnginePool(engine.url)
+    try:
+        for _ in range(3):
+            answer = await pool.request("POST", "/generate", [(b"content-type", b"application/json")], b"{}")
+            assert answer.status == 200 and b"output_token_logprobs" in await answer.read()
+        assert len({r.client_port for r in engine.requests}) == 1  # one connection, kept alive
+        engine.stop()  # the pooled connection is closed under the pool, as an engine's keep-alive timeout does
+        engine.start()
+        answer = await pool.request("POST", "/generate", [], b"{}")
+        assert answer.status == 200 and b"output_token_logprobs" in await answer.read()
+        assert len(engine.requests) == 4
+        engine.stop()
+        with pytest.raises(EngineGone, match="cannot be reached"):
+            await pool.request("POST", "/generate", [], b"{}")
+    finally:
+        pool.close()
+        engine.stop()
 
 
 def auth(fleet: Fleet) -> dict[str, str]:

@@ -45,6 +45,7 @@ import httpx
 from sandrl.http_auth import ASGIApp, LoopbackOnly, Receive, Scope, Send, bearer, same_token, send_error
 from sandrl.inference.auth import CONTROL_PATHS, MAX_BODY_BYTES, session_of
 from sandrl.inference.fleet.affinity import ENGINE_HEADER, MOVED_HEADER, ROUTING_KEY_HEADER
+from sandrl.inference.fleet.forward import Answer, EngineGone, EnginePool
 from sandrl.inference.fleet.router import Engine, NoEngineError, Router
 
 log = logging.getLogger(__name__)
@@ -121,6 +122,8 @@ class FleetProxy:
             timeout=httpx.Timeout(timeout_s, connect=5.0),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
         )
+        self._pools = [EnginePool(e.url) for e in router.engines]
+        """The generation calls' connections (:mod:`~sandrl.inference.fleet.forward`); httpx for the rest."""
         self._control = asyncio.Lock()
         self._watcher: asyncio.Task[None] | None = None
         self.app: ASGIApp = LoopbackOnly(
@@ -140,6 +143,8 @@ class FleetProxy:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watcher
         await self._http.aclose()
+        for pool in self._pools:
+            pool.close()
 
     # -- the engines' lives
 
@@ -235,28 +240,40 @@ class FleetProxy:
             self.router.begin(engine, tokens)
             answered = False
             try:
-                request = self._http.build_request(scope["method"], engine.url + target, content=body, headers=headers)
                 try:
-                    response = await self._http.send(request, stream=True)
-                except _DEAD as exc:
-                    self.lost(engine, f"{type(exc).__name__}: {exc}")
+                    answer = await self._pools[engine.index].request(scope["method"], target, headers, body)
+                except EngineGone as exc:
+                    self.lost(engine, exc.message)
                     continue
                 answered = True
-                if scope["path"] == SESSIONS and response.status_code < 300:
-                    await response.aread()
-                    opened = _json_object(response.content).get("id")
-                    if isinstance(opened, str):
-                        self.router.pin(f"session/{opened}", engine)
                 try:
-                    await _relay(response, send, engine.index, moved)
-                except _DEAD as exc:
-                    self.lost(engine, f"it broke off an answer: {type(exc).__name__}")
+                    await self._relay_answer(answer, send, engine, moved, opens_session=scope["path"] == SESSIONS)
+                except EngineGone as exc:
+                    self.lost(engine, exc.message)
                     raise
                 finally:
-                    await response.aclose()
+                    answer.close()
                 return
             finally:
                 self.router.end(engine, tokens, answered=answered)
+
+    async def _relay_answer(
+        self, answer: Answer, send: Send, engine: Engine, moved: bool, *, opens_session: bool
+    ) -> None:
+        """Send an engine's answer on as it comes (a session it opened pinned to it)."""
+        headers = _response_headers(answer.headers, engine.index, moved, raw=False)
+        if opens_session and answer.status < 300:
+            body = await answer.read()
+            opened = _json_object(body).get("id")
+            if isinstance(opened, str):
+                self.router.pin(f"session/{opened}", engine)
+            await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+        async for chunk in answer.chunks():
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
 
     async def _engine_for(self, key: str | None, deadline: float) -> tuple[Engine, bool]:
         """The engine for ``key`` and whether the call moves (:meth:`Router.pick`), waiting (until
