@@ -22,6 +22,8 @@ from sandrl.inference.model import build_tiny_model
 from sandrl.inference.tiny_config import TinyModelConfig
 from sandrl.inference.tokenizer import ByteTokenizer
 
+from .decoding import all_decoding
+
 ForwardLogprobs = Callable[[Any, list[int], list[int]], list[float]]
 TOLERANCE = 1e-4
 IN_FLIGHT = 8
@@ -44,7 +46,7 @@ async def _in_flight(eng: Engine, prompts: list[list[int]], tokens: int = LONG) 
     steps = eng.stats.steps
     flights = [asyncio.ensure_future(eng.generate(p, params, rid=f"r{i}")) for i, p in enumerate(prompts)]
     for _ in range(4000):
-        if eng.running == len(prompts) and eng.stats.steps >= steps + 5:
+        if all_decoding(eng, len(prompts), steps):
             break
         await asyncio.sleep(0.005)
     assert not any(f.done() for f in flights), "the update must land while requests are decoding"

@@ -25,6 +25,8 @@ from sandrl.inference.vllm import VLLMClient, server_url
 from sandrl.wiring.config import ModelConfig
 from tests.inference.vllm_dev_server import create_vllm_app
 
+from .decoding import all_decoding
+
 ForwardLogprobs = Callable[[Any, list[int], list[int]], list[float]]
 IN_FLIGHT = 8
 LONG = 200
@@ -118,12 +120,8 @@ async def _in_flight(client: VLLMClient, engine: Engine, prompts: list[list[int]
     steps = engine.stats.steps
     flights = [asyncio.ensure_future(client.generate(p, params)) for p in prompts]
     for _ in range(4000):
-        # Every request decoding, each with tokens of the old weights: a request still waiting for
-        # its prefill when the update lands would have none (the check of where the weights switch).
-        decoding = list(engine._batch.requests)
-        if len(decoding) == len(prompts) and all(len(r.output_ids) >= 2 for r in decoding):
-            if engine.stats.steps >= steps + 5:
-                break
+        if all_decoding(engine, len(prompts), steps):
+            break
         await asyncio.sleep(0.005)
     assert not any(f.done() for f in flights), "the update must land while requests are decoding"
     return flights
