@@ -22,6 +22,7 @@ class Request:
     key: str | None
     body: dict[str, Any]
     client_port: int = 0
+    content_type: str | None = None
 
 
 @dataclass
@@ -66,6 +67,7 @@ class StandIn:
                 key.decode() if key else None,
                 json.loads(body) if body else {},
                 scope["client"][1],
+                headers[b"content-type"].decode() if b"content-type" in headers else None,
             )
         )
         answer: dict[str, Any] = {"success": True}

@@ -18,6 +18,7 @@ import pytest_asyncio
 from sandrl.inference.base import InferenceClient, SamplingParams
 from sandrl.inference.engine import Engine, EngineConfig
 from sandrl.inference.fleet import affinity
+from sandrl.inference.model import build_tiny_model, save_weights
 from sandrl.inference.tokenizer import ByteTokenizer
 from sandrl.rollout import Budget, EpisodeConfig, LLMAgent, LLMAgentConfig, RolloutRunner, RunnerConfig, Trajectory
 from sandrl.sandbox.bwrap import BwrapProvider
@@ -109,10 +110,14 @@ async def until_serving(policy: InferenceClient) -> None:
 async def test_an_episodes_turns_reach_one_engine_and_its_next_turn_the_other_once_it_died(
     policy: InferenceClient, provider: BwrapProvider, tasks: list[Task], run_dir: Path
 ) -> None:
+    model, tokenizer = build_tiny_model()  # the served weights again, as the trainer would push them
+    weights = save_weights(model, run_dir / "weights-v1", tokenizer)
+    assert await policy.update_weights(str(weights), version=1) == 1  # to both engines
     before = [generates(log) for log in logs(run_dir)]
     (group,) = (await runner(provider, policy, group_size=1).run(tasks[:1])).groups
     (episode,) = group.trajectories
     assert episode.num_turns == 4 and episode.status == "truncated"
+    assert {turn.weight_version for turn in episode.turns} == {1}
     served = [generates(log) - n for log, n in zip(logs(run_dir), before, strict=True)]
     assert sorted(served) == [0, 4]  # all four turns on one engine
     home = served.index(4)
@@ -122,7 +127,8 @@ async def test_an_episodes_turns_reach_one_engine_and_its_next_turn_the_other_on
     after = [generates(log) - n for log, n in zip(logs(run_dir), before, strict=True)]
     assert after[1 - home] == 1 and route.moves == 1
     await until_serving(policy)
-    assert "--- sandrl: restarting (1) engine" in logs(run_dir)[home].read_text()
+    restarted = logs(run_dir)[home].read_text().split("--- sandrl: restarting (1) engine")[1]
+    assert '"POST /update_weights_from_disk HTTP/1.1" 200' in restarted  # v1 again, before it served
 
 
 async def test_an_engine_killed_mid_run_restarts_and_the_run_goes_on_token_exact(

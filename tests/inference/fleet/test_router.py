@@ -125,6 +125,7 @@ async def test_weights_go_to_every_engine_and_are_replayed_into_one_that_comes_b
         replayed = [r for r in engines[0].requests if r.path != "/health"]
         assert [r.path for r in replayed] == ["/update_weights_from_disk", "/load_lora_adapter"]
         assert replayed[0].body["model_path"] == "/ckpt/weights-v5" and replayed[0].body["weight_version"] == "5"
+        assert {r.content_type for r in replayed} == {"application/json"}  # a JSON body, said so (FastAPI needs it)
         with affinity.bound("a new episode"):
             await policy.generate([1], GREEDY)
         assert engines[0].paths()[-1] == "/generate"  # serving again: the least loaded takes new keys

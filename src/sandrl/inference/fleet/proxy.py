@@ -117,7 +117,11 @@ class FleetProxy:
         """How long a call waits for an engine while none is up (they may be restarting)."""
         self.max_body_bytes = max_body_bytes
         self.replay = Replay()
-        self._auth = [(b"authorization", f"Bearer {token}".encode())] if token else []
+        self._replay_headers = [(b"content-type", b"application/json")]
+        if token:
+            self._replay_headers.append((b"authorization", f"Bearer {token}".encode()))
+        self._refused: dict[int, int] = {}
+        """Per engine, the replay (by ``Replay.changes``) it last refused: said once, not every half second."""
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(timeout_s, connect=5.0),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
@@ -167,14 +171,16 @@ class FleetProxy:
                 seen = self.replay.changes
                 if engine.stale:
                     for target, body in self.replay.requests():
-                        answer = await self._send(engine, "POST", target, body, self._auth)
+                        answer = await self._send(engine, "POST", target, body, self._replay_headers)
                         if answer.status_code >= 300:
-                            log.warning(
-                                "inference engine %d refused the replay of %s: %s",
-                                engine.index,
-                                target,
-                                answer.text[:300],
-                            )
+                            if self._refused.get(engine.index) != seen:
+                                self._refused[engine.index] = seen
+                                log.warning(
+                                    "inference engine %d refused the replay of %s, and stays out of service: %s",
+                                    engine.index,
+                                    target,
+                                    answer.text[:300],
+                                )
                             return False
                 if seen == self.replay.changes:
                     self.router.up(engine)
