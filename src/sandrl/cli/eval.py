@@ -35,8 +35,8 @@ def eval_tasks(
     ),
     inference: str | None = typer.Option(
         None,
-        help="'embedded', an SGLang-routes server's URL or vllm://HOST:PORT (agents with a model); "
-        "default: the --config run's.",
+        help="'embedded', an SGLang-routes server's URL (or several, joined by commas: one router keeps each "
+        "episode on one of them) or vllm://HOST:PORT (agents with a model); default: the --config run's.",
     ),
     format: str | None = typer.Option(
         None, "--format", help="The llm agent's actions: 'fenced' bash blocks or 'tools' (default: [rollout]'s)."

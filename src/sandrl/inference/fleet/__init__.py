@@ -10,7 +10,8 @@
   that dies (bounded, with backoff), stopping them all.
 - :mod:`~sandrl.inference.fleet.affinity`: the episode a call belongs to (a routing key).
 - :mod:`~sandrl.inference.fleet.router` and :mod:`~sandrl.inference.fleet.proxy`: one URL in front
-  of the engines, each episode pinned to one engine, new episodes to the least loaded.
+  of the engines, each episode pinned to one engine, new episodes to the least loaded;
+  :mod:`~sandrl.inference.fleet.forward`: the router's kept-alive connections for generation calls.
 - :mod:`~sandrl.inference.fleet.serve`: all of it together (:func:`open_fleet`).
 
 This package imports nothing heavy at import time: the transport imports its affinity module.
