@@ -2,7 +2,9 @@
 
 One call handles the whole batch with tensor operations; only the uniform draw is per
 row, from the request's own generator, so a seeded request samples the same tokens
-whatever else shares its batch.
+whatever else shares its batch, but where another batch's rounding moves its logits by a
+hair and the draw falls within that hair of a token's boundary (the CDF runs in token-id
+order so that a boundary moves no more than the rounding: see :func:`_sample`).
 
 The log-prob returned for a token is that of the raw model distribution
 (``log_softmax(logits)``: temperature 1, no top-p), the quantity the trainer recomputes;
@@ -76,15 +78,20 @@ def sample_next(logits: torch.Tensor, rows: Sequence[RowSampler]) -> Sampled:
 
 
 def _sample(scaled_logits: torch.Tensor, top_p: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
-    """Inverse-CDF sampling from softmax(scaled_logits), restricted to each row's top-p nucleus."""
+    """Inverse-CDF sampling from softmax(scaled_logits), restricted to each row's top-p nucleus.
+
+    The CDF runs over the vocabulary in token-id order, not in order of probability: a logit that
+    moves by a rounding error (another batch, another kernel) then moves a boundary by as much,
+    and changes the draw only if the uniform falls within it; in probability order two near-equal
+    tokens would swap places and move the boundary by a whole token's mass."""
     probs = torch.softmax(scaled_logits, dim=-1)
-    sorted_probs, sorted_ids = probs.sort(dim=-1, descending=True)
-    # A token is outside the nucleus when the tokens before it already reach top_p;
-    # the most likely token always stays in.
-    before = sorted_probs.cumsum(dim=-1) - sorted_probs
-    sorted_probs = sorted_probs.masked_fill(before >= top_p[:, None], 0.0)
-    cdf = sorted_probs.cumsum(dim=-1)
+    if bool((top_p < 1.0).any()):
+        sorted_probs, sorted_ids = probs.sort(dim=-1, descending=True)
+        # A token is outside the nucleus when the tokens before it already reach top_p;
+        # the most likely token always stays in.
+        outside = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= top_p[:, None]
+        probs = probs.masked_fill(torch.zeros_like(outside).scatter(1, sorted_ids, outside), 0.0)
+    cdf = probs.cumsum(dim=-1)
     # right=True picks the first token whose CDF exceeds the draw, never a zero-probability one.
     position = torch.searchsorted(cdf, (uniform * cdf[:, -1])[:, None], right=True)
-    position = position.clamp(max=cdf.shape[-1] - 1)
-    return sorted_ids.gather(1, position).squeeze(1)
+    return position.clamp(max=cdf.shape[-1] - 1).squeeze(1)
