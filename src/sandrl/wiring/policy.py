@@ -37,7 +37,10 @@ async def open_policy(
     if model.embedded and not launched:
         from sandrl.inference.engine import Engine, EngineConfig
 
-        engine = Engine.load(model.name, EngineConfig(update_policy=model.update_policy, seed=seed))
+        cache = fleet.prefix_cache_tokens if fleet is not None else FleetConfig.prefix_cache_tokens
+        engine = Engine.load(
+            model.name, EngineConfig(update_policy=model.update_policy, seed=seed, prefix_cache_tokens=cache)
+        )
         try:
             yield engine
         finally:

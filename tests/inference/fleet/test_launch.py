@@ -47,6 +47,14 @@ def test_sglang_and_vllm_engines_get_their_own_command_lines() -> None:
     assert command.env == {"CUDA_VISIBLE_DEVICES": "0,1", "VLLM_SERVER_DEV_MODE": "1", "VLLM_API_KEY": "k" * 32}
     embedded = engine_command(FleetConfig(launch="embedded"), 0, model="tiny", port=9, token="s" * 32)
     assert "--api-key" not in embedded.argv and embedded.env == {"SANDRL_INFERENCE_TOKEN": "s" * 32}
+    assert embedded.argv[-2:] == ("--prefix-cache-tokens", "32768")  # [inference] prefix_cache_tokens
+    off = engine_command(FleetConfig(launch="embedded", prefix_cache_tokens=0), 0, model="tiny", port=9, token="s")
+    assert off.argv[-2:] == ("--prefix-cache-tokens", "0")
+    own = FleetConfig(launch="embedded", args=("--prefix-cache-tokens", "7"))
+    argv = engine_command(own, 0, model="tiny", port=9, token="s").argv
+    assert argv.count("--prefix-cache-tokens") == 1 and argv[-1] == "7"  # args say it: theirs alone
+    with pytest.raises(ConfigError, match="prefix_cache_tokens must be >= 0"):
+        FleetConfig(prefix_cache_tokens=-1)
 
 
 @pytest.mark.parametrize(

@@ -68,6 +68,8 @@ def engine_command(
     if launch == "embedded":
         argv = [python, "-m", "sandrl.cli", "serve", "inference", "--model", model]
         argv += ["--host", HOST, "--port", str(port), "--seed", str(seed + index), "--update-policy", update_policy]
+        if not _has_flag(args, "--prefix-cache-tokens"):
+            argv += ["--prefix-cache-tokens", str(config.prefix_cache_tokens)]
         env["SANDRL_INFERENCE_TOKEN"] = token
     elif launch == "sglang":
         argv = [python, "-m", "sglang.launch_server", "--model-path", model, "--host", HOST, "--port", str(port)]

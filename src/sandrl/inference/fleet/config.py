@@ -57,6 +57,11 @@ class FleetConfig:
     """Longest wait for an engine to answer ``/health`` after it starts (a large model loads for minutes)."""
     max_restarts: int = 3
     """Restarts of one engine that died before it is given up on (the run goes on with the others)."""
+    prefix_cache_tokens: int = 32768
+    """The embedded engine's prefix cache, in tokens (the KV of recent sequences, reused when the
+    next turn of an episode extends one; emptied on every weight update); 0 turns it off. For the
+    in-process engine (``[model] inference = "embedded"``) and the engines of ``launch =
+    "embedded"``; SGLang and vLLM keep their own (their flags go in ``args``)."""
 
     def __post_init__(self) -> None:
         if self.launch and self.launch not in LAUNCHES:
@@ -66,6 +71,10 @@ class FleetConfig:
                 f"engines must be >= 1, got {self.engines}: set engines = 1 or more, or drop [inference] launch "
                 "to sample in-process ([model] inference = 'embedded') or from engines started elsewhere "
                 "([model] inference = 'http://HOST:PORT,http://HOST:PORT')"
+            )
+        if self.prefix_cache_tokens < 0:
+            raise ConfigError(
+                f"prefix_cache_tokens must be >= 0 (0 turns the prefix cache off), got {self.prefix_cache_tokens}"
             )
         if self.gpus_per_engine is not None and self.gpus_per_engine < 0:
             raise ConfigError(f"gpus_per_engine must be >= 0, got {self.gpus_per_engine}")
