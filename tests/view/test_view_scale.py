@@ -1,5 +1,9 @@
 """A run of 100k episodes opens in the viewer within the bound: its overview, the first page of its
-episodes and one episode, read from a cold start (the index built from nothing)."""
+episodes and one episode, read from a cold start (the index built from nothing).
+
+The bound is on the CPU time the viewer spends (one thread does it all): on a quiet machine that
+is its wall time, and other processes sharing the CPUs (the rest of a test run, a build) do not
+make the test fail where the viewer did not get slower."""
 
 from __future__ import annotations
 
@@ -41,15 +45,15 @@ def write_big_run(directory: Path) -> Path:
 
 def test_a_run_of_100k_episodes_opens_within_the_bound(tmp_path: Path) -> None:
     run_dir = write_big_run(tmp_path / "big")
-    started = time.perf_counter()
+    started, wall = time.process_time(), time.perf_counter()
     view = RunView(RunFiles.open(run_dir))
     summary = view.summary()
     first = view.episodes(status="failed", limit=50)
     episode = view.episode(EPISODES - 1)
-    took = time.perf_counter() - started
+    took, wall = time.process_time() - started, time.perf_counter() - wall
     assert summary["run"]["episodes"] == EPISODES and summary["run"]["unreadable_count"] == 0
     assert len(summary["tasks"]) == 500 and summary["statuses"]["passed"] == EPISODES // 2
     assert first["total"] == EPISODES // 2 and len(first["rows"]) == 50
     assert episode["episode_id"] == f"run/task-{(EPISODES - 1) // GROUP % 500}#{(EPISODES - 1) // GROUP}/7"
     assert episode["step"] == (EPISODES - 1) // GROUP // 2 + 1
-    assert took < OPEN_BOUND_S, f"opening a run of {EPISODES} episodes took {took:.2f} s (bound {OPEN_BOUND_S} s)"
+    assert took < OPEN_BOUND_S, f"{EPISODES} episodes opened in {took:.2f} s of CPU ({wall:.2f} s)"
