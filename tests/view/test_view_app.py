@@ -98,6 +98,20 @@ def test_the_overview_has_the_curves_the_tasks_and_the_statuses(served: tuple[st
     assert sources["other"]["infra_errors"] == 1 and sources["family"]["episodes"] == 8
     assert summary["reports"] == ["bench/report.html"]
     assert summary["filters"]["steps"] == [1, 2]
+    titles = [p["title"] for p in summary["panels"]]
+    assert "Pass rate by task source" not in titles  # one task set: no per-source charts
+
+
+def test_a_run_that_mixes_sources_gets_a_chart_per_source_statistic(tmp_path: Path) -> None:
+    metrics = [
+        {**m, "source/a/pass_rate": 0.5 + i / 4, "source/b/pass_rate": 0.25, "source/a/share": 0.75}
+        for i, m in enumerate(METRICS)
+    ]
+    view = RunView(RunFiles.open(write_run(tmp_path / "run", episodes(), metrics)))
+    panels = {p["title"]: p["series"] for p in view.summary()["panels"]}
+    assert panels["Pass rate by task source"] == ["source/a/pass_rate", "source/b/pass_rate"]
+    assert panels["Share of the groups by task source"] == ["source/a/share"]
+    assert view.summary()["curves"]["series"]["source/a/pass_rate"] == [0.5, 0.75]
 
 
 def test_the_list_filters_by_step_task_source_and_status(served: tuple[str, RunView]) -> None:
@@ -123,6 +137,7 @@ def test_an_episode_is_its_turns_decoded_with_its_group(served: tuple[str, RunVi
     (turn,) = episode["turns"]
     assert turn["reply"] == "reply<|im_end|>" and turn["output"] == "out" and turn["command"] == "echo out"
     assert [g["n"] for g in episode["group"]] == [2, 3] and episode["step"] == 1
+    assert episode["engine_moves"] == 0
     rows = episode["tokens"]["parts"][0]["rows"]
     assert [r[1] for r in rows] == [0] * 7 + [1] * 6 + [0] * 3 and rows[7][3] == -0.5
     assert httpx.get(f"{url}/api/episode/99").status_code == 404

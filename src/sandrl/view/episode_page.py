@@ -72,6 +72,7 @@ def episode_page(
         "reward": t.reward,
         "passed": t.passed,
         "attempt": t.attempt,
+        "engine_moves": t.engine_moves,
         "weight_version": t.weight_version,
         "image": printable(t.image or "")[:300],
         "sandbox_id": printable(t.sandbox_id or "")[:100],

@@ -36,6 +36,9 @@ PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Tokens per second", ("tokens_per_s",)),
 )
 """The charts drawn by default: a title and the series it shows (those the run has)."""
+SOURCE_PANELS = (("pass_rate", "Pass rate by task source"), ("share", "Share of the groups by task source"))
+"""The per-source charts of a run with ``[[tasks.sources]]``: the statistic and the chart's title."""
+MAX_SOURCE_LINES = 8
 MAX_BUCKETS = 24
 """Points of a task's pass rate over steps: steps are grouped into at most this many buckets."""
 
@@ -67,7 +70,7 @@ def summary(run: RunFiles) -> dict[str, Any]:
             "updated": last.get("time"),
         },
         "curves": curves,
-        "panels": [{"title": title, "series": [s for s in keys if s in curves["series"]]} for title, keys in PANELS],
+        "panels": _panels(curves["series"]),
         "statuses": statuses,
         "tasks": by_task,
         "sources": by_source,
@@ -117,6 +120,17 @@ def _curves(run: RunFiles, index: EpisodeIndex, steps_of: Sequence[int | None]) 
     if heldout:
         series["heldout/pass_rate"] = [None] * len(steps)
     return {"steps": steps, "series": series, "points": {"heldout/pass_rate": heldout} if heldout else {}}
+
+
+def _panels(series: dict[str, list[float | None]]) -> list[dict[str, Any]]:
+    """The charts drawn by default: :data:`PANELS`, then one per statistic of a run that mixes
+    task sources (``[[tasks.sources]]``: its ``source/<name>/<stat>`` curves, one line per source)."""
+    panels = [{"title": title, "series": [s for s in keys if s in series]} for title, keys in PANELS]
+    for stat, title in SOURCE_PANELS:
+        keys = sorted(k for k in series if k.startswith("source/") and k.endswith(f"/{stat}"))
+        if keys:
+            panels.append({"title": title, "series": keys[:MAX_SOURCE_LINES]})
+    return panels
 
 
 def _episodes_in_step(metrics: Sequence[dict[str, Any]], i: int) -> float | None:

@@ -297,7 +297,8 @@
       el("span", {}, "reward ", el("b", {}, fmt(e.reward))), el("span", {}, "stop ", el("b", {}, e.stop_reason || "–")),
       e.step ? el("span", {}, "step ", el("b", {}, e.step)) : null, el("span", {}, "sample ", el("b", {}, e.sample_index)),
       el("span", {}, "attempt ", el("b", {}, e.attempt)), el("span", {}, "weights ", el("b", {}, e.weight_version === null ? "–" : "v" + e.weight_version)),
-      el("span", {}, "total ", el("b", {}, fmt(e.timings.total_s, 2) + " s")), el("span", {}, "source ", el("b", {}, e.task_set || "–"))));
+      el("span", {}, "total ", el("b", {}, fmt(e.timings.total_s, 2) + " s")), el("span", {}, "source ", el("b", {}, e.task_set || "–")),
+      e.engine_moves ? el("span", { title: "calls that moved to another engine when theirs died (each a re-prefill)" }, "engine moves ", el("b", {}, e.engine_moves)) : null));
     box.appendChild(el("div", { class: "label" }, e.episode_id, e.image ? " · image " + e.image : ""));
     box.append(...phases(e.timings));
     if (!compact && e.group && e.group.length > 1) {
