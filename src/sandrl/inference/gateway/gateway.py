@@ -145,30 +145,51 @@ class Gateway:
     async def complete(self, session_id: str, body: ChatRequest) -> dict[str, Any]:
         """Answer one chat completion of a session, in OpenAI's shape."""
         entered = time.perf_counter()
-        session = self.get(session_id)
         params = _params(body, self.policy.max_context)
-        if body.tools and self.parser is None:
+        session, done = await self.turn(
+            session_id, body.messages, body.tools, params, parse_tools=body.tool_choice != "none"
+        )
+        answer = self._answer(session, body, done)
+        answer["session"]["gateway_ms"] = self.account(done, entered)
+        return answer
+
+    async def turn(
+        self,
+        session_id: str,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        params: SamplingParams,
+        *,
+        parse_tools: bool = True,
+    ) -> tuple[Session, Completion]:
+        """One model turn of a session, from OpenAI-shaped ``messages`` and ``tools``: what every route
+        (chat completions, Anthropic Messages, OpenAI Responses) runs once it has translated its request.
+        ``parse_tools=False`` returns the reply's text as it is (``tool_choice`` ``none``)."""
+        session = self.get(session_id)
+        if tools and self.parser is None:
             raise ConfigError(
                 "this model's chat template shows no tool-call format, so tool calls cannot be parsed; "
                 "name the parser (--tool-parser hermes, glm45 or llama3_json)"
             )
-        parser = None if body.tool_choice == "none" else self.parser
         async with session.lock:
             with affinity.bound(session.route or affinity.RouteKey(session.id)):
                 done = await session.complete(
-                    body.messages,
-                    body.tools,
+                    messages,
+                    tools,
                     params,
                     policy=self.policy,
-                    chat=self.chat(body.tools),
-                    parser=parser,
+                    chat=self.chat(tools),
+                    parser=self.parser if parse_tools else None,
                     max_context=self.policy.max_context,
                 )
-        answer = self._answer(session, body, done)
-        # The gateway's own cost of the turn: rendering, matching, parsing, the answer (the model's time excluded).
+        return session, done
+
+    @staticmethod
+    def account(done: Completion, entered: float) -> float:
+        """Record the gateway's own cost of a turn that entered at ``entered`` (``perf_counter``): rendering,
+        matching, parsing, the answer, the model's time excluded. Returns it in ms, for the answer."""
         done.turn.gateway_s = max(0.0, time.perf_counter() - entered - done.turn.model_s)
-        answer["session"]["gateway_ms"] = round(done.turn.gateway_s * 1000, 3)
-        return answer
+        return round(done.turn.gateway_s * 1000, 3)
 
     def _answer(self, session: Session, body: ChatRequest, done: Completion) -> dict[str, Any]:
         g = done.generation
