@@ -47,7 +47,7 @@ import torch
 from transformers import DynamicCache
 
 from sandrl.errors import ConfigError, InferenceError
-from sandrl.inference.base import UPDATE_POLICIES, FinishReason, Generation, SamplingParams, UpdatePolicy
+from sandrl.inference.base import FinishReason, Generation, SamplingParams
 from sandrl.inference.batch import (
     PAUSE_MODES,
     Control,
@@ -63,11 +63,11 @@ from sandrl.inference.batch import (
 )
 from sandrl.inference.engine_config import EngineConfig as EngineConfig
 from sandrl.inference.engine_config import EngineStats as EngineStats
-from sandrl.inference.lora_adapter import LoraAdapter, check_adapter_name, read_adapter
-from sandrl.inference.lora_client import is_adapter_dir
+from sandrl.inference.engine_weights import EngineWeights
+from sandrl.inference.lora_adapter import LoraAdapter
 from sandrl.inference.lora_registry import AdapterRegistry
 from sandrl.inference.lora_rows import AdapterRows
-from sandrl.inference.model import config_eos_ids, load_model, load_weights
+from sandrl.inference.model import config_eos_ids, load_model
 from sandrl.inference.prefix_cache import PrefixCache, note_prefill, prefill_inputs
 from sandrl.inference.sampling import RowSampler, sample_next
 from sandrl.inference.tokenizer import Tokenizer
@@ -75,7 +75,7 @@ from sandrl.inference.tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 
-class Engine:
+class Engine(EngineWeights):
     """A causal LM with continuous batching on the CPU; start it with :meth:`load` or the constructor."""
 
     def __init__(
@@ -208,68 +208,6 @@ class Engine:
                 request.cancelled = True
                 request.future.cancel()
 
-    async def update_weights(self, path: str, *, version: int | None = None, policy: UpdatePolicy | None = None) -> int:
-        """Load the checkpoint at ``path`` and swap it in between two decode steps; return the new version.
-
-        The checkpoint is read and checked in a worker thread while decoding goes on; only
-        the copy into the live model happens on the engine thread, between steps.
-        ``version`` sets the new version explicitly (SGLang's ``weight_version``); by
-        default it is the current one plus one. ``policy`` (default: the engine's
-        ``update_policy``) says what happens to requests in flight; see :data:`UpdatePolicy`.
-        While the engine is paused the swap happens at once whatever the policy: whoever
-        paused it already chose the fate of the requests in flight.
-
-        A LoRA adapter directory (``adapter_config.json``, no ``config.json``: what ``export_lora`` writes)
-        is served over the base weights the same way, to every request that names no other adapter
-        (:attr:`lora_adapter`); only the adapter is read and held. A full checkpoint drops it again.
-        """
-        self._check_alive()
-        chosen = policy or self.config.update_policy
-        if chosen not in UPDATE_POLICIES:
-            raise ConfigError(f"unknown weight-update policy {chosen!r}; use one of {', '.join(UPDATE_POLICIES)}")
-        state, adapter = None, None
-        if is_adapter_dir(path):
-            adapter = await asyncio.to_thread(read_adapter, path, self._model, name=path, max_rank=self._max_rank)
-        else:
-            state = await asyncio.to_thread(load_weights, self._model, path)
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[int] = loop.create_future()
-        with self._cv:
-            self._updates.append(WeightUpdate(state, path, version, chosen, loop, future, adapter))
-            self._cv.notify()
-        return await future
-
-    update_weights_from_disk = update_lora_adapter = update_weights
-
-    # -- LoRA adapters (SGLang's /load_lora_adapter, /unload_lora_adapter, /generate lora_path) ------------
-
-    @property
-    def lora_adapter(self) -> str | None:
-        """The adapter (its path) that :meth:`update_weights` put over the base for requests naming none."""
-        adapter = self._policy_adapter
-        return adapter.path if adapter is not None else None
-
-    @property
-    def lora_adapters(self) -> dict[str, str]:
-        """The adapters loaded by :meth:`load_lora_adapter`, which requests may name: name -> path."""
-        with self._cv:
-            return self._adapters.paths()
-
-    async def load_lora_adapter(self, name: str, path: str) -> None:
-        """Load the adapter directory ``path`` under ``name``; a ConfigError when ``name`` is taken, ``max_loras``
-        are held, or the files do not fit the served model (:func:`~sandrl.inference.lora_adapter.read_adapter`)."""
-        self._check_alive()
-        with self._cv:
-            self._adapters.check_room(check_adapter_name(name), (r.adapter for r in self._inflight))
-        adapter = await asyncio.to_thread(read_adapter, path, self._model, name=name, max_rank=self._max_rank)
-        with self._cv:
-            self._adapters.add(adapter, (r.adapter for r in self._inflight))
-
-    async def unload_lora_adapter(self, name: str) -> None:
-        """Forget the adapter ``name``; requests already running with it finish with it."""
-        with self._cv:
-            self._adapters.remove(name)
-
     async def health(self) -> None:
         self._check_alive()
 
@@ -322,6 +260,8 @@ class Engine:
             self._cv.notify()
         if self._thread is not threading.current_thread():
             self._thread.join()
+        if self._receiver is not None:
+            self._receiver.close()
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self.close)
@@ -493,21 +433,6 @@ class Engine:
         admitted, cancelled = admit(self._waiting, room, self.config.max_prefill_tokens, self.prefix_cache.uncached)
         self._inflight.difference_update(cancelled)
         return admitted
-
-    def _swap(self, update: WeightUpdate) -> None:
-        try:
-            if update.state is not None:
-                self._model.load_state_dict(update.state, strict=True)
-        except Exception as exc:
-            deliver_error(update.loop, update.future, InferenceError(f"swapping in {update.path} failed: {exc}"))
-            return
-        self.prefix_cache.clear()  # KV of the old weights is never reused
-        self._weight_version = update.version if update.version is not None else self._weight_version + 1
-        self._policy_adapter = update.adapter
-        if update.adapter is None:
-            self.model_path = update.path
-        self.stats.weight_updates += 1
-        deliver(update.loop, update.future, self._weight_version)
 
     def _forward(
         self, requests: list[Request], ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any
