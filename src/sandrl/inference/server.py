@@ -38,9 +38,11 @@ Routes:
   SGLang's it is not refused while requests run (each holds its own KV, not the cache's).
 - ``GET|POST /release_memory_occupation``, ``/resume_memory_occupation``: no-op, 200 (``tags``
   checked): the CPU engine has no device memory to hand to a colocated trainer.
-- ``POST /update_weights_from_tensor``, ``/update_weights_from_distributed``,
-  ``/init_weights_update_group``, ``/update_weights_from_ipc``: 400 (they pass CUDA IPC / NCCL
-  handles or pickles; save a checkpoint and use ``/update_weights_from_disk``).
+- ``POST /init_weights_update_group``, ``/update_weights_from_distributed``,
+  ``/destroy_weights_update_group``: served over gloo (:mod:`~sandrl.inference.sglang_weight_sync`):
+  buckets are staged and the weights swapped whole once they cover the model.
+- ``POST /update_weights_from_tensor``, ``/update_weights_from_ipc``: 400 (they pass CUDA IPC
+  handles or pickles; broadcast, or save a checkpoint and use ``/update_weights_from_disk``).
 - ``GET /get_server_info`` (``/server_info``), ``/get_model_info``, ``/get_weight_version``,
   ``/health``, ``/health_generate``: served (server info holds sandrl's settings, not SGLang's
   ``ServerArgs``).
@@ -110,6 +112,7 @@ from sandrl.inference.openai_routes import router as openai_router
 from sandrl.inference.serving import engine_of
 from sandrl.inference.sglang_control import router as control_router
 from sandrl.inference.sglang_generate import router as generate_router
+from sandrl.inference.sglang_weight_sync import router as weight_sync_router
 from sandrl.inference.tokenizer import TINY
 
 log = logging.getLogger(__name__)
@@ -191,6 +194,7 @@ def create_app(
     app.include_router(sglang_router)
     app.include_router(generate_router)
     app.include_router(control_router)
+    app.include_router(weight_sync_router)
     app.include_router(openai_router)
     app.include_router(gateway_router)
     app.include_router(harness_router)

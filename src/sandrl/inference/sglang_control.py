@@ -105,7 +105,7 @@ async def update_weights_from_disk(body: UpdateWeightsRequest, request: Request)
             )
         if body.manifest is not None:
             raise ConfigError("/update_weights_from_disk: manifest (tensor metadata) is not supported; leave it out")
-        version = _int_version(body.weight_version, "weight_version")
+        version = int_version(body.weight_version, "weight_version")
         if body.abort_all_requests:
             engine.abort()
         # SGLang's update waits for the requests in flight (its writer lock): "pause" unless the server or
@@ -130,9 +130,10 @@ async def update_weights_from_disk(body: UpdateWeightsRequest, request: Request)
 
 
 _NOT_SERVED = (
-    "sandrl's CPU engine takes new weights only from a checkpoint directory: {route} hands over tensors "
-    "through {how}, which a CPU process serving HTTP cannot open (and unpickling bytes sent over HTTP would run "
-    "arbitrary code). Save the weights (sandrl.inference.model.save_weights) and POST /update_weights_from_disk."
+    "sandrl's CPU engine takes new weights from a checkpoint directory or a gloo process group: {route} hands "
+    "over tensors through {how}, which a CPU process serving HTTP cannot open (and unpickling bytes sent over HTTP "
+    "would run arbitrary code). Broadcast them (/init_weights_update_group, /update_weights_from_distributed) or "
+    "save them (sandrl.inference.model.save_weights) and POST /update_weights_from_disk."
 )
 
 
@@ -142,12 +143,10 @@ async def update_weights_from_tensor(request: Request) -> JSONResponse:
     return _refused(_NOT_SERVED.format(route="/update_weights_from_tensor", how=how))
 
 
-@router.post("/init_weights_update_group")
-@router.post("/update_weights_from_distributed")
 @router.post("/update_weights_from_ipc")
 async def update_weights_from_collective(request: Request) -> JSONResponse:
     route = request.url.path
-    return _refused(_NOT_SERVED.format(route=route, how="an NCCL process group or CUDA IPC handles"))
+    return _refused(_NOT_SERVED.format(route=route, how="CUDA IPC handles"))
 
 
 @router.post("/load_lora_adapter")
@@ -187,7 +186,7 @@ def _lora_failure(exc: SandrlError, paths: dict[str, str]) -> JSONResponse:
 @router.post("/update_weight_version")
 async def update_weight_version(body: UpdateWeightVersionRequest, request: Request) -> JSONResponse:
     engine = engine_of(request)
-    version = _int_version(body.new_version, "new_version")
+    version = int_version(body.new_version, "new_version")
     assert version is not None
     if body.abort_all_requests:
         engine.abort()
@@ -290,7 +289,7 @@ def _pause_mode(mode: str) -> PauseMode:
     return "retract" if mode == "retract" else "in_place" if mode == "in_place" else "abort"
 
 
-def _int_version(value: str | int | None, field: str) -> int | None:
+def int_version(value: str | int | None, field: str) -> int | None:
     """sandrl's versions are integers (the trainer's step); SGLang's are strings that hold one here."""
     if value is None or isinstance(value, int):
         return value

@@ -1,0 +1,220 @@
+"""The trainer's side of broadcast weight updates: rank 0 of a weight-update group with every engine.
+
+:class:`WeightBroadcast` speaks SGLang's protocol to each engine (sandrl's embedded server serves it
+too, over gloo): at :meth:`~WeightBroadcast.connect` it picks a port, asks engine ``i`` to join as rank
+``1 + i * ranks_per_engine`` and joins as rank 0 itself; each :meth:`~WeightBroadcast.push` sends the
+weights in buckets of about ``bucket_bytes``: for each bucket it posts the names, dtypes and shapes to
+every engine and broadcasts the tensors at once. Only one bucket's tensors are held at a time, so a
+sharded trainer gathers its full tensors bucket by bucket, never the whole model.
+
+What an update does to requests in flight: the embedded engine stages the buckets and swaps the
+weights in whole under the ``update_policy`` sent with each bucket; an SGLang engine applies each
+bucket as it comes, so generation is paused around the push (``in_place`` / ``retract`` modes for
+those policies; ``pause``: SGLang's update waits for the requests in flight, per bucket).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import uuid
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+from sandrl.errors import ConfigError, InferenceError
+from sandrl.inference.base import UPDATE_POLICIES, UpdatePolicy
+from sandrl.inference.transport import HTTPConfig, JSONTransport
+from sandrl.inference.weight_group import GroupAddress, WeightGroup, dtype_name
+
+DEFAULT_BUCKET_BYTES = 256 * 2**20
+
+
+def buckets(tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """``tensors`` in order, in buckets of at most ``bucket_bytes`` (a bigger tensor is a bucket of its own).
+
+    A tensor that is another one already sent (tied weights: the output layer that is the embedding) is
+    sent once, under its first name: the engine's copy is tied too."""
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    seen: set[tuple[int, int, tuple[int, ...]]] = set()
+    for name, tensor in tensors:
+        same = (tensor.untyped_storage().data_ptr(), int(tensor.storage_offset()), tuple(tensor.shape))
+        if same in seen:
+            continue
+        seen.add(same)
+        nbytes = tensor.numel() * tensor.element_size()
+        if bucket and size + nbytes > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, tensor.detach().contiguous()))
+        size += nbytes
+    if bucket:
+        yield bucket
+
+
+class WeightBroadcast:
+    """Push weights to engines over a process group; see the module docstring."""
+
+    def __init__(
+        self,
+        urls: list[str],
+        *,
+        http: HTTPConfig | None = None,
+        master_address: str = "127.0.0.1",
+        backend: str = "gloo",
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        update_policy: UpdatePolicy = "pause",
+        sglang: bool = False,
+        ranks_per_engine: int = 1,
+        timeout_s: float = 300.0,
+    ) -> None:
+        if not urls:
+            raise ConfigError("a weight broadcast needs at least one engine URL")
+        if bucket_bytes < 1:
+            raise ConfigError(f"bucket_bytes must be positive, got {bucket_bytes}")
+        if update_policy not in UPDATE_POLICIES:
+            raise ConfigError(f"update_policy must be one of {', '.join(UPDATE_POLICIES)}, got {update_policy!r}")
+        self.urls = list(urls)
+        self.engines = [JSONTransport(url, http) for url in self.urls]
+        self.master_address = master_address
+        self.backend = backend
+        self.bucket_bytes = bucket_bytes
+        self.update_policy = update_policy
+        self.sglang = sglang
+        self.ranks_per_engine = ranks_per_engine
+        self.timeout_s = timeout_s
+        self.group: WeightGroup | None = None
+        self.group_name = f"sandrl-{uuid.uuid4().hex[:12]}"
+        self.bytes_pushed = 0
+
+    async def connect(self) -> None:
+        """Form the group: every engine joins as its ranks, this process as rank 0 (idempotent)."""
+        if self.group is not None:
+            return
+        address = GroupAddress(
+            self.master_address,
+            _free_port(self.master_address),
+            1 + len(self.engines) * self.ranks_per_engine,
+            self.group_name,
+            self.backend,
+        )
+        joins = [
+            asyncio.create_task(
+                engine.post(
+                    "/init_weights_update_group",
+                    {
+                        "master_address": address.master_address,
+                        "master_port": address.master_port,
+                        "rank_offset": 1 + i * self.ranks_per_engine,
+                        "world_size": address.world_size,
+                        "group_name": address.group_name,
+                        "backend": address.backend,
+                    },
+                )
+            )
+            for i, engine in enumerate(self.engines)
+        ]
+        own = asyncio.create_task(asyncio.to_thread(WeightGroup.join, address, 0, timeout_s=self.timeout_s))
+        done = await asyncio.gather(own, *joins, return_exceptions=True)
+        failures = [
+            (url, d) for url, d in zip(["trainer", *self.urls], done, strict=True) if isinstance(d, BaseException)
+        ]
+        failures += [(url, d) for url, d in zip(self.urls, done[1:], strict=True) if _refused(d)]
+        if failures:
+            if isinstance(done[0], WeightGroup):
+                done[0].close()
+            where, why = failures[0]
+            raise InferenceError(
+                f"could not form the weight-update group with {where}: {_why(why)}; "
+                "engines must reach this host's "
+                f'{address.master_address}:{address.master_port} (or set [inference] weight_sync = "disk")'
+            )
+        assert isinstance(done[0], WeightGroup)
+        self.group = done[0]
+
+    async def push(self, tensors: Iterable[tuple[str, torch.Tensor]], *, version: int) -> int:
+        """Send every tensor of ``tensors`` (all the model's weights) as version ``version``; return it."""
+        await self.connect()
+        assert self.group is not None
+        mode = {"in_place": "in_place", "abort_and_resume": "retract"}.get(self.update_policy) if self.sglang else None
+        if mode is not None:
+            await asyncio.gather(*(e.post("/pause_generation", {"mode": mode}) for e in self.engines))
+        try:
+            answers: list[Any] = []
+            # A bucket is taken in a worker thread: taking it may gather shards (a collective of the trainer's).
+            pending = buckets(tensors, self.bucket_bytes)
+            while (bucket := await asyncio.to_thread(next, pending, None)) is not None:
+                answers = await self._send(bucket, version)
+        except BaseException:
+            await self.aclose()  # the group may be out of step: the next push forms a new one
+            raise
+        finally:
+            if mode is not None:
+                await asyncio.gather(*(e.post("/continue_generation", {}) for e in self.engines))
+        for url, answer in zip(self.urls, answers, strict=True):
+            if not self.sglang and answer.get("staged", False):
+                raise InferenceError(
+                    f"{url} has not swapped the new weights in: the push covered only part of its model's weights"
+                )
+        return version
+
+    async def _send(self, bucket: list[tuple[str, torch.Tensor]], version: int) -> list[Any]:
+        assert self.group is not None
+        body: dict[str, Any] = {
+            "names": [name for name, _ in bucket],
+            "dtypes": [dtype_name(t.dtype) for _, t in bucket],
+            "shapes": [list(t.shape) for _, t in bucket],
+            "group_name": self.group_name,
+            "weight_version": str(version),
+            "flush_cache": True,
+        }
+        if not self.sglang:
+            body["update_policy"] = self.update_policy
+        posts = [asyncio.create_task(engine.post("/update_weights_from_distributed", body)) for engine in self.engines]
+        device = self.group.device
+        tensors = [t if device is None else t.to(device) for _, t in bucket]
+        sent = asyncio.create_task(asyncio.to_thread(self.group.broadcast, tensors))
+        done = await asyncio.gather(sent, *posts, return_exceptions=True)
+        # An engine's refusal says why; the broadcast's own failure follows from it (the engine left the group).
+        for url, answer in zip([*self.urls, "trainer"], [*done[1:], done[0]], strict=True):
+            if isinstance(answer, BaseException) or _refused(answer):
+                raise InferenceError(f"the weight push to {url} failed: {_why(answer)}")
+        self.bytes_pushed += sum(t.numel() * t.element_size() for _, t in bucket)
+        return list(done[1:])
+
+    async def aclose(self) -> None:
+        """Leave the group (the engines too); the next push forms a new one."""
+        group, self.group = self.group, None
+        if group is None:
+            return
+        with contextlib.suppress(Exception):
+            await asyncio.gather(
+                *(e.post("/destroy_weights_update_group", {"group_name": self.group_name}) for e in self.engines),
+                return_exceptions=True,
+            )
+        group.close()
+        self.group_name = f"sandrl-{uuid.uuid4().hex[:12]}"
+
+    async def shutdown(self) -> None:
+        await self.aclose()
+        for engine in self.engines:
+            await engine.aclose()
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _refused(answer: object) -> bool:
+    return isinstance(answer, dict) and answer.get("success") is False
+
+
+def _why(answer: object) -> str:
+    if isinstance(answer, dict):
+        return str(answer.get("message", answer))
+    return str(answer)

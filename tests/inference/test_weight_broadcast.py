@@ -1,0 +1,144 @@
+"""Weights without the disk: a trainer-side rank 0 broadcasts over gloo to two embedded servers (SGLang's
+protocol), whose weights then equal the disk path's bit for bit; wrong buckets are refused whole."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from sandrl.errors import ConfigError, InferenceError
+from sandrl.inference.base import SamplingParams
+from sandrl.inference.engine import Engine
+from sandrl.inference.model import build_tiny_model
+from sandrl.inference.server import BackgroundServer, create_app
+from sandrl.inference.tiny_config import TinyModelConfig
+from sandrl.inference.transport import HTTPConfig
+from sandrl.inference.weight_group import GroupAddress
+from sandrl.inference.weight_push import WeightBroadcast, buckets
+
+from .conftest import TOKEN, Served
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def two_served() -> Iterator[list[Served]]:
+    engines = [Engine.load("tiny") for _ in range(2)]
+    servers = [BackgroundServer(create_app(e, token=TOKEN)).start() for e in engines]
+    yield [Served(e, s.url, None, TOKEN) for e, s in zip(engines, servers, strict=True)]
+    for server, engine in zip(servers, engines, strict=True):
+        server.stop()
+        engine.close()
+
+
+def _new_weights(seed: int = 1) -> dict[str, torch.Tensor]:
+    model, _ = build_tiny_model(TinyModelConfig(seed=seed))
+    return dict(model.state_dict())
+
+
+def _state(engine: Engine) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in engine.model.state_dict().items()}
+
+
+def _broadcast(served: list[Served], **kwargs: Any) -> WeightBroadcast:
+    return WeightBroadcast([s.url for s in served], http=HTTPConfig(api_key=TOKEN, retries=0), **kwargs)
+
+
+async def test_broadcast_equals_the_disk_path_bit_for_bit(two_served: list[Served], other_checkpoint: Path) -> None:
+    by_disk = Engine.load("tiny")
+    try:
+        await by_disk.update_weights(str(other_checkpoint), version=7)
+        push = _broadcast(two_served, bucket_bytes=64 * 1024)  # several buckets
+        try:
+            new = _new_weights(seed=1)
+            assert len(list(buckets(new.items(), 64 * 1024))) > 2
+            assert await push.push(new.items(), version=7) == 7
+            expected = _state(by_disk)
+            for served in two_served:
+                assert served.engine.weight_version == 7
+                got = _state(served.engine)
+                assert got.keys() == expected.keys()
+                assert all(torch.equal(got[k], expected[k]) for k in expected)
+            # and generation after it is the disk path's
+            params = SamplingParams(max_new_tokens=8, temperature=1.0, seed=3)
+            a = await two_served[0].engine.generate([1, 2, 3], params)
+            b = await by_disk.generate([1, 2, 3], params)
+            assert a.output_ids == b.output_ids and a.weight_version == b.weight_version == 7
+            # a second push reuses the group and advances the version
+            assert await push.push(_new_weights(seed=2).items(), version=8) == 8
+            assert all(s.engine.weight_version == 8 for s in two_served)
+        finally:
+            await push.shutdown()
+    finally:
+        by_disk.close()
+
+
+@pytest.mark.parametrize(
+    ("spoil", "named"),
+    [
+        (lambda w: {**w, "lm_head.weight": torch.zeros(3, 5)}, "lm_head.weight"),
+        (lambda w: {**w, "no.such.weight": torch.zeros(4)}, "no.such.weight"),
+        (lambda w: {**w, "lm_head.weight": w["lm_head.weight"].to(torch.int64)}, "lm_head.weight"),
+    ],
+    ids=["wrong-shape", "unknown-name", "integer-dtype"],
+)
+async def test_a_wrong_bucket_is_refused_by_name_and_nothing_is_applied(
+    two_served: list[Served], spoil: Any, named: str
+) -> None:
+    before = [_state(s.engine) for s in two_served]
+    push = _broadcast(two_served, bucket_bytes=1 << 30)  # one bucket: the good tensors travel with the bad one
+    try:
+        with pytest.raises(InferenceError, match=named.replace(".", r"\.")):
+            await push.push(spoil(_new_weights()).items(), version=5)
+        for served, old in zip(two_served, before, strict=True):
+            assert served.engine.weight_version == 0
+            now = _state(served.engine)
+            assert all(torch.equal(now[k], old[k]) for k in old)
+        # the engines are not wedged: a good push forms a new group and lands
+        assert await push.push(_new_weights().items(), version=5) == 5
+        assert all(s.engine.weight_version == 5 for s in two_served)
+    finally:
+        await push.shutdown()
+
+
+async def test_a_push_of_part_of_the_weights_stages_and_applies_nothing(two_served: list[Served]) -> None:
+    push = _broadcast(two_served, bucket_bytes=1 << 30)
+    try:
+        half = list(_new_weights().items())[:3]
+        with pytest.raises(InferenceError, match="only part"):
+            await push.push(half, version=4)
+        assert all(s.engine.weight_version == 0 for s in two_served)
+    finally:
+        await push.shutdown()
+
+
+async def test_group_requests_are_checked_and_control_routes_need_the_token(two_served: list[Served]) -> None:
+    import httpx
+
+    url = two_served[0].url
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        body = {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1, "world_size": 2}
+        assert (await http.post("/init_weights_update_group", json=body)).status_code in (401, 403)
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        r = await http.post("/init_weights_update_group", json=body, headers=headers)  # nccl by default: no GPU here
+        if not torch.cuda.is_available():
+            assert r.status_code == 400 and "gloo" in r.json()["message"]
+        r = await http.post(
+            "/init_weights_update_group", json={**body, "world_size": 1, "backend": "gloo"}, headers=headers
+        )
+        assert r.status_code == 400 and "world_size" in r.json()["message"]
+        update = {"names": ["x"], "dtypes": ["float32"], "shapes": [[1]], "group_name": "nope"}
+        r = await http.post("/update_weights_from_distributed", json=update, headers=headers)
+        assert r.status_code == 400 and "no weight-update group" in r.json()["message"]
+
+
+def test_group_address_is_checked() -> None:
+    with pytest.raises(ConfigError, match="group_name"):
+        GroupAddress("127.0.0.1", 1234, 2, "bad name!", "gloo")
+    with pytest.raises(ConfigError, match="backend"):
+        GroupAddress("127.0.0.1", 1234, 2, "g", "mpi")
+    assert GroupAddress("127.0.0.1", 1234, 2, "g").loopback
