@@ -179,7 +179,7 @@ async def test_requests_the_gateway_cannot_serve_are_refused_by_name(scripted_ga
     base = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
     async with httpx.AsyncClient(headers=_key(opened)) as http:
         for extra, word in (
-            ({"stream": True}, "stream"),
+            ({"stream_options": {"include_usage": True}}, "stream_options: needs stream=true"),
             ({"n": 2}, "n must be 1"),
             ({"tool_choice": "required"}, "tool_choice"),
             ({"messages": []}, "messages is empty"),

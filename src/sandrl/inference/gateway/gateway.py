@@ -23,20 +23,31 @@ Routes:
   ``max_turns`` and ``max_total_tokens``: a call over it is refused as ``context_length_exceeded``
   (OpenAI's words for either budget: clients give up on them at once) and the record's
   ``stopped`` says which. At most ``max_sessions`` are held (429 ``too_many_sessions`` beyond).
-- ``POST {base_url}/chat/completions``: OpenAI's chat completion with ``tools``, ``tool_choice``
+- ``POST {base_url}/chat/completions`` (also ``{base_url}/v1/chat/completions``, for clients that append
+  ``/v1``): OpenAI's chat completion with ``tools``, ``tool_choice``
   (``auto``, or ``none``: calls are not parsed), ``n`` = 1, ``temperature``, ``top_p``,
   ``max_tokens`` / ``max_completion_tokens``, ``stop``, ``stop_token_ids``, ``seed``,
   ``logprobs`` / ``top_logprobs`` and vLLM's ``return_token_ids``. The answer has ``tool_calls``
   (parsed by the model family's parser), ``reasoning_content`` where the family thinks,
   ``usage``, and sandrl's ``weight_version`` and ``session`` (segment, whether this call
   started one and why). The model name is not checked: a session belongs to one policy.
-  Refused (400, named): ``stream``, ``n`` > 1, ``tool_choice`` ``required`` or a named function
-  (no constrained decoding).
-- ``GET {base_url}/models``: the served model, for clients that look it up.
+  ``stream`` (with ``stream_options.include_usage``) answers the same as OpenAI's chunks, tool-call
+  deltas included (:mod:`~sandrl.inference.gateway.chat_stream`).
+  Refused (400, named): ``n`` > 1, ``tool_choice`` ``required`` or a named function (no constrained
+  decoding), ``stream_options`` other than ``include_usage``.
+- ``POST {base_url}/responses`` (also ``{base_url}/v1/responses``): OpenAI Responses, what Codex
+  speaks: input items, function tools and calls, ``instructions``, ``previous_response_id``,
+  ``stream`` (OpenAI's events); registered by :mod:`~sandrl.inference.gateway.responses`, which says
+  what is served and refused.
+- ``GET {base_url}/models`` (also ``{base_url}/v1/models``): the served model, for clients that
+  look it up.
 - ``GET /v1/sessions/{id}`` → the trajectory so far: ids, loss mask, per-token log-probs,
   ``segment_starts``, and the turns with their messages and weight versions.
 - ``DELETE /v1/sessions/{id}``: forget it (answers the final record). A session idle for an hour
   (``idle_ttl_s``) is forgotten when another opens, so a harness that died leaks nothing.
+
+A streamed answer is the finished turn sent as the vendor's event sequence: the policy
+(:meth:`~sandrl.inference.base.InferenceClient.generate`) returns whole generations.
 
 How a call becomes ids is :mod:`sandrl.inference.gateway.session`'s job.
 """
@@ -56,6 +67,7 @@ from sandrl.inference.auth import MAX_BODY_BYTES, install_guards
 from sandrl.inference.base import InferenceClient, SamplingParams
 from sandrl.inference.chat import ChatFormat, tool_parser_for
 from sandrl.inference.fleet import affinity
+from sandrl.inference.gateway.chat_stream import include_usage, stream_response
 from sandrl.inference.gateway.session import Completion, Session
 from sandrl.inference.http_errors import install_error_handlers
 from sandrl.inference.openai_stream import chat_logprobs
@@ -247,11 +259,10 @@ class ChatRequest(BaseModel):
     top_logprobs: int | None = None
     return_token_ids: bool = False
     stream: bool = False
+    stream_options: dict[str, Any] | None = None
 
 
 def _params(body: ChatRequest, max_context: int | None) -> SamplingParams:
-    if body.stream:
-        raise ConfigError("stream=true is not served by the session gateway; send stream=false")
     if body.n != 1:
         raise ConfigError(f"n must be 1 in a session (one conversation), got {body.n}")
     if body.tool_choice not in (None, "auto", "none"):
@@ -302,16 +313,22 @@ async def open_session(request: Request, body: OpenRequest | None = None) -> dic
 
 
 @harness_router.post("/{session_id}/chat/completions")
-async def chat_completions(session_id: str, body: ChatRequest, request: Request) -> dict[str, Any]:
-    return await gateway_of(request).complete(session_id, body)
+@harness_router.post("/{session_id}/v1/chat/completions")
+async def chat_completions(session_id: str, body: ChatRequest, request: Request) -> Any:
+    usage = include_usage(body.stream, body.stream_options)
+    answer = await gateway_of(request).complete(session_id, body)
+    return stream_response(answer, usage=usage) if body.stream else answer
 
 
 @harness_router.get("/{session_id}/models")
+@harness_router.get("/{session_id}/v1/models")
 async def models(session_id: str, request: Request) -> dict[str, Any]:
     gateway = gateway_of(request)
     gateway.get(session_id)
-    entry = {"id": gateway.model_name, "object": "model", "created": 0, "owned_by": "sandrl"}
-    return {"object": "list", "data": [entry]}
+    name = gateway.model_name
+    # OpenAI's list, with Anthropic's fields beside it: both clients look models up at {base_url}/v1/models.
+    entry = {"id": name, "object": "model", "created": 0, "owned_by": "sandrl", "type": "model", "display_name": name}
+    return {"object": "list", "data": [entry], "has_more": False, "first_id": name, "last_id": name}
 
 
 @router.get("/{session_id}")
@@ -332,7 +349,9 @@ def create_gateway_app(gateway: Gateway, *, max_body_bytes: int = MAX_BODY_BYTES
     app = FastAPI(title="sandrl session gateway", openapi_url=None, docs_url=None, redoc_url=None)
     app.state.gateway = gateway
     app.include_router(harness_router)
-    install_error_handlers(app, not_found_hint="the session gateway serves /v1/sessions/{id}/chat/completions only")
+    install_error_handlers(
+        app, not_found_hint="the session gateway serves /v1/sessions/{id}/chat/completions, /responses and /models"
+    )
     install_guards(
         app,
         token=None,

@@ -165,6 +165,10 @@ class Session:
     route: RouteKey | None = None
     """The routing key its calls carry (:mod:`sandrl.inference.fleet.affinity`): the episode's that opened it,
     else its own; a router keeps them on one engine."""
+    last_response: tuple[str, list[dict[str, Any]]] | None = None
+    """The id of its latest OpenAI Responses answer and the conversation that answer ended, as chat messages
+    without the call's ``instructions``: what a call naming it as ``previous_response_id`` continues
+    (:mod:`sandrl.inference.gateway.responses`)."""
 
     @classmethod
     def new(cls, *, max_turns: int | None = None, max_total_tokens: int | None = None) -> Session:
