@@ -13,7 +13,9 @@ Built from :mod:`sandrl.http_auth` (the sandbox service's pieces), with these ru
   a local process that can reach the port cannot swap the weights or stall generation.
 - **Session routes** (``/v1/sessions/{id}`` and below) take that session's own key, which its
   opener was given (``api_key``), or the server's token: one session's key cannot read, write
-  or close another session.
+  or close another session. There, and only there, the key may also come as ``x-api-key``, the
+  header the Anthropic clients send an API key in (Claude Code with ``ANTHROPIC_API_KEY``; with
+  ``ANTHROPIC_AUTH_TOKEN`` it sends ``Authorization: Bearer``); every other route takes only the bearer.
 - **Body limit**: a request body over ``max_body_bytes`` (:data:`MAX_BODY_BYTES`) is refused
   with 413 before it is read (a chunked one once it passes the limit), so a client cannot grow
   the process (the gateway of ``sandrl train`` runs on the trainer's own event loop).
@@ -35,11 +37,13 @@ from sandrl.http_auth import (
     Scope,
     Send,
     bearer,
+    header,
     query_credentials,
     same_token,
     send_error,
     send_unauthorized,
 )
+from sandrl.inference.http_errors import AnthropicErrorShape
 
 TOKEN_ENV = "SANDRL_INFERENCE_TOKEN"
 """Where ``sandrl serve inference`` and sandrl's inference clients read the token when no file is named."""
@@ -116,11 +120,14 @@ class InferenceAuth:
         given = bearer(scope)
         session = session_of(path)
         if session is not None:
-            if not (same_token(given, self._token) or same_token(given, self._key_of(session))):
+            key = self._key_of(session)
+            offered = (given, header(scope, b"x-api-key"))
+            if not any(same_token(g, self._token) or same_token(g, key) for g in offered):
                 await send_unauthorized(
                     send,
                     f"session {session[:64]!r}: its routes need its own key, sent as 'Authorization: Bearer <key>' "
-                    "(an OpenAI client's api_key): the api_key the session's opener was given",
+                    "(an OpenAI client's api_key) or 'x-api-key: <key>' (an Anthropic client's): the api_key the "
+                    "session's opener was given",
                 )
                 return
         elif path in OPEN_PATHS:
@@ -148,7 +155,8 @@ class InferenceAuth:
 
 def install_guards(app: FastAPI, *, token: str | None, key_of: KeyOf, max_body_bytes: int, advice: str) -> None:
     """Put ``app`` behind the rules of the module docstring: outermost loopback only (without a token), then
-    the token and session keys, then the body limit. ``advice`` ends a loopback refusal."""
+    the token and session keys, then the body limit. ``advice`` ends a loopback refusal. Their refusals on
+    a session's Anthropic routes are said in Anthropic's shape (:class:`AnthropicErrorShape`, outside them all)."""
     if max_body_bytes < 1:
         raise ConfigError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
 
@@ -159,3 +167,4 @@ def install_guards(app: FastAPI, *, token: str | None, key_of: KeyOf, max_body_b
     app.add_middleware(InferenceAuth, token=token, key_of=key_of)
     if token is None:
         app.add_middleware(http_auth.LoopbackOnly, advice=advice)
+    app.add_middleware(AnthropicErrorShape)

@@ -12,9 +12,10 @@ Two ways it is served:
   it has one), ``GET`` and ``DELETE /v1/sessions/{id}``.
 
 Every session route needs that session's key, ``Authorization: Bearer <key>`` (an OpenAI
-client's ``api_key``), or the inference server's token: one session's key cannot read, write or
-close another (:mod:`sandrl.inference.auth`, which also bounds request bodies and, without a
-token, answers only requests addressed to loopback and from no web page).
+client's ``api_key``) or ``x-api-key: <key>`` (an Anthropic client's), or the inference server's
+token: one session's key cannot read, write or close another (:mod:`sandrl.inference.auth`, which
+also bounds request bodies and, without a token, answers only requests addressed to loopback and
+from no web page).
 
 Routes:
 
@@ -39,6 +40,10 @@ Routes:
   speaks: input items, function tools and calls, ``instructions``, ``previous_response_id``,
   ``stream`` (OpenAI's events); registered by :mod:`~sandrl.inference.gateway.responses`, which says
   what is served and refused.
+- ``POST {base_url}/v1/messages`` and ``/v1/messages/count_tokens``: Anthropic Messages, what Claude
+  Code speaks: system, text / ``tool_use`` / ``tool_result`` / ``thinking`` blocks, custom tools,
+  ``stream`` (Anthropic's events), errors in Anthropic's shape; registered by
+  :mod:`~sandrl.inference.gateway.anthropic_routes`, which says what is served and refused.
 - ``GET {base_url}/models`` (also ``{base_url}/v1/models``): the served model, for clients that
   look it up.
 - ``GET /v1/sessions/{id}`` → the trajectory so far: ids, loss mask, per-token log-probs,
@@ -350,7 +355,9 @@ def create_gateway_app(gateway: Gateway, *, max_body_bytes: int = MAX_BODY_BYTES
     app.state.gateway = gateway
     app.include_router(harness_router)
     install_error_handlers(
-        app, not_found_hint="the session gateway serves /v1/sessions/{id}/chat/completions, /responses and /models"
+        app,
+        not_found_hint="the session gateway serves /v1/sessions/{id}/chat/completions, /responses, /v1/messages "
+        "and /models",
     )
     install_guards(
         app,
