@@ -12,6 +12,8 @@ import openai
 import pytest
 
 from sandrl.inference.gateway import Gateway, create_gateway_app
+from sandrl.inference.gateway.responses_input import chat_messages
+from sandrl.inference.gateway.session import normalize
 from sandrl.inference.server import BackgroundServer
 from sandrl.inference.tokenizer import ByteTokenizer
 
@@ -259,3 +261,32 @@ async def test_responses_on_sandrl_serve_inference_with_the_tiny_model(served: S
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
     assert r.usage.output_tokens == turn["output_end"] - turn["output_start"] == 4
     assert r.usage.input_tokens == turn["context_tokens"] and r.output[0].type == "message"
+
+
+def test_the_models_items_of_one_turn_read_back_as_one_assistant_message() -> None:
+    """What the session's matcher compares stays the same whether a client replays reasoning items, drops them,
+    or sends a turn's calls without its text; anything else keeps its place."""
+    call = {"type": "function_call", "call_id": "call_a", "name": "bash", "arguments": '{"command": "ls"}'}
+    message = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Looking."}]}
+    reasoning = {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "plan"}]}
+    result = {"type": "function_call_output", "call_id": "call_a", "output": [{"type": "input_text", "text": "a"}]}
+    user = {"role": "user", "content": "go"}
+    full = chat_messages([user, reasoning, message, call, result])
+    assert full == [
+        {"role": "user", "content": "go"},
+        {
+            "role": "assistant",
+            "content": "Looking.",
+            "reasoning_content": "plan",
+            "tool_calls": [
+                {"id": "call_a", "type": "function", "function": {"name": "bash", "arguments": call["arguments"]}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_a", "content": "a", "name": "bash"},
+    ]
+    dropped = chat_messages([user, message, call, result])
+    assert [normalize(m) for m in dropped] == [normalize(m) for m in full]
+    calls_only = chat_messages([user, call, result])
+    assert calls_only[1]["content"] is None and normalize(calls_only[1])[2] == normalize(full[1])[2]
+    # Two assistant messages in a row stay two (a client's own history, not one turn's output).
+    assert len(chat_messages([user, message, message])) == 3
