@@ -299,6 +299,21 @@ async def test_the_session_key_is_taken_as_x_api_key_and_only_its_own(
     assert len(scripted.gateway.get(mine["id"]).turns) == 2 and scripted.gateway.get(other["id"]).turns == []
 
 
+async def test_the_guards_refusals_are_in_anthropics_shape_too(http: httpx.AsyncClient) -> None:
+    """A body over the limit is refused before the app runs (sandrl's guard), and still said in Anthropic's shape."""
+    gateway = Gateway(StopAware(REPLIES), model_name="m")
+    with BackgroundServer(create_gateway_app(gateway, max_body_bytes=1000)) as server:
+        session = gateway.open()
+        body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "x" * 2000}]}
+        base = f"{server.url}/v1/sessions/{session.id}"
+        r = await http.post(f"{base}/v1/messages", json=body, headers={"x-api-key": session.key})
+        assert r.status_code == 413 and r.json()["error"]["type"] == "request_too_large", r.text
+        assert "limit of 1000 bytes" in r.json()["error"]["message"]
+        # The OpenAI routes keep sandrl's and OpenAI's shape.
+        r = await http.post(f"{base}/chat/completions", json=body, headers={"x-api-key": session.key})
+        assert r.status_code == 413 and "type" not in r.json() and r.json()["error_code"] == "payload_too_large"
+
+
 async def test_x_api_key_opens_session_routes_only(http: httpx.AsyncClient) -> None:
     """On a server with a token, ``x-api-key`` is a session's header: the server's own routes still want the bearer."""
     token, key = "server-token-0123456789abcdef", "session-key-0123456789abcdef"
