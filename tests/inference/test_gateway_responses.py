@@ -130,23 +130,22 @@ async def test_a_tool_using_session_over_create_stream_and_events_is_one_token_e
 
 
 async def test_codex_exec_wire_format_over_the_v1_path(responses_gateway: RunnerGateway) -> None:
-    """The body and the SSE reading of ``codex exec`` (codex-rs' ResponsesApiRequest): ``store: false``, the
-    whole input each time, the items kept from ``response.output_item.done``, ``POST {base_url}/v1/responses``."""
+    """The body and the SSE reading of ``codex exec`` 0.171.0 (recorded against this route): ``store: false``,
+    its prompt as developer messages and no ``instructions``, the whole input each time, the items it keeps from
+    ``response.output_item.done`` sent back, ``POST {base_url}/v1/responses``."""
     opened = responses_gateway.open()
-    tool = {**FUNCTION_TOOL, "name": "bash"}
     body: dict[str, Any] = {
-        "model": "gpt-5-codex",
-        "instructions": INSTRUCTIONS,
-        "input": list(OPENING),
-        "tools": [tool],
-        "tool_choice": "auto",
-        "parallel_tool_calls": False,
-        "reasoning": None,
-        "store": False,
+        "model": "tiny",
         "stream": True,
-        "include": [],
-        "prompt_cache_key": "0199a4b2-thread",
-        "client_metadata": {"x-codex-installation-id": "abc"},
+        "input": [{"id": "msg_56bce7b8", **OPENING[0]}, OPENING[1]],
+        "tools": [FUNCTION_TOOL],
+        "tool_choice": "auto",
+        "parallel_tool_calls": True,
+        "reasoning": {},
+        "store": False,
+        "include": ["reasoning.encrypted_content"],
+        "prompt_cache_key": "01a24fb6-82e7-7352-abc3-ef103234d113",
+        "client_metadata": {"session_id": "01a24fb6-82e7-7352-abc3-ef103234d113", "turn_id": "01a24fb6-4c07"},
     }
     headers = {"Authorization": f"Bearer {opened['api_key']}"}
     async with httpx.AsyncClient(headers=headers, timeout=30) as http:
@@ -163,14 +162,13 @@ async def test_codex_exec_wire_format_over_the_v1_path(responses_gateway: Runner
             if result is None:
                 assert done[-1]["content"][0]["text"] == REPLIES[2]
                 break
-            # Codex drops what it does not keep (ids) and sends the reasoning back without its content.
-            kept = [{k: v for k, v in item.items() if k not in ("id", "status")} for item in done]
-            for item in kept:
-                if item["type"] == "reasoning":
-                    item.pop("content")
+            # 0.171.0 sends the items back whole; older versions drop their ids (as the second turn does here).
+            kept = [{k: v for k, v in item.items() if turn == 0 or k not in ("id", "status")} for item in done]
             calls = [item for item in kept if item["type"] == "function_call"]
-            outputs = [{"type": "function_call_output", "call_id": c["call_id"], "output": result} for c in calls]
-            body["input"] += kept + outputs
+            body["input"] += kept + [
+                {"type": "function_call_output", "id": f"fco_{turn}", "call_id": c["call_id"], "output": result}
+                for c in calls
+            ]
     record = responses_gateway.gateway.get(opened["id"]).record()
     assert record["segment_starts"] == [0] and len(record["turns"]) == 3
 
