@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from sandrl.errors import ConfigError
+from sandrl.inference.broadcast_policy import BroadcastingPolicy
 from sandrl.inference.engine import Engine, EngineConfig
+from sandrl.inference.fleet.config import FleetConfig
 from sandrl.inference.openai import OpenAIClient
 from sandrl.inference.server import BackgroundServer, create_app
 from sandrl.inference.sglang import SGLangClient
@@ -104,8 +106,11 @@ async def test_open_policy_gives_each_backend_the_models_tokenizer(served_url: s
         assert isinstance(embedded, Engine) and isinstance(embedded.tokenizer, ByteTokenizer)
         assert embedded.max_context == 2048
     async with open_policy(ModelConfig(inference=served_url)) as sglang:
-        assert isinstance(sglang, SGLangClient) and isinstance(sglang.tokenizer, ByteTokenizer)
-        assert sglang.max_context is None
+        # a loopback engine with SGLang's routes takes weights by broadcast ([inference] weight_sync = "auto")
+        assert isinstance(sglang, BroadcastingPolicy) and isinstance(sglang.inner, SGLangClient)
+        assert isinstance(sglang.tokenizer, ByteTokenizer) and sglang.max_context is None
+    async with open_policy(ModelConfig(inference=served_url), fleet=FleetConfig(weight_sync="disk")) as by_disk:
+        assert isinstance(by_disk, SGLangClient)
     async with open_policy(ModelConfig(inference=served_url, api="openai")) as openai:
         assert isinstance(openai, OpenAIClient) and isinstance(openai.tokenizer, ByteTokenizer)
 
@@ -114,6 +119,7 @@ async def test_the_update_policy_reaches_the_engine_and_the_sglang_client(served
     async with open_policy(ModelConfig(update_policy="abort_and_resume")) as embedded:
         assert isinstance(embedded, Engine) and embedded.config.update_policy == "abort_and_resume"
     async with open_policy(ModelConfig(inference=served_url, update_policy="pause")) as sglang:
-        assert isinstance(sglang, SGLangClient) and sglang.update_policy == "pause"
+        assert isinstance(sglang, BroadcastingPolicy) and sglang.broadcast.update_policy == "pause"
+        assert isinstance(sglang.inner, SGLangClient) and sglang.inner.update_policy == "pause"
     with pytest.raises(ConfigError, match="update_policy must be one of in_place, pause, abort_and_resume"):
         ModelConfig(update_policy="whenever")  # type: ignore[arg-type]

@@ -57,6 +57,7 @@ CONTROL_PATHS = frozenset(
         "/update_weights_from_distributed",
         "/update_weights_from_ipc",
         "/init_weights_update_group",
+        "/destroy_weights_update_group",
         "/update_weight_version",
         "/pause_generation",
         "/continue_generation",

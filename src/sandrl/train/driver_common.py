@@ -12,8 +12,8 @@ A driver only decides *when* groups are collected and *when* weights are pushed
   :meth:`~sandrl.train.trainer.Trainer.step` both drivers use; metrics to ``metrics.jsonl`` (with
   staleness per trajectory and per token, :mod:`sandrl.train.staleness`) and the progress line;
   checkpoints every ``checkpoint_every`` steps;
-- :meth:`Session.push_weights`: export the trainer's weights and load them into the inference
-  side, whose next samples then carry the new weight version.
+- :meth:`Session.push_weights`: the trainer's weights into the inference side (broadcast, or by the disk:
+  ``[inference] weight_sync``), whose next samples then carry the new weight version.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import contextlib
 import json
 import shutil
 import time
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol, TypeVar
@@ -32,9 +32,10 @@ from typing import IO, Any, Protocol, TypeVar
 from rich.console import Console
 
 from sandrl.aio import gather_all
-from sandrl.errors import ConfigError
+from sandrl.errors import ConfigError, InferenceError
 from sandrl.host_memory import process_memory_bytes
 from sandrl.inference.base import InferenceClient
+from sandrl.inference.broadcast_policy import tensor_receiver
 from sandrl.progress import duration
 from sandrl.rollout.agent import Agent
 from sandrl.rollout.jsonl import TrajectoryWriter, iter_jsonl
@@ -85,6 +86,9 @@ class StepTrainer(Protocol):
     def step(self, batch: Batch) -> Metrics: ...
 
     def export_weights(self, directory: str | Path) -> ExportedWeights: ...
+
+    def weight_tensors(self) -> Iterator[tuple[str, Any]] | None:
+        """The full weights by name for a broadcast; None: only :meth:`export_weights` (the disk) has them."""
 
     def save_checkpoint(self, root: str | Path) -> Path: ...
 
@@ -413,15 +417,30 @@ class Session:
             return self.pushed_version
         assert self.progress is not None
         self.progress.working(self.batches, f"loading weights v{self.trainer.version} into the inference side")
-        exported = self.trainer.export_weights(self.config.output_dir / "weights")
-        # The inference side takes the trainer's version as its own: samples name the weights that made them.
-        await self.policy.update_weights(str(exported.path), version=exported.version)
-        self.pushed_version = exported.version
-        for old in sorted(exported.path.parent.glob("weights-v*"))[:-2]:
-            shutil.rmtree(old, ignore_errors=True)
+        if not await self._broadcast_weights():
+            exported = self.trainer.export_weights(self.config.output_dir / "weights")
+            # The inference side takes the trainer's version as its own: samples name the weights that made them.
+            await self.policy.update_weights(str(exported.path), version=exported.version)
+            for old in sorted(exported.path.parent.glob("weights-v*"))[:-2]:
+                shutil.rmtree(old, ignore_errors=True)
+        self.pushed_version = self.trainer.version
         if not self.finished:
             self.progress.rolling_out(self.batches + 1)
         return self.pushed_version
+
+    async def _broadcast_weights(self) -> bool:
+        """Push the weights over a process group if the policy and the trainer can; False: by the disk instead."""
+        assert self.trainer is not None and self.policy is not None
+        if (broadcasting := tensor_receiver(self.policy)) is None or (weights := self.trainer.weight_tensors()) is None:
+            return False
+        try:
+            await broadcasting.update_weights_from_tensors(weights, version=self.trainer.version)
+        except InferenceError as exc:
+            if self.config.inference.weight_sync == "broadcast":
+                raise
+            self.console.print(f"warning: the weight broadcast failed, loading from disk instead: {exc.message}")
+            return False
+        return True
 
     def save_checkpoint(self) -> Path | None:
         if self.trainer is None:

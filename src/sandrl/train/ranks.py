@@ -108,6 +108,10 @@ class RankGroup:
         exported: ExportedWeights = self._call("export_weights", str(directory))
         return exported
 
+    def weight_tensors(self) -> None:
+        """None: the ranks hold the weights in their own processes; they go by the disk (gathered there)."""
+        return None
+
     def save_checkpoint(self, root: str | Path) -> Path:
         path: Path = self._call("save_checkpoint", str(root), self.data_position, self.data_done)
         return path

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -321,6 +321,15 @@ class Trainer:
         path = Path(directory) / f"weights-v{self.version:08d}"
         checkpoint.export_policy(self.policy, self.model, path, self.tokenizer, self.config, self.world)
         return ExportedWeights(path=path, version=self.version)
+
+    def weight_tensors(self) -> Iterator[tuple[str, torch.Tensor]] | None:
+        """The policy's full weights by name, as :meth:`export_weights` would write them, for a broadcast to the
+        engines; None when they are not at hand in this process (sharded across ranks, or a LoRA adapter,
+        which goes by the disk: it is small)."""
+        if self.world.distributed or self.config.lora is not None:
+            return None
+        state: dict[str, torch.Tensor] = self.model.state_dict()
+        return iter(state.items())
 
     def save_checkpoint(self, root: str | Path) -> Path:
         """Save model, optimizer, counters, data position and RNGs under ``root``; keep the newest few.

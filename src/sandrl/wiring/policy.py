@@ -48,9 +48,14 @@ async def open_policy(
         return
     tokenizer = model_tokenizer(model.name)
     http = model.http()
+    sync = fleet.weight_sync if fleet is not None else FleetConfig.weight_sync
+    bucket_mb = fleet.weight_bucket_mb if fleet is not None else FleetConfig.weight_bucket_mb
     if not launched and len(model.urls) == 1:
-        async with _client(model.api, model.inference, http, tokenizer, model) as client:
-            yield client
+        async with (
+            _client(model.api, model.inference, http, tokenizer, model) as client,
+            _broadcasting(client, sync, model.api, list(model.urls), http, model, bucket_mb) as policy,
+        ):
+            yield policy
         return
     from sandrl.inference.fleet.serve import open_fleet
 
@@ -76,7 +81,83 @@ async def open_policy(
         # A launched SGLang returns temperature-1 log-probs (commands.py sets its switch).
         original = True if config.launch == "sglang" else None
         async with _client(api, served.url, routed, tokenizer, model, original_logprobs=original) as client:
-            yield client
+            engines = dataclasses.replace(routed, retries=0)
+            async with _broadcasting(
+                client, sync, api, served.engine_urls, engines, model, bucket_mb, own=launched
+            ) as policy:
+                yield policy
+
+
+@contextlib.asynccontextmanager
+async def _broadcasting(
+    client: InferenceClient,
+    sync: str,
+    api: str,
+    urls: list[str],
+    http: HTTPConfig,
+    model: ModelConfig,
+    bucket_mb: int,
+    *,
+    own: bool = False,
+) -> AsyncIterator[InferenceClient]:
+    """``client`` with weight updates over a process group with the engines at ``urls`` when ``sync``
+    (``[inference] weight_sync``) allows it; ``client`` itself otherwise (see :class:`FleetConfig`)."""
+    if sync == "disk":
+        yield client
+        return
+    speaks = api == "sglang"  # sandrl's servers and SGLang's; vLLM's group routes differ, OpenAI has none
+    loopback = all(_is_loopback(url) for url in urls)
+    if not speaks or (sync == "auto" and not loopback):
+        if sync == "broadcast":
+            raise ConfigError(
+                "[inference] weight_sync = 'broadcast' needs engines with SGLang's group routes (sandrl's or "
+                f"SGLang's) on this host; these are {api!r} at {', '.join(urls)}: set weight_sync = 'disk' (or 'auto')"
+            )
+        yield client
+        return
+    import torch
+
+    from sandrl.inference.broadcast_policy import BroadcastingPolicy
+    from sandrl.inference.weight_push import WeightBroadcast
+
+    on_gpu = torch.cuda.is_available() and not (own and model.embedded)
+    broadcast = WeightBroadcast(
+        urls,
+        http=http,
+        master_address="127.0.0.1" if loopback else _address_towards(urls[0]),
+        backend="nccl" if on_gpu else "gloo",
+        bucket_bytes=bucket_mb * 2**20,
+        update_policy=model.update_policy,
+        sglang=not (own and model.embedded),
+    )
+    try:
+        yield BroadcastingPolicy(client, broadcast)
+    finally:
+        await broadcast.shutdown()
+
+
+def _is_loopback(url: str) -> bool:
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _address_towards(url: str) -> str:
+    """This host's address on the route to ``url``'s host (a UDP socket's connect sends nothing)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect((parts.hostname or "127.0.0.1", parts.port or 80))
+        return str(sock.getsockname()[0])
 
 
 @contextlib.asynccontextmanager

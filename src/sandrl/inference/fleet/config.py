@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from sandrl.errors import ConfigError
 
 LAUNCHES = ("embedded", "sglang", "vllm")
+WEIGHT_SYNCS = ("auto", "broadcast", "disk")
 """What ``launch`` may name: sandrl's own server (``sandrl serve inference``), SGLang, vLLM."""
 SET_BY_SANDRL = ("--host", "--port", "--model", "--model-path", "--api-key")
 """Engine flags sandrl sets itself; ``args`` may not repeat them."""
@@ -63,7 +64,21 @@ class FleetConfig:
     in-process engine (``[model] inference = "embedded"``) and the engines of ``launch =
     "embedded"``; SGLang and vLLM keep their own (their flags go in ``args``)."""
 
+    weight_sync: str = "auto"
+    """How the trainer's new weights reach the engines: ``broadcast`` (over a process group with every
+    engine, SGLang's ``/update_weights_from_distributed``: NCCL between GPUs, gloo on CPU; no file is
+    written), ``disk`` (a checkpoint each engine reads: ``/update_weights_from_disk``), or ``auto``:
+    broadcast to engines that speak it (sandrl's and SGLang's) from a one-process trainer of full
+    weights, the disk otherwise (vLLM, LoRA adapters, a trainer of several ranks) and whenever a
+    broadcast fails (an engine died mid-push: the next push forms the group again)."""
+    weight_bucket_mb: int = 256
+    """The size of one broadcast bucket: the trainer holds one bucket of full tensors at a time."""
+
     def __post_init__(self) -> None:
+        if self.weight_sync not in WEIGHT_SYNCS:
+            raise ConfigError(f"weight_sync must be one of {', '.join(WEIGHT_SYNCS)}, got {self.weight_sync!r}")
+        if self.weight_bucket_mb < 1:
+            raise ConfigError(f"weight_bucket_mb must be >= 1, got {self.weight_bucket_mb}")
         if self.launch and self.launch not in LAUNCHES:
             raise ConfigError(f"launch must be one of {', '.join(LAUNCHES)} (or left out), got {self.launch!r}")
         if self.engines < 1:
