@@ -243,7 +243,7 @@ def test_what_a_session_cannot_honour_is_refused_naming_the_field(
     error = refused.value
     assert error.status_code == 400 and isinstance(error.body, dict), error.message
     assert error.body["message"].startswith(f"{field}: "), error.body
-    assert error.body["type"] == "invalid_request_error"
+    assert error.body["type"] == "invalid_request_error" and error.param == field  # OpenAI's error.param
     assert not responses_gateway.policy.calls  # refused before the policy ran
 
 

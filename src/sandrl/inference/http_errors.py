@@ -57,27 +57,33 @@ def anthropic_error(status: int, error_code: str, message: str) -> dict[str, Any
     return {"type": "error", "error": error, "code": status, "error_code": error_code, "message": message}
 
 
-def error_body(status: int, error_code: str, message: str, *, openai: bool, anthropic: bool = False) -> JSONResponse:
+def error_body(
+    status: int, error_code: str, message: str, *, openai: bool, anthropic: bool = False, param: str | None = None
+) -> JSONResponse:
     """sandrl's error body ``{code, error_code, message}``; on OpenAI routes also the ``error`` object
-    the official ``openai`` package reads its message from, on Anthropic routes Anthropic's shape."""
+    the official ``openai`` package reads its message from (``param``: the request field it refuses, when the
+    error names one), on Anthropic routes Anthropic's shape."""
     if anthropic:
         return JSONResponse(anthropic_error(status, error_code, message), status_code=status)
     body: dict[str, Any] = {"code": status, "error_code": error_code, "message": message}
     if openai:
-        body["error"] = {"message": message, "type": error_code, "param": None, "code": error_code}
+        body["error"] = {"message": message, "type": error_code, "param": param, "code": error_code}
     return JSONResponse(body, status_code=status)
 
 
 def install_error_handlers(app: FastAPI, *, not_found_hint: str) -> None:
     """sandrl's error bodies on ``app``: typed errors with their status, bad requests as 400, the rest as 500."""
 
-    def respond(request: Request, status: int, error_code: str, message: str) -> JSONResponse:
+    def respond(request: Request, status: int, error_code: str, message: str, param: str | None = None) -> JSONResponse:
         path = request.url.path
-        return error_body(status, error_code, message, openai=path.startswith("/v1/"), anthropic=is_anthropic(path))
+        return error_body(
+            status, error_code, message, openai=path.startswith("/v1/"), anthropic=is_anthropic(path), param=param
+        )
 
     @app.exception_handler(SandrlError)
     async def sandrl_error(request: Request, exc: SandrlError) -> JSONResponse:
-        return respond(request, exc.http_status, exc.error_code, exc.message)
+        param = getattr(exc, "param", None)  # a refusal that names its field (the Responses route's RefusedField)
+        return respond(request, exc.http_status, exc.error_code, exc.message, param if isinstance(param, str) else None)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
