@@ -23,7 +23,8 @@ that says what went wrong *and what to do about it*.
      │    ├── SandboxRequestTooLargeError  a request (command, env, path) exceeds the agent's frame limit
      │    ├── ImageNotFoundError        no image of that name in the store
      │    ├── LayerTooLargeError        a snapshot's, fork's or build step's layer is over its bound
-     │    └── SandboxHostLostError      a fleet's sandbox host went away (retry on another host)
+     │    ├── SandboxHostLostError      a fleet's sandbox host went away (retry on another host)
+     │    └── PortForwardingUnsupportedError  this backend cannot forward a host port into its sandboxes
      ├── TaskError                   a task that cannot be loaded or run
      │    ├── InvalidTaskError       a task directory or instance file that is malformed
      │    └── ImageBuildError        an environment image could not be built (Dockerfile, failed step)
@@ -198,6 +199,14 @@ class SandboxHostLostError(SandboxError):
 
     error_code = "sandbox_host_lost"
     http_status = 503
+
+
+class PortForwardingUnsupportedError(SandboxError):
+    """Something that runs inside a sandbox needs a host service (a CLI agent, the session gateway)
+    through a port forwarded into it, and this backend's sandboxes cannot have one."""
+
+    error_code = "port_forwarding_unsupported"
+    http_status = 400
 
 
 class TaskError(SandrlError):

@@ -18,7 +18,13 @@ from pathlib import Path
 from types import MappingProxyType, TracebackType
 from typing import Any, Literal, Protocol, Self, runtime_checkable
 
-from sandrl.errors import ConfigError, InvalidSpecError, SandboxFileTooLargeError, TaskError
+from sandrl.errors import (
+    ConfigError,
+    InvalidSpecError,
+    PortForwardingUnsupportedError,
+    SandboxFileTooLargeError,
+    TaskError,
+)
 from sandrl.images.reference import parse_reference, store_name
 
 DEFAULT_OUTPUT_CAP = 1 << 20
@@ -345,6 +351,69 @@ class Snapshottable(Protocol):
         """``n`` new sandboxes starting from the sandbox's current files, each with its limits; the
         sandbox itself keeps running."""
         ...
+
+
+@runtime_checkable
+class ForwardedPort(Protocol):
+    """A host service reachable from inside one sandbox (:meth:`PortForwarding.forward_port`)."""
+
+    port: int
+    """The port listened on in the sandbox: ``http://127.0.0.1:<port>`` there reaches the target."""
+    tag: str
+    """What the host sees of the sandbox (its id): :func:`sandrl.peer_tags.tag_of_peer` of a
+    connection relayed through this forward."""
+
+    async def close(self) -> None:
+        """Stop listening and end every relayed connection; idempotent (closing the sandbox does it too)."""
+        ...
+
+
+@runtime_checkable
+class PortForwarding(Protocol):
+    """A sandbox that can be given one service of the host, and nothing else of the host's network:
+    what a program inside (a CLI agent) uses to reach the session gateway."""
+
+    async def forward_port(self, port: int, target: tuple[str, int]) -> ForwardedPort:
+        """Listen on ``127.0.0.1:port`` in the sandbox's own network namespace and relay each
+        connection to ``target``, a loopback address of the host, until the forward or the sandbox
+        closes; see :mod:`sandrl.sandbox.forwarding` for its bounds."""
+        ...
+
+
+@runtime_checkable
+class PortForwardingProvider(Protocol):
+    """A provider that says, before it has made any sandbox, whether its sandboxes are
+    :class:`PortForwarding`; a wrapping provider answers for what it wraps."""
+
+    @property
+    def port_forwarding(self) -> bool: ...
+
+
+_NO_FORWARDING = (
+    "only the local bubblewrap backend can forward a host port into its sandboxes ([rollout] sandboxes = "
+    '"local"); the sandbox service and E2B run sandboxes on another machine, where this run\'s gateway is not'
+)
+
+
+def require_port_forwarding(provider: object, what: str) -> None:
+    """Refuse, before any episode, a plan in which ``what`` (e.g. ``the claude-code agent``) runs inside
+    a sandbox of ``provider`` and needs a host service forwarded into it that it cannot have."""
+    if not (isinstance(provider, PortForwardingProvider) and provider.port_forwarding):
+        raise PortForwardingUnsupportedError(
+            f"{what} runs inside the sandbox and reaches the gateway through a port forwarded into it, and this "
+            f"provider ({type(provider).__name__}) cannot forward one: {_NO_FORWARDING}"
+        )
+
+
+async def forward_port(sandbox: Sandbox, port: int, target: tuple[str, int]) -> ForwardedPort:
+    """``sandbox``'s :meth:`PortForwarding.forward_port`, or a
+    :class:`~sandrl.errors.PortForwardingUnsupportedError` naming the fix when its backend has none."""
+    if not isinstance(sandbox, PortForwarding):
+        raise PortForwardingUnsupportedError(
+            f"sandbox {sandbox.id} ({type(sandbox).__name__}) cannot have a host port forwarded into it: "
+            f"{_NO_FORWARDING}"
+        )
+    return await sandbox.forward_port(port, target)
 
 
 FORK_IMAGE_PREFIX = "fork-"

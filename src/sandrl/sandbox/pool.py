@@ -31,12 +31,15 @@ from typing import Any, Literal
 from sandrl.errors import CapacityExhaustedError, ConfigError, SandboxError, SandrlError
 from sandrl.sandbox.base import (
     ExecResult,
+    ForwardedPort,
     ImageSource,
+    PortForwardingProvider,
     Sandbox,
     SandboxProvider,
     SandboxSpec,
     SnapshotProvider,
     Snapshottable,
+    forward_port,
     snapshots_of,
 )
 from sandrl.sandbox.bwrap import BwrapProvider, BwrapSandbox
@@ -404,6 +407,10 @@ class AdmittedSandbox(DelegatingSandbox[Sandbox]):
         """The inner sandbox's forks, their commands admitted through the same admission."""
         return [AdmittedSandbox(child, self.admission) for child in await self._snapshottable().fork(n)]
 
+    async def forward_port(self, port: int, target: tuple[str, int]) -> ForwardedPort:
+        """The inner sandbox's forward (relayed bytes are no command: none is admitted)."""
+        return await forward_port(self.inner, port, target)
+
 
 class AdmittedProvider:
     """Any provider, with every command of its sandboxes admitted through one :class:`CommandAdmission`."""
@@ -422,6 +429,11 @@ class AdmittedProvider:
     def snapshots(self) -> bool:
         """Whether the wrapped provider's sandboxes can be snapshotted and forked."""
         return snapshots_of(self.provider)
+
+    @property
+    def port_forwarding(self) -> bool:
+        """Whether the wrapped provider's sandboxes can be given a host port."""
+        return isinstance(self.provider, PortForwardingProvider) and self.provider.port_forwarding
 
     async def remove_image(self, name: str) -> None:
         if not isinstance(self.provider, SnapshotProvider):

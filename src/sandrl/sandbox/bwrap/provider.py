@@ -340,6 +340,8 @@ class BwrapProvider:
 
     snapshots = True
     """Its sandboxes can be snapshotted and forked (:class:`~sandrl.sandbox.base.SnapshotProvider`)."""
+    port_forwarding = True
+    """Its sandboxes can be given a host port (:mod:`.port_forward`, a ``PortForwardingProvider``)."""
 
     async def remove_image(self, name: str) -> None:
         """Remove a snapshot or fork image and the layers only it held (those a live sandbox of this

@@ -39,8 +39,10 @@ from sandrl.sandbox.bwrap import protocol
 from sandrl.sandbox.bwrap.cgroups import SandboxCgroup
 from sandrl.sandbox.bwrap.crash import CrashEvidence, crash_cause
 from sandrl.sandbox.bwrap.images import MountPlan
+from sandrl.sandbox.bwrap.port_forward import forward_into
 from sandrl.sandbox.bwrap.process import BwrapProcess
 from sandrl.sandbox.bwrap.protocol import AgentConnection, Frame, Op
+from sandrl.sandbox.forwarding import PortForward
 
 REPLY_TIMEOUT_S = 30.0
 """Longest wait for the agent to take a request or answer it (a command's start, a file's next
@@ -329,6 +331,11 @@ class BwrapSandbox(ClosesOnExit):
         self._check_open_or_paused()
         assert self._forker is not None
         return await self._forker(self, n)
+
+    async def forward_port(self, port: int, target: tuple[str, int]) -> PortForward:
+        """Its own ``127.0.0.1:port`` relayed to the host's ``target`` until it closes (:mod:`.port_forward`)."""
+        self._check_open()
+        return await forward_into(self, port, target)
 
     def _check_open_or_paused(self) -> None:
         if self._snapshotter is None or self._forker is None:
