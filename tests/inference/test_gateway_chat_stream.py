@@ -66,6 +66,7 @@ async def test_a_streamed_answer_is_the_answer_under_the_same_seed(served: Serve
     ) as client:
         stream = await client.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True})
         chunks = [chunk async for chunk in stream]
+        assert [model.id async for model in client.models.list()] == ["tiny"]
     got = _assembled(chunks)
     choice = plain.choices[0]
     assert got["content"] == choice.message.content and got["finish"] == choice.finish_reason
