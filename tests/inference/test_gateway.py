@@ -195,3 +195,34 @@ def test_idle_sessions_are_forgotten_when_another_opens() -> None:
     first = gateway.open()
     second = gateway.open()
     assert first.id not in gateway.sessions and second.id in gateway.sessions
+
+
+async def test_a_retried_call_after_a_failure_extends_the_same_ids() -> None:
+    """A client that retries a call the policy failed (the Anthropic SDK and Claude Code retry 5xx) sends the same
+    messages again: the retry's prompt is the first try's, not one that holds the failed prompt twice."""
+    from sandrl.errors import InferenceError
+
+    class FailsOnce(ScriptedReplies):
+        failed: list[int] | None = None
+
+        async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation:
+            if len(self.calls) == 1 and self.failed is None:
+                self.failed = list(input_ids)
+                raise InferenceError("the engine went away")
+            return await super().generate(input_ids, params)
+
+    policy = FailsOnce(["Hello.", "Again."])
+    gateway = Gateway(policy, model_name="scripted")  # type: ignore[arg-type]
+    session = gateway.open()
+    history: list[dict[str, Any]] = [{"role": "user", "content": "hi"}]
+    params = SamplingParams(max_new_tokens=8)
+    _, first = await gateway.turn(session.id, history, None, params)
+    history += [first.reply, {"role": "user", "content": "more"}]
+    with pytest.raises(InferenceError):
+        await gateway.turn(session.id, history, None, params)
+    before = list(session.ids)
+    _, retried = await gateway.turn(session.id, history, None, params)
+    assert not retried.turn.new_segment
+    assert policy.calls[1] == policy.failed == retried.prompt_ids  # what the failed try would have seen
+    assert retried.prompt_ids[: len(before)] == before and len(retried.prompt_ids) < 2 * len(before)
+    assert len(session.segment_starts) == 1 and session.ids[len(retried.prompt_ids) :] == retried.generation.output_ids

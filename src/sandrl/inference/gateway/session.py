@@ -242,16 +242,13 @@ class Session:
             )
         if limits:
             params = replace(params, max_new_tokens=min(params.max_new_tokens, min(limits) - prompt_len))
-        self._add(added, model=False)
-        if not extends:
-            self.segment_starts.append(segment)
-            if segment == 0:
-                self.prompt_len = len(self.ids)
-        self.chat_tools_key = tools_key
-        prompt = self.ids[segment:]
+        prompt = [*self.ids[segment:], *added]
         started = time.perf_counter()
+        # The session changes only once the model has answered: a client that retries a failed call (the
+        # Anthropic SDK and Claude Code retry 5xx answers) sends the same messages, which must extend the
+        # same ids, not ids that already hold the failed call's prompt.
         try:
-            generation = await policy.generate(list(prompt), params)
+            generation = await policy.generate(prompt, params)
         except InferenceError as exc:
             self.failure = exc
             raise
@@ -262,6 +259,12 @@ class Session:
             )
             raise self.failure
         model_s = time.perf_counter() - started
+        self._add(added, model=False)
+        if not extends:
+            self.segment_starts.append(segment)
+            if segment == 0:
+                self.prompt_len = len(self.ids)
+        self.chat_tools_key = tools_key
         context = len(self.ids)
         self._add(generation.output_ids, model=True, logprobs=generation.output_logprobs)
         reply, finish = reply_message(chat, parser, generation, tools or ())
