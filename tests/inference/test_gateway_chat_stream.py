@@ -24,7 +24,7 @@ from .test_gateway import RunnerGateway, ScriptedReplies, _record, _session
 def scripted_gateway() -> Iterator[RunnerGateway]:
     """The runner's gateway in front of a policy that calls bash, then says it is done."""
     call = json.dumps({"name": "bash", "arguments": {"command": "ls -la"}})
-    policy = ScriptedReplies([f"Looking.\n<tool_call>\n{call}\n</tool_call>", "Done."])
+    policy = ScriptedReplies([f"<think>ls first</think>Looking.\n<tool_call>\n{call}\n</tool_call>", "Done."])
     gateway = Gateway(policy, model_name="scripted")  # type: ignore[arg-type]
     with BackgroundServer(create_gateway_app(gateway)) as server:
         yield RunnerGateway(gateway, server.url, policy)
@@ -32,12 +32,13 @@ def scripted_gateway() -> Iterator[RunnerGateway]:
 
 def _assembled(chunks: list[Any]) -> dict[str, Any]:
     """A message from its chunks, the way OpenAI-compatible clients (litellm, OpenHands, Qwen Code) put it together."""
-    message: dict[str, Any] = {"content": None, "tool_calls": {}}
+    message: dict[str, Any] = {"content": None, "tool_calls": {}, "reasoning": ""}
     finish, usage, logprobs = None, None, []
     for chunk in chunks:
         usage = chunk.usage or usage
         for choice in chunk.choices:
             delta = choice.delta
+            message["reasoning"] += getattr(delta, "reasoning_content", None) or ""  # vLLM's field
             if delta.content is not None:
                 message["content"] = (message["content"] or "") + delta.content
             for call in delta.tool_calls or ():
@@ -49,7 +50,14 @@ def _assembled(chunks: list[Any]) -> dict[str, Any]:
                 logprobs += [entry.logprob for entry in choice.logprobs.content]
             finish = choice.finish_reason or finish
     calls = [message["tool_calls"][i] for i in sorted(message["tool_calls"])]
-    return {"content": message["content"], "calls": calls, "finish": finish, "usage": usage, "logprobs": logprobs}
+    return {
+        "content": message["content"],
+        "reasoning": message["reasoning"],
+        "calls": calls,
+        "finish": finish,
+        "usage": usage,
+        "logprobs": logprobs,
+    }
 
 
 async def test_a_streamed_answer_is_the_answer_under_the_same_seed(served: Served) -> None:
@@ -95,6 +103,7 @@ async def test_streamed_tool_calls_assemble_and_the_next_turn_extends_the_sessio
         chunks = [chunk async for chunk in stream]
         got = _assembled(chunks)
         assert got["content"] == "Looking." and got["finish"] == "tool_calls" and got["usage"] is None
+        assert got["reasoning"] == "ls first"
         [call] = got["calls"]
         assert call["name"] == "bash" and json.loads(call["arguments"]) == {"command": "ls -la"} and call["id"]
         # The call's name comes once, with its id, before its arguments (OpenAI's order).
