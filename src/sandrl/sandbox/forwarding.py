@@ -187,7 +187,9 @@ class PortForward:
             self.refused += 1
             _reset(writer)
             return
-        outbound = socket.socket(self._family, socket.SOCK_STREAM)
+        # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets that say TCP, and without it a
+        # message relayed in two parts (an answer's head, then its body) waited ~40 ms for a delayed ACK.
+        outbound = socket.socket(self._family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         task = asyncio.get_running_loop().create_task(
             self._relay(reader, writer, outbound), name=f"sandrl-forward-{self.tag}-relay"
         )

@@ -120,7 +120,8 @@ def _listen(netns: str, port: int, backlog: int) -> socket.socket:
             raise OSError(code, f"setns({netns}): {os.strerror(code)}")
     finally:
         os.close(fd)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP: the connections it accepts say TCP too, so asyncio sets TCP_NODELAY on them (:mod:`..forwarding`).
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         fix_buffers(sock)
         # A forward closed before may have left connections in TIME_WAIT on the port; a socket of the
