@@ -14,10 +14,13 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from sandrl.background_server import serve_on_loop
 from sandrl.errors import ConfigError, PortForwardingUnsupportedError, SandboxError
+from sandrl.inference.gateway import Gateway, create_gateway_app
 from sandrl.peer_tags import tag_of_peer
 from sandrl.sandbox.base import SandboxSpec, forward_port, require_port_forwarding
 from sandrl.sandbox.bwrap import BwrapProvider, BwrapSandbox
@@ -29,6 +32,7 @@ from sandrl.sandbox.e2b_provider import E2BProvider
 from sandrl.sandbox.forwarding import ForwardLimits
 from sandrl.sandbox.pool import AdmittedProvider, AdmittedSandbox, CommandAdmission
 
+from ..inference.test_gateway import ScriptedReplies
 from ..support import needs_sandbox
 
 pytestmark = needs_sandbox
@@ -423,6 +427,41 @@ print(sorted(times)[len(times) // 2])
         await sandbox.forward_port(INNER, ("127.0.0.1", gateway.port))
         median_s = float(await run_script(sandbox, script, INNER))
     assert median_s < 0.02, f"{median_s * 1000:.1f} ms a request"
+
+
+async def test_the_session_gateway_answers_through_a_forward_and_sees_which_sandbox_asked(
+    sandbox: BwrapSandbox,
+) -> None:
+    """The runner's gateway (uvicorn, its loopback-only and key guards) from inside: a session's own key
+    is served, another's is refused on its URL, and the client address it sees names the sandbox."""
+    gateway = Gateway(ScriptedReplies(["Done."]), model_name="scripted")
+    app = create_gateway_app(gateway)
+    askers: list[str | None] = []
+
+    async def who_asked(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            askers.append(tag_of_peer(*scope["client"]))
+        await app(scope, receive, send)
+
+    mine, other = gateway.open(), gateway.open()
+    async with serve_on_loop(who_asked, name="gateway") as url:
+        await sandbox.forward_port(INNER, ("127.0.0.1", int(url.rsplit(":", 1)[1])))
+        base = f"http://127.0.0.1:{INNER}/v1/sessions/{mine.id}"
+
+        async def status(path: str, key: str, body: str | None = None) -> str:
+            data = f"-H 'Content-Type: application/json' -d '{body}' " if body else ""
+            done = await sandbox.exec(
+                f"curl -sS -o /dev/null -w '%{{http_code}}' -H 'Authorization: Bearer {key}' {data}{base}{path}"
+            )
+            assert done.ok, done.stderr
+            return done.stdout
+
+        chat = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        assert await status("/models", mine.key) == "200"
+        assert await status("/chat/completions", mine.key, chat) == "200"
+        assert await status("/models", other.key) == "401"
+    assert askers == [sandbox.id] * 3
+    assert len(gateway.get(mine.id).turns) == 1 and not gateway.get(other.id).turns
 
 
 async def test_bad_forwards_are_refused_with_what_to_do(sandbox: BwrapSandbox) -> None:
