@@ -1,6 +1,10 @@
 """An ASGI app served by uvicorn: in a daemon thread (:class:`BackgroundServer`, for tests and
 benchmarks) or on the caller's event loop (:func:`serve_on_loop`, for an app whose handlers await
-objects bound to that loop, such as the session gateway in front of the embedded engine)."""
+objects bound to that loop, such as the session gateway in front of the embedded engine).
+
+Neither trusts ``X-Forwarded-For`` (uvicorn does from loopback by default): the client address an
+app sees is the connection's own, so a sandbox whose requests come through a port forward cannot
+claim another address (:mod:`sandrl.peer_tags`)."""
 
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ async def serve_on_loop(app: Any, host: str = "127.0.0.1", *, name: str = "serve
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", ws="none", lifespan="off", access_log=False)
+    config = uvicorn.Config(app, log_level="warning", ws="none", lifespan="off", access_log=False, proxy_headers=False)
     server = _LoopServer(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
@@ -75,6 +79,7 @@ class BackgroundServer:
             ws="none",
             lifespan="on",
             access_log=False,
+            proxy_headers=False,
             timeout_graceful_shutdown=10,
             ssl_certfile=certfile,
             ssl_keyfile=keyfile,

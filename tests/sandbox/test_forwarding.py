@@ -433,7 +433,8 @@ async def test_the_session_gateway_answers_through_a_forward_and_sees_which_sand
     sandbox: BwrapSandbox,
 ) -> None:
     """The runner's gateway (uvicorn, its loopback-only and key guards) from inside: a session's own key
-    is served, another's is refused on its URL, and the client address it sees names the sandbox."""
+    is served, another's is refused on its URL, and the client address it sees names the sandbox,
+    whatever proxy header the sandbox sends."""
     gateway = Gateway(ScriptedReplies(["Done."]), model_name="scripted")
     app = create_gateway_app(gateway)
     askers: list[str | None] = []
@@ -450,8 +451,11 @@ async def test_the_session_gateway_answers_through_a_forward_and_sees_which_sand
 
         async def status(path: str, key: str, body: str | None = None) -> str:
             data = f"-H 'Content-Type: application/json' -d '{body}' " if body else ""
+            # X-Forwarded-For too: a server that trusted it from loopback (uvicorn's default) took the
+            # sandbox's word for its address, and the sandbox passed for nobody's.
             done = await sandbox.exec(
-                f"curl -sS -o /dev/null -w '%{{http_code}}' -H 'Authorization: Bearer {key}' {data}{base}{path}"
+                f"curl -sS -o /dev/null -w '%{{http_code}}' -H 'Authorization: Bearer {key}' "
+                f"-H 'X-Forwarded-For: 127.0.0.9' {data}{base}{path}"
             )
             assert done.ok, done.stderr
             return done.stdout
