@@ -440,6 +440,29 @@ class SnapshotProvider(Protocol):
         ...
 
 
+@runtime_checkable
+class TreeLayering(Protocol):
+    """A provider that lays a directory tree of this machine over one of its images without a build: the
+    tree becomes one layer, kept once per ``key`` and shared by every image it tops (a CLI agent's files
+    over each task's image, :mod:`sandrl.rollout.agents.cli.install`)."""
+
+    async def layer_tree(self, base: str, tree: Path, *, key: str, name: str) -> str:
+        """The image ``base`` with ``tree``'s contents over its root (made now unless it exists), named
+        ``<name>-<hash>``; the same ``key`` must always mean the same files."""
+        ...
+
+
+def require_tree_layering(provider: object, what: str) -> None:
+    """Refuse, before any episode, a plan in which ``what`` needs its files laid over the task's images by
+    a provider that cannot (the sandbox service, E2B: their images are where their sandboxes run)."""
+    if not isinstance(provider, TreeLayering):
+        raise ConfigError(
+            f"{what} is laid over each task's image by the provider that runs the sandboxes, and this provider "
+            f"({type(provider).__name__}) cannot: run it with the local bubblewrap sandboxes ([rollout] sandboxes "
+            '= "local")'
+        )
+
+
 def snapshots_of(provider: object) -> bool:
     """Whether ``provider``'s sandboxes are :class:`Snapshottable` (False for a provider that does not say)."""
     return isinstance(provider, SnapshotProvider) and bool(provider.snapshots)

@@ -52,6 +52,7 @@ __all__ = ["HOST_IMAGE", "STORE_UID_BASE", "Image", "ImageStore", "MountPlan", "
 HOST_IMAGE = "host"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
+_LAYER_ID = re.compile(r"^[0-9a-f]{32}$")
 _HOST_SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 _MIGRATED = ".owners-shifted"
 """Marker in the store's root: its layers are in the store's uid mapping (see :meth:`ImageStore._open`)."""
@@ -248,7 +249,7 @@ class ImageStore:
 
     # -- writing
 
-    def add_layer(self, source: Path, *, move: bool = False) -> str:
+    def add_layer(self, source: Path, *, move: bool = False, layer_id: str | None = None) -> str:
         """Copy (or move) a directory tree into the store as a new read-only layer; return its id.
 
         The tree's owners are the sandbox's (host root = sandbox root, as a debootstrap rootfs or
@@ -256,11 +257,18 @@ class ImageStore:
         setuid/setgid bits are dropped (:mod:`.layer_owners`). A moved tree is fixed inside the
         store's private directory before it becomes a layer; a copied one keeps its holes and never
         takes the store below its reserve (:class:`~sandrl.errors.LayerTooLargeError`).
+
+        ``layer_id`` (32 hex digits) names the layer after its content: when the store has that layer
+        already, nothing is copied (nor when another process made it meanwhile).
         """
         if not source.is_dir() or source.is_symlink():
             raise ConfigError(f"{source} is not a directory; a layer is a directory tree")
         layers = self.root / "layers"
-        layer_id = uuid.uuid4().hex
+        if layer_id is not None and not _LAYER_ID.match(layer_id):
+            raise ConfigError(f"a layer id is 32 hex digits, got {layer_id!r}")
+        if layer_id is not None and (layers / layer_id).is_dir():
+            return layer_id
+        layer_id = layer_id or uuid.uuid4().hex
         target = layers / layer_id
         tmp = layers / f".{layer_id}.tmp"
         try:
@@ -275,6 +283,8 @@ class ImageStore:
             shutil.rmtree(tmp, ignore_errors=True)
             if not isinstance(exc, OSError):
                 raise
+            if target.is_dir():
+                return layer_id  # a named layer another process made first
             raise SandboxError(
                 f"cannot bring {source} into the image store at {layers} ({exc}); the store must be written "
                 "as root, and a tree moved in must be on the store's filesystem (or add it with move=False)"

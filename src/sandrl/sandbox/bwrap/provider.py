@@ -128,6 +128,7 @@ from sandrl.sandbox.bwrap.sandbox import HOST_CLEANUP, HOST_WORK, BwrapSandbox
 from sandrl.sandbox.bwrap.snapshot import fork_sandbox, layers_in_use, remove_snapshot, snapshot_sandbox
 from sandrl.sandbox.bwrap.state import StateDir, process_identity
 from sandrl.sandbox.bwrap.store_usage import StoreUsage
+from sandrl.sandbox.bwrap.tree_layers import image_with_tree
 from sandrl.sandbox.entrypoint import start_entrypoint
 
 DEFAULT_STATE_DIR = Path(os.environ.get("SANDRL_STATE_DIR", "/var/lib/sandrl"))
@@ -256,6 +257,11 @@ class BwrapProvider:
 
     def store_bytes(self) -> int:
         return self._usage.bytes()
+
+    async def layer_tree(self, base: str, tree: Path, *, key: str, name: str) -> str:
+        """``base`` with ``tree`` laid over it, one shared layer per ``key`` (:mod:`.tree_layers`, a
+        :class:`~sandrl.sandbox.base.TreeLayering`)."""
+        return await asyncio.to_thread(image_with_tree, self.images, base, tree, key=key, name=name)
 
     async def create(self, spec: SandboxSpec | None = None) -> BwrapSandbox:
         """A new sandbox of ``spec``; with ``network=True`` its egress goes through slirp4netns
