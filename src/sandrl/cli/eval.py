@@ -30,7 +30,8 @@ def eval_tasks(
     tasks: str = typer.Argument(..., help="A task directory, a directory of them, a SWE-bench file, or 'builtin'."),
     agent: str | None = typer.Option(
         None,
-        help="llm, oracle, null, replay, mini-swe-agent, terminus-2 or module:function (see the README); "
+        help="llm, oracle, null, replay, mini-swe-agent, terminus-2, claude-code, codex or module:function (see the "
+        "README); "
         "default: the --config run's agent, else oracle.",
     ),
     inference: str | None = typer.Option(

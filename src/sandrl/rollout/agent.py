@@ -20,8 +20,9 @@ from typing import Protocol, runtime_checkable
 
 from sandrl.errors import ConfigError
 from sandrl.inference.base import InferenceClient
+from sandrl.rollout.images import ImageFor
 from sandrl.rollout.trajectory import StopReason, Turn
-from sandrl.sandbox.base import Sandbox
+from sandrl.sandbox.base import Sandbox, SandboxProvider
 from sandrl.tasks.task import Task
 
 
@@ -80,6 +81,8 @@ class AgentResult:
 
     segment_starts: list[int] = field(default_factory=lambda: [0])
     """Where each segment of ``ids`` starts (see :attr:`~sandrl.rollout.trajectory.Trajectory.segment_starts`)."""
+    agent_logs: dict[str, str] = field(default_factory=dict)
+    """What the agent printed, bounded (see :attr:`~sandrl.rollout.trajectory.Trajectory.agent_logs`)."""
     resume_from: object = None
     """What the :class:`ContinuingAgent` that made this result needs to go on with its conversation;
     opaque to everyone else, never recorded."""
@@ -113,4 +116,14 @@ class ContinuingAgent(Agent, Protocol):
         """Continue ``previous`` (a result of this agent) with ``task``'s instruction as the next user message,
         token-exact, within a fresh ``budget`` of turns and wall time (its token budget counts the whole
         conversation); return the whole conversation's result."""
+        ...
+
+
+@runtime_checkable
+class InstallsInImage(Agent, Protocol):
+    """An agent that runs inside the sandbox and brings its own files in the task's image (a CLI agent,
+    :mod:`sandrl.rollout.agents.cli`): its runner starts each episode's sandbox from :meth:`image_for`'s image."""
+
+    def image_for(self, task_image: ImageFor, provider: SandboxProvider) -> ImageFor:
+        """The image of a task's sandboxes on ``provider``: ``task_image``'s with the agent's files over it."""
         ...

@@ -253,4 +253,5 @@ async def run_episode(
         started_at=started_at,
         segment_starts=list(agent_result.segment_starts) if agent_result is not None else [0],
         forked_from=dict(forked_from) if forked_from is not None else None,
+        agent_logs=dict(agent_result.agent_logs) if agent_result is not None else {},
     )

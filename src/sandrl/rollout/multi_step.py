@@ -87,6 +87,7 @@ def after(earlier: AgentResult | None, fresh: AgentResult) -> AgentResult:
     merged.segment_starts = (
         [*starts, *(s + offset for s in fresh.segment_starts)] if fresh.ids else earlier.segment_starts
     )
+    merged.agent_logs = dict(fresh.agent_logs or earlier.agent_logs)  # bounded: the latest step's
     return merged
 
 

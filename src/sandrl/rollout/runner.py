@@ -42,7 +42,7 @@ from sandrl.aio import gather_all, wait_out
 from sandrl.errors import ConfigError
 from sandrl.inference.base import InferenceClient
 from sandrl.inference.fleet import affinity
-from sandrl.rollout.agent import Agent
+from sandrl.rollout.agent import Agent, InstallsInImage
 from sandrl.rollout.episode import EpisodeConfig, run_episode
 from sandrl.rollout.failures import classify
 from sandrl.rollout.forks import PreparedGroup, check_forks, prepare_group, release_group
@@ -152,6 +152,8 @@ class RolloutRunner:
             check_forks(provider)
         self.run_id = self.config.run_id or uuid.uuid4().hex[:12]
         self.image_for = image_for or TaskImages(provider)
+        if isinstance(agent, InstallsInImage):  # a CLI agent: the task's image with the agent's files over it
+            self.image_for = agent.image_for(self.image_for, provider)
         self.writer = writer
         self._listeners: list[Callable[[Trajectory], None]] = [on_episode] if on_episode is not None else []
         self._slots = asyncio.Semaphore(self.config.concurrency)

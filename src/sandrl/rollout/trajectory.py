@@ -178,7 +178,7 @@ class Timings:
         return cls(**data)
 
 
-BULK_FIELDS: tuple[str, ...] = ("ids", "loss_mask", "logprobs", "turns", "verifier", "retried_errors")
+BULK_FIELDS: tuple[str, ...] = ("ids", "loss_mask", "logprobs", "turns", "verifier", "retried_errors", "agent_logs")
 """The fields whose size grows with the episode (or holds what a sandbox printed): written last,
 in this order, by :meth:`Trajectory.to_dict`; ``"ids"`` is the first of them."""
 
@@ -245,6 +245,9 @@ class Trajectory:
     """The task set the task came from: the name of the directory holding its task directory (a
     dataset's, a generated family's, ``builtin``); the trainer's metrics are split by it. Empty in
     trajectories written before it existed."""
+    agent_logs: dict[str, str] = field(default_factory=dict)
+    """What an agent that runs inside the sandbox printed (a CLI agent's ``stdout`` and ``stderr``):
+    the end of each, bounded (``[rollout.cli_agents] log_bytes``). Empty for other agents."""
 
     @property
     def num_turns(self) -> int:
@@ -302,6 +305,7 @@ class Trajectory:
         data["verifier"] = dict(self.verifier)
         data["segment_starts"] = list(self.segment_starts)
         data["forked_from"] = dict(self.forked_from) if self.forked_from is not None else None
+        data["agent_logs"] = dict(self.agent_logs)
         return data
 
     @classmethod

@@ -38,6 +38,8 @@ from sandrl.inference.base import UPDATE_POLICIES, UpdatePolicy
 from sandrl.inference.transport import HTTPConfig
 from sandrl.inference.vllm import SCHEME as VLLM_SCHEME
 from sandrl.inference.vllm import server_url
+from sandrl.rollout.agents.cli import CLI_AGENTS, CliAgentsConfig
+from sandrl.rollout.agents.harness import HARNESSES
 from sandrl.rollout.agents.llm import LLMAgentConfig
 from sandrl.rollout.episode import EpisodeTimeouts
 from sandrl.tasks.builtin.generated import FAMILIES
@@ -49,6 +51,8 @@ EMBEDDED = "embedded"
 Api = Literal["sglang", "openai", "vllm"]
 SANDBOXES = ("local", "e2b")
 """``[rollout] sandboxes``: this machine's bubblewrap sandboxes, or an E2B-compatible service's."""
+AGENT_NAMES = ("llm", *HARNESSES, *CLI_AGENTS)
+"""The agents ``[rollout] agent`` names, besides a harness's ``module:function``."""
 
 
 @dataclass(frozen=True)
@@ -301,8 +305,11 @@ class RolloutConfig:
     model with a short context trains faster on a short one; it must be the one it was warm-started on."""
     agent: str = "llm"
     """Who acts: ``llm`` (sandrl's agent, in ``format``), ``mini-swe-agent`` or ``terminus-2`` (harnesses,
-    through the session gateway), or ``module:function`` (any Python harness; see
-    :mod:`sandrl.rollout.agents.harness`)."""
+    through the session gateway), ``claude-code`` or ``codex`` (CLI agents, run inside the sandbox at the
+    versions ``[rollout.cli_agents]`` pins; see :mod:`sandrl.rollout.agents.cli`), or ``module:function``
+    (any Python harness; see :mod:`sandrl.rollout.agents.harness`)."""
+    cli_agents: CliAgentsConfig = field(default_factory=CliAgentsConfig)
+    """``[rollout.cli_agents]``: the CLI agents' pinned versions and where they come from."""
     format: str = "fenced"
     """The ``llm`` agent's action format: ``fenced`` (one ```bash block per reply) or ``tools`` (tool calls)."""
     tool_parser: str = ""
@@ -357,9 +364,9 @@ class RolloutConfig:
             raise ConfigError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
         if self.format not in ("fenced", "tools"):
             raise ConfigError(f"format must be 'fenced' or 'tools', got {self.format!r}")
-        if not self.agent:
+        if ":" not in self.agent and self.agent not in AGENT_NAMES:
             raise ConfigError(
-                "agent must be 'llm', 'mini-swe-agent', 'terminus-2' or 'module:function', got an empty name"
+                f"agent must be one of {', '.join(AGENT_NAMES)} or a harness's 'module:function', got {self.agent!r}"
             )
         if self.max_new_tokens > self.max_total_tokens:
             raise ConfigError(

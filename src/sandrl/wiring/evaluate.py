@@ -39,6 +39,7 @@ from sandrl.errors import ConfigError
 from sandrl.host_memory import process_memory_bytes
 from sandrl.inference.base import InferenceClient
 from sandrl.rollout.agent import Agent
+from sandrl.rollout.agents.cli import CLI_AGENTS
 from sandrl.rollout.agents.harness import HARNESSES
 from sandrl.rollout.agents.scripted import DEFAULT_REPLAY, NullAgent, OracleAgent, ReplayAgent, ThinkTime
 from sandrl.rollout.jsonl import TrajectoryWriter
@@ -78,7 +79,8 @@ class EvalConfig:
     tasks: str
     """A task directory, a directory of them, a SWE-bench file, or ``builtin`` (the shipped suite)."""
     agent: str = "oracle"
-    """One of :data:`AGENTS`, ``mini-swe-agent``, or ``module:function`` (a harness)."""
+    """One of :data:`AGENTS`, ``mini-swe-agent``, ``terminus-2``, ``claude-code``, ``codex``, or
+    ``module:function`` (a harness)."""
     inference: str | None = None
     """``embedded`` or the URL of an inference server; needed by the agents with a model (llm, harnesses)."""
     format: str | None = None
@@ -134,7 +136,8 @@ class EvalConfig:
             raise ConfigError(f"--host-capacity must be at least 1 command at once, got {self.host_capacity}")
         if self.agent not in AGENTS and not self.uses_harness:
             raise ConfigError(
-                f"--agent must be one of {', '.join((*AGENTS, *HARNESSES))} or module:function, got {self.agent!r}"
+                f"--agent must be one of {', '.join((*AGENTS, *HARNESSES, *CLI_AGENTS))} or module:function, "
+                f"got {self.agent!r}"
             )
         if self.uses_model and not self.inference:
             raise ConfigError(f"--agent {self.agent} needs --inference: 'embedded' or the URL of an inference server")
@@ -148,7 +151,7 @@ class EvalConfig:
 
     @property
     def uses_harness(self) -> bool:
-        return self.agent in HARNESSES or ":" in self.agent
+        return self.agent in HARNESSES or self.agent in CLI_AGENTS or ":" in self.agent
 
     @property
     def uses_model(self) -> bool:

@@ -76,26 +76,44 @@ async def open_agent(rollout: RolloutConfig, policy: InferenceClient) -> AsyncIt
     """The model-driven agent of ``[rollout] agent``: sandrl's LLM agent, or a harness behind a session gateway.
 
     A harness agent (``mini-swe-agent``, ``module:function``) gets a :class:`~sandrl.inference.gateway.Gateway`
-    in front of ``policy``, served on this event loop on a loopback port for as long as the context lasts."""
+    in front of ``policy``, served on this event loop on a loopback port for as long as the context lasts; a CLI
+    agent (``claude-code``, ``codex``) also has its pinned version fetched first (:mod:`sandrl.rollout.agents.cli`)."""
     if rollout.agent == "llm":
         yield llm_agent(rollout, policy)
         return
     from sandrl.background_server import serve_on_loop
     from sandrl.inference.gateway import Gateway, create_gateway_app
+    from sandrl.rollout.agents.cli import CLI_AGENTS, CliAgent, cli_install
     from sandrl.rollout.agents.harness import HarnessAgent, load_harness
 
-    harness = load_harness(rollout.agent)
+    install = None
+    if rollout.agent in CLI_AGENTS:
+        install = cli_install(rollout.agent, rollout.cli_agents)
+        await install.prepare()  # a version that does not exist ends the run here, before any episode
+    else:
+        harness = load_harness(rollout.agent)
     gateway = Gateway(policy, model_name=GATEWAY_MODEL_NAME, tool_parser=rollout.tool_parser or None)
     async with serve_on_loop(create_gateway_app(gateway), name="session gateway") as url:
-        yield HarnessAgent(
-            harness,
-            gateway,
-            url,
-            name=rollout.agent,
-            command_timeout_s=rollout.command_timeout_s,
-            temperature=rollout.temperature,
-            max_new_tokens=rollout.max_new_tokens,
-        )
+        if install is not None:
+            yield CliAgent(
+                install,
+                rollout.cli_agents,
+                gateway,
+                url,
+                command_timeout_s=rollout.command_timeout_s,
+                temperature=rollout.temperature,
+                max_new_tokens=rollout.max_new_tokens,
+            )
+        else:
+            yield HarnessAgent(
+                harness,
+                gateway,
+                url,
+                name=rollout.agent,
+                command_timeout_s=rollout.command_timeout_s,
+                temperature=rollout.temperature,
+                max_new_tokens=rollout.max_new_tokens,
+            )
 
 
 GATEWAY_MODEL_NAME = "sandrl-policy"

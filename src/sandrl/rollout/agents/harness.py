@@ -87,6 +87,8 @@ class HarnessContext:
     temperature: float = 1.0
     max_new_tokens: int = 512
     commands: list[CommandRecord] = field(default_factory=list)
+    logs: dict[str, str] = field(default_factory=dict)
+    """What the harness keeps of the agent's own output (bounded): the episode's ``agent_logs``."""
 
     async def exec(
         self,
@@ -223,6 +225,7 @@ class HarnessAgent:
             error_code,
         )
         result.segment_starts = list(session.segment_starts) or [0]
+        result.agent_logs = dict(ctx.logs)
         return result
 
 
