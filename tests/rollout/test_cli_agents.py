@@ -13,15 +13,18 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
 import pytest
 from fastapi import FastAPI
 
-from sandrl.background_server import BackgroundServer
+from sandrl.background_server import BackgroundServer, serve_on_loop
 from sandrl.inference.engine import Engine
+from sandrl.inference.gateway import Gateway, Session, create_gateway_app
 from sandrl.inference.tokenizer import ByteTokenizer
 from sandrl.rollout import Trajectory
 from sandrl.rollout.agents.cli import CLI_AGENTS
 from sandrl.rollout.agents.cli.harness import FORWARD_PORTS, _forward
+from sandrl.sandbox.base import forward_port
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.tasks import Task
 from sandrl.wiring import RolloutConfig, build_runner, open_agent
@@ -159,3 +162,35 @@ async def test_the_gateway_is_forwarded_past_a_port_the_task_already_listens_on(
                 timeout_s=10,
             )
             assert "404" in reached.stderr  # the gateway's answer, through the second port
+
+
+async def test_a_sandbox_reaches_only_the_session_bound_to_it(echo_task: Task, provider: BwrapProvider) -> None:
+    """Through its forward a sandbox's requests reach its own session and no other, whatever key they
+    carry; and its session answers to nobody else, not even a client on the host with the key."""
+    gateway = Gateway(ScriptedWithTokenizer(["unused"]), model_name="m")  # type: ignore[arg-type]
+    mine, other = gateway.open(), gateway.open()
+    async with (
+        serve_on_loop(create_gateway_app(gateway)) as url,
+        await provider.create(echo_task.to_sandbox_spec()) as sandbox,
+    ):
+        forward = await forward_port(sandbox, FORWARD_PORTS[0], ("127.0.0.1", int(url.rsplit(":", 1)[1])))
+        mine.sandbox = forward.tag  # as the CLI's harness binds it
+
+        async def from_sandbox(session: Session) -> str:
+            result = await sandbox.exec(
+                f"curl -sS -o /dev/null -w '%{{http_code}}' -H 'Authorization: Bearer {session.key}' "
+                f"http://127.0.0.1:{forward.port}/v1/sessions/{session.id}/models",
+                timeout_s=10,
+            )
+            return result.stdout
+
+        async with httpx.AsyncClient() as host:
+
+            async def from_host(session: Session) -> int:
+                auth = {"Authorization": f"Bearer {session.key}"}
+                return (await host.get(f"{url}/v1/sessions/{session.id}/models", headers=auth)).status_code
+
+            assert await from_sandbox(mine) == "200"
+            assert await from_sandbox(other) == "403"  # its own key, but not this sandbox's session
+            assert await from_host(mine) == 403  # bound: only through its sandbox's forward
+            assert await from_host(other) == 200  # an in-process harness's session, as before

@@ -446,7 +446,8 @@ async def test_the_session_gateway_answers_through_a_forward_and_sees_which_sand
 
     mine, other = gateway.open(), gateway.open()
     async with serve_on_loop(who_asked, name="gateway") as url:
-        await sandbox.forward_port(INNER, ("127.0.0.1", int(url.rsplit(":", 1)[1])))
+        forward = await sandbox.forward_port(INNER, ("127.0.0.1", int(url.rsplit(":", 1)[1])))
+        mine.sandbox = forward.tag  # a session answers a sandbox's forward only once bound to it (as a CLI's is)
         base = f"http://127.0.0.1:{INNER}/v1/sessions/{mine.id}"
 
         async def status(path: str, key: str, body: str | None = None) -> str:

@@ -16,6 +16,10 @@ Built from :mod:`sandrl.http_auth` (the sandbox service's pieces), with these ru
   or close another session. There, and only there, the key may also come as ``x-api-key``, the
   header the Anthropic clients send an API key in (Claude Code with ``ANTHROPIC_API_KEY``; with
   ``ANTHROPIC_AUTH_TOKEN`` it sends ``Authorization: Bearer``); every other route takes only the bearer.
+- **Sandboxes** (the runner's gateway, given ``sandbox_of``): a request relayed through a sandbox's
+  port forward (:mod:`sandrl.peer_tags` says whose) reaches only the session bound to that sandbox
+  (a CLI agent's, bound when its forward opens), and a bound session answers only to its sandbox
+  (403 ``wrong_sandbox``): a policy's commands cannot use another episode's session, even with its key.
 - **Body limit**: a request body over ``max_body_bytes`` (:data:`MAX_BODY_BYTES`) is refused
   with 413 before it is read (a chunked one once it passes the limit), so a client cannot grow
   the process (the gateway of ``sandrl train`` runs on the trainer's own event loop).
@@ -44,6 +48,7 @@ from sandrl.http_auth import (
     send_unauthorized,
 )
 from sandrl.inference.http_errors import AnthropicErrorShape
+from sandrl.peer_tags import tag_of_peer
 
 TOKEN_ENV = "SANDRL_INFERENCE_TOKEN"
 """Where ``sandrl serve inference`` and sandrl's inference clients read the token when no file is named."""
@@ -74,6 +79,8 @@ SESSION_PATH = re.compile(r"^/v1/sessions/([^/]+)(?:/.*)?$")
 HOW_TO_SET = f"start the server with --token-file FILE (or ${TOKEN_ENV})"
 
 KeyOf = Callable[[str], str | None]
+SandboxOf = Callable[[str], str | None]
+"""The id of the sandbox a session is bound to (None: none), by session id."""
 """A session's key by its id (None: no such session)."""
 
 
@@ -104,10 +111,11 @@ def session_of(path: str) -> str | None:
 class InferenceAuth:
     """The token, control-route and session-key rules of the module docstring, in front of an app."""
 
-    def __init__(self, app: ASGIApp, *, token: str | None, key_of: KeyOf) -> None:
+    def __init__(self, app: ASGIApp, *, token: str | None, key_of: KeyOf, sandbox_of: SandboxOf | None = None) -> None:
         self.app = app
         self._token = token
         self._key_of = key_of
+        self._sandbox_of = sandbox_of
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -121,6 +129,17 @@ class InferenceAuth:
         given = bearer(scope)
         session = session_of(path)
         if session is not None:
+            if self._sandbox_of is not None:
+                came_from, bound = _sandbox_of_client(scope), self._sandbox_of(session)
+                if (came_from is not None or bound is not None) and came_from != bound:
+                    await send_error(
+                        send,
+                        403,
+                        "wrong_sandbox",
+                        f"session {session[:64]!r} answers only to the sandbox of its episode, through that "
+                        "sandbox's forwarded port",
+                    )
+                    return
             key = self._key_of(session)
             offered = (given, header(scope, b"x-api-key"))
             if not any(same_token(g, self._token) or same_token(g, key) for g in offered):
@@ -154,7 +173,21 @@ class InferenceAuth:
         await self.app(scope, receive, send)
 
 
-def install_guards(app: FastAPI, *, token: str | None, key_of: KeyOf, max_body_bytes: int, advice: str) -> None:
+def _sandbox_of_client(scope: Scope) -> str | None:
+    """The sandbox whose port forward relayed this request (None: a client that came no such way)."""
+    client = scope.get("client")
+    return tag_of_peer(str(client[0]), int(client[1])) if client else None
+
+
+def install_guards(
+    app: FastAPI,
+    *,
+    token: str | None,
+    key_of: KeyOf,
+    max_body_bytes: int,
+    advice: str,
+    sandbox_of: SandboxOf | None = None,
+) -> None:
     """Put ``app`` behind the rules of the module docstring: outermost loopback only (without a token), then
     the token and session keys, then the body limit. ``advice`` ends a loopback refusal. Their refusals on
     a session's Anthropic routes are said in Anthropic's shape (:class:`AnthropicErrorShape`, outside them all)."""
@@ -165,7 +198,7 @@ def install_guards(app: FastAPI, *, token: str | None, key_of: KeyOf, max_body_b
         return f"the request body is over this server's limit of {limit} bytes: send less, or raise the limit"
 
     app.add_middleware(http_auth.BodyLimit, limit_for=lambda _path: max_body_bytes, too_large=too_large)
-    app.add_middleware(InferenceAuth, token=token, key_of=key_of)
+    app.add_middleware(InferenceAuth, token=token, key_of=key_of, sandbox_of=sandbox_of)
     if token is None:
         app.add_middleware(http_auth.LoopbackOnly, advice=advice)
     app.add_middleware(AnthropicErrorShape)

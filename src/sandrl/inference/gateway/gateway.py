@@ -139,6 +139,11 @@ class Gateway:
         session = self.sessions.get(session_id)
         return session.key if session is not None else None
 
+    def sandbox_of(self, session_id: str) -> str | None:
+        """The sandbox the session ``session_id`` is bound to (its :attr:`Session.sandbox`); None when none."""
+        session = self.sessions.get(session_id)
+        return session.sandbox if session is not None else None
+
     def get(self, session_id: str) -> Session:
         session = self.sessions.get(session_id)
         if session is None:
@@ -363,6 +368,7 @@ def create_gateway_app(gateway: Gateway, *, max_body_bytes: int = MAX_BODY_BYTES
         app,
         token=None,
         key_of=gateway.key_of,
+        sandbox_of=gateway.sandbox_of,
         max_body_bytes=max_body_bytes,
         advice="the session gateway serves the harnesses of its run's episodes, on this machine only",
     )

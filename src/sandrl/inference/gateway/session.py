@@ -162,6 +162,9 @@ class Session:
     """``max_turns`` or ``max_tokens`` once a call was refused for the budget."""
     failure: InferenceError | None = None
     """The policy's failure under a call (the inference server's, not the harness's): an infra error."""
+    sandbox: str | None = None
+    """The sandbox whose forwarded port alone may call it (a CLI agent's, bound by its harness as the
+    forward opens; :mod:`sandrl.inference.auth`); None: no sandbox may."""
     route: RouteKey | None = None
     """The routing key its calls carry (:mod:`sandrl.inference.fleet.affinity`): the episode's that opened it,
     else its own; a router keeps them on one engine."""

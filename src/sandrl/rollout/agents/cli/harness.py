@@ -7,7 +7,9 @@ trajectory are the harness's); what differs is where the agent lives:
    sandbox gets one port forwarded into its own network namespace (``127.0.0.1:<port>`` inside
    relayed to the gateway, :func:`~sandrl.sandbox.base.forward_port`), and the CLI's base URL is
    that address plus the session's path: the session's routes, behind the session's key, and
-   nothing else of the host.
+   nothing else of the host. The session is bound to the sandbox (``session.sandbox``): the
+   gateway serves it only through this sandbox's forward, and this sandbox no other session
+   (:mod:`sandrl.inference.auth`).
 2. **The run.** The CLI's files (its config, the instruction) are written into the sandbox, and the
    CLI is started in the task's working directory in its non-interactive mode (:mod:`.claude_code`,
    :mod:`.codex`), its output and error output written to files in the sandbox.
@@ -60,6 +62,7 @@ class CliHarness:
         if gateway.hostname is None or gateway.port is None:
             raise SandboxError(f"the session's base URL {ctx.base_url!r} names no host and port to forward")
         forward = await _forward(ctx.sandbox, (gateway.hostname, gateway.port))
+        ctx.session.sandbox = forward.tag  # the session answers to this sandbox only, and it to no other
         try:
             inputs = LaunchInputs(
                 instruction=ctx.task.instruction,
