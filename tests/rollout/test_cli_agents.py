@@ -194,3 +194,16 @@ async def test_a_sandbox_reaches_only_the_session_bound_to_it(echo_task: Task, p
             assert await from_sandbox(other) == "403"  # its own key, but not this sandbox's session
             assert await from_host(mine) == 403  # bound: only through its sandbox's forward
             assert await from_host(other) == 200  # an in-process harness's session, as before
+
+
+async def test_each_turn_is_capped_at_the_runs_max_new_tokens(echo_task: Task, provider: BwrapProvider) -> None:
+    """Codex sends no max_output_tokens: its turns still take at most the run's max_new_tokens (and Codex
+    gives up on a reply cut there: the policy's failure, an agent error naming why)."""
+    policy = ScriptedWithTokenizer(["x" * 400])
+    rollout = rollout_for("codex", max_new_tokens=32)
+    async with open_agent(rollout, policy) as agent:  # type: ignore[arg-type]
+        result = await build_runner(rollout, provider, policy=policy, agent=agent).run([echo_task])  # type: ignore[arg-type]
+    (t,) = result.trajectories
+    assert len(t.turns) == 1 and t.turns[0].finish_reason == "length", (t.error, t.agent_logs)
+    assert t.turns[0].output_end - t.turns[0].output_start == 32
+    assert t.status == "agent_error" and t.error is not None and "max_output_tokens" in t.error.message

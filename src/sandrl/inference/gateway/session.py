@@ -162,6 +162,9 @@ class Session:
     """``max_turns`` or ``max_tokens`` once a call was refused for the budget."""
     failure: InferenceError | None = None
     """The policy's failure under a call (the inference server's, not the harness's): an infra error."""
+    max_new_tokens: int | None = None
+    """Most tokens one completion may take, whatever the client asks or leaves unsaid (Codex sends no
+    ``max_output_tokens``: without it a reply may run to the budget); None: the client's, else the budget."""
     sandbox: str | None = None
     """The sandbox whose forwarded port alone may call it (a CLI agent's, bound by its harness as the
     forward opens; :mod:`sandrl.inference.auth`); None: no sandbox may."""
@@ -245,6 +248,8 @@ class Session:
             )
         if limits:
             params = replace(params, max_new_tokens=min(params.max_new_tokens, min(limits) - prompt_len))
+        if self.max_new_tokens is not None:
+            params = replace(params, max_new_tokens=min(params.max_new_tokens, self.max_new_tokens))
         prompt = [*self.ids[segment:], *added]
         started = time.perf_counter()
         # The session changes only once the model has answered: a client that retries a failed call (the

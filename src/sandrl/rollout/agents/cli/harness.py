@@ -63,6 +63,7 @@ class CliHarness:
             raise SandboxError(f"the session's base URL {ctx.base_url!r} names no host and port to forward")
         forward = await _forward(ctx.sandbox, (gateway.hostname, gateway.port))
         ctx.session.sandbox = forward.tag  # the session answers to this sandbox only, and it to no other
+        ctx.session.max_new_tokens = ctx.max_new_tokens  # the run's, per turn: a CLI may send none (Codex)
         try:
             inputs = LaunchInputs(
                 instruction=ctx.task.instruction,
