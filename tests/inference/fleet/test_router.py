@@ -58,6 +58,21 @@ def test_a_dead_engines_keys_move_once_and_pins_are_bounded() -> None:
         router.pick("episode-2")
 
 
+def test_without_affinity_calls_go_round_the_live_engines_and_only_explicit_pins_hold() -> None:
+    router = Router(["http://a", "http://b", "http://c"], affinity=False)
+    heavy, _ = router.pick("episode-1")
+    router.begin(heavy, 5000)  # load does not matter either: the next engine in turn takes the call
+    picked = [router.pick("episode-1")[0].index for _ in range(5)]
+    assert [heavy.index, *picked] == [0, 1, 2, 0, 1, 2]
+    assert router.pinned("episode-1") is None and router.stats()["affinity"] is False
+    router.pin("session/s1", router.engines[1])  # a session lives on the engine that opened it
+    assert [router.pick("session/s1")[0].index for _ in range(3)] == [1, 1, 1]
+    router.lost(router.engines[1], stale=True)
+    moved_to, moved = router.pick("session/s1")
+    assert moved and moved_to.index != 1 and router.pick("session/s1") == (moved_to, False)
+    assert {router.pick(None)[0].index for _ in range(4)} == {0, 2}
+
+
 def test_a_request_weighs_its_prompt_and_its_budget() -> None:
     assert estimate_tokens(b'{"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 10}}') == 13
     assert estimate_tokens(b'{"prompt": [5, 6], "max_tokens": 4}') == 6

@@ -18,6 +18,11 @@ The rules (the HTTP side is :mod:`sandrl.inference.fleet.proxy`):
 Pins are kept for the most recent :data:`MAX_KEYS` keys (an episode's calls are minutes apart at
 most; a key evicted early is merely placed again).
 
+``Router(urls, affinity=False)`` is the baseline that affinity is measured against (``sandrl bench
+inference --fleet``): every call goes to the next live engine in turn, its key ignored and no key
+pinned; only what was pinned explicitly (:meth:`Router.pin`: a gateway session, whose state lives on
+the engine that opened it) still goes to its engine.
+
 The cluster's :class:`~sandrl.cluster.endpoints.EndpointsClient` (``--ray``) keeps its own
 least-in-flight choice over its URLs: its rollout workers sample through it directly.
 """
@@ -74,11 +79,13 @@ class NoEngineError(InferenceError):
 class Router:
     """The engines, their load, and the key pins; see the module docstring."""
 
-    def __init__(self, urls: Sequence[str], *, max_keys: int = MAX_KEYS) -> None:
+    def __init__(self, urls: Sequence[str], *, max_keys: int = MAX_KEYS, affinity: bool = True) -> None:
         if not urls:
             raise ValueError("a router needs at least one engine")
         self.engines = [Engine(i, url) for i, url in enumerate(urls)]
         self.max_keys = max_keys
+        self.affinity = affinity
+        """False: calls go round the live engines in turn, their keys ignored (the module docstring)."""
         self.moves = 0
         """Calls sent to another engine than their key's (its engine had died)."""
         self._pins: OrderedDict[str, int] = OrderedDict()
@@ -93,8 +100,8 @@ class Router:
         if pinned is not None and self.engines[pinned].up:
             self._pins.move_to_end(key)  # type: ignore[arg-type]
             return self.engines[pinned], False
-        engine = self.least_loaded()
-        if key is not None:
+        engine = self.least_loaded() if self.affinity else self.next_in_turn()
+        if key is not None and (self.affinity or pinned is not None):
             self.pin(key, engine)
         moved = pinned is not None
         if moved:
@@ -108,6 +115,13 @@ class Router:
             raise NoEngineError(self.none_up())
         start = next(self._turn) % len(live)
         return min((live[(start + i) % len(live)] for i in range(len(live))), key=lambda e: e.outstanding_tokens)
+
+    def next_in_turn(self) -> Engine:
+        """The next live engine round the engines, whatever their load (``affinity=False``)."""
+        live = self.live()
+        if not live:
+            raise NoEngineError(self.none_up())
+        return live[next(self._turn) % len(live)]
 
     def pin(self, key: str, engine: Engine) -> None:
         self._pins[key] = engine.index
@@ -154,4 +168,9 @@ class Router:
         )
 
     def stats(self) -> dict[str, Any]:
-        return {"engines": [e.to_dict() for e in self.engines], "moves": self.moves, "keys": len(self._pins)}
+        return {
+            "engines": [e.to_dict() for e in self.engines],
+            "moves": self.moves,
+            "keys": len(self._pins),
+            "affinity": self.affinity,
+        }
