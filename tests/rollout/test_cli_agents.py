@@ -18,6 +18,7 @@ import pytest
 from fastapi import FastAPI
 
 from sandrl.background_server import BackgroundServer, serve_on_loop
+from sandrl.inference.base import Generation, SamplingParams
 from sandrl.inference.engine import Engine
 from sandrl.inference.gateway import Gateway, Session, create_gateway_app
 from sandrl.inference.tokenizer import ByteTokenizer
@@ -196,14 +197,24 @@ async def test_a_sandbox_reaches_only_the_session_bound_to_it(echo_task: Task, p
             assert await from_host(other) == 200  # an in-process harness's session, as before
 
 
-async def test_each_turn_is_capped_at_the_runs_max_new_tokens(echo_task: Task, provider: BwrapProvider) -> None:
-    """Codex sends no max_output_tokens: its turns still take at most the run's max_new_tokens (and Codex
-    gives up on a reply cut there: the policy's failure, an agent error naming why)."""
+async def test_each_turn_is_sampled_as_the_run_says(echo_task: Task, provider: BwrapProvider) -> None:
+    """Codex sends no max_output_tokens and no temperature: its turns still take at most the run's
+    max_new_tokens, at the run's temperature (and Codex gives up on a reply cut at the cap: the policy's
+    failure, an agent error naming why)."""
     policy = ScriptedWithTokenizer(["x" * 400])
-    rollout = rollout_for("codex", max_new_tokens=32)
+    seen: list[SamplingParams] = []
+    scripted = policy.generate
+
+    async def generate(input_ids: list[int], params: SamplingParams) -> Generation:
+        seen.append(params)
+        return await scripted(input_ids, params)
+
+    policy.generate = generate  # type: ignore[method-assign]
+    rollout = rollout_for("codex", max_new_tokens=32, temperature=0.0)
     async with open_agent(rollout, policy) as agent:  # type: ignore[arg-type]
         result = await build_runner(rollout, provider, policy=policy, agent=agent).run([echo_task])  # type: ignore[arg-type]
     (t,) = result.trajectories
     assert len(t.turns) == 1 and t.turns[0].finish_reason == "length", (t.error, t.agent_logs)
     assert t.turns[0].output_end - t.turns[0].output_start == 32
     assert t.status == "agent_error" and t.error is not None and "max_output_tokens" in t.error.message
+    assert [(p.max_new_tokens, p.temperature) for p in seen] == [(32, 0.0)]

@@ -165,6 +165,9 @@ class Session:
     max_new_tokens: int | None = None
     """Most tokens one completion may take, whatever the client asks or leaves unsaid (Codex sends no
     ``max_output_tokens``: without it a reply may run to the budget); None: the client's, else the budget."""
+    temperature: float | None = None
+    """The temperature of every completion, whatever the client sends (a CLI agent sends none: the run
+    decides how its policy samples); None: the client's, else 1."""
     sandbox: str | None = None
     """The sandbox whose forwarded port alone may call it (a CLI agent's, bound by its harness as the
     forward opens; :mod:`sandrl.inference.auth`); None: no sandbox may."""
@@ -250,6 +253,8 @@ class Session:
             params = replace(params, max_new_tokens=min(params.max_new_tokens, min(limits) - prompt_len))
         if self.max_new_tokens is not None:
             params = replace(params, max_new_tokens=min(params.max_new_tokens, self.max_new_tokens))
+        if self.temperature is not None:
+            params = replace(params, temperature=self.temperature)
         prompt = [*self.ids[segment:], *added]
         started = time.perf_counter()
         # The session changes only once the model has answered: a client that retries a failed call (the

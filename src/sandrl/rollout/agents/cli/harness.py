@@ -63,7 +63,9 @@ class CliHarness:
             raise SandboxError(f"the session's base URL {ctx.base_url!r} names no host and port to forward")
         forward = await _forward(ctx.sandbox, (gateway.hostname, gateway.port))
         ctx.session.sandbox = forward.tag  # the session answers to this sandbox only, and it to no other
-        ctx.session.max_new_tokens = ctx.max_new_tokens  # the run's, per turn: a CLI may send none (Codex)
+        # The run's sampling, not the CLI's: Codex sends no max_output_tokens, neither sends a temperature.
+        ctx.session.max_new_tokens = ctx.max_new_tokens
+        ctx.session.temperature = ctx.temperature
         try:
             inputs = LaunchInputs(
                 instruction=ctx.task.instruction,
