@@ -18,7 +18,7 @@ from sandrl.inference.server import BackgroundServer, create_app
 from sandrl.inference.tiny_config import TinyModelConfig
 from sandrl.inference.transport import HTTPConfig
 from sandrl.inference.weight_group import GroupAddress
-from sandrl.inference.weight_push import WeightBroadcast, buckets
+from sandrl.inference.weight_push import WeightBroadcast, buckets, model_weights
 
 from .conftest import TOKEN, Served
 
@@ -37,7 +37,7 @@ def two_served() -> Iterator[list[Served]]:
 
 def _new_weights(seed: int = 1) -> dict[str, torch.Tensor]:
     model, _ = build_tiny_model(TinyModelConfig(seed=seed))
-    return dict(model.state_dict())
+    return dict(model_weights(model))  # the tied output layer once, as the trainer sends it
 
 
 def _state(engine: Engine) -> dict[str, torch.Tensor]:
@@ -80,9 +80,9 @@ async def test_broadcast_equals_the_disk_path_bit_for_bit(two_served: list[Serve
 @pytest.mark.parametrize(
     ("spoil", "named"),
     [
-        (lambda w: {**w, "lm_head.weight": torch.zeros(3, 5)}, "lm_head.weight"),
+        (lambda w: {**w, "model.norm.weight": torch.zeros(3, 5)}, "model.norm.weight"),
         (lambda w: {**w, "no.such.weight": torch.zeros(4)}, "no.such.weight"),
-        (lambda w: {**w, "lm_head.weight": w["lm_head.weight"].to(torch.int64)}, "lm_head.weight"),
+        (lambda w: {**w, "model.norm.weight": w["model.norm.weight"].to(torch.int64)}, "model.norm.weight"),
     ],
     ids=["wrong-shape", "unknown-name", "integer-dtype"],
 )

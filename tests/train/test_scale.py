@@ -265,3 +265,33 @@ def test_lora_trains_only_the_adapters_against_the_base_as_reference_and_checkpo
     resumed = _alone(model_dir, config)
     resumed.load_checkpoint(saved)
     assert resumed.step(_batch())["grad_norm"] == pytest.approx(trainer.step(_batch())["grad_norm"], rel=1e-6)
+
+
+def test_two_ranks_broadcast_their_weights_to_an_engine_bit_for_bit_the_export(model_dir: Path, tmp_path: Path) -> None:
+    """Sharded training gathers its full tensors bucket by bucket and rank 0 sends them over gloo: the engine then
+    holds exactly what the disk export of the same weights holds."""
+    from sandrl.inference.engine import Engine
+    from sandrl.inference.server import BackgroundServer, create_app
+    from sandrl.inference.weight_push import BroadcastSpec
+
+    token = "scale-test-token-0123456789abcdef"
+    engine = Engine.load(str(model_dir))
+    try:
+        with (
+            BackgroundServer(create_app(engine, token=token)) as server,
+            RankGroup(RankSpec(str(model_dir), replace(CONFIG, processes=2))) as group,
+        ):
+            group.step(_batch())
+            spec = BroadcastSpec((server.url,), api_key=token, bucket_bytes=16 * 1024)  # many buckets
+            assert group.broadcast_weights(spec) is None
+            assert engine.weight_version == group.version == 1
+            exported = _weights(group.export_weights(tmp_path / "two").path)
+            served = engine.model.state_dict()
+            assert all(torch.equal(served[k], v.to(served[k].dtype)) for k, v in exported.items())
+            group.step(_batch())  # the group is kept: the next push reuses it
+            assert group.broadcast_weights(spec) is None and engine.weight_version == 2
+            # an engine that refuses (its token differs): the ranks stay in step and say why, for the disk
+            assert "401" in str(group.broadcast_weights(replace(spec, api_key="wrong")))
+            assert group.step(_batch())["updates"] == 1
+    finally:
+        engine.close()

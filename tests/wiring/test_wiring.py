@@ -119,7 +119,7 @@ async def test_the_update_policy_reaches_the_engine_and_the_sglang_client(served
     async with open_policy(ModelConfig(update_policy="abort_and_resume")) as embedded:
         assert isinstance(embedded, Engine) and embedded.config.update_policy == "abort_and_resume"
     async with open_policy(ModelConfig(inference=served_url, update_policy="pause")) as sglang:
-        assert isinstance(sglang, BroadcastingPolicy) and sglang.broadcast.update_policy == "pause"
+        assert isinstance(sglang, BroadcastingPolicy) and sglang.spec.update_policy == "pause"
         assert isinstance(sglang.inner, SGLangClient) and sglang.inner.update_policy == "pause"
     with pytest.raises(ConfigError, match="update_policy must be one of in_place, pause, abort_and_resume"):
         ModelConfig(update_policy="whenever")  # type: ignore[arg-type]

@@ -9,22 +9,19 @@ joins the group at its own rank) get them through :class:`~sandrl.inference.weig
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
-
-import torch
 
 from sandrl.inference.base import Generation, InferenceClient, SamplingParams
 from sandrl.inference.tokenizer import Tokenizer
-from sandrl.inference.weight_push import WeightBroadcast
+from sandrl.inference.weight_push import BroadcastSpec
 
 
 class BroadcastingPolicy:
-    """``inner`` with weight updates over ``broadcast``; see the module docstring."""
+    """``inner``, whose engines take weights over a process group as ``spec`` says; see the module docstring."""
 
-    def __init__(self, inner: InferenceClient, broadcast: WeightBroadcast) -> None:
+    def __init__(self, inner: InferenceClient, spec: BroadcastSpec) -> None:
         self.inner = inner
-        self.broadcast = broadcast
+        self.spec = spec
 
     @property
     def tokenizer(self) -> Tokenizer | None:
@@ -41,21 +38,14 @@ class BroadcastingPolicy:
         """The disk path, as the inner client does it (the fallback, and LoRA adapters)."""
         return await self.inner.update_weights(path, version=version)
 
-    async def update_weights_from_tensors(self, tensors: Iterable[tuple[str, torch.Tensor]], *, version: int) -> int:
-        """Broadcast every weight in ``tensors`` (name, full tensor) to the engines as ``version``."""
-        return await self.broadcast.push(tensors, version=version)
-
     async def health(self) -> None:
         await self.inner.health()
-
-    async def aclose(self) -> None:
-        await self.broadcast.shutdown()
 
     def __getattr__(self, name: str) -> Any:
         # Everything else a client may offer (versions, adapters, pause...) is the inner client's.
         return getattr(self.inner, name)
 
 
-def tensor_receiver(policy: InferenceClient) -> BroadcastingPolicy | None:
-    """``policy`` when its weight updates can be tensors (``[inference] weight_sync``), else None."""
-    return policy if isinstance(policy, BroadcastingPolicy) else None
+def broadcast_spec(policy: InferenceClient) -> BroadcastSpec | None:
+    """How to broadcast weights to ``policy``'s engines (``[inference] weight_sync``); None: by the disk only."""
+    return policy.spec if isinstance(policy, BroadcastingPolicy) else None

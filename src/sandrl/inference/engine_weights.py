@@ -130,6 +130,10 @@ class EngineWeights:
             raise ConfigError(f"this engine is in no weight-update group {group_name!r}")
         await asyncio.to_thread(self._receiver.leave, group_name)
 
+    def weights_not_staged(self) -> list[str]:
+        """What a broadcast update being staged still lacks (empty when none is being staged)."""
+        return self._receiver.missing() if self._receiver is not None else []
+
     @property
     def weight_update_groups(self) -> list[str]:
         return self._receiver.groups if self._receiver is not None else []

@@ -96,13 +96,10 @@ async def update_weights_from_distributed(body: DistributedUpdateRequest, reques
     except SandrlError as exc:
         return _failed(exc)
     if new is None:
-        return JSONResponse(
-            {
-                "success": True,
-                "staged": True,
-                "message": f"Staged {len(body.names)} tensors; the update is not whole yet.",
-            }
-        )
+        missing = engine.weights_not_staged()
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        message = f"Staged {len(body.names)} tensors; the update still lacks {shown}."
+        return JSONResponse({"success": True, "staged": True, "message": message, "missing": len(missing)})
     return JSONResponse(
         {
             "success": True,

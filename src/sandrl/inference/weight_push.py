@@ -18,8 +18,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import threading
 import uuid
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,19 +34,39 @@ from sandrl.inference.weight_group import GroupAddress, WeightGroup, dtype_name
 DEFAULT_BUCKET_BYTES = 256 * 2**20
 
 
-def buckets(tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """``tensors`` in order, in buckets of at most ``bucket_bytes`` (a bigger tensor is a bucket of its own).
+@dataclass(frozen=True)
+class BroadcastSpec:
+    """What a :class:`WeightBroadcast` is made of, picklable: the driver hands it to the trainer's rank 0."""
 
-    A tensor that is another one already sent (tied weights: the output layer that is the embedding) is
-    sent once, under its first name: the engine's copy is tied too."""
+    urls: tuple[str, ...]
+    api_key: str | None = None
+    master_address: str = "127.0.0.1"
+    backend: str = "gloo"
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    update_policy: UpdatePolicy = "pause"
+    sglang: bool = False
+    timeout_s: float = 60.0
+    """How long the group waits for every rank to join, and each collective for the others."""
+
+
+def model_weights(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """A live model's weights by name, each tensor once: a tied weight (the output layer that is the
+    embedding) is sent under its first name only, and the engine's copy, tied too, takes it."""
+    seen: set[tuple[int, int, tuple[int, ...]]] = set()
+    state: dict[str, torch.Tensor] = model.state_dict()
+    for name, tensor in state.items():
+        # Every tensor of a live model's state stays alive, so equal addresses mean one tensor.
+        same = (tensor.untyped_storage().data_ptr(), int(tensor.storage_offset()), tuple(tensor.shape))
+        if same not in seen:
+            seen.add(same)
+            yield name, tensor
+
+
+def buckets(tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """``tensors`` in order, in buckets of at most ``bucket_bytes`` (a bigger tensor is a bucket of its own)."""
     bucket: list[tuple[str, torch.Tensor]] = []
     size = 0
-    seen: set[tuple[int, int, tuple[int, ...]]] = set()
     for name, tensor in tensors:
-        same = (tensor.untyped_storage().data_ptr(), int(tensor.storage_offset()), tuple(tensor.shape))
-        if same in seen:
-            continue
-        seen.add(same)
         nbytes = tensor.numel() * tensor.element_size()
         if bucket and size + nbytes > bucket_bytes:
             yield bucket
@@ -69,7 +91,7 @@ class WeightBroadcast:
         update_policy: UpdatePolicy = "pause",
         sglang: bool = False,
         ranks_per_engine: int = 1,
-        timeout_s: float = 300.0,
+        timeout_s: float = 60.0,
     ) -> None:
         if not urls:
             raise ConfigError("a weight broadcast needs at least one engine URL")
@@ -89,6 +111,19 @@ class WeightBroadcast:
         self.group: WeightGroup | None = None
         self.group_name = f"sandrl-{uuid.uuid4().hex[:12]}"
         self.bytes_pushed = 0
+
+    @classmethod
+    def from_spec(cls, spec: BroadcastSpec) -> WeightBroadcast:
+        return cls(
+            list(spec.urls),
+            http=HTTPConfig(api_key=spec.api_key, retries=0),
+            master_address=spec.master_address,
+            backend=spec.backend,
+            bucket_bytes=spec.bucket_bytes,
+            update_policy=spec.update_policy,
+            sglang=spec.sglang,
+            timeout_s=spec.timeout_s,
+        )
 
     async def connect(self) -> None:
         """Form the group: every engine joins as its ranks, this process as rank 0 (idempotent)."""
@@ -118,22 +153,28 @@ class WeightBroadcast:
             for i, engine in enumerate(self.engines)
         ]
         own = asyncio.create_task(asyncio.to_thread(WeightGroup.join, address, 0, timeout_s=self.timeout_s))
-        done = await asyncio.gather(own, *joins, return_exceptions=True)
-        failures = [
-            (url, d) for url, d in zip(["trainer", *self.urls], done, strict=True) if isinstance(d, BaseException)
-        ]
-        failures += [(url, d) for url, d in zip(self.urls, done[1:], strict=True) if _refused(d)]
-        if failures:
-            if isinstance(done[0], WeightGroup):
-                done[0].close()
-            where, why = failures[0]
+        # An engine that refuses (a wrong token, no gloo) ends the wait at once; this side's join, blocked in
+        # its thread until every rank arrives, is then left to time out, and closed if it ever completes.
+        pending: set[asyncio.Task[Any]] = {own, *joins}
+        failure: tuple[str, object] | None = None
+        while pending and failure is None:
+            finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in finished:
+                where = "trainer" if task is own else self.urls[joins.index(task)]
+                error = task.exception()
+                if error is not None or _refused(task.result()):
+                    failure = (where, error if error is not None else task.result())
+        if failure is not None:
+            own.add_done_callback(lambda t: t.result().close() if not t.exception() else None)
+            for task in joins:
+                task.cancel()
+            where, why = failure
             raise InferenceError(
                 f"could not form the weight-update group with {where}: {_why(why)}; "
                 "engines must reach this host's "
                 f'{address.master_address}:{address.master_port} (or set [inference] weight_sync = "disk")'
             )
-        assert isinstance(done[0], WeightGroup)
-        self.group = done[0]
+        self.group = own.result()
 
     async def push(self, tensors: Iterable[tuple[str, torch.Tensor]], *, version: int) -> int:
         """Send every tensor of ``tensors`` (all the model's weights) as version ``version``; return it."""
@@ -157,7 +198,8 @@ class WeightBroadcast:
         for url, answer in zip(self.urls, answers, strict=True):
             if not self.sglang and answer.get("staged", False):
                 raise InferenceError(
-                    f"{url} has not swapped the new weights in: the push covered only part of its model's weights"
+                    f"{url} has not swapped the new weights in: the push covered only part of its model's "
+                    f"weights ({answer.get('message')})"
                 )
         return version
 
@@ -175,7 +217,7 @@ class WeightBroadcast:
             body["update_policy"] = self.update_policy
         posts = [asyncio.create_task(engine.post("/update_weights_from_distributed", body)) for engine in self.engines]
         device = self.group.device
-        tensors = [t if device is None else t.to(device) for _, t in bucket]
+        tensors = [t.to(device or "cpu") for _, t in bucket]  # gloo sends from host memory
         sent = asyncio.create_task(asyncio.to_thread(self.group.broadcast, tensors))
         done = await asyncio.gather(sent, *posts, return_exceptions=True)
         # An engine's refusal says why; the broadcast's own failure follows from it (the engine left the group).
@@ -218,3 +260,35 @@ def _why(answer: object) -> str:
     if isinstance(answer, dict):
         return str(answer.get("message", answer))
     return str(answer)
+
+
+class BlockingBroadcast:
+    """A :class:`WeightBroadcast` for code that is not async (a training rank): its own event loop, kept
+    between pushes (the group and the connections live on it)."""
+
+    def __init__(self, spec: BroadcastSpec) -> None:
+        self.spec = spec
+        self._loop = asyncio.new_event_loop()
+        self._push = WeightBroadcast.from_spec(spec)
+
+    def push(self, tensors: Iterator[tuple[str, torch.Tensor]], version: int) -> str | None:
+        """Push every tensor of ``tensors``; None when the engines serve ``version`` now, else why not. The
+        iterator is always run to its end: on a sharded trainer each step of it is a collective of every rank."""
+        try:
+            self._loop.run_until_complete(self._push.push(tensors, version=version))
+        except (InferenceError, ConfigError) as exc:
+            for _ in tensors:  # the other ranks are gathering the rest: keep in step with them
+                pass
+            return exc.message
+        return None
+
+    def close(self) -> None:
+        def shut() -> None:
+            with contextlib.suppress(Exception):
+                self._loop.run_until_complete(self._push.shutdown())
+            self._loop.close()
+
+        # A thread of its own: the caller may be inside a running event loop (a driver closing its trainer).
+        closer = threading.Thread(target=shut, name="sandrl-weight-broadcast-close")
+        closer.start()
+        closer.join()

@@ -111,6 +111,12 @@ class WeightReceiver:
             state, self._staged = self._staged, {}
         return state
 
+    def missing(self) -> list[str]:
+        """The weights the update being staged still lacks (one name per tied set), in the model's order."""
+        with self._lock:
+            have = {self._aliases[n] for n in self._staged}
+        return [names[0] for names in dict.fromkeys(self._aliases.values()) if names not in have]
+
     def _declared(
         self, names: Sequence[object], dtypes: Sequence[object], shapes: Sequence[object]
     ) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:

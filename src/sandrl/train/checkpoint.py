@@ -42,6 +42,7 @@ from torch.distributed.checkpoint.state_dict import (
 from sandrl.errors import TrainError
 from sandrl.inference.model import save_weights
 from sandrl.inference.tokenizer import Tokenizer
+from sandrl.inference.weight_push import model_weights
 from sandrl.train.config import TrainConfig
 from sandrl.train.world import World
 
@@ -102,6 +103,28 @@ def export_policy(
             save_weights(model, path, tokenizer, state_dict=weights)
     dist.barrier()
     return path
+
+
+def full_weights(
+    policy: torch.nn.Module, model: Any, config: TrainConfig, world: World
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The policy's weights by name as :func:`export_policy` writes them, one full tensor at a time.
+
+    With several ranks every rank must run the iterator to its end, in step: each sharded tensor is
+    gathered by all of them (rank 0 uses it, the others drop it), so no rank ever holds more than one
+    full tensor beyond what its consumer keeps."""
+    if not world.distributed:
+        yield from model_weights(model)
+        return
+    from torch.distributed.tensor import DTensor
+
+    dtype = torch.bfloat16 if config.dtype == "bf16" else torch.float32
+    tied = set(getattr(model, "all_tied_weights_keys", None) or {})
+    for key, value in policy.state_dict().items():
+        name = key.removeprefix(_POLICY_PREFIX)
+        full = value.full_tensor() if isinstance(value, DTensor) else value
+        if name not in tied:
+            yield name, full.to(dtype)
 
 
 def save(

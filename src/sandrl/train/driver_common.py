@@ -24,7 +24,7 @@ import contextlib
 import json
 import shutil
 import time
-from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol, TypeVar
@@ -35,7 +35,8 @@ from sandrl.aio import gather_all
 from sandrl.errors import ConfigError, InferenceError
 from sandrl.host_memory import process_memory_bytes
 from sandrl.inference.base import InferenceClient
-from sandrl.inference.broadcast_policy import tensor_receiver
+from sandrl.inference.broadcast_policy import broadcast_spec
+from sandrl.inference.weight_push import BroadcastSpec
 from sandrl.progress import duration
 from sandrl.rollout.agent import Agent
 from sandrl.rollout.jsonl import TrajectoryWriter, iter_jsonl
@@ -87,8 +88,8 @@ class StepTrainer(Protocol):
 
     def export_weights(self, directory: str | Path) -> ExportedWeights: ...
 
-    def weight_tensors(self) -> Iterator[tuple[str, Any]] | None:
-        """The full weights by name for a broadcast; None: only :meth:`export_weights` (the disk) has them."""
+    def broadcast_weights(self, spec: BroadcastSpec) -> str | None:
+        """Send the weights to the engines over a process group; None when done, else why not (then: the disk)."""
 
     def save_checkpoint(self, root: str | Path) -> Path: ...
 
@@ -429,18 +430,17 @@ class Session:
         return self.pushed_version
 
     async def _broadcast_weights(self) -> bool:
-        """Push the weights over a process group if the policy and the trainer can; False: by the disk instead."""
+        """Push the weights over a process group if the policy's engines take them so; False: by the disk."""
         assert self.trainer is not None and self.policy is not None
-        if (broadcasting := tensor_receiver(self.policy)) is None or (weights := self.trainer.weight_tensors()) is None:
+        if (spec := broadcast_spec(self.policy)) is None:
             return False
-        try:
-            await broadcasting.update_weights_from_tensors(weights, version=self.trainer.version)
-        except InferenceError as exc:
-            if self.config.inference.weight_sync == "broadcast":
-                raise
-            self.console.print(f"warning: the weight broadcast failed, loading from disk instead: {exc.message}")
-            return False
-        return True
+        # In a worker thread: the trainer's rank 0 runs the push on a loop of its own (generation goes on here).
+        why = await asyncio.to_thread(self.trainer.broadcast_weights, spec)
+        if why is not None and self.config.inference.weight_sync == "broadcast":
+            raise InferenceError(f"the weight broadcast failed: {why}")
+        if why is not None:
+            self.console.print(f"warning: the weight broadcast failed, loading from disk instead: {why}")
+        return why is None
 
     def save_checkpoint(self) -> Path | None:
         if self.trainer is None:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from sandrl.errors import ConfigError, SandrlError, TrainError
+from sandrl.inference.weight_push import BroadcastSpec
 from sandrl.train.batch import Batch, TrainSample
 from sandrl.train.config import TrainConfig
 from sandrl.train.trainer import ExportedWeights, Metrics
@@ -108,9 +109,10 @@ class RankGroup:
         exported: ExportedWeights = self._call("export_weights", str(directory))
         return exported
 
-    def weight_tensors(self) -> None:
-        """None: the ranks hold the weights in their own processes; they go by the disk (gathered there)."""
-        return None
+    def broadcast_weights(self, spec: BroadcastSpec) -> str | None:
+        """Every rank gathers the full tensors bucket by bucket; rank 0 sends them to the engines."""
+        why: str | None = self._call("broadcast_weights", spec)
+        return why
 
     def save_checkpoint(self, root: str | Path) -> Path:
         path: Path = self._call("save_checkpoint", str(root), self.data_position, self.data_done)
@@ -275,7 +277,7 @@ def answer(trainer: Any, method: str, args: tuple[Any, ...]) -> Any:
     if method == "load_checkpoint":
         trainer.load_checkpoint(*args)
         return rank_state(trainer)
-    if method in ("step", "sft_step", "logprobs", "export_weights"):
+    if method in ("step", "sft_step", "logprobs", "export_weights", "broadcast_weights"):
         return getattr(trainer, method)(*args)
     raise TrainError(f"a training rank got an unknown call {method!r}")
 

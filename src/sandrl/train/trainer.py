@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ import torch
 
 from sandrl.errors import TrainError
 from sandrl.inference.tokenizer import Tokenizer
+from sandrl.inference.weight_push import BlockingBroadcast, BroadcastSpec
 from sandrl.train import checkpoint, micro_batches, packed_attention
 from sandrl.train.batch import Batch, TrainSample
 from sandrl.train.config import TrainConfig
@@ -104,6 +105,7 @@ class Trainer:
         self.config = cfg = config or TrainConfig()
         self.device = torch_device(cfg.device)
         self.world = World.current()
+        self._broadcast: BlockingBroadcast | None = None
         self.tokenizer = tokenizer
         pad = tokenizer.pad_token_id if tokenizer is not None else getattr(model.config, "pad_token_id", None)
         self.pad_id = int(pad) if pad is not None else 0
@@ -322,14 +324,23 @@ class Trainer:
         checkpoint.export_policy(self.policy, self.model, path, self.tokenizer, self.config, self.world)
         return ExportedWeights(path=path, version=self.version)
 
-    def weight_tensors(self) -> Iterator[tuple[str, torch.Tensor]] | None:
-        """The policy's full weights by name, as :meth:`export_weights` would write them, for a broadcast to the
-        engines; None when they are not at hand in this process (sharded across ranks, or a LoRA adapter,
-        which goes by the disk: it is small)."""
-        if self.world.distributed or self.config.lora is not None:
+    def broadcast_weights(self, spec: BroadcastSpec) -> str | None:
+        """Send the policy to the engines of ``spec`` over a weight-update group, as version :attr:`version`:
+        rank 0 joins the group (once; kept between pushes) and sends bucket by bucket, every rank gathers
+        (with several ranks every rank must call it). None when the engines serve the new version; else
+        why not, and the caller takes the disk (a LoRA adapter always goes that way: it is small)."""
+        if self.config.lora is not None:
+            return "a LoRA adapter is loaded from the disk"
+        weights = checkpoint.full_weights(self.policy, self.model, self.config, self.world)
+        if self.world.rank != 0:
+            for _ in weights:  # the gathers are collectives: keep in step with rank 0
+                pass
             return None
-        state: dict[str, torch.Tensor] = self.model.state_dict()
-        return iter(state.items())
+        if self._broadcast is None or self._broadcast.spec != spec:
+            if self._broadcast is not None:
+                self._broadcast.close()
+            self._broadcast = BlockingBroadcast(spec)
+        return self._broadcast.push(weights, self.version)
 
     def save_checkpoint(self, root: str | Path) -> Path:
         """Save model, optimizer, counters, data position and RNGs under ``root``; keep the newest few.
@@ -360,7 +371,10 @@ class Trainer:
         self.data_done = state.data_done
 
     def close(self) -> None:
-        """Nothing to let go of: this trainer lives in this process (see :class:`~sandrl.train.ranks.RankGroup`)."""
+        """Leave the engines' weight-update group, if one was formed (the trainer lives in this process)."""
+        if self._broadcast is not None:
+            self._broadcast.close()
+            self._broadcast = None
 
     # -- internals ------------------------------------------------------------------------------
 

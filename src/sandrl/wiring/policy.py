@@ -51,11 +51,8 @@ async def open_policy(
     sync = fleet.weight_sync if fleet is not None else FleetConfig.weight_sync
     bucket_mb = fleet.weight_bucket_mb if fleet is not None else FleetConfig.weight_bucket_mb
     if not launched and len(model.urls) == 1:
-        async with (
-            _client(model.api, model.inference, http, tokenizer, model) as client,
-            _broadcasting(client, sync, model.api, list(model.urls), http, model, bucket_mb) as policy,
-        ):
-            yield policy
+        async with _client(model.api, model.inference, http, tokenizer, model) as client:
+            yield _broadcasting(client, sync, model.api, list(model.urls), http, model, bucket_mb)
         return
     from sandrl.inference.fleet.serve import open_fleet
 
@@ -82,14 +79,10 @@ async def open_policy(
         original = True if config.launch == "sglang" else None
         async with _client(api, served.url, routed, tokenizer, model, original_logprobs=original) as client:
             engines = dataclasses.replace(routed, retries=0)
-            async with _broadcasting(
-                client, sync, api, served.engine_urls, engines, model, bucket_mb, own=launched
-            ) as policy:
-                yield policy
+            yield _broadcasting(client, sync, api, served.engine_urls, engines, model, bucket_mb, own=launched)
 
 
-@contextlib.asynccontextmanager
-async def _broadcasting(
+def _broadcasting(
     client: InferenceClient,
     sync: str,
     api: str,
@@ -99,12 +92,11 @@ async def _broadcasting(
     bucket_mb: int,
     *,
     own: bool = False,
-) -> AsyncIterator[InferenceClient]:
+) -> InferenceClient:
     """``client`` with weight updates over a process group with the engines at ``urls`` when ``sync``
     (``[inference] weight_sync``) allows it; ``client`` itself otherwise (see :class:`FleetConfig`)."""
     if sync == "disk":
-        yield client
-        return
+        return client
     speaks = api == "sglang"  # sandrl's servers and SGLang's; vLLM's group routes differ, OpenAI has none
     loopback = all(_is_loopback(url) for url in urls)
     if not speaks or (sync == "auto" and not loopback):
@@ -113,27 +105,23 @@ async def _broadcasting(
                 "[inference] weight_sync = 'broadcast' needs engines with SGLang's group routes (sandrl's or "
                 f"SGLang's) on this host; these are {api!r} at {', '.join(urls)}: set weight_sync = 'disk' (or 'auto')"
             )
-        yield client
-        return
+        return client
     import torch
 
     from sandrl.inference.broadcast_policy import BroadcastingPolicy
-    from sandrl.inference.weight_push import WeightBroadcast
+    from sandrl.inference.weight_push import BroadcastSpec
 
     on_gpu = torch.cuda.is_available() and not (own and model.embedded)
-    broadcast = WeightBroadcast(
-        urls,
-        http=http,
+    spec = BroadcastSpec(
+        tuple(urls),
+        api_key=http.api_key,
         master_address="127.0.0.1" if loopback else _address_towards(urls[0]),
         backend="nccl" if on_gpu else "gloo",
         bucket_bytes=bucket_mb * 2**20,
         update_policy=model.update_policy,
         sglang=not (own and model.embedded),
     )
-    try:
-        yield BroadcastingPolicy(client, broadcast)
-    finally:
-        await broadcast.shutdown()
+    return BroadcastingPolicy(client, spec)
 
 
 def _is_loopback(url: str) -> bool:
