@@ -99,6 +99,22 @@ async def test_an_image_the_cli_cannot_run_in_is_refused_in_one_line(
     assert "it needs Linux on x86-64 or arm64" in message and "/bin/sh" in message and "\n" not in message
 
 
+async def test_an_image_whose_opt_is_a_link_is_refused_rather_than_hidden(
+    tmp_path: Path, provider: BwrapProvider, echo_task: Task
+) -> None:
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    os.symlink("usr/local", linked / "opt")
+    image = "cli-opt-link"
+    provider.images.add_image(image, [provider.images.add_layer(linked)], base="host")
+
+    async def task_image(task: Task) -> str:
+        return image
+
+    with pytest.raises(ImageBuildError, match="its /opt is a link"):
+        await AgentImages(cli_install("codex", CliAgentsConfig()), task_image, provider)(echo_task)
+
+
 async def test_an_episode_on_such_an_image_is_an_infra_error_not_retried(
     tmp_path: Path, provider: BwrapProvider, echo_task: Task
 ) -> None:

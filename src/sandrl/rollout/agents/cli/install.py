@@ -38,7 +38,7 @@ from pathlib import Path
 from sandrl.cache_dirs import cache_dir
 from sandrl.errors import ConfigError, ImageBuildError
 from sandrl.rollout.agents.cli.npm import CACHE_NAME, NpmPackage, fetch_package
-from sandrl.rollout.agents.cli.spec import CliSpec, Libc, Payload, Platform
+from sandrl.rollout.agents.cli.spec import INSTALL_ROOT, CliSpec, Libc, Payload, Platform
 from sandrl.rollout.images import ImageFor
 from sandrl.sandbox.base import (
     ExecResult,
@@ -204,7 +204,7 @@ class AgentImages:
     async def _platform(self, base: str) -> Platform:
         """The CPU and C library of the image ``base``, from a sandbox of it."""
         probes = " ".join(path for loaders in LOADERS.values() for path, _ in loaders)
-        script = f'uname -m; for f in {probes}; do [ -e "$f" ] && echo "$f"; done; exit 0'
+        script = f'uname -m; for f in {probes}; do [ -e "$f" ] && echo "$f"; done; [ -L /opt ] && echo /opt; exit 0'
         result = await self._run(base, script)
         lines = result.stdout.split()
         if result.exit_code != 0 or not lines:
@@ -217,6 +217,11 @@ class AgentImages:
             raise ImageBuildError(
                 f"{self.install.label} cannot run in the image {base}: its CPU is {lines[0][:40]!r}; it needs "
                 f"{self.install.spec.needs}"
+            )
+        if "/opt" in lines[1:]:
+            raise ImageBuildError(
+                f"{self.install.label} cannot be laid over the image {base}: its /opt is a link, which the agent's "
+                f"directory {INSTALL_ROOT} would hide; make /opt a directory in the task's image"
             )
         libc = next((kind for path, kind in LOADERS[arch] if path in lines[1:]), None)
         return Platform(arch, libc)
