@@ -277,14 +277,15 @@ async def test_connections_at_once_are_bounded(sandbox: BwrapSandbox) -> None:
         forward = await forward_into(sandbox, INNER, ("127.0.0.1", gateway.port), ForwardLimits(max_connections=4))
         await sandbox.write_file("/tmp/many.py", MANY.encode())
         many = await sandbox.spawn(f"python3 /tmp/many.py {INNER} 10", stdin=True, timeout_s=60)
-        lines = _lines(many)
-        assert await anext(lines) == "opened"
+        stderr: list[bytes] = []
+        lines = _lines(many, stderr)
+        assert await anext(lines, b"".join(stderr).decode()) == "opened"
         await until(lambda: forward.refused == 6 and gateway.live == 4)
         await many.write_stdin(b"go\n")
-        assert await anext(lines) == "closed"
+        assert await anext(lines, b"".join(stderr).decode()) == "closed"
         await until(lambda: forward.connections == 0 and gateway.live == 0)
         await many.write_stdin(b"go\n")
-        states = json.loads(await anext(lines))
+        states = json.loads(await anext(lines, b"".join(stderr).decode()))
         # The first four were relayed and stayed open, the other six were reset on accept; once the
         # four were closed a new connection was relayed again.
         assert states[:10].count("open") == 4 and states[:10].count("closed") == 6, states
@@ -293,11 +294,13 @@ async def test_connections_at_once_are_bounded(sandbox: BwrapSandbox) -> None:
         await many.wait()
 
 
-async def _lines(process: BwrapProcess) -> AsyncIterator[str]:
-    """A process's stdout, line by line."""
+async def _lines(process: BwrapProcess, stderr: list[bytes]) -> AsyncIterator[str]:
+    """A process's stdout, line by line; its stderr goes to ``stderr`` meanwhile."""
     pending = b""
     async for chunk in process.output():
-        if chunk.stream == "stdout":
+        if chunk.stream == "stderr":
+            stderr.append(chunk.data)
+        else:
             pending += chunk.data
             while b"\n" in pending:
                 line, pending = pending.split(b"\n", 1)
@@ -432,9 +435,9 @@ print(sorted(times)[len(times) // 2])
 async def test_the_session_gateway_answers_through_a_forward_and_sees_which_sandbox_asked(
     sandbox: BwrapSandbox,
 ) -> None:
-    """The runner's gateway (uvicorn, its loopback-only and key guards) from inside: a session's own key
-    is served, another's is refused on its URL, and the client address it sees names the sandbox,
-    whatever proxy header the sandbox sends."""
+    """The runner's gateway (uvicorn, its loopback-only, key and sandbox guards) from inside: the session
+    bound to the sandbox is served with its key; another session's key is refused, on either session's
+    URL; and the client address the app sees names the sandbox, whatever proxy header it sends."""
     gateway = Gateway(ScriptedReplies(["Done."]), model_name="scripted")
     app = create_gateway_app(gateway)
     askers: list[str | None] = []
@@ -448,9 +451,9 @@ async def test_the_session_gateway_answers_through_a_forward_and_sees_which_sand
     async with serve_on_loop(who_asked, name="gateway") as url:
         forward = await sandbox.forward_port(INNER, ("127.0.0.1", int(url.rsplit(":", 1)[1])))
         mine.sandbox = forward.tag  # a session answers a sandbox's forward only once bound to it (as a CLI's is)
-        base = f"http://127.0.0.1:{INNER}/v1/sessions/{mine.id}"
 
-        async def status(path: str, key: str, body: str | None = None) -> str:
+        async def status(path: str, key: str, body: str | None = None, session: str = mine.id) -> str:
+            base = f"http://127.0.0.1:{INNER}/v1/sessions/{session}"
             data = f"-H 'Content-Type: application/json' -d '{body}' " if body else ""
             # X-Forwarded-For too: a server that trusted it from loopback (uvicorn's default) took the
             # sandbox's word for its address, and the sandbox passed for nobody's.
@@ -465,7 +468,9 @@ async def test_the_session_gateway_answers_through_a_forward_and_sees_which_sand
         assert await status("/models", mine.key) == "200"
         assert await status("/chat/completions", mine.key, chat) == "200"
         assert await status("/models", other.key) == "401"
-    assert askers == [sandbox.id] * 3
+        # Another session, with its own key: not this sandbox's (the gateway's sandbox binding).
+        assert await status("/models", other.key, session=other.id) == "403"
+    assert askers == [sandbox.id] * 4
     assert len(gateway.get(mine.id).turns) == 1 and not gateway.get(other.id).turns
 
 
