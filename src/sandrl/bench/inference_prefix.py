@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sandrl.errors import ConfigError
-from sandrl.inference.base import Generation, SamplingParams
+from sandrl.inference.base import Generation, InferenceClient, SamplingParams
 from sandrl.inference.chat import ChatFormat
 from sandrl.inference.engine import Engine, EngineConfig
 from sandrl.inference.model import build_tiny_model
@@ -144,10 +144,12 @@ def _side(config: PrefixBenchConfig, cache_tokens: int) -> _Side:
 
 
 async def _episodes(engine: Engine, chat: ChatFormat, config: PrefixBenchConfig) -> list[list[Generation]]:
-    return list(await asyncio.gather(*(_episode(engine, chat, config, i) for i in range(config.episodes))))
+    return list(await asyncio.gather(*(episode(engine, chat, config, i) for i in range(config.episodes))))
 
 
-async def _episode(engine: Engine, chat: ChatFormat, config: PrefixBenchConfig, index: int) -> list[Generation]:
+async def episode(client: InferenceClient, chat: ChatFormat, config: PrefixBenchConfig, index: int) -> list[Generation]:
+    """Episode ``index`` of ``config`` sampled from ``client`` (an engine in process, or a fleet's router: the
+    same episodes for ``sandrl bench inference --fleet``); its turns' generations."""
     task = make_task("lines", random.Random(f"{config.seed}:{index}"), f"lines-{index}")
     stdout = next(iter(task.files.values()), "")[: config.observation_bytes]
     ids = chat.prompt_ids([{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task.instruction}])
@@ -155,7 +157,7 @@ async def _episode(engine: Engine, chat: ChatFormat, config: PrefixBenchConfig, 
     for turn in range(config.turns):
         seed = config.seed * 1_000_003 + index * 97 + turn
         params = SamplingParams(temperature=config.temperature, max_new_tokens=config.max_new_tokens, seed=seed)
-        generation = await engine.generate(ids, params)
+        generation = await client.generate(ids, params)
         turns.append(generation)
         observation = {"role": "tool", "content": f"exit code: {turn % 2}\nstdout:\n{stdout}"}
         reply = {"role": "assistant", "content": chat.reply_text(generation.output_ids)}

@@ -22,7 +22,7 @@ from typing import Any
 from sandrl.inference.base import SamplingParams
 from sandrl.inference.fleet import affinity
 from sandrl.inference.fleet.config import FleetConfig
-from sandrl.inference.fleet.serve import open_fleet
+from sandrl.inference.fleet.serve import Fleet, open_fleet
 from sandrl.inference.sglang import SGLangClient
 from sandrl.inference.transport import HTTPConfig
 from sandrl.stats import quantile
@@ -32,39 +32,46 @@ PROMPT = list(range(32, 96))
 
 
 async def _measure(model: str, episodes: int, turns: int, max_new_tokens: int) -> dict[str, Any]:
-    params = SamplingParams(temperature=0, max_new_tokens=max_new_tokens)
     with tempfile.TemporaryDirectory(prefix="sandrl-bench-router-") as logs:
         config = FleetConfig(launch="embedded", engines=2, startup_timeout_s=300)
         async with open_fleet(config, model=model, log_dir=Path(logs)) as fleet:
-            http = HTTPConfig(api_key=fleet.token, retries=0)
-            routed = SGLangClient(fleet.url, http=http)
-            direct = [SGLangClient(url, http=http) for url in fleet.engine_urls]
-            try:
-                for client in (routed, *direct):  # connections open and the engines warm
-                    for _ in range(3):
-                        await client.generate(PROMPT, params)
-                routed_s: list[float] = []
-                direct_s: list[float] = []
-                split = 0
-                for episode in range(episodes):
-                    key = f"bench/{episode}"
-                    seen: set[int] = set()
-                    for _ in range(turns):
-                        with affinity.bound(key):
-                            start = time.perf_counter()
-                            await routed.generate(PROMPT, params)
-                            routed_s.append(time.perf_counter() - start)
-                        engine = fleet.router.pinned(key)
-                        assert engine is not None
-                        seen.add(engine.index)
-                        start = time.perf_counter()
-                        await direct[engine.index].generate(PROMPT, params)
-                        direct_s.append(time.perf_counter() - start)
-                    split += len(seen) > 1
-                calls = [e.calls for e in fleet.router.engines]
-            finally:
-                for client in (routed, *direct):
-                    await client.aclose()
+            return await measure(fleet, model, episodes=episodes, turns=turns, max_new_tokens=max_new_tokens)
+
+
+async def measure(fleet: Fleet, model: str, *, episodes: int, turns: int, max_new_tokens: int) -> dict[str, Any]:
+    """The module docstring's measurement on ``fleet`` (its router keeping keys: ``affinity`` on); ``model``
+    names its engines' model in the result."""
+    params = SamplingParams(temperature=0, max_new_tokens=max_new_tokens)
+    http = HTTPConfig(api_key=fleet.token, retries=0)
+    routed = SGLangClient(fleet.url, http=http)
+    direct = [SGLangClient(url, http=http) for url in fleet.engine_urls]
+    before = [e.calls for e in fleet.router.engines]
+    try:
+        for client in (routed, *direct):  # connections open and the engines warm
+            for _ in range(3):
+                await client.generate(PROMPT, params)
+        routed_s: list[float] = []
+        direct_s: list[float] = []
+        split = 0
+        for episode in range(episodes):
+            key = f"bench/{episode}"
+            seen: set[int] = set()
+            for _ in range(turns):
+                with affinity.bound(key):
+                    start = time.perf_counter()
+                    await routed.generate(PROMPT, params)
+                    routed_s.append(time.perf_counter() - start)
+                engine = fleet.router.pinned(key)
+                assert engine is not None
+                seen.add(engine.index)
+                start = time.perf_counter()
+                await direct[engine.index].generate(PROMPT, params)
+                direct_s.append(time.perf_counter() - start)
+            split += len(seen) > 1
+        calls = [e.calls - b for e, b in zip(fleet.router.engines, before, strict=True)]
+    finally:
+        for client in (routed, *direct):
+            await client.aclose()
     routed_p50 = quantile(routed_s, 0.5) * 1000
     direct_p50 = quantile(direct_s, 0.5) * 1000
     overhead = routed_p50 - direct_p50
@@ -72,7 +79,7 @@ async def _measure(model: str, episodes: int, turns: int, max_new_tokens: int) -
     return {
         "bench": "inference_router",
         "model": model,
-        "engines": 2,
+        "engines": len(fleet.engine_urls),
         "calls": len(routed_s),
         "episodes": episodes,
         "turns": turns,

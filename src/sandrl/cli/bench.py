@@ -318,7 +318,7 @@ def bench_inference(
         help="Instead of throughput: the demo's episodes over 4 turns with the engine's prefix cache off and on "
         "(prompt tokens prefilled per episode, target <= 0.5x; generations identical).",
     ),
-    quick: bool = typer.Option(False, "--quick", help="With --update-policy or --prefix-cache: a run of seconds."),
+    quick: bool = typer.Option(False, "--quick", help="--update-policy, --prefix-cache, --fleet: a run of seconds."),
     seed: int = typer.Option(0, help="With --update-policy: seeds the episodes' lengths and prompts."),
     router: bool = typer.Option(
         False,
@@ -326,12 +326,23 @@ def bench_inference(
         help="Instead of throughput: what the fleet's router adds to a call, on 2 launched embedded engines "
         "(episodes of 4 turns through it against the same calls sent to their engine directly; target <= 1 ms).",
     ),
+    fleet: bool = typer.Option(
+        False,
+        "--fleet",
+        help="Instead of throughput: #40's targets on launched embedded engines: prefix-cache reuse with episode "
+        "affinity vs round-robin, weight push by broadcast vs disk (104M), router overhead, prefix cache off vs on.",
+    ),
     json_only: bool = typer.Option(False, "--json", help="Print only the JSON line."),
 ) -> None:
     """Embedded engine throughput: N concurrent requests against one at a time; or, with --update-policy,
     what each weight-update policy costs async generation (episodes/hour, tokens discarded, update latency);
     or, with --prefix-cache, what the prefix cache saves multi-turn episodes; or, with --router, what the
-    fleet's router adds to a call."""
+    fleet's router adds to a call; or, with --fleet, all of inference at scale's targets."""
+    if fleet:
+        from sandrl.bench.fleet import run_with_card
+
+        emit(run_with_card(quick=quick, seed=seed, console=rich_console(quiet=json_only, wide=True)))
+        return
     if router:
         from sandrl.bench.router import bench_router
         from sandrl.bench.router import render_card as router_card
