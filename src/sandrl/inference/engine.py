@@ -63,6 +63,7 @@ from sandrl.inference.batch import (
 )
 from sandrl.inference.engine_config import EngineConfig as EngineConfig
 from sandrl.inference.engine_config import EngineStats as EngineStats
+from sandrl.inference.engine_memory import EngineMemory
 from sandrl.inference.engine_weights import EngineWeights
 from sandrl.inference.lora_adapter import LoraAdapter
 from sandrl.inference.lora_registry import AdapterRegistry
@@ -75,7 +76,7 @@ from sandrl.inference.tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 
-class Engine(EngineWeights):
+class Engine(EngineWeights, EngineMemory):
     """A causal LM with continuous batching on the CPU; start it with :meth:`load` or the constructor."""
 
     def __init__(

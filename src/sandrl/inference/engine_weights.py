@@ -13,6 +13,7 @@ import asyncio
 import threading
 from collections import deque
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -47,6 +48,8 @@ class EngineWeights:
     _policy_adapter: LoraAdapter | None
     _weight_version: int
     _receiver: WeightReceiver | None = None
+    _offloaded: Path | None
+    """Where the weights wait while released (:mod:`~sandrl.inference.engine_memory`); None: in the model."""
 
     def _check_alive(self) -> None:
         raise NotImplementedError
@@ -67,6 +70,7 @@ class EngineWeights:
         (:attr:`lora_adapter`); only the adapter is read and held. A full checkpoint drops it again.
         """
         self._check_alive()
+        self._check_resident()
         chosen = policy or self.config.update_policy
         if chosen not in UPDATE_POLICIES:
             raise ConfigError(f"unknown weight-update policy {chosen!r}; use one of {', '.join(UPDATE_POLICIES)}")
@@ -85,12 +89,21 @@ class EngineWeights:
         policy: UpdatePolicy,
         adapter: LoraAdapter | None = None,
     ) -> int:
+        self._check_resident()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[int] = loop.create_future()
         with self._cv:
             self._updates.append(WeightUpdate(state, path, version, policy, loop, future, adapter))
             self._cv.notify()
         return await future
+
+    def _check_resident(self) -> None:
+        if self._offloaded is not None:
+            raise ConfigError(
+                "the engine's weights are released (/release_memory_occupation): resume them first "
+                '(/resume_memory_occupation with tags ["weights"]), then update them',
+                error_code="weights_released",
+            )
 
     # -- weights over a process group (SGLang's /init_weights_update_group, /update_weights_from_distributed) --
 
@@ -115,6 +128,7 @@ class EngineWeights:
         them in as one update (``version``, else the current one plus one) and return the new version;
         None while the update is still being staged (see :mod:`~sandrl.inference.weight_receiver`)."""
         self._check_alive()
+        self._check_resident()
         chosen = policy or self.config.update_policy
         if chosen not in UPDATE_POLICIES:
             raise ConfigError(f"unknown weight-update policy {chosen!r}; use one of {', '.join(UPDATE_POLICIES)}")

@@ -36,8 +36,9 @@ Routes:
   abort and the tokens it has.
 - ``GET|POST /flush_cache``: served: empties the prefix cache (:mod:`~sandrl.inference.prefix_cache`); unlike
   SGLang's it is not refused while requests run (each holds its own KV, not the cache's).
-- ``GET|POST /release_memory_occupation``, ``/resume_memory_occupation``: no-op, 200 (``tags``
-  checked): the CPU engine has no device memory to hand to a colocated trainer.
+- ``GET|POST /release_memory_occupation``, ``/resume_memory_occupation``: served (``tags``: ``weights``,
+  ``kv_cache``; ``cuda_graph`` accepted): the weights are written aside and freed, the KV cache dropped
+  and generation paused until both are back (:mod:`~sandrl.inference.engine_memory`).
 - ``POST /init_weights_update_group``, ``/update_weights_from_distributed``,
   ``/destroy_weights_update_group``: served over gloo (:mod:`~sandrl.inference.sglang_weight_sync`):
   buckets are staged and the weights swapped whole once they cover the model.

@@ -22,6 +22,7 @@ told how it was started (``original_logprobs``) or it refuses rather than mix sc
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
@@ -189,6 +190,13 @@ class SGLangClient:
 
     async def health(self) -> None:
         await self._http.send("GET", "/health")
+
+    async def release_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
+        """Hand the server's GPU memory (``weights``, ``kv_cache``; default all) to a colocated trainer."""
+        await self._http.post("/release_memory_occupation", {} if tags is None else {"tags": list(tags)})
+
+    async def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
+        await self._http.post("/resume_memory_occupation", {} if tags is None else {"tags": list(tags)})
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -241,9 +241,13 @@ async def memory_occupation(request: Request) -> Response:
     unknown = sorted(set(body.tags or ()) - _MEMORY_TAGS)
     if unknown:
         raise ConfigError(f"{request.url.path}: unknown tags {unknown}; SGLang's are {sorted(_MEMORY_TAGS)}")
-    # The CPU engine's weights and KV cache live in host memory a colocated trainer shares anyway:
-    # there is no device memory to hand over, so both calls succeed without doing anything.
-    return Response(status_code=200)
+    # Really let go of the memory and take it back (sandrl.inference.engine_memory); SGLang answers 200.
+    engine = engine_of(request)
+    if request.url.path == "/release_memory_occupation":
+        freed = await engine.release_memory_occupation(body.tags)
+        return JSONResponse({"success": True, "freed_weight_bytes": freed})
+    await engine.resume_memory_occupation(body.tags)
+    return JSONResponse({"success": True})
 
 
 @router.get("/get_server_info")

@@ -56,7 +56,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -248,6 +248,16 @@ class VLLMClient(OpenAIClient):
             yield
         finally:
             self._open.set()
+
+    async def release_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
+        """vLLM's sleep mode (``/sleep``, level 1: weights to host memory, the KV cache dropped); vLLM puts
+        both to sleep whatever ``tags`` names (it wakes them one by one)."""
+        await self._control("/sleep?level=1")
+
+    async def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
+        """vLLM's ``/wake_up`` (``tags``: ``weights``, ``kv_cache``; default both)."""
+        query = "" if tags is None else "?" + "&".join(f"tags={t}" for t in tags if t != "cuda_graph")
+        await self._control(f"/wake_up{query}")
 
     async def _set_version(self, new: int) -> None:
         try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from sandrl.errors import ConfigError
 from sandrl.train.buffer import GroupBuffer
 from sandrl.train.driver_common import Session
 
@@ -20,6 +21,11 @@ from sandrl.train.driver_common import Session
 async def run(session: Session) -> None:
     """Train until ``run.steps`` steps are done."""
     cfg = session.config
+    if cfg.inference.colocate:
+        raise ConfigError(
+            "[inference] colocate = true stops generation while the trainer trains, which the async driver never "
+            "does: run `sandrl train` without --async, or set colocate = false"
+        )
     buffer = GroupBuffer(cfg.run.groups_per_step * (1 + cfg.async_.max_staleness), cfg.async_.max_staleness)
     producer = asyncio.create_task(buffer.fill(session))
     try:

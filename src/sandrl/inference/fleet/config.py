@@ -71,6 +71,11 @@ class FleetConfig:
     broadcast to engines that speak it (sandrl's and SGLang's) from a one-process trainer of full
     weights, the disk otherwise (vLLM, LoRA adapters, a trainer of several ranks) and whenever a
     broadcast fails (an engine died mid-push: the next push forms the group again)."""
+    colocate: bool = False
+    """The engines share the trainer's GPUs: before each train step they release their KV cache and weights,
+    and after it they take them back, the new weights loaded in between (:mod:`sandrl.inference.colocation`;
+    SGLang's ``/release_memory_occupation``, vLLM's ``/sleep``). Needs the sync driver: nothing is generated
+    while the trainer trains."""
     weight_bucket_mb: int = 256
     """The size of one broadcast bucket: the trainer holds one bucket of full tensors at a time."""
 
