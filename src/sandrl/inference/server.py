@@ -260,6 +260,7 @@ def serve(
     )
     log.info("serving %s on http://%s:%d (%s)", model, host, port, "bearer token" if token else "no token: loopback")
     try:
-        uvicorn.run(app, host=host, port=port, log_level=log_level, ws="none")
+        # proxy_headers off: a relayed client (a sandbox's forward) must not name its own address in X-Forwarded-For.
+        uvicorn.run(app, host=host, port=port, log_level=log_level, ws="none", proxy_headers=False)
     finally:
         engine.close()
