@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 
 from sandrl.background_server import BackgroundServer
+from sandrl.bench.gateway_apis import APIS, Conversation
 from sandrl.errors import ConfigError
 from sandrl.http_auth import new_token
 from sandrl.inference.engine import Engine, EngineConfig
@@ -40,47 +41,36 @@ TARGET_OVERHEAD_MS = 1.0
 
 
 async def _gateway_session(
-    http: httpx.AsyncClient, url: str, index: int, turns: int, max_tokens: int
-) -> tuple[list[float], list[float], list[tuple[list[int], int]], int]:
-    """One conversation through the gateway: (overheads ms, latencies s, (prompt ids, seed) per turn, errors)."""
+    http: httpx.AsyncClient, url: str, index: int, turns: int, max_tokens: int, api: str, stream: bool
+) -> tuple[list[float], list[float], list[list[int]], int]:
+    """One conversation through the gateway: (overheads ms, latencies s, prompt ids per turn, errors)."""
     overheads: list[float] = []
     latencies: list[float] = []
-    prompts: list[tuple[list[int], int]] = []
     errors = 0
     opened = await http.post(f"{url}/v1/sessions")
     if opened.status_code != 200:
-        return overheads, latencies, prompts, turns
+        return overheads, latencies, [], turns
     base = opened.json()["base_url"]
     key = {"Authorization": f"Bearer {opened.json()['api_key']}"}  # the session's own key, as a harness sends it
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": "You are a shell agent."},
-        {"role": "user", "content": f"Task {index}: list the files."},
-    ]
+    conversation = Conversation.start(api, stream, index)
     for turn in range(turns):
-        seed = index * 1000 + turn
-        body = {
-            "model": "tiny",
-            "messages": messages,
-            "max_tokens": max_tokens,
-            "seed": seed,
-            "return_token_ids": True,
-        }
         started = time.perf_counter()
-        r = await http.post(f"{base}/chat/completions", json=body, headers=key)
+        r = await http.post(f"{base}{conversation.path()}", json=conversation.body(max_tokens), headers=key)
+        raw = await r.aread()
         latencies.append(time.perf_counter() - started)
         if r.status_code != 200:
             errors += 1
             break
-        answer = r.json()
-        overheads.append(float(answer["session"]["gateway_ms"]))
-        prompts.append((answer["prompt_token_ids"], seed))
-        messages = [*messages, answer["choices"][0]["message"], {"role": "user", "content": f"next {turn}"}]
-    await http.delete(f"{url}/v1/sessions/{opened.json()['id']}")
+        overheads.append(conversation.take(raw, turn))
+    record = (await http.delete(f"{url}/v1/sessions/{opened.json()['id']}")).json()
+    # The prompt of each turn as the model saw it (what the direct path sends): the context before its output.
+    ids = record["ids"]
+    prompts = [ids[t["output_start"] - t["context_tokens"] : t["output_start"]] for t in record["turns"]]
     return overheads, latencies, prompts, errors
 
 
-async def _direct_turn(http: httpx.AsyncClient, url: str, prompt: list[int], seed: int, max_tokens: int) -> float:
-    body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": max_tokens, "sampling_seed": seed}}
+async def _direct_turn(http: httpx.AsyncClient, url: str, prompt: list[int], max_tokens: int) -> float:
+    body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0}}
     started = time.perf_counter()
     r = await http.post(f"{url}/generate", json=body)
     elapsed = time.perf_counter() - started
@@ -89,21 +79,25 @@ async def _direct_turn(http: httpx.AsyncClient, url: str, prompt: list[int], see
     return elapsed
 
 
-async def _run(url: str, token: str, sessions: int, turns: int, max_tokens: int) -> dict[str, Any]:
+async def _run(
+    url: str, token: str, sessions: int, turns: int, max_tokens: int, api: str, stream: bool
+) -> dict[str, Any]:
     limits = httpx.Limits(max_connections=sessions, max_keepalive_connections=sessions)
     headers = {"Authorization": f"Bearer {token}"}
     async with httpx.AsyncClient(limits=limits, timeout=600, headers=headers) as http:
-        await _gateway_session(http, url, -1, 1, max_tokens)  # warm-up: the first request loads lazily
+        await _gateway_session(http, url, -1, 1, max_tokens, api, stream)  # warm-up: the first request loads lazily
         started = time.perf_counter()
-        results = await asyncio.gather(*(_gateway_session(http, url, i, turns, max_tokens) for i in range(sessions)))
+        results = await asyncio.gather(
+            *(_gateway_session(http, url, i, turns, max_tokens, api, stream) for i in range(sessions))
+        )
         gateway_wall = time.perf_counter() - started
         overheads = [o for r in results for o in r[0]]
         gateway_latency = [x for r in results for x in r[1]]
         errors = sum(r[3] for r in results)
 
         # The same turns, each conversation's in order and the conversations at once, as the sessions ran.
-        async def direct(jobs: list[tuple[list[int], int]]) -> list[float]:
-            return [await _direct_turn(http, url, prompt, seed, max_tokens) for prompt, seed in jobs]
+        async def direct(prompts: list[list[int]]) -> list[float]:
+            return [await _direct_turn(http, url, prompt, max_tokens) for prompt in prompts]
 
         started = time.perf_counter()
         direct_latency = [x for r in await asyncio.gather(*(direct(r[2]) for r in results)) for x in r]
@@ -113,6 +107,8 @@ async def _run(url: str, token: str, sessions: int, turns: int, max_tokens: int)
     added_ms = (p50_gateway - p50_direct) * 1000
     return {
         "bench": "gateway",
+        "api": api,
+        "stream": stream,
         "sessions": sessions,
         "turns_per_session": turns,
         "max_tokens": max_tokens,
@@ -132,16 +128,25 @@ async def _run(url: str, token: str, sessions: int, turns: int, max_tokens: int)
 
 
 def bench_gateway(
-    model: str = TINY, *, sessions: int = 256, turns: int = 4, max_tokens: int = 4, seed: int = 0
+    model: str = TINY,
+    *,
+    sessions: int = 256,
+    turns: int = 4,
+    max_tokens: int = 4,
+    seed: int = 0,
+    api: str = "chat",
+    stream: bool = False,
 ) -> dict[str, Any]:
     """Run the benchmark; returns the JSON line of ``sandrl bench gateway``."""
     if min(sessions, turns, max_tokens) < 1:
         raise ConfigError("bench gateway: sessions, turns and max_tokens must be >= 1")
+    if api not in APIS:
+        raise ConfigError(f"bench gateway: --api must be one of {', '.join(APIS)}, got {api!r}")
     engine = Engine.load(model, EngineConfig(seed=seed))
     try:
         token = new_token()
         with BackgroundServer(create_app(engine, token=token), name="inference server") as server:
-            result = asyncio.run(_run(server.url, token, sessions, turns, max_tokens))
+            result = asyncio.run(_run(server.url, token, sessions, turns, max_tokens, api, stream))
     finally:
         engine.close()
     return {**result, "model": model}
@@ -151,7 +156,8 @@ def render_card(result: dict[str, Any]) -> str:
     verdict = "meets" if result["meets_target"] else "MISSES"
     return "\n".join(
         [
-            f"session gateway: {result['sessions']} sessions x {result['turns_per_session']} turns "
+            f"session gateway ({result['api']}{', streamed' if result['stream'] else ''}): "
+            f"{result['sessions']} sessions x {result['turns_per_session']} turns "
             f"({result['max_tokens']} tokens each), {result['turns']} turns served, {result['errors']} errors",
             f"  gateway overhead per turn   p50 {result['overhead_ms_p50']:.3f} ms"
             f"   p99 {result['overhead_ms_p99']:.3f} ms"

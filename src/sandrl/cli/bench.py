@@ -377,11 +377,15 @@ def bench_gateway(
     sessions: int = typer.Option(256, help="Concurrent sessions."),
     turns: int = typer.Option(4, help="Chat turns per session."),
     max_tokens: int = typer.Option(4, help="Tokens per reply (few: the gateway's cost is measured)."),
+    api: str = typer.Option(
+        "chat", help="The route the sessions speak: chat (OpenAI chat completions), messages (Anthropic), responses."
+    ),
+    stream: bool = typer.Option(False, "--stream", help="Ask for streamed answers (server-sent events)."),
 ) -> None:
-    """The session gateway's overhead per chat turn against the same turns sent to the engine directly."""
+    """The session gateway's overhead per turn against the same turns sent to the engine directly."""
     from sandrl.bench.gateway import bench_gateway, render_card
 
-    result = bench_gateway(model, sessions=sessions, turns=turns, max_tokens=max_tokens)
+    result = bench_gateway(model, sessions=sessions, turns=turns, max_tokens=max_tokens, api=api, stream=stream)
     err_console.print(render_card(result))
     emit(result)
 
