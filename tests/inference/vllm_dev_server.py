@@ -9,7 +9,10 @@ requests get 503 until ``/resume``: ``vllm/entrypoints/rl/online/api_router.py``
 the label is not changed), ``POST /reset_prefix_cache`` (query ``reset_running_requests``: running
 requests preempted, recomputed later; ``{"success": bool}``; ``serve/dev/cache/api_router.py`` and
 ``v1/core/sched/scheduler.py``), ``POST /update_weight_version`` (``{"new_version"}``) and
-``GET /weight_info``. vLLM's modes map onto the engine's pause modes: ``keep`` is ``in_place``,
+``GET /weight_info``, ``GET /health``, and ``GET /metrics`` with the load gauges of vLLM's Prometheus text
+(``vllm/v1/metrics/loggers.py``: ``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
+``vllm:kv_cache_usage_perc``, ``vllm:cache_config_info`` with ``block_size`` and ``num_gpu_blocks``), the
+engine's own reading in 16-token blocks. vLLM's modes map onto the engine's pause modes: ``keep`` is ``in_place``,
 a preempting prefix-cache reset is ``retract``, ``wait`` drains before pausing.
 
 With ``lora_updating`` (vLLM's ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``) it also has vLLM's
@@ -101,6 +104,37 @@ async def update_weight_version(request: Request) -> dict[str, Any]:
 @router.get("/weight_info")
 async def weight_info(request: Request) -> dict[str, str]:
     return {"weight_version": str(engine_of(request).weight_version)}
+
+
+@router.get("/health")
+async def health() -> Response:
+    return Response(status_code=200)  # vLLM's: an empty 200 while the engine runs
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    reading = await engine_of(request).kv_capacity()
+    blocks = (reading.total_tokens or 0) // 16
+    usage = (reading.used_tokens or 0) / reading.total_tokens if reading.total_tokens else 0.0
+    labels = 'engine="0",model_name="tiny"'
+    lines = [
+        "# HELP vllm:num_requests_running Number of requests in model execution batches.",
+        "# TYPE vllm:num_requests_running gauge",
+        f"vllm:num_requests_running{{{labels}}} {float(reading.running)}",
+        "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
+        "# TYPE vllm:num_requests_waiting gauge",
+        f"vllm:num_requests_waiting{{{labels}}} {float(reading.queued)}",
+        "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
+        "# TYPE vllm:kv_cache_usage_perc gauge",
+        f"vllm:kv_cache_usage_perc{{{labels}}} {usage}",
+        "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig",
+        "# TYPE vllm:cache_config_info gauge",
+        f'vllm:cache_config_info{{block_size="16",cache_dtype="auto",engine="0",num_gpu_blocks="{blocks}"}} 1.0',
+        "# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.",
+        "# TYPE vllm:num_preemptions_total counter",
+        f"vllm:num_preemptions_total{{{labels}}} {float(engine_of(request).stats.kv_retractions)}",
+    ]
+    return Response("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
 lora_router = APIRouter()

@@ -65,6 +65,11 @@ def serve_inference(
         help="Tokens of finished sequences whose KV is kept for requests that extend them (the next turn of an "
         "episode; SGLang's radix cache), least recently used evicted first; 0 turns the cache off.",
     ),
+    kv_cache_tokens: int = typer.Option(
+        0,
+        help="Tokens the running requests' KV cache may hold (SGLang's --max-total-tokens): requests wait while "
+        "theirs do not fit, the newest are retracted when decoding runs out of room; 0: no bound.",
+    ),
 ) -> None:
     """Serve the embedded CPU engine with SGLang's and OpenAI's routes and the session gateway (/v1/sessions)."""
     from sandrl.inference.base import UPDATE_POLICIES
@@ -90,6 +95,7 @@ def serve_inference(
             max_loras=max_loaded_loras,
             max_lora_rank=max_lora_rank,
             prefix_cache_tokens=prefix_cache_tokens,
+            kv_cache_tokens=kv_cache_tokens,
         ),
         update_policy=policy,
         tool_parser=tool_parser,

@@ -65,6 +65,8 @@ from sandrl.inference.engine_config import EngineConfig as EngineConfig
 from sandrl.inference.engine_config import EngineStats as EngineStats
 from sandrl.inference.engine_memory import EngineMemory
 from sandrl.inference.engine_weights import EngineWeights
+from sandrl.inference.kv_budget import KVBudget
+from sandrl.inference.kv_capacity import KVCapacity
 from sandrl.inference.lora_adapter import LoraAdapter
 from sandrl.inference.lora_registry import AdapterRegistry
 from sandrl.inference.lora_rows import AdapterRows
@@ -121,6 +123,7 @@ class Engine(EngineWeights, EngineMemory):
         self._rows = AdapterRows(model)
         self._batch = RunningBatch()
         self.prefix_cache = PrefixCache(self.config.prefix_cache_tokens, DynamicCache(config=model.config))
+        self.kv_budget = KVBudget(self.config.kv_cache_tokens)
         self._thread = threading.Thread(target=self._run, name="sandrl-engine", daemon=True)
         self._thread.start()
 
@@ -211,6 +214,13 @@ class Engine(EngineWeights, EngineMemory):
 
     async def health(self) -> None:
         self._check_alive()
+
+    async def kv_capacity(self) -> KVCapacity:
+        """The engine's load and KV room now, what ``/v1/loads`` answers (:mod:`~sandrl.inference.kv_budget`)."""
+        with self._cv:
+            queued = len(self._waiting)
+        # The engine thread's list, copied whole (one step under the GIL): a reading, not a lock on the loop.
+        return self.kv_budget.reading(list(self._batch.requests), queued, self.config.max_batch_size)
 
     # -- control: abort, pause, continue (SGLang's /abort_request, /pause_generation, ...) ----------
 
@@ -304,7 +314,9 @@ class Engine(EngineWeights, EngineMemory):
                 params.scaled_logprobs,
             ),
             stop_ids=frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self._eos_ids),
-            max_new_tokens=min(params.max_new_tokens, self._max_context - len(prompt)),
+            max_new_tokens=min(
+                params.max_new_tokens, self._max_context - len(prompt), self.kv_budget.room_for(len(prompt))
+            ),
             loop=loop,
             future=loop.create_future(),
             on_token=on_token,
@@ -377,6 +389,7 @@ class Engine(EngineWeights, EngineMemory):
                         if admitted:
                             self._prefill(admitted)
                     if self._batch and not self._paused:
+                        self._make_room()
                         self._decode()
                 except Exception as exc:
                     # A failed forward loses this batch, not the engine: its requests get the
@@ -430,10 +443,20 @@ class Engine(EngineWeights, EngineMemory):
 
     def _admit(self) -> list[Request]:
         """Take waiting requests that fit in the batch and the prefill budget (called under the lock)."""
-        room = self.config.max_batch_size - len(self._batch)
+        room = self.kv_budget.admissible(
+            self._waiting, self._batch.requests, self.config.max_batch_size - len(self._batch)
+        )
         admitted, cancelled = admit(self._waiting, room, self.config.max_prefill_tokens, self.prefix_cache.uncached)
         self._inflight.difference_update(cancelled)
         return admitted
+
+    def _make_room(self) -> None:
+        """Retract the newest running requests whose next tokens would not fit the KV bound (``kv_cache_tokens``)."""
+        retracted = self.kv_budget.retract_overflow(self._batch)
+        if retracted:
+            self.stats.kv_retractions += len(retracted)
+            with self._cv:
+                self._waiting.extendleft(reversed(retracted))
 
     def _forward(
         self, requests: list[Request], ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any

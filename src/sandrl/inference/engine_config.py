@@ -38,6 +38,11 @@ class EngineConfig:
     """Tokens of finished sequences whose KV the engine keeps for requests that extend them (the next turn of
     an episode: :mod:`sandrl.inference.prefix_cache`; SGLang's radix cache), least recently used evicted first;
     0 turns it off. Each token holds ``2 x layers x kv_heads x head_dim`` numbers (the tiny model: 512 bytes)."""
+    kv_cache_tokens: int = 0
+    """Tokens the running requests' KV cache may hold (SGLang's ``--max-total-tokens``): a request is admitted
+    while its context fits, the newest running requests are retracted when decoding runs out of room, and a
+    request's ``max_new_tokens`` is capped at this less its prompt (:mod:`sandrl.inference.kv_budget`); 0: no
+    bound. The engine reports its load and room against it (``/v1/loads``)."""
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
@@ -56,6 +61,8 @@ class EngineConfig:
             raise ConfigError(
                 f"prefix_cache_tokens must be >= 0 (0 turns the prefix cache off), got {self.prefix_cache_tokens}"
             )
+        if self.kv_cache_tokens < 0:
+            raise ConfigError(f"kv_cache_tokens must be >= 0 (0: no bound), got {self.kv_cache_tokens}")
 
 
 @dataclass
@@ -74,3 +81,6 @@ class EngineStats:
     max_batch: int = 0
     """The largest number of requests decoded in one step."""
     weight_updates: int = 0
+    kv_retractions: int = 0
+    """Running requests retracted because decoding ran out of KV room (``kv_cache_tokens``): each dropped its
+    KV and waited to be prefilled again (SGLang's retracted requests, vLLM's preemptions)."""

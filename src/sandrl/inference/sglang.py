@@ -30,6 +30,7 @@ import httpx
 
 from sandrl.errors import ConfigError, InferenceError
 from sandrl.inference.base import UPDATE_POLICIES, FinishReason, Generation, SamplingParams, UpdatePolicy
+from sandrl.inference.kv_capacity import CapacityProbe, KVCapacity
 from sandrl.inference.lora_client import AdapterVersions, is_adapter_dir, labelled
 from sandrl.inference.tokenizer import Tokenizer
 from sandrl.inference.transport import HTTPConfig, JSONTransport, parse_version
@@ -68,6 +69,7 @@ class SGLangClient:
         self.lora_adapter: str | None = None
         """The loaded LoRA adapter :meth:`generate` samples with (SGLang's ``lora_path``); None: the base model."""
         self._adapters = AdapterVersions()
+        self._capacity = CapacityProbe()
 
     async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation:
         body: dict[str, Any] = {
@@ -197,6 +199,11 @@ class SGLangClient:
 
     async def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
         await self._http.post("/resume_memory_occupation", {} if tags is None else {"tags": list(tags)})
+
+    async def kv_capacity(self) -> KVCapacity | None:
+        """The server's load and KV room (SGLang's ``/v1/loads``: :mod:`~sandrl.inference.kv_capacity`); None: it
+        reports none (an SGLang without the route)."""
+        return await self._capacity.read(self._http.probe, self.base_url)
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -1,4 +1,4 @@
-"""SGLang's control routes on the embedded engine: weights, versions, pause / continue, abort, server info.
+"""SGLang's control routes on the embedded engine: weights, versions, pause / continue, abort, server info, load.
 
 Each route takes SGLang's request fields (``io_struct.py``) and answers SGLang's shapes; what
 the engine cannot do is a 400 that says why, and what is meaningless on a CPU engine is an
@@ -18,6 +18,7 @@ from sandrl import __version__
 from sandrl.errors import ConfigError, SandrlError
 from sandrl.inference.base import UPDATE_POLICIES, UpdatePolicy
 from sandrl.inference.batch import PAUSE_MODES, PauseMode
+from sandrl.inference.kv_capacity import loads_answer
 from sandrl.inference.serving import engine_of, served_name
 
 # What release/resume_memory_occupation may name (SGLang's GPU memory tags).
@@ -271,11 +272,38 @@ async def server_info(request: Request) -> dict[str, Any]:
         "max_lora_rank": engine.config.max_lora_rank,
         "disable_radix_cache": not engine.prefix_cache.max_tokens,
         "prefix_cache_tokens": engine.prefix_cache.max_tokens,
+        "max_total_num_tokens": engine.kv_budget.max_tokens or None,
         "loaded_lora_adapters": sorted(engine.lora_adapters),
         "internal_states": [{"#running_req": engine.running, "paused": engine.paused}],
         "version": __version__,
         "engine": "sandrl",
     }
+
+
+@router.get("/v1/loads")
+async def loads(request: Request) -> dict[str, Any]:
+    """SGLang's load report, one entry (this engine): running and waiting requests, the KV tokens in use and
+    the bound (``max_total_num_tokens``: null without ``--kv-cache-tokens``); what admission by capacity reads
+    (:mod:`sandrl.inference.kv_admission`). Plus sandrl's ``kv_retractions`` (running requests retracted so far)."""
+    engine = engine_of(request)
+    answer = loads_answer([await engine.kv_capacity()])
+    answer["loads"][0]["kv_retractions"] = engine.stats.kv_retractions
+    return answer
+
+
+@router.get("/get_load")
+async def get_load(request: Request) -> list[dict[str, Any]]:
+    """SGLang's older load report (``dp_rank``, ``num_reqs``: running and waiting, ``num_waiting_reqs``,
+    ``num_tokens``: KV tokens in use)."""
+    reading = await engine_of(request).kv_capacity()
+    return [
+        {
+            "dp_rank": 0,
+            "num_reqs": reading.running + reading.queued,
+            "num_waiting_reqs": reading.queued,
+            "num_tokens": reading.used_tokens or 0,
+        }
+    ]
 
 
 def server_policy(request: Request) -> UpdatePolicy:

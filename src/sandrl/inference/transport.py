@@ -109,6 +109,15 @@ class JSONTransport:
             delay = min(delay * 2, self.config.backoff_max_s)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
+    async def probe(self, path: str) -> tuple[int, str]:
+        """One ``GET path``, not retried, whatever its status: for readings that are worth nothing late (an
+        engine's load, :mod:`sandrl.inference.kv_capacity`). A transport failure raises InferenceError."""
+        try:
+            response = await self._client.get(path)
+        except httpx.HTTPError as exc:
+            raise InferenceError(f"GET {self.base_url}{path} failed: {type(exc).__name__}: {exc}") from exc
+        return response.status_code, response.text
+
     async def aclose(self) -> None:
         await self._client.aclose()
 

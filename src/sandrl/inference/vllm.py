@@ -65,6 +65,7 @@ import httpx
 
 from sandrl.errors import ConfigError, InferenceError
 from sandrl.inference.base import UPDATE_POLICIES, Generation, SamplingParams, UpdatePolicy
+from sandrl.inference.kv_capacity import CapacityProbe, KVCapacity
 from sandrl.inference.lora_client import AdapterVersions, is_adapter_dir, labelled
 from sandrl.inference.openai import OpenAIClient
 from sandrl.inference.tokenizer import Tokenizer
@@ -131,6 +132,7 @@ class VLLMClient(OpenAIClient):
         self.lora_adapter: str | None = None
         """The loaded LoRA adapter :meth:`generate` samples with (named as the request's ``model``); None: the base."""
         self._adapters = AdapterVersions()
+        self._capacity = CapacityProbe()
 
     async def _request_model(self) -> str:
         return self.lora_adapter or await self.model()
@@ -200,6 +202,11 @@ class VLLMClient(OpenAIClient):
         self._updates += 1
         self.last_update_s = time.monotonic() - started
         return new
+
+    async def kv_capacity(self) -> KVCapacity | None:
+        """The server's load and KV room (vLLM's ``/metrics`` gauges; a sandrl router's ``/v1/loads``:
+        :mod:`~sandrl.inference.kv_capacity`); None: it reports none."""
+        return await self._capacity.read(self._root.probe, self.base_url.removesuffix("/v1"))
 
     async def load_lora_adapter(self, name: str, path: str) -> None:
         """Load the adapter directory ``path`` (on the server's disk) as ``name``: vLLM's ``/v1/load_lora_adapter``."""

@@ -19,6 +19,9 @@ whatever its engines speak (SGLang's native routes, OpenAI's, sandrl's; vLLM's),
 - **Everything else** (``GET /get_model_info``, ``/v1/models``, ``/get_weight_version``...): to the
   first live engine. ``GET /health`` is the router's own: 200 while an engine is up.
   ``GET /sandrl/fleet``: the engines' state (up, load, calls, losses) and the moves.
+  ``GET /v1/loads``: SGLang's load report with one entry per live engine that reports its load (its own
+  ``/v1/loads``, or vLLM's ``/metrics``: :mod:`~sandrl.inference.kv_capacity`), what admission by the
+  engines' KV capacity reads (:mod:`sandrl.inference.kv_admission`); 404 when none reports.
 
 A dead engine is watched (``/health`` every half second) and brought back once it answers and
 has had the replay: a restarted process (:mod:`sandrl.inference.fleet.launch`) or an engine
@@ -47,6 +50,7 @@ from sandrl.inference.auth import CONTROL_PATHS, MAX_BODY_BYTES, session_of
 from sandrl.inference.fleet.affinity import ENGINE_HEADER, MOVED_HEADER, ROUTING_KEY_HEADER
 from sandrl.inference.fleet.forward import Answer, EngineGone, EnginePool
 from sandrl.inference.fleet.router import Engine, NoEngineError, Router
+from sandrl.inference.kv_capacity import LOADS_ROUTE, CapacityProbe, KVCapacity, loads_answer
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +131,7 @@ class FleetProxy:
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
         )
         self._pools = [EnginePool(e.url) for e in router.engines]
+        self._probes = [CapacityProbe() for _ in router.engines]
         """The generation calls' connections (:mod:`~sandrl.inference.fleet.forward`); httpx for the rest."""
         self._control = asyncio.Lock()
         self._watcher: asyncio.Task[None] | None = None
@@ -224,6 +229,8 @@ class FleetProxy:
         try:
             if path == "/sandrl/fleet" and method == "GET":
                 await _send_json(send, 200, self.router.stats())
+            elif path == LOADS_ROUTE and method == "GET":
+                await self._loads(send)
             elif session is not None or path == SESSIONS or (method == "POST" and path in GENERATION_PATHS):
                 await self._generate(scope, target, body, send, session)
             elif path in CONTROL_PATHS or method not in ("GET", "HEAD"):
@@ -327,6 +334,28 @@ class FleetProxy:
             await _relay(answer, send, engine.index, False)
             return
         raise NoEngineError(self.router.none_up())
+
+    async def _loads(self, send: Send) -> None:
+        """Every live engine's load reading, asked at once, as one SGLang ``/v1/loads`` answer."""
+        live = self.router.live()
+        if not live:
+            raise NoEngineError(self.router.none_up())
+        readings = await asyncio.gather(*(self._reading(e) for e in live), return_exceptions=True)
+        parts = [r for r in readings if isinstance(r, KVCapacity)]
+        if parts:
+            await _send_json(send, 200, loads_answer(parts))
+        elif any(isinstance(r, BaseException) for r in readings):
+            failed = next(r for r in readings if isinstance(r, BaseException))
+            await send_error(send, 503, "inference_unavailable", f"no engine's load could be read: {failed}")
+        else:
+            await send_error(send, 404, "not_found", "no engine of this fleet reports its load")
+
+    async def _reading(self, engine: Engine) -> KVCapacity | None:
+        async def fetch(route: str) -> tuple[int, str]:
+            answer = await self._http.get(engine.url + route, headers=self._replay_headers, timeout=5.0)
+            return answer.status_code, answer.text
+
+        return await self._probes[engine.index].read(fetch, engine.url)
 
     async def _send(
         self, engine: Engine, method: str, target: str, body: bytes, headers: list[tuple[bytes, bytes]]
