@@ -34,6 +34,7 @@ from typing import Any
 from sandrl.aio import wait_out
 from sandrl.errors import ConfigError
 from sandrl.inference.base import InferenceClient
+from sandrl.inference.fleet import affinity
 from sandrl.rollout.agent import Agent, AgentResult, Budget
 from sandrl.rollout.failures import classify, penalized
 from sandrl.rollout.multi_step import run_steps
@@ -150,6 +151,8 @@ async def run_episode(
     group = group_id or f"adhoc/{task.id}"
     eid = episode_id or f"{group}/{sample_index}-{uuid.uuid4().hex[:8]}"
     clock = PhaseClock()
+    route = affinity.current()  # the runner's key for the episode: its calls' waits for KV room add up on it
+    kv_waited = route.kv_wait_s if route is not None else 0.0
     started_at = time.time()
     start = time.monotonic()
     sandbox: Sandbox | None = None
@@ -220,6 +223,7 @@ async def run_episode(
         sandbox_create_s=clock.timings.get("sandbox_create_s", 0.0),
         setup_s=clock.timings.get("setup_s", 0.0),
         model_s=sum((t.model_s for t in turns), 0.0),
+        kv_wait_s=route.kv_wait_s - kv_waited if route is not None else 0.0,
         command_s=sum((t.command_s for t in turns), 0.0),
         sandbox_wait_s=sum((t.sandbox_wait_s for t in turns), 0.0),
         agent_s=clock.timings.get("agent_s", 0.0),

@@ -24,6 +24,11 @@ setup's and the verifiers') run at once across the run's sandboxes, the rest que
 (:class:`~sandrl.sandbox.pool.CommandAdmission`); episodes waiting on the model hold no slot.
 Set it to the host's measured capacity (``sandrl bench contention``: busy sandboxes within the
 latency bar, :func:`sandrl.capacity.admission_slots`) to keep commands within the bar.
+
+The other side's capacity, the inference engines' KV cache, is admitted per model call by the
+policy the runner is given (``[inference] kv_admission``: :mod:`sandrl.inference.kv_admission`):
+a burst of episodes waits for the engines' room instead of making them retract. Each episode's
+wait is its ``timings.kv_wait_s``, the run's the summary's ``kv_admission``.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from sandrl.aio import gather_all, wait_out
 from sandrl.errors import ConfigError
 from sandrl.inference.base import InferenceClient
 from sandrl.inference.fleet import affinity
+from sandrl.inference.kv_admission import admission_stats
 from sandrl.rollout.agent import Agent, InstallsInImage
 from sandrl.rollout.episode import EpisodeConfig, run_episode
 from sandrl.rollout.failures import classify
@@ -215,6 +221,9 @@ class RolloutRunner:
         summary = summarize(trajectories)
         if self.admission is not None:
             summary["admission"] = self.admission.stats()
+        kv_admission = admission_stats(self.policy)  # [inference] kv_admission
+        if kv_admission is not None:
+            summary["kv_admission"] = kv_admission
         return RunResult(groups, summary, time.monotonic() - start)
 
     async def run_group(self, task: Task, group_id: str) -> Group:

@@ -18,6 +18,7 @@ PHASES = (
     "sandbox_create_s",
     "setup_s",
     "model_s",
+    "kv_wait_s",
     "command_s",
     "sandbox_wait_s",
     "verifier_s",
@@ -102,6 +103,14 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
         out.print(
             f"admission: {a['slots']} commands at once; {a['queued']} of {a['admitted']} commands queued "
             f"(mean wait {a['wait_s_mean']:.3f} s, longest {a['wait_s_max']:.3f} s)"
+        )
+    if "kv_admission" in summary:
+        k = summary["kv_admission"]
+        reports = {True: "", False: " (the engines report no KV capacity: none waited)", None: ""}[k["reports"]]
+        out.print(
+            f"KV admission: {k['waited']} of {k['calls']} model calls waited for the engines' room "
+            f"({k['wait_s']:.3f} s in all, longest {k['longest_wait_s']:.3f} s; {k['readings']} readings, "
+            f"{k['timeouts']} timed out){reports}"
         )
     table = Table(title="phase times (s)")
     table.add_column("phase")

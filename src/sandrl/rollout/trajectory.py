@@ -148,6 +148,9 @@ class Timings:
     """Environment setup (working directory, SWE-bench checkout) after the sandbox exists."""
     model_s: float = 0.0
     """Sum over turns of the time waiting on the model."""
+    kv_wait_s: float = 0.0
+    """Of ``model_s``, the time the model calls waited for the engines' KV room before being sent
+    (``[inference] kv_admission``, :mod:`sandrl.inference.kv_admission`); 0 without it."""
     command_s: float = 0.0
     """Sum over turns of the sandbox's run time of each command (per command: ``Turn.command_s``)."""
     sandbox_wait_s: float = 0.0

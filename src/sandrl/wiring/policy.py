@@ -38,11 +38,13 @@ async def open_policy(
         from sandrl.inference.engine import Engine, EngineConfig
 
         cache = fleet.prefix_cache_tokens if fleet is not None else FleetConfig.prefix_cache_tokens
+        kv = fleet.kv_cache_tokens if fleet is not None else FleetConfig.kv_cache_tokens
         engine = Engine.load(
-            model.name, EngineConfig(update_policy=model.update_policy, seed=seed, prefix_cache_tokens=cache)
+            model.name,
+            EngineConfig(update_policy=model.update_policy, seed=seed, prefix_cache_tokens=cache, kv_cache_tokens=kv),
         )
         try:
-            yield engine
+            yield _admitted(engine, fleet, "the in-process engine")
         finally:
             await engine.aclose()
         return
@@ -52,6 +54,7 @@ async def open_policy(
     bucket_mb = fleet.weight_bucket_mb if fleet is not None else FleetConfig.weight_bucket_mb
     if not launched and len(model.urls) == 1:
         async with _client(model.api, model.inference, http, tokenizer, model) as client:
+            client = _admitted(client, fleet, model.inference)
             yield _broadcasting(client, sync, model.api, list(model.urls), http, model, bucket_mb)
         return
     from sandrl.inference.fleet.serve import open_fleet
@@ -79,7 +82,18 @@ async def open_policy(
         original = True if config.launch == "sglang" else None
         async with _client(api, served.url, routed, tokenizer, model, original_logprobs=original) as client:
             engines = dataclasses.replace(routed, retries=0)
+            client = _admitted(client, fleet, f"the engines behind {served.url}")
             yield _broadcasting(client, sync, api, served.engine_urls, engines, model, bucket_mb, own=launched)
+
+
+def _admitted(client: InferenceClient, fleet: FleetConfig | None, where: str) -> InferenceClient:
+    """``client`` behind admission by its engines' KV capacity when ``[inference] kv_admission`` says so
+    (:mod:`sandrl.inference.kv_admission`): inside any broadcasting wrapper, which the trainer looks for."""
+    if fleet is None or not fleet.kv_admission:
+        return client
+    from sandrl.inference.kv_admission import admitted
+
+    return admitted(client, fleet.admission_config(), where=where)
 
 
 def _broadcasting(

@@ -13,6 +13,10 @@ When the pinned engine has died the router sends the call to another engine and 
 records the count on the trajectory (``Trajectory.engine_moves``): that call re-prefilled the
 episode's history on the new engine, which costs time and is not an error.
 
+The key also carries how long the episode's calls waited for the engines' room (:attr:`RouteKey.kv_wait_s`,
+:mod:`sandrl.inference.kv_admission`): it goes wherever the episode's calls go, and the runner records it as
+``Timings.kv_wait_s``.
+
 A context variable carries the key, so it follows the episode's own tasks (``asyncio`` copies the
 context into each task it creates) and nothing else.
 """
@@ -42,6 +46,8 @@ class RouteKey:
     moves: int = 0
     """Calls of this key that the router sent to another engine than the one it was pinned to (that
     engine had died): each re-prefilled the history on the new engine."""
+    kv_wait_s: float = 0.0
+    """Seconds its calls waited for the engines' KV room (:mod:`sandrl.inference.kv_admission`)."""
 
     def __post_init__(self) -> None:
         # A header value: printable ASCII only, bounded (an episode id is made of task ids).

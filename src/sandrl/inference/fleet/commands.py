@@ -70,6 +70,8 @@ def engine_command(
         argv += ["--host", HOST, "--port", str(port), "--seed", str(seed + index), "--update-policy", update_policy]
         if not _has_flag(args, "--prefix-cache-tokens"):
             argv += ["--prefix-cache-tokens", str(config.prefix_cache_tokens)]
+        if config.kv_cache_tokens and not _has_flag(args, "--kv-cache-tokens"):
+            argv += ["--kv-cache-tokens", str(config.kv_cache_tokens)]
         env["SANDRL_INFERENCE_TOKEN"] = token
     elif launch == "sglang":
         argv = [python, "-m", "sglang.launch_server", "--model-path", model, "--host", HOST, "--port", str(port)]

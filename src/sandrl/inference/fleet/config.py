@@ -7,6 +7,7 @@
     engines = 4
     gpus_per_engine = 2         # each engine's share of this host's GPUs (CUDA_VISIBLE_DEVICES)
     args = ["--mem-fraction-static", "0.8"]   # passed through to each engine's command line
+    kv_admission = true         # model calls wait for the engines' KV room (no retraction storms)
 
 Without ``launch`` the policy is what ``[model] inference`` says: the in-process engine, or the
 URL (or ``URL,URL,...``) of engines started elsewhere. With it, sandrl starts ``engines`` engines
@@ -24,6 +25,7 @@ import math
 from dataclasses import dataclass
 
 from sandrl.errors import ConfigError
+from sandrl.inference.kv_admission import AdmissionConfig
 
 LAUNCHES = ("embedded", "sglang", "vllm")
 WEIGHT_SYNCS = ("auto", "broadcast", "disk")
@@ -78,12 +80,36 @@ class FleetConfig:
     while the trainer trains."""
     weight_bucket_mb: int = 256
     """The size of one broadcast bucket: the trainer holds one bucket of full tensors at a time."""
+    kv_cache_tokens: int = 0
+    """The embedded engine's KV cache for its running requests, in tokens (SGLang's ``--max-total-tokens``): a
+    request is admitted while its context fits, and the newest running requests are retracted (prefilled again
+    later) when decoding runs out of room; 0: no bound. For the in-process engine and the engines of ``launch =
+    "embedded"``; SGLang and vLLM size theirs from GPU memory (their flags go in ``args``)."""
+
+    kv_admission: bool = False
+    """Each model call waits until the engines have KV room for its prompt and ``max_new_tokens``, and no more
+    than ``kv_admission_max_queued`` requests would queue there, so a burst of episodes waits here instead of
+    making the engines retract (:mod:`sandrl.inference.kv_admission`; the wait is each trajectory's
+    ``timings.kv_wait_s``). The engines' load is read at most once per ``kv_admission_interval_s`` from SGLang's
+    ``/v1/loads`` (sandrl's engines and router answer it) or vLLM's ``/metrics``; engines that report neither
+    (an OpenAI-compatible server, an SGLang without ``/v1/loads``) take calls as without it."""
+    kv_admission_max_queued: int = 0
+    """With ``kv_admission``: requests the engines may hold queued (their batch full) before calls wait instead."""
+    kv_admission_interval_s: float = 0.5
+    """With ``kv_admission``: at most one reading of the engines' load per this many seconds, for all episodes."""
+    kv_admission_max_wait_s: float = 600.0
+    """With ``kv_admission``: the longest one model call waits for room; then it goes anyway."""
 
     def __post_init__(self) -> None:
         if self.weight_sync not in WEIGHT_SYNCS:
             raise ConfigError(f"weight_sync must be one of {', '.join(WEIGHT_SYNCS)}, got {self.weight_sync!r}")
         if self.weight_bucket_mb < 1:
             raise ConfigError(f"weight_bucket_mb must be >= 1, got {self.weight_bucket_mb}")
+        if not isinstance(self.kv_admission, bool):
+            raise ConfigError(f"kv_admission must be true or false, got {self.kv_admission!r}")
+        if isinstance(self.kv_cache_tokens, bool) or self.kv_cache_tokens < 0:
+            raise ConfigError(f"kv_cache_tokens must be >= 0 (0: no bound), got {self.kv_cache_tokens!r}")
+        self.admission_config()  # a bad kv_admission_* value fails here, named, whether or not it is on
         if self.launch and self.launch not in LAUNCHES:
             raise ConfigError(f"launch must be one of {', '.join(LAUNCHES)} (or left out), got {self.launch!r}")
         if self.engines < 1:
@@ -116,6 +142,14 @@ class FleetConfig:
                     f"args holds {flag}, which sandrl sets for each engine: drop it"
                     + (" (set [inference] port for fixed ports)" if flag == "--port" else "")
                 )
+
+    def admission_config(self) -> AdmissionConfig:
+        """The ``kv_admission_*`` settings, checked."""
+        return AdmissionConfig(
+            max_queued=self.kv_admission_max_queued,
+            interval_s=self.kv_admission_interval_s,
+            max_wait_s=self.kv_admission_max_wait_s,
+        )
 
     @property
     def launched(self) -> bool:
