@@ -32,6 +32,8 @@ def test_sglang_and_vllm_engines_get_their_own_command_lines() -> None:
     sglang = FleetConfig(launch="sglang", engines=2, gpus_per_engine=2, args=("--mem-fraction-static", "0.8"))
     devices = partition_devices(sglang, ["0", "1", "2", "3", "4"])
     assert devices == [("1", "2"), ("3", "4")]  # the last ones: the first is the trainer's
+    colocated = FleetConfig(launch="sglang", engines=2, gpus_per_engine=2, colocate=True)
+    assert partition_devices(colocated, ["0", "1", "2", "3", "4"]) == [("0", "1"), ("2", "3")]  # shared with it
     command = engine_command(sglang, 1, model="/ckpt", port=31001, token="t" * 32, devices=devices[1], seed=7)
     assert command.argv[1:] == (
         "-m", "sglang.launch_server", "--model-path", "/ckpt", "--host", "127.0.0.1", "--port", "31001",

@@ -119,7 +119,8 @@ def visible_devices(env: Mapping[str, str] | None = None) -> list[str]:
 
 
 def partition_devices(config: FleetConfig, visible: Sequence[str]) -> list[tuple[str, ...]]:
-    """Each engine's GPUs: ``gpus_per_engine`` each, from the end of ``visible`` (the trainer takes the first ones)."""
+    """Each engine's GPUs: ``gpus_per_engine`` each, from the end of ``visible`` (the trainer takes the first ones);
+    colocated, from the start (the trainer's ranks use the same ones)."""
     per = config.gpus
     need = per * config.engines
     if need == 0:
@@ -130,5 +131,5 @@ def partition_devices(config: FleetConfig, visible: Sequence[str]) -> list[tuple
             f"{len(visible)} ({', '.join(visible) or 'none'} in CUDA_VISIBLE_DEVICES or CUDA's count): "
             "lower engines or gpus_per_engine"
         )
-    free = list(visible)[len(visible) - need :]
+    free = list(visible)[:need] if config.colocate else list(visible)[len(visible) - need :]
     return [tuple(free[i * per : (i + 1) * per]) for i in range(config.engines)]
