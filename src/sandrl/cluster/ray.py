@@ -26,6 +26,7 @@ import ray
 from sandrl.cluster.config import ClusterOptions
 from sandrl.cluster.worker import RolloutWorker, WorkerSpec
 from sandrl.errors import ClusterError, SandrlError, TrainError
+from sandrl.inference.weight_push import BroadcastSpec
 from sandrl.train import checkpoint, ranks
 from sandrl.train.batch import Batch
 from sandrl.train.run_config import RunConfig
@@ -159,6 +160,10 @@ class RemoteTrainer:
         exported: ExportedWeights = ray.get(self.handle.export_weights.remote(str(directory)))
         return exported
 
+    def broadcast_weights(self, spec: BroadcastSpec) -> str | None:
+        """Not from a Ray actor yet: its engines are the cluster's URLs, which take weights from the disk."""
+        return "a trainer in a Ray actor pushes its weights by the disk"
+
     def save_checkpoint(self, root: str | Path) -> Path:
         return Path(ray.get(self.handle.save_checkpoint.remote(str(root), self.data_position, self.data_done)))
 
@@ -265,6 +270,10 @@ class RemoteRanks:
     def export_weights(self, directory: str | Path) -> ExportedWeights:
         exported: ExportedWeights = self._call("export_weights", str(directory))
         return exported
+
+    def broadcast_weights(self, spec: BroadcastSpec) -> str | None:
+        """Not from Ray rank actors yet: their engines are the cluster's URLs, which take weights from the disk."""
+        return "trainer ranks in Ray actors push their weights by the disk"
 
     def save_checkpoint(self, root: str | Path) -> Path:
         return Path(self._call("save_checkpoint", str(root), self.data_position, self.data_done))
