@@ -332,6 +332,12 @@ def bench_inference(
         help="Instead of throughput: #40's targets on launched embedded engines: prefix-cache reuse with episode "
         "affinity vs round-robin, weight push by broadcast vs disk (104M), router overhead, prefix cache off vs on.",
     ),
+    kv_admission: bool = typer.Option(
+        False,
+        "--kv-admission",
+        help="Instead of throughput: a burst of multi-turn episodes on an engine with a small KV bound, with and "
+        "without [inference] kv_admission (retractions, prefill tokens, episodes/hour, the wait).",
+    ),
     json_only: bool = typer.Option(False, "--json", help="Print only the JSON line."),
 ) -> None:
     """Embedded engine throughput: N concurrent requests against one at a time; or, with --update-policy,
@@ -342,6 +348,12 @@ def bench_inference(
         from sandrl.bench.fleet import run_with_card
 
         emit(run_with_card(quick=quick, seed=seed, console=rich_console(quiet=json_only, wide=True)))
+        return
+    if kv_admission:
+        from sandrl.bench.kv_admission import QUICK, KVBenchConfig
+        from sandrl.bench.kv_admission import run as run_kv
+
+        emit(run_kv(QUICK if quick else KVBenchConfig(), rich_console(quiet=json_only)))
         return
     if router:
         from sandrl.bench.router import bench_router

@@ -46,9 +46,11 @@ Routes:
   handles or pickles; broadcast, or save a checkpoint and use ``/update_weights_from_disk``).
 - ``GET /get_server_info`` (``/server_info``), ``/get_model_info``, ``/get_weight_version``,
   ``/health``, ``/health_generate``: served (server info holds sandrl's settings, not SGLang's
-  ``ServerArgs``).
+  ``ServerArgs``, and ``max_total_num_tokens``, the KV bound).
+- ``GET /v1/loads``, ``/get_load``: served, in SGLang's shapes (running and queued requests, KV tokens
+  used and free: :mod:`~sandrl.inference.kv_capacity`), what ``[inference] kv_admission`` reads.
 - Not served (404): ``/load_lora_adapter_from_tensors`` (serialized tensors), SGLang's sessions,
-  ``/encode``, ``/classify``, profiling, ``/get_load``.
+  ``/encode``, ``/classify``, profiling.
 
 ``/generate`` fields: ``text`` / ``input_ids`` (one or a batch), ``rid`` (a batch's string rid
 becomes ``rid_0``, ``rid_1``...; a list must match the batch), ``sampling_params`` /
