@@ -80,6 +80,14 @@ class SandboxError(SandrlError):
     error_code = "sandbox_error"
 
 
+class InvalidCommandError(SandboxError):
+    """A command that cannot be run as given: a NUL byte, an empty or oversized argv, an argument that is
+    not a string (:func:`sandrl.sandbox.command.check_command`). Nothing was started."""
+
+    error_code = "invalid_command"
+    http_status = 400
+
+
 class SandboxUnavailableError(SandboxError):
     """This host cannot run sandboxes of this kind (a tool, permission or kernel feature is missing)."""
 

@@ -21,7 +21,13 @@ from typing import Any
 import httpx
 import pytest
 
-from sandrl.errors import CapacityExhaustedError, ImageNotFoundError, SandboxClosedError, SandboxFileTooLargeError
+from sandrl.errors import (
+    CapacityExhaustedError,
+    ImageNotFoundError,
+    InvalidCommandError,
+    SandboxClosedError,
+    SandboxFileTooLargeError,
+)
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.e2b_provider import PROVIDER_LABEL, E2BConfig, E2BProvider
 from sandrl.tasks.builtin import SUITE_DIR
@@ -125,6 +131,17 @@ async def test_sandbox_protocol_through_e2b(host: Host) -> None:
         await sb.close()  # idempotent
         with pytest.raises(SandboxClosedError):
             await sb.exec("true")
+
+
+async def test_an_argv_is_quoted_for_envds_shell(host: Host) -> None:
+    """envd runs every command through bash: an argv is quoted so bash expands none of it, and a program
+    that is not there exits 127 as on the other backends."""
+    async with E2BProvider() as provider, await provider.create(SandboxSpec(ttl_s=120)) as sb:
+        listed = await sb.exec(["printf", "%s|", "$HOME", "a;b", "*", "it's", ""])
+        assert (listed.exit_code, listed.stdout) == (0, "$HOME|a;b|*|it's||")
+        assert (await sb.exec(["no-such-program-here"])).exit_code == 127
+        with pytest.raises(InvalidCommandError):
+            await sb.exec(["echo", "a\0b"])
 
 
 async def test_create_burst_of_64_never_has_more_than_8_in_flight(

@@ -53,6 +53,7 @@ from sandrl.errors import (
 )
 from sandrl.sandbox.base import ExecResult, ImageSource, SandboxSpec, prebuilt_image
 from sandrl.sandbox.client import ClientConfig, RemoteProvider, RemoteSandbox
+from sandrl.sandbox.command import Command, describe
 from sandrl.sandbox.delegating import DelegatingSandbox
 
 log = logging.getLogger(__name__)
@@ -316,7 +317,7 @@ class FleetSandbox(DelegatingSandbox[RemoteSandbox]):
             f"{exc}; the episode can be retried on another host"
         )
 
-    async def _run_exec(self, command: str, run: Callable[[], Awaitable[ExecResult]]) -> ExecResult:
+    async def _run_exec(self, command: Command, run: Callable[[], Awaitable[ExecResult]]) -> ExecResult:
         stats = self.host.stats
         stats.running += 1
         started = time.monotonic()
@@ -329,7 +330,7 @@ class FleetSandbox(DelegatingSandbox[RemoteSandbox]):
         stats.commands += 1
         stats.latencies.append(time.monotonic() - started)
         if not result.timed_out:
-            slowdown = self.fleet.baselines.slowdown(command, result.duration_s)
+            slowdown = self.fleet.baselines.slowdown(describe(command), result.duration_s)
             if slowdown is not None:
                 stats.slowdowns.append(slowdown)
         return result

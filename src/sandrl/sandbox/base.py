@@ -26,6 +26,7 @@ from sandrl.errors import (
     TaskError,
 )
 from sandrl.images.reference import parse_reference, store_name
+from sandrl.sandbox.command import Command
 
 DEFAULT_OUTPUT_CAP = 1 << 20
 """Bytes kept per output stream of one exec; beyond it output is dropped and ``truncated`` set."""
@@ -297,13 +298,16 @@ class Sandbox(Protocol):
 
     async def exec(
         self,
-        command: str,
+        command: Command,
         *,
         timeout_s: float = 60,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
         stdin: bytes | None = None,
-    ) -> ExecResult: ...
+    ) -> ExecResult:
+        """Run ``command`` to its end: a string by the shell, a list of strings as an argv with no shell
+        (:mod:`sandrl.sandbox.command`). A bad command raises :class:`~sandrl.errors.InvalidCommandError`."""
+        ...
 
     async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None: ...
 

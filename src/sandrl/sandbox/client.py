@@ -70,6 +70,7 @@ from sandrl.sandbox.base import (
     prebuilt_image,
 )
 from sandrl.sandbox.call_channel import CallChannel
+from sandrl.sandbox.command import Command, check_command
 from sandrl.sandbox.http_pool import Answer, PooledTransport
 from sandrl.sandbox.service.api import (
     API_PREFIX,
@@ -413,7 +414,7 @@ class RemoteSandbox(ClosesOnExit):
 
     async def exec(
         self,
-        command: str,
+        command: Command,
         *,
         timeout_s: float = 60,
         cwd: str | None = None,
@@ -426,17 +427,23 @@ class RemoteSandbox(ClosesOnExit):
         return ExecResponse.model_validate_json(content).to_result()
 
     def _exec_body(
-        self, command: str, timeout_s: float, cwd: str | None, env: Mapping[str, str] | None, stdin: bytes | None
+        self, command: Command, timeout_s: float, cwd: str | None, env: Mapping[str, str] | None, stdin: bytes | None
     ) -> dict[str, Any]:
+        # Checked here, as a local sandbox would, so bad input is the same typed error on either and is not sent.
+        checked = check_command(command)
         stdin_b64 = base64.b64encode(stdin).decode() if stdin is not None else None
         request = ExecRequest(
-            command=command, timeout_s=timeout_s, cwd=cwd, env=dict(env) if env else None, stdin_b64=stdin_b64
+            command=checked if isinstance(checked, str) else list(checked),
+            timeout_s=timeout_s,
+            cwd=cwd,
+            env=dict(env) if env else None,
+            stdin_b64=stdin_b64,
         )
         return request.model_dump(exclude_none=True)
 
     async def exec_stream(
         self,
-        command: str,
+        command: Command,
         *,
         timeout_s: float = 60,
         cwd: str | None = None,

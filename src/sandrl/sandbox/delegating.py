@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Generic, TypeVar
 
 from sandrl.sandbox.base import MAX_READ_BYTES, ClosesOnExit, ExecResult, Sandbox
+from sandrl.sandbox.command import Command
 
 S = TypeVar("S", bound=Sandbox)
 T = TypeVar("T")
@@ -31,7 +32,7 @@ class DelegatingSandbox(ClosesOnExit, Generic[S]):
 
     async def exec(
         self,
-        command: str,
+        command: Command,
         *,
         timeout_s: float = 60,
         cwd: str | None = None,
@@ -42,7 +43,7 @@ class DelegatingSandbox(ClosesOnExit, Generic[S]):
             command, lambda: self.inner.exec(command, timeout_s=timeout_s, cwd=cwd, env=env, stdin=stdin)
         )
 
-    async def _run_exec(self, command: str, run: Callable[[], Awaitable[ExecResult]]) -> ExecResult:
+    async def _run_exec(self, command: Command, run: Callable[[], Awaitable[ExecResult]]) -> ExecResult:
         """Every command passes here; ``run()`` runs it in the inner sandbox. Override to wrap it."""
         return await run()
 

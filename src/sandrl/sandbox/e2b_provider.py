@@ -26,7 +26,10 @@ What E2B's API does not carry: a template fixes the CPU, memory and disk of its 
 spec's ``cpus``, ``memory_mb``, ``disk_mb`` and ``pids`` are not sent (choose the template for them);
 ``network`` is ``allow_internet_access``; the image's entrypoint is the template's start command.
 Commands run as root with bash (``bash -l -c``, as the SDK runs every command), in the spec's
-``workdir`` (made at create) unless ``cwd`` says otherwise.
+``workdir`` (made at create) unless ``cwd`` says otherwise. envd has no way to run an argv without a
+shell: a list command is quoted with :func:`shlex.join` (:func:`~sandrl.sandbox.command.shell_line`), so
+bash splits it back into the same arguments and expands none; a program that is not there exits 127
+there too, though with bash's message, and bash still starts.
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ from sandrl.sandbox.base import (
     check_max_bytes,
     file_too_large,
 )
+from sandrl.sandbox.command import Command, check_command, shell_line
 from sandrl.sandbox.e2b_errors import RETRYABLE_CREATE, create_error, sandrl_error
 from sandrl.sandbox.templates import BASE_TEMPLATE, HOST_IMAGE, template_for
 
@@ -302,7 +306,7 @@ class E2BSandbox(ClosesOnExit):
 
     async def exec(
         self,
-        command: str,
+        command: Command,
         *,
         timeout_s: float = 60,
         cwd: str | None = None,
@@ -310,6 +314,7 @@ class E2BSandbox(ClosesOnExit):
         stdin: bytes | None = None,
     ) -> ExecResult:
         self._check_open()
+        line = shell_line(check_command(command))
         if not (math.isfinite(timeout_s) and timeout_s > 0):
             raise ConfigError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
         cfg = self.provider.config
@@ -317,7 +322,7 @@ class E2BSandbox(ClosesOnExit):
         start = time.monotonic()
         try:
             handle = await self.sdk.commands.run(
-                command,
+                line,
                 background=True,
                 envs=dict(env) if env else None,
                 user=_USER,

@@ -43,6 +43,7 @@ from sandrl.sandbox.base import (
     snapshots_of,
 )
 from sandrl.sandbox.bwrap import BwrapProvider, BwrapSandbox
+from sandrl.sandbox.command import Command
 from sandrl.sandbox.delegating import DelegatingSandbox
 from sandrl.sandbox.idle_cpu import IdleCpus
 
@@ -390,7 +391,7 @@ class AdmittedSandbox(DelegatingSandbox[Sandbox]):
         super().__init__(inner)
         self.admission = admission
 
-    async def _run_exec(self, command: str, run: Callable[[], Awaitable[ExecResult]]) -> ExecResult:
+    async def _run_exec(self, command: Command, run: Callable[[], Awaitable[ExecResult]]) -> ExecResult:
         async with self.admission.slot():
             return await run()
 

@@ -18,7 +18,7 @@ from enum import IntEnum
 
 from sandrl.errors import SandboxRequestTooLargeError
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 HEADER = struct.Struct("<IBI")
 MAX_FRAME = 16 << 20
 """Largest payload of one frame, either way (the agent's ``MAX_FRAME``). The agent treats a larger
@@ -85,14 +85,28 @@ def _strings(values: list[bytes]) -> bytes:
 
 
 def encode_exec(
-    rid: int, *, command: str, cwd: str, env: dict[str, str], timeout_s: float | None, output_cap: int, stdin: bool
+    rid: int,
+    *,
+    command: str | tuple[str, ...],
+    cwd: str,
+    env: dict[str, str],
+    timeout_s: float | None,
+    output_cap: int,
+    stdin: bool,
 ) -> bytes:
+    """An EXEC request: ``command`` a shell line (run by ``/bin/sh -c``) or an argv (run directly: flag 2,
+    then the number of its arguments), checked by :func:`sandrl.sandbox.command.check_command`."""
     timeout_ms = 0 if timeout_s is None else max(1, min(int(timeout_s * 1000), 0xFFFFFFFF))
-    strings = [cwd.encode(), command.encode()] + [f"{k}={v}".encode() for k, v in env.items()]
-    payload = struct.pack("<IIB", timeout_ms, min(output_cap, 0xFFFFFFFF), 1 if stdin else 0) + _strings(strings)
+    args = [command.encode()] if isinstance(command, str) else [a.encode() for a in command]
+    strings = [cwd.encode(), *args] + [f"{k}={v}".encode() for k, v in env.items()]
+    flags = (1 if stdin else 0) | (0 if isinstance(command, str) else 2)
+    head = struct.pack("<IIB", timeout_ms, min(output_cap, 0xFFFFFFFF), flags)
+    if not isinstance(command, str):
+        head += struct.pack("<I", len(args))
+    payload = head + _strings(strings)
     what = (
-        f"the command ({len(strings[1])} bytes) with its environment ({sum(map(len, strings[2:]))} bytes) "
-        f"and working directory ({len(strings[0])} bytes)"
+        f"the command ({sum(map(len, args))} bytes) with its environment ({sum(map(len, strings[1 + len(args) :]))} "
+        f"bytes) and working directory ({len(strings[0])} bytes)"
     )
     hint = "; pass large inputs through stdin or write them to a file with write_file (both are sent in chunks)"
     return encode(Op.EXEC, rid, payload, what=what, hint=hint)

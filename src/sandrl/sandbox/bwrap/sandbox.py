@@ -42,6 +42,7 @@ from sandrl.sandbox.bwrap.images import MountPlan
 from sandrl.sandbox.bwrap.port_forward import forward_into
 from sandrl.sandbox.bwrap.process import BwrapProcess
 from sandrl.sandbox.bwrap.protocol import AgentConnection, Frame, Op
+from sandrl.sandbox.command import Command, check_command
 from sandrl.sandbox.forwarding import PortForward
 
 REPLY_TIMEOUT_S = 30.0
@@ -433,7 +434,7 @@ class BwrapSandbox(ClosesOnExit):
 
     async def spawn(
         self,
-        command: str,
+        command: Command,
         *,
         timeout_s: float | None = 60,
         cwd: str | None = None,
@@ -441,10 +442,10 @@ class BwrapSandbox(ClosesOnExit):
         stdin: bool = False,
         output_cap: int | None = None,
     ) -> BwrapProcess:
-        """Start ``command`` (run by ``/bin/sh -c``) and return a handle to talk to it."""
+        """Start ``command`` (a string run by ``/bin/sh -c``, an argv run directly: :mod:`sandrl.sandbox.command`)
+        and return a handle to talk to it."""
         self._check_open()
-        if "\0" in command:
-            raise SandboxError("a command cannot contain NUL bytes")
+        command = check_command(command)
         if timeout_s is not None and timeout_s <= 0:
             raise SandboxError(f"timeout_s must be positive, got {timeout_s}")
         workdir = self._abs(cwd) if cwd else self.spec.workdir
@@ -475,7 +476,7 @@ class BwrapSandbox(ClosesOnExit):
 
     async def exec(
         self,
-        command: str,
+        command: Command,
         *,
         timeout_s: float = 60,
         cwd: str | None = None,

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sandrl.errors import SandrlError
 from sandrl.sandbox.base import IMAGE_NAME_PATTERN, WORKDIR_PATTERN, Bounds, ExecResult, SandboxSpec
+from sandrl.sandbox.command import MAX_ARGS
 
 API_PREFIX = "/v1"
 SSE_MEDIA_TYPE = "text/event-stream"
@@ -145,10 +146,18 @@ class TimeoutRequest(BaseModel):
     ttl_s: float = Field(gt=0, allow_inf_nan=False, description="Seconds to live from now; at most the server's max.")
 
 
+ShellLine = Annotated[str, Field(max_length=1 << 20)]
+Argv = Annotated[list[str], Field(min_length=1, max_length=MAX_ARGS)]
+
+
 class ExecRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    command: str = Field(max_length=1 << 20, description="Run by /bin/sh -c inside the sandbox.")
+    command: ShellLine | Argv = Field(
+        description="A string is a shell command line, run by /bin/sh -c; a list of strings is an argv, run "
+        "directly with no shell (the program looked up in PATH unless it holds a '/'; 127 when it is not "
+        "there, 126 when it cannot run), at most 1 MiB in all."
+    )
     timeout_s: float = Field(default=60.0, gt=0, le=86400, allow_inf_nan=False, description="Exit code 124 when hit.")
     cwd: str | None = Field(default=None, max_length=4096, description="Working directory; default the spec's workdir.")
     env: MetadataDict | None = Field(default=None, description="Added to the spec's environment.")

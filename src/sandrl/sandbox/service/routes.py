@@ -29,8 +29,9 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 
-from sandrl.errors import SandboxError, SandboxFileError, SandrlError
+from sandrl.errors import InvalidCommandError, SandboxError, SandboxFileError, SandrlError
 from sandrl.sandbox.base import OutputChunk, SandboxProcess
+from sandrl.sandbox.command import check_command
 from sandrl.sandbox.service.api import (
     API_PREFIX,
     OCTET_MEDIA_TYPE,
@@ -238,7 +239,10 @@ def _stdin(body: ExecRequest) -> bytes | None:
 
 
 def _check_exec(body: ExecRequest) -> None:
-    _no_nul(body.command, "the command")
+    try:
+        check_command(body.command)
+    except InvalidCommandError as exc:
+        raise ServiceError(exc.message, error_code="invalid_request", http_status=400) from None
     _no_nul(body.cwd, "cwd")
     if body.cwd is not None and not body.cwd:
         raise ServiceError(

@@ -42,6 +42,7 @@ from sandrl.sandbox.base import (
     SandboxSpec,
     Snapshottable,
 )
+from sandrl.sandbox.command import Command
 from sandrl.sandbox.service.api import MIN_TTL_S, ServiceError
 from sandrl.sandbox.service.metrics import ServiceMetrics, pressure_avg10
 
@@ -94,7 +95,7 @@ class StreamingSandbox(Protocol):
 
     async def spawn(
         self,
-        command: str,
+        command: Command,
         *,
         timeout_s: float | None = 60,
         cwd: str | None = None,
@@ -467,7 +468,7 @@ class SandboxService:
     async def exec(
         self,
         entry: Entry,
-        command: str,
+        command: Command,
         *,
         timeout_s: float,
         cwd: str | None,

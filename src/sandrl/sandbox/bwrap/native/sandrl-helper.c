@@ -61,7 +61,7 @@
 #include <sys/ioctl.h>
 #include <sys/statfs.h>
 
-#define PROTOCOL_VERSION 2
+#define PROTOCOL_VERSION 3
 
 /* ---------------------------------------------------------------- utilities */
 
@@ -1555,6 +1555,52 @@ static int enter_sandbox(void) {
     return setgroups(0, NULL) || setresgid(0, 0, 0) || setresuid(0, 0, 0) ? -1 : 0;
 }
 
+/* An argv command's exec, in its child: the program as given when it names a path, else looked up in
+ * the command's own PATH (envp's, not pid 1's) as a shell does. No shell runs a file the kernel cannot
+ * (ENOEXEC): the caller asked for none. Exits 127 when the program is not there, 126 when it cannot run. */
+static void exec_argv(char **argv, char **envp) {
+    const char *file = argv[0];
+    int err = ENOENT;
+    if (strchr(file, '/')) {
+        execve(file, argv, envp);
+        err = errno;
+    } else {
+        const char *path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+        for (char **e = envp; *e; e++)
+            if (!strncmp(*e, "PATH=", 5)) path = *e + 5;
+        int denied = 0;
+        size_t flen = strlen(file);
+        char buf[PATH_MAX];
+        for (const char *dir = path;; dir++) {
+            const char *stop = strchrnul(dir, ':');
+            size_t dlen = (size_t)(stop - dir);
+            if (!dlen) dir = ".", dlen = 1; /* an empty entry is the working directory, as in a shell */
+            if (dlen + 1 + flen < sizeof buf) {
+                memcpy(buf, dir, dlen);
+                buf[dlen] = '/';
+                memcpy(buf + dlen + 1, file, flen + 1);
+                execve(buf, argv, envp);
+                if (errno == EACCES)
+                    denied = 1;
+                else if (errno != ENOENT && errno != ENOTDIR && errno != ENAMETOOLONG && errno != ELOOP) {
+                    err = errno; /* found, and it cannot run: E2BIG, ENOEXEC, ETXTBSY... */
+                    break;
+                }
+            }
+            if (!*stop) {
+                if (denied) err = EACCES;
+                break;
+            }
+            dir = stop;
+        }
+    }
+    dprintf(2, "sandrl: cannot run %s: %s\n", file, strerror(err));
+    _exit(err == ENOENT || err == ENOTDIR ? 127 : 126);
+}
+
+/* EXEC: u32 timeout_ms, u32 output cap, u8 flags (1: stdin is piped, 2: an argv, not a shell line),
+ * [u32 argc when flags & 2], strings: the working directory, then the shell line (or argc arguments),
+ * then the environment as NAME=value. */
 static void do_exec(uint32_t id, const unsigned char *pl, uint32_t len) {
     const unsigned char *end = pl + len, *p = pl;
     if (len < 13 || find_proc(id)) {
@@ -1564,9 +1610,19 @@ static void do_exec(uint32_t id, const unsigned char *pl, uint32_t len) {
     uint32_t timeout_ms = get_u32(p);
     uint32_t cap = get_u32(p + 4);
     uint8_t flags = p[8];
-    uint32_t nstr = get_u32(p + 9);
-    p += 13;
-    if (nstr < 2 || nstr > 65536) {
+    uint32_t argc = 1; /* the shell line */
+    p += 9;
+    if (flags & 2) {
+        if (len < 17) {
+            send_fail(id, EINVAL, "malformed exec request");
+            return;
+        }
+        argc = get_u32(p);
+        p += 4;
+    }
+    uint32_t nstr = get_u32(p);
+    p += 4;
+    if (nstr < 2 || nstr > 65536 || argc < 1 || argc > nstr - 1) {
         send_fail(id, EINVAL, "malformed exec request");
         return;
     }
@@ -1574,7 +1630,7 @@ static void do_exec(uint32_t id, const unsigned char *pl, uint32_t len) {
     for (uint32_t i = 0; i < nstr; i++) {
         uint32_t sl;
         const char *s = take_str(&p, end, &sl);
-        if (!s) {
+        if (!s || memchr(s, 0, sl)) { /* a NUL would cut a string short without a word */
             for (uint32_t j = 0; j < i; j++) free(strs[j]);
             free(strs);
             send_fail(id, EINVAL, "malformed exec request");
@@ -1582,6 +1638,12 @@ static void do_exec(uint32_t id, const unsigned char *pl, uint32_t len) {
         }
         strs[i] = strndup(s, sl);
     }
+    char **argv = NULL; /* an argv command's, NULL-terminated (in strs the environment follows it) */
+    if (flags & 2) {
+        argv = calloc(argc + 1, sizeof(char *));
+        memcpy(argv, strs + 1, argc * sizeof(char *));
+    }
+    char **envp = strs + 1 + argc;
     struct proc *slot = NULL;
     for (int i = 0; i < MAX_PROCS; i++)
         if (!procs[i].used) {
@@ -1612,8 +1674,9 @@ static void do_exec(uint32_t id, const unsigned char *pl, uint32_t len) {
             dprintf(2, "sandrl: cannot use %s as the working directory: %s\n", strs[0], strerror(errno));
             _exit(1);
         }
-        char *argv[] = {"sh", "-c", strs[1], NULL};
-        execve("/bin/sh", argv, strs + 2);
+        if (argv) exec_argv(argv, envp);
+        char *shell[] = {"sh", "-c", strs[1], NULL};
+        execve("/bin/sh", shell, envp);
         dprintf(2, "sandrl: cannot run /bin/sh in this image: %s\n", strerror(errno));
         _exit(127);
     }
@@ -1623,6 +1686,7 @@ static void do_exec(uint32_t id, const unsigned char *pl, uint32_t len) {
     close_fd(&inp[0]);
     for (uint32_t i = 0; i < nstr; i++) free(strs[i]);
     free(strs);
+    free(argv);
     if (pid < 0) {
         close_fd(&outp[0]);
         close_fd(&errp[0]);
