@@ -27,6 +27,7 @@ from sandrl.progress import Progress
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider, BwrapSandbox
 from sandrl.sandbox.bwrap.inventory import traces
+from sandrl.sandbox.command import Command
 from sandrl.sandbox.pool import PooledProvider
 from sandrl.stats import summary_ms
 
@@ -101,17 +102,36 @@ async def _warm(
     return out
 
 
-async def _exec_rtt(provider: BwrapProvider, spec: SandboxSpec, n: int, tick: Callable[[], None]) -> list[float]:
-    out = []
+async def _exec_forms(provider: BwrapProvider, spec: SandboxSpec, n: int, tick: Callable[[], None]) -> dict[str, Any]:
+    """``true`` as a shell line (the shell's builtin: one program runs), ``/bin/true`` as one (the shell, then
+    the program) and ``true`` as an argv (the program, no shell), taking turns in one sandbox: each form's
+    round trips, and its CPU per exec, the sandbox's (its cgroup: the helper's fork, the command) and this
+    process's."""
+    forms: dict[str, Command] = {"shell": "true", "shell_program": "/bin/true", "argv": ["true"]}
+    times: dict[str, list[float]] = {k: [] for k in forms}
+    cpu = {k: {"sandbox": 0.0, "provider": 0.0} for k in forms}
     async with await provider.create(spec) as sandbox:
-        for _ in range(10):
-            await sandbox.exec("true")
-        for _ in range(n):
-            t = time.perf_counter()
-            await sandbox.exec("true")
-            out.append(time.perf_counter() - t)
+        for command in forms.values():
+            for _ in range(10):
+                await sandbox.exec(command)
+        for i in range(n):
+            for form, command in list(forms.items())[i % 3 :] + list(forms.items())[: i % 3]:
+                inside, own, t = sandbox.stats().cpu_s, time.process_time(), time.perf_counter()
+                await sandbox.exec(command)
+                times[form].append(time.perf_counter() - t)
+                cpu[form]["provider"] += time.process_time() - own
+                cpu[form]["sandbox"] += sandbox.stats().cpu_s - inside
             tick()
-    return out
+    return {
+        "rows": {
+            "exec_true": summary_ms(times["shell"]),
+            "exec_bin_true": summary_ms(times["shell_program"]),
+            "exec_true_argv": summary_ms(times["argv"]),
+        },
+        "cpu_ms_per_exec": {
+            form: {where: round(1e3 * total / n, 4) for where, total in c.items()} for form, c in cpu.items()
+        },
+    }
 
 
 async def _footprint(provider: BwrapProvider, spec: SandboxSpec, live: int, tick: Callable[[], None]) -> dict[str, Any]:
@@ -187,8 +207,8 @@ async def run(n: int = 200, live: int = 500, pool_size: int = 8, console: Consol
         cold = await _cold(provider, spec, n, lambda: progress.advance(task))
         progress.update(task, completed=0, description="warm pool create -> first exec")
         warm = await _warm(provider, spec, n, pool_size, lambda: progress.advance(task))
-        progress.update(task, completed=0, description="exec round trip")
-        rtt = await _exec_rtt(provider, spec, n, lambda: progress.advance(task))
+        progress.update(task, completed=0, description="exec round trip, shell line and argv")
+        exec_forms = await _exec_forms(provider, spec, n, lambda: progress.advance(task))
         progress.update(task, completed=0, total=max(4, n // 10), description="snapshot, fork, pause/resume")
         live_ops = await snapshots.run(provider, spec, max(4, n // 10), lambda: progress.advance(task))
         progress.update(task, completed=0, description="cold create -> first exec, network=True")
@@ -205,7 +225,7 @@ async def run(n: int = 200, live: int = 500, pool_size: int = 8, console: Consol
         "bwrap_true": summary_ms(bare),
         "cold_create_exec": summary_ms(cold),
         "warm_create_exec": summary_ms(warm),
-        "exec_true": summary_ms(rtt),
+        **exec_forms["rows"],
         **live_ops,
         "cold_create_exec_net": summary_ms(cold_net),
         "warm_create_exec_net": summary_ms(warm_net),
@@ -246,6 +266,8 @@ async def run(n: int = 200, live: int = 500, pool_size: int = 8, console: Consol
         "cold_create_exec": "(c) cold create -> first exec",
         "warm_create_exec": "(d) warm pool create -> first exec",
         "exec_true": "(e) exec `true` in a live sandbox",
+        "exec_bin_true": "(e') exec `/bin/true`: the shell, then the program",
+        "exec_true_argv": "(e'') exec ['true'], an argv: the program, no shell",
         "snapshot_10mib": "(g) snapshot, 10 MiB written",
         "fork_1_until_exec": "(h) fork 1, until it ran true",
         "fork_16_until_exec": "(i) fork 16, until all ran true",
@@ -270,6 +292,12 @@ async def run(n: int = 200, live: int = 500, pool_size: int = 8, console: Consol
         f"(f) {fn['live']} idle live with the network: host {fn['host_mib_per_sandbox']:.2f} MiB each, "
         f"{fn['processes_per_sandbox']:.1f} processes each; closed cleanly: {fn['closed_cleanly']}"
     )
+    console.print(
+        "(e) CPU per exec, in the sandbox + here: "
+        + "; ".join(
+            f"{form} {c['sandbox']:.3f} + {c['provider']:.3f} ms" for form, c in exec_forms["cpu_ms_per_exec"].items()
+        )
+    )
     console.print(f"ratios: cold/bwrap {ratios['cold_over_bwrap_p50']}x, warm/bwrap {ratios['warm_over_bwrap_p50']}x")
     console.print(
         f"NAT costs: +{nat_cost['cold_p50_ms']:.2f} ms cold, +{nat_cost['warm_p50_ms']:.2f} ms warm, "
@@ -279,6 +307,7 @@ async def run(n: int = 200, live: int = 500, pool_size: int = 8, console: Consol
         "bench": "sandbox",
         **rows,
         "ratios": ratios,
+        "exec_cpu_ms": exec_forms["cpu_ms_per_exec"],
         "idle": footprint,
         "idle_net": footprint_net,
         "nat_cost": nat_cost,
