@@ -27,6 +27,7 @@ import pytest
 
 from sandrl.errors import SandboxFileError
 from sandrl.sandbox.base import MAX_READ_BYTES, ExecResult, file_too_large
+from sandrl.sandbox.command import Command, check_command, describe
 
 # The fixtures are task directories whose tests run inside sandboxes, not here.
 collect_ignore_glob = ["fixtures/*"]
@@ -64,7 +65,7 @@ class BwrapSandbox:
             raise SandboxFileError(f"{path}: outside the sandbox's writable directories")
         return self.root / path.lstrip("/")
 
-    def _argv(self, command: str, cwd: str) -> list[str]:
+    def _argv(self, command: Command, cwd: str) -> list[str]:
         assert BWRAP is not None
         argv = [BWRAP, "--die-with-parent", "--unshare-pid", "--unshare-ipc"]
         argv += ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
@@ -76,12 +77,13 @@ class BwrapSandbox:
         argv += ["--proc", "/proc", "--dev", "/dev"]
         for mount in WRITABLE:
             argv += ["--bind", str(self.root / mount.lstrip("/")), mount]
-        argv += ["--chdir", cwd, "--", "/bin/bash", "-c", command]
+        # An argv runs as given, with no shell (bwrap looks the program up in PATH), as a sandbox runs one.
+        argv += ["--chdir", cwd, "--", *(["/bin/bash", "-c", command] if isinstance(command, str) else command)]
         return argv
 
     async def exec(
         self,
-        command: str,
+        command: Command,
         *,
         timeout_s: float = 60,
         cwd: str | None = None,
@@ -90,7 +92,8 @@ class BwrapSandbox:
     ) -> ExecResult:
         if self.closed:
             raise RuntimeError("sandbox closed")
-        self.commands.append(command)
+        command = check_command(command)
+        self.commands.append(describe(command))
         cwd = cwd or self.workdir
         bin_dirs = [os.path.join(os.path.realpath(sys.prefix), "bin"), "/usr/local/bin", "/usr/bin", "/bin"]
         full_env = {"PATH": ":".join(bin_dirs), "HOME": "/tmp", "LANG": "C.UTF-8", **self.env, **(env or {})}

@@ -86,7 +86,7 @@ async def collect_artifacts(task: Task, index: int, sandbox: Sandbox) -> list[di
         want = min(ARTIFACT_TEXT_BYTES, text_left)
         if want <= 0:
             continue
-        head = await sandbox.exec(f"head -c {want} -- {shlex.quote(path)}", timeout_s=_PROBE_TIMEOUT_S, cwd="/")
+        head = await sandbox.exec(["head", "-c", str(want), "--", path], timeout_s=_PROBE_TIMEOUT_S, cwd="/")
         if head.exit_code == 0 and "\x00" not in head.stdout:
             record["text"] = head.stdout[:want]
             record["truncated"] = int(size) > want

@@ -61,7 +61,7 @@ def _instance(task: Task) -> R2eGymInstance:
 async def setup_repository(task: Task, sandbox: Sandbox) -> None:
     """Check the image is this instance's, and take its tests out of the sandbox (kept on the host)."""
     instance = _instance(task)
-    head = await sandbox.exec("git rev-parse HEAD", cwd=instance.repo_dir, timeout_s=60.0)
+    head = await sandbox.exec(["git", "rev-parse", "HEAD"], cwd=instance.repo_dir, timeout_s=60.0)
     if head.exit_code != 0 or head.stdout.strip() != instance.old_commit:
         said = " ".join((head.stderr or head.stdout).split())[-300:]
         raise TaskError(

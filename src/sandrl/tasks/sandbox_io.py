@@ -18,6 +18,7 @@ from pathlib import Path
 
 from sandrl.errors import SandboxFileError
 from sandrl.sandbox.base import ExecResult, Sandbox
+from sandrl.sandbox.command import Command
 
 UPLOAD_TIMEOUT_S = 300.0
 LOG_TAIL_BYTES = 256 * 1024
@@ -82,8 +83,9 @@ async def upload_all(sandbox: Sandbox, uploads: Mapping[str, Path]) -> None:
         await upload(sandbox, source, dest)
 
 
-async def run(sandbox: Sandbox, command: str, *, what: str, timeout_s: float = 60.0, cwd: str = "/") -> ExecResult:
-    """A housekeeping command that must succeed (mkdir, rm); its failure is the machinery's."""
+async def run(sandbox: Sandbox, command: Command, *, what: str, timeout_s: float = 60.0, cwd: str = "/") -> ExecResult:
+    """A housekeeping command that must succeed (mkdir, rm); its failure is the machinery's. An argv where
+    it is one program (no shell starts: :mod:`sandrl.sandbox.command`)."""
     result = await sandbox.exec(command, timeout_s=timeout_s, cwd=cwd)
     if result.exit_code != 0:
         raise SandboxFileError(
@@ -109,7 +111,7 @@ async def run_logged(
     """
     quoted = shlex.quote(log)
     result = await sandbox.exec(f"{{\n{command}\n}} > {quoted} 2>&1", timeout_s=timeout_s, cwd=cwd, env=env)
-    shown = await sandbox.exec(f"tail -c {LOG_TAIL_BYTES} {quoted}", timeout_s=60.0, cwd="/")
+    shown = await sandbox.exec(["tail", "-c", str(LOG_TAIL_BYTES), "--", log], timeout_s=60.0, cwd="/")
     return result, shown.stdout if shown.exit_code == 0 else ""
 
 

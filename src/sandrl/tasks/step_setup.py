@@ -47,7 +47,7 @@ async def prepare_step(task: Task, index: int, sandbox: Sandbox) -> None:
     if step.workdir_files is not None:
         await extract_tar(sandbox, tar_path(step.workdir_files), workdir, replace=False)
         if (step.workdir_files / "setup.sh").is_file():
-            done = await sandbox.exec("bash ./setup.sh", cwd=workdir, timeout_s=SETUP_TIMEOUT_S)
+            done = await sandbox.exec(["bash", "./setup.sh"], cwd=workdir, timeout_s=SETUP_TIMEOUT_S)
             if done.exit_code != 0:
                 output = (done.stderr or done.stdout).strip()[-500:]
                 raise _failed(task, step.name, f"workdir/setup.sh failed (exit {done.exit_code}): {output}")

@@ -112,8 +112,8 @@ async def setup_repository(task: Task, sandbox: Sandbox) -> None:
         await swe_smith.setup_bug(task, instance, sandbox)
         return
     if instance.repo_source is None:
-        base = shlex.quote(f"{instance.base_commit}^{{commit}}")
-        found = await sandbox.exec(f"git cat-file -e {base}", cwd=instance.repo_dir, timeout_s=60.0)
+        base = f"{instance.base_commit}^{{commit}}"
+        found = await sandbox.exec(["git", "cat-file", "-e", base], cwd=instance.repo_dir, timeout_s=60.0)
         if found.exit_code != 0:
             said = " ".join((found.stderr or found.stdout).split())[-300:]
             raise TaskError(
@@ -260,7 +260,7 @@ async def grade(task: Task, sandbox: Sandbox, *, patch: str | None = None) -> Ve
     await run(sandbox, _test_files_command(instance), what="resetting the test files", cwd=repo)
     if instance.test_patch:  # SWE-smith's tests are the repository's own: nothing to add
         await sandbox.write_file(f"{WORK_DIR}/test.patch", instance.test_patch.encode())
-        applied = await sandbox.exec(f"git apply --verbose {WORK_DIR}/test.patch", cwd=repo, timeout_s=300.0)
+        applied = await sandbox.exec(["git", "apply", "--verbose", f"{WORK_DIR}/test.patch"], cwd=repo, timeout_s=300.0)
         if applied.exit_code != 0:
             return result(
                 error="the instance's test_patch does not apply after the model patch",

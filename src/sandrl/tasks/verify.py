@@ -50,7 +50,7 @@ async def prepare_environment(task: Task, sandbox: Sandbox) -> None:
         await r2e_gym_eval.setup_repository(task, sandbox)
         return
     workdir = task.environment.workdir
-    await run(sandbox, f"mkdir -p {workdir}", what="making the working directory")
+    await run(sandbox, ["mkdir", "-p", "--", workdir], what="making the working directory")
     if task.steps:
         await prepare_step(task, 0, sandbox)
 
