@@ -267,31 +267,36 @@ def test_lora_trains_only_the_adapters_against_the_base_as_reference_and_checkpo
     assert resumed.step(_batch())["grad_norm"] == pytest.approx(trainer.step(_batch())["grad_norm"], rel=1e-6)
 
 
-def test_two_ranks_broadcast_their_weights_to_an_engine_bit_for_bit_the_export(model_dir: Path, tmp_path: Path) -> None:
-    """Sharded training gathers its full tensors bucket by bucket and rank 0 sends them over gloo: the engine then
-    holds exactly what the disk export of the same weights holds."""
+def test_two_ranks_broadcast_their_weights_to_two_engines_bit_for_bit_the_export(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    """Sharded training gathers its full tensors bucket by bucket and rank 0 sends them over gloo to two
+    engines: each then holds exactly what the disk export of the same weights holds."""
     from sandrl.inference.engine import Engine
     from sandrl.inference.server import BackgroundServer, create_app
     from sandrl.inference.weight_push import BroadcastSpec
 
     token = "scale-test-token-0123456789abcdef"
-    engine = Engine.load(str(model_dir))
+    engines = [Engine.load(str(model_dir)) for _ in range(2)]
     try:
         with (
-            BackgroundServer(create_app(engine, token=token)) as server,
+            BackgroundServer(create_app(engines[0], token=token)) as one,
+            BackgroundServer(create_app(engines[1], token=token)) as two,
             RankGroup(RankSpec(str(model_dir), replace(CONFIG, processes=2))) as group,
         ):
             group.step(_batch())
-            spec = BroadcastSpec((server.url,), api_key=token, bucket_bytes=16 * 1024)  # many buckets
+            spec = BroadcastSpec((one.url, two.url), api_key=token, bucket_bytes=16 * 1024)  # many buckets
             assert group.broadcast_weights(spec) is None
-            assert engine.weight_version == group.version == 1
+            assert [e.weight_version for e in engines] == [group.version] * 2 == [1, 1]
             exported = _weights(group.export_weights(tmp_path / "two").path)
-            served = engine.model.state_dict()
-            assert all(torch.equal(served[k], v.to(served[k].dtype)) for k, v in exported.items())
+            for engine in engines:
+                served = engine.model.state_dict()
+                assert all(torch.equal(served[k], v.to(served[k].dtype)) for k, v in exported.items())
             group.step(_batch())  # the group is kept: the next push reuses it
-            assert group.broadcast_weights(spec) is None and engine.weight_version == 2
+            assert group.broadcast_weights(spec) is None and [e.weight_version for e in engines] == [2, 2]
             # an engine that refuses (its token differs): the ranks stay in step and say why, for the disk
             assert "401" in str(group.broadcast_weights(replace(spec, api_key="wrong")))
             assert group.step(_batch())["updates"] == 1
     finally:
-        engine.close()
+        for engine in engines:
+            engine.close()
