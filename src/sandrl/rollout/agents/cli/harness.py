@@ -131,7 +131,7 @@ class CliHarness:
         logs: dict[str, str] = {}
         for name, path in (("stdout", STDOUT_LOG), ("stderr", STDERR_LOG)):
             with contextlib.suppress(SandboxError):
-                tail = await sandbox.exec(f"tail -c {keep} {path} 2>/dev/null", timeout_s=10.0)
+                tail = await sandbox.exec(["tail", "-c", str(keep), "--", path], timeout_s=10.0)  # stderr unread
                 logs[name] = tail.stdout[-keep:]
         return logs
 
@@ -150,7 +150,7 @@ async def _forward(sandbox: Sandbox, target: tuple[str, int]) -> ForwardedPort:
 async def _write(sandbox: Sandbox, files: dict[str, bytes] | object) -> None:
     assert isinstance(files, dict)
     dirs = sorted({path.rsplit("/", 1)[0] for path in files} | {WORK_DIR})
-    made = await sandbox.exec(f"mkdir -p {shlex.join(dirs)}", timeout_s=30.0)
+    made = await sandbox.exec(["mkdir", "-p", "--", *dirs], timeout_s=30.0)
     if made.exit_code != 0:
         raise SandboxError(f"cannot make the agent's directories in the sandbox: {made.stderr.strip()[-300:]}")
     for path, data in files.items():
