@@ -56,7 +56,11 @@ async def test_a_request_in_flight_when_the_kv_cache_goes_resumes_where_it_was()
         running = asyncio.ensure_future(engine.generate(PROMPT, long))
         while engine.running == 0:
             await asyncio.sleep(0.005)
+        held = (await engine.kv_capacity()).used_tokens
+        assert held and held > 0 and engine.prefix_cache.tokens > 0  # the running request's KV, the first's cached
         assert await engine.release_memory_occupation(["kv_cache"]) == 0
+        after = await engine.kv_capacity()
+        assert (after.used_tokens, after.running, engine.prefix_cache.tokens) == (0, 0, 0)  # all of it let go
         await engine.resume_memory_occupation(["kv_cache"])
         again = await asyncio.wait_for(running, 60)
         assert again.output_ids == alone.output_ids
