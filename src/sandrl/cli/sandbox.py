@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shlex
 import sys
 import time
 from collections import Counter
@@ -30,6 +29,7 @@ from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.sandbox.bwrap.cgroups import CgroupManager
 from sandrl.sandbox.bwrap.inventory import STATES, StoredSandbox, collect, garbage, survey
 from sandrl.sandbox.bwrap.state import StateDir
+from sandrl.sandbox.command import Command
 
 if TYPE_CHECKING:
     from sandrl.sandbox.client import RemoteProvider
@@ -44,7 +44,9 @@ app = typer.Typer(
 
 @app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": False}, no_args_is_help=True)
 def sandbox_run(
-    command: list[str] = typer.Argument(..., help="The command and its arguments (after --)."),
+    command: list[str] = typer.Argument(
+        ..., help="The program and its arguments (after --), run directly: no shell (sh -c '...' for a shell line)."
+    ),
     image: str = typer.Option("host", help="Image to start from."),
     cpus: float = typer.Option(SandboxSpec.cpus, help="CPU quota in cores."),
     memory_mb: int = typer.Option(SandboxSpec.memory_mb, help="Memory limit in MiB."),
@@ -71,12 +73,12 @@ def sandbox_run(
     )
     server = server or os.environ.get("SANDRL_SERVER")
     if server:
-        raise typer.Exit(_run_remote(server, shlex.join(command), spec, timeout_s=timeout, token_file=token_file))
+        raise typer.Exit(_run_remote(server, command, spec, timeout_s=timeout, token_file=token_file))
 
     async def go() -> int:
         provider = BwrapProvider()
         async with await provider.create(spec) as sandbox:
-            result = await sandbox.exec(shlex.join(command), timeout_s=timeout)
+            result = await sandbox.exec(command, timeout_s=timeout)
         sys.stdout.write(result.stdout)
         sys.stderr.write(result.stderr)
         if result.timed_out:
@@ -99,7 +101,7 @@ def _provider(server: str | None, token_file: str | None) -> RemoteProvider:
 
 
 def _run_remote(
-    server: str | None, command: str, spec: SandboxSpec, *, timeout_s: float = 60, token_file: str | None = None
+    server: str | None, command: Command, spec: SandboxSpec, *, timeout_s: float = 60, token_file: str | None = None
 ) -> int:
     """Run ``command`` in a fresh sandbox on ``server``, stream its output, return its exit code (as a shell's)."""
 
