@@ -329,3 +329,29 @@ async def test_a_gateway_session_reports_what_its_next_turn_reused(server: httpx
     assert first.prompt_tokens_details is not None and first.prompt_tokens_details.cached_tokens == 0
     assert second.prompt_tokens_details is not None
     assert second.prompt_tokens_details.cached_tokens == first.prompt_tokens + first.completion_tokens - 1
+
+
+async def test_a_burst_sharing_one_prompt_prefills_it_once(
+    engines: tuple[Engine, Engine], tokenizer: ByteTokenizer
+) -> None:
+    """A group's samples arrive together with one prompt: the first prefills it, the others wait one step and
+    reuse its KV (SGLang's scheduler does the same within a batch); what they generate is unchanged."""
+    on, off = engines
+    prompt = _opening(tokenizer, "a long shared task: " + "fix the build and run the tests " * 4)
+    assert len(prompt) > 100
+    before = on.stats.prefill_tokens
+    with_cache = await asyncio.gather(*(on.generate(prompt, GREEDY) for _ in range(8)))
+    without = await asyncio.gather(*(off.generate(prompt, GREEDY) for _ in range(8)))
+    for a, b in zip(with_cache, without, strict=True):
+        _same(a, b)
+    computed = on.stats.prefill_tokens - before
+    assert computed == len(prompt) + 7  # once, then each sample's last prompt token (its logits start it)
+    assert sorted(g.cached_tokens for g in with_cache) == [0] + [len(prompt) - 1] * 7
+    # Different openings that share less than MIN_SHARED new tokens are not held back.
+    from sandrl.inference.prefix_cache import MIN_SHARED
+
+    short = [_opening(tokenizer, f"task {i}") for i in range(4)]
+    assert common_prefix(short[0], short[1]) < MIN_SHARED
+    prefills = on.stats.prefills
+    await _together(on, short, [GREEDY] * 4)
+    assert on.stats.prefills - prefills == 1

@@ -71,7 +71,7 @@ from sandrl.inference.lora_adapter import LoraAdapter
 from sandrl.inference.lora_registry import AdapterRegistry
 from sandrl.inference.lora_rows import AdapterRows
 from sandrl.inference.model import config_eos_ids, load_model
-from sandrl.inference.prefix_cache import PrefixCache, note_prefill, prefill_inputs
+from sandrl.inference.prefix_cache import PrefixCache, defer_sharers, note_prefill, prefill_inputs
 from sandrl.inference.sampling import RowSampler, sample_next
 from sandrl.inference.tokenizer import Tokenizer
 
@@ -448,6 +448,8 @@ class Engine(EngineWeights, EngineMemory):
         )
         admitted, cancelled = admit(self._waiting, room, self.config.max_prefill_tokens, self.prefix_cache.uncached)
         self._inflight.difference_update(cancelled)
+        admitted, later = defer_sharers(admitted, self.prefix_cache)
+        self._waiting.extendleft(reversed(later))  # next step, after the KV they share is cached
         return admitted
 
     def _make_room(self) -> None:
@@ -479,6 +481,7 @@ class Engine(EngineWeights, EngineMemory):
         logits = self._forward(requests, ids, mask, positions, cache)
         self.stats.prefills += 1
         note_prefill(requests, hits, self.prefix_cache.epoch, self.stats)
+        self.prefix_cache.store_prefilled(requests, cache, mask)
         for request in requests:
             if request.start_weight_version is None:
                 request.start_weight_version = self._weight_version

@@ -102,6 +102,22 @@ class PrefixCache:
         self._entries.move_to_end(key)
         return Hit(length, self._entries[key].layers)
 
+    def store_prefilled(self, requests: Sequence[Request], cache: Any, mask: torch.Tensor) -> None:
+        """Keep the KV a prefill just computed for each request's whole context, so that the requests admitted
+        after it that share the prompt (a group's samples, a burst of episodes under one system prompt) prefill
+        only what differs (:func:`defer_sharers` holds them back one step for that)."""
+        if not self.max_tokens:
+            return
+        for row, request in enumerate(requests):
+            if request.adapter is not None or request.kv_epoch != self.epoch:
+                continue
+            columns = mask[row].nonzero().squeeze(1)
+            if len(columns) != len(request.context):
+                continue
+            keep = [(layer.keys[row : row + 1], layer.values[row : row + 1]) for layer in cache.layers]
+            layers = [(k.index_select(2, columns), v.index_select(2, columns)) for k, v in keep]
+            self.insert(list(request.context), layers)
+
     def store_finished(self, batch: RunningBatch) -> None:
         """Keep the KV of the batch's rows that just finished, before they leave the batch."""
         if not self.max_tokens:
@@ -149,6 +165,31 @@ class PrefixCache:
                 best, best_key = length, key
         best = min(best, len(context) - 1)
         return (best, best_key) if best > 0 else (0, None)
+
+
+MIN_SHARED = 32
+"""Fewest prompt tokens two requests of one admission must share, beyond what is cached, for the later one to
+wait a step and reuse the earlier one's KV (below it, a step's wait costs more than the prefill saved)."""
+
+
+def defer_sharers(admitted: list[Request], cache: PrefixCache) -> tuple[list[Request], list[Request]]:
+    """Split one admission into the requests to prefill now and those to hold back one step: a request whose
+    context shares at least :data:`MIN_SHARED` uncached tokens with an earlier one's prefills after it and
+    reuses its KV (:meth:`PrefixCache.store_prefilled`), as SGLang's scheduler does within a batch. The first
+    request is never held back, so every step makes progress."""
+    if not cache.max_tokens or len(admitted) < 2:
+        return admitted, []
+    now: list[Request] = []
+    later: list[Request] = []
+    for request in admitted:
+        if request.adapter is None and now:
+            cached = len(request.context) - cache.uncached(request)
+            shared = max(common_prefix(request.context, r.context) for r in now if r.adapter is None)
+            if shared - cached >= MIN_SHARED:
+                later.append(request)
+                continue
+        now.append(request)
+    return now, later
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
