@@ -91,7 +91,8 @@ async def rewriting_harness(ctx: HarnessContext) -> str:
             {"role": "user", "content": result.stdout},
         ]
         await client.chat.completions.create(model=ctx.model, messages=messages, max_tokens=16)
-        await ctx.exec("echo two")
+        two = await ctx.exec(["echo", "two", "$X;"])  # an argv: no shell, recorded as a shell line
+        assert two.stdout == "two $X;\n", two
     return "done"
 
 
@@ -102,7 +103,7 @@ async def test_a_harness_that_rewrites_history_gets_segments(echo_task: Task, pr
         t = await run_episode(echo_task, provider, agent, policy=policy)  # type: ignore[arg-type]
     assert t.status == "completed" and t.stop_reason == "done" and t.reward == 0.0, t.error
     assert len(t.segment_starts) == 2 and t.segment_starts[1] == t.turns[0].output_end
-    assert [turn.command for turn in t.turns] == ["echo one", "echo two"]
+    assert [turn.command for turn in t.turns] == ["echo one", "echo two '$X;'"]
     assert_token_exact(t, policy)
     samples = segment_samples(t)
     assert [s.token_ids for s in samples] == [tuple(t.ids[a:b]) for a, b in t.segments()]

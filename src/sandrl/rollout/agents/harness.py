@@ -39,6 +39,7 @@ from sandrl.inference.base import InferenceClient
 from sandrl.rollout.agent import AgentResult, Budget, Deadline
 from sandrl.rollout.trajectory import STOP_REASONS, StopReason, Turn
 from sandrl.sandbox.base import ExecResult, Sandbox
+from sandrl.sandbox.command import Command, describe
 from sandrl.tasks.task import Task
 
 if TYPE_CHECKING:  # the gateway pulls in the HTTP stack; an agent that is not a harness never needs it
@@ -62,6 +63,7 @@ class CommandRecord:
     turn: int
     """The completion it followed (-1: before the first)."""
     command: str
+    """As run: a shell line as given, an argv quoted as a shell line (:func:`sandrl.sandbox.command.describe`)."""
     exit_code: int
     duration_s: float
     wait_s: float
@@ -92,14 +94,14 @@ class HarnessContext:
 
     async def exec(
         self,
-        command: str,
+        command: Command,
         timeout_s: float | None = None,
         *,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
     ) -> ExecResult:
         """Run ``command`` (in the task's working directory unless ``cwd``), within the per-command and the
-        agent's time."""
+        agent's time: a shell line, or an argv run with no shell (:mod:`sandrl.sandbox.command`)."""
         timeout = min(timeout_s or self.command_timeout_s, self.command_timeout_s, max(self.deadline.remaining(), 0.1))
         started = time.monotonic()
         result = await self.sandbox.exec(
@@ -108,7 +110,7 @@ class HarnessContext:
         self.commands.append(
             CommandRecord(
                 len(self.session.turns) - 1,
-                command,
+                describe(command),
                 result.exit_code,
                 result.duration_s,
                 time.monotonic() - started,
@@ -119,7 +121,7 @@ class HarnessContext:
 
     def exec_sync(
         self,
-        command: str,
+        command: Command,
         timeout_s: float | None = None,
         *,
         cwd: str | None = None,
