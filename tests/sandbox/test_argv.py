@@ -7,12 +7,18 @@ import asyncio
 import pytest
 
 from sandrl.errors import InvalidCommandError
-from sandrl.sandbox.bwrap import BwrapSandbox
+from sandrl.sandbox.bwrap import BwrapProvider, BwrapSandbox
 from sandrl.sandbox.command import MAX_ARGS, MAX_ARGV_BYTES
 
 from ..support import needs_sandbox
 
 pytestmark = needs_sandbox
+
+
+@pytest.fixture(scope="module")
+def provider(either_launch: BwrapProvider) -> BwrapProvider:
+    """Pid 1 runs the argv, whoever set the sandbox up: bubblewrap, or the helper (a fork's child)."""
+    return either_launch
 
 
 async def test_an_argv_reaches_the_program_unexpanded(sandbox: BwrapSandbox) -> None:
