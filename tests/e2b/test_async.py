@@ -68,3 +68,33 @@ async def test_many_sandboxes_concurrently(e2b_server: E2BServer) -> None:
         assert [r.stdout for r in results] == [f"{i}\n" for i in range(8)]
     finally:
         await asyncio.gather(*(sb.kill() for sb in sandboxes))
+
+
+async def test_envd_runs_the_start_requests_argv_with_no_shell_in_front(
+    e2b_server: E2BServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """envd's Start names ``cmd`` and ``args``: run as that argv (as E2B's envd runs it), not through
+    ``/bin/sh``. The SDK always sends ``/bin/bash -l -c``; here it sends the program itself, as another
+    envd client may: a file with no ``#!`` then cannot run (126), where a shell in front would have run it."""
+    from e2b.envd.process import process_pb
+
+    made = process_pb.ProcessConfig
+
+    def argv_config(*, cmd: str, args: list[str], **kwargs: object) -> object:
+        if cmd == "/bin/bash" and args[-1].startswith("ARGV "):
+            cmd, *args = args[-1].split()[1:]
+        return made(cmd=cmd, args=args, **kwargs)
+
+    monkeypatch.setattr(process_pb, "ProcessConfig", argv_config)
+    sb = await AsyncSandbox.create(timeout=60)
+    try:
+        await sb.files.write("/tmp/noshebang", "echo ran\n")
+        await sb.commands.run("chmod +x /tmp/noshebang")
+        with pytest.raises(CommandExitException) as raised:
+            await sb.commands.run("ARGV /tmp/noshebang")
+        assert raised.value.exit_code == 126 and "Exec format error" in raised.value.stderr
+        printed = await sb.commands.run("ARGV printf %s| $HOME ;")
+        assert printed.stdout == "$HOME|;|"
+        assert (await sb.commands.run("echo $0")).stdout == "/bin/bash\n"  # the SDK's own form is unchanged
+    finally:
+        await sb.kill()

@@ -3,8 +3,9 @@
 A started command is tracked by its pid inside the sandbox until it exits, its output fanned
 out to every stream watching it (:mod:`.process_table`), so a client can disconnect and
 reconnect by pid. The command runs as
-``cmd args...`` (the SDK sends ``/bin/bash -l -c <command>``) with the sandbox's workdir as the
-default cwd, as root.
+``cmd args...`` (the SDK sends ``/bin/bash -l -c <command>``), an argv run directly as envd runs it
+(no ``/bin/sh`` in front: :mod:`sandrl.sandbox.command`), with the sandbox's workdir as the default
+cwd, as root.
 
 Timeouts follow E2B's envd: the SDK's ``timeout`` is the deadline of the ``Start`` stream
 (``Connect-Timeout-Ms``); when it passes, the command is killed (its whole process group) and
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shlex
 import signal
 import time
 from collections.abc import AsyncIterator
@@ -114,7 +114,7 @@ class ProcessService(Process):
         stdin = bool(request.stdin)
         try:
             proc = await sandbox.spawn(
-                "exec " + shlex.join([config.cmd, *config.args]),
+                [config.cmd, *config.args],
                 timeout_s=None if deadline_ms is None else deadline_ms / 1000 + DEADLINE_GRACE_S,
                 cwd=config.cwd if config.has_field("cwd") and config.cwd else None,
                 env=dict(config.envs),
