@@ -9,41 +9,17 @@ joins the group at its own rank) get them through :class:`~sandrl.inference.weig
 
 from __future__ import annotations
 
-from typing import Any
-
-from sandrl.inference.base import Generation, InferenceClient, SamplingParams
-from sandrl.inference.tokenizer import Tokenizer
+from sandrl.inference.base import InferenceClient
+from sandrl.inference.policy_wrapper import PolicyWrapper
 from sandrl.inference.weight_push import BroadcastSpec
 
 
-class BroadcastingPolicy:
+class BroadcastingPolicy(PolicyWrapper):
     """``inner``, whose engines take weights over a process group as ``spec`` says; see the module docstring."""
 
     def __init__(self, inner: InferenceClient, spec: BroadcastSpec) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.spec = spec
-
-    @property
-    def tokenizer(self) -> Tokenizer | None:
-        return self.inner.tokenizer
-
-    @property
-    def max_context(self) -> int | None:
-        return self.inner.max_context
-
-    async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation:
-        return await self.inner.generate(input_ids, params)
-
-    async def update_weights(self, path: str, *, version: int | None = None) -> int:
-        """The disk path, as the inner client does it (the fallback, and LoRA adapters)."""
-        return await self.inner.update_weights(path, version=version)
-
-    async def health(self) -> None:
-        await self.inner.health()
-
-    def __getattr__(self, name: str) -> Any:
-        # Everything else a client may offer (versions, adapters, pause...) is the inner client's.
-        return getattr(self.inner, name)
 
 
 def broadcast_spec(policy: InferenceClient) -> BroadcastSpec | None:

@@ -46,7 +46,7 @@ from sandrl.errors import ConfigError
 from sandrl.inference.base import Generation, InferenceClient, SamplingParams
 from sandrl.inference.fleet import affinity
 from sandrl.inference.kv_capacity import KVCapacity
-from sandrl.inference.tokenizer import Tokenizer
+from sandrl.inference.policy_wrapper import PolicyWrapper
 
 log = logging.getLogger(__name__)
 
@@ -276,20 +276,12 @@ class KVAdmission:
         self._notify()
 
 
-class AdmittedPolicy:
+class AdmittedPolicy(PolicyWrapper):
     """``inner``, whose calls pass ``admission`` first (see the module docstring); everything else is ``inner``'s."""
 
     def __init__(self, inner: InferenceClient, admission: KVAdmission) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.admission = admission
-
-    @property
-    def tokenizer(self) -> Tokenizer | None:
-        return self.inner.tokenizer
-
-    @property
-    def max_context(self) -> int | None:
-        return self.inner.max_context
 
     async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation:
         admitted = await self.admission.admit(len(input_ids) + params.max_new_tokens)
@@ -301,19 +293,9 @@ class AdmittedPolicy:
         finally:
             self.admission.release(admitted)
 
-    async def update_weights(self, path: str, *, version: int | None = None) -> int:
-        return await self.inner.update_weights(path, version=version)
-
-    async def health(self) -> None:
-        await self.inner.health()
-
     def admission_stats(self) -> dict[str, Any]:
         """How the calls fared at the gate (the runner's summary: ``kv_admission``)."""
         return self.admission.stats()
-
-    def __getattr__(self, name: str) -> Any:
-        # Everything else a client may offer (versions, adapters, pause, its reading...) is the inner client's.
-        return getattr(self.inner, name)
 
 
 def admission_stats(policy: InferenceClient | None) -> dict[str, Any] | None:
