@@ -15,7 +15,6 @@ every rank's gloo pairs bind loopback too, so a group on one host never leaves i
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ import torch.distributed as dist
 from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]
 
 from sandrl.errors import ConfigError, InferenceError
+from sandrl.http_auth import is_loopback
 
 BACKENDS = ("gloo", "nccl")
 DTYPES: dict[str, torch.dtype] = {
@@ -81,10 +81,7 @@ class GroupAddress:
 
     @property
     def loopback(self) -> bool:
-        try:
-            return ipaddress.ip_address(self.master_address).is_loopback
-        except ValueError:
-            return self.master_address == "localhost"
+        return is_loopback(self.master_address)
 
 
 class WeightGroup:

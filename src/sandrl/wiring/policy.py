@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from sandrl.errors import ConfigError
+from sandrl.http_auth import is_loopback
 from sandrl.inference.base import InferenceClient
 from sandrl.inference.fleet.config import FleetConfig
 from sandrl.inference.tokenizer import Tokenizer, model_tokenizer
@@ -139,16 +140,9 @@ def _broadcasting(
 
 
 def _is_loopback(url: str) -> bool:
-    import ipaddress
     from urllib.parse import urlsplit
 
-    host = urlsplit(url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return is_loopback(urlsplit(url).hostname or "")
 
 
 def _address_towards(url: str) -> str:
