@@ -56,6 +56,9 @@ class WeightUpdate:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[int]
     adapter: LoraAdapter | None = None
+    owned: bool = False
+    """``state``'s tensors belong to the update alone (received by broadcast): the model takes them as they are,
+    with no copy."""
 
 
 @dataclass(eq=False)

@@ -88,12 +88,14 @@ class EngineWeights:
         version: int | None,
         policy: UpdatePolicy,
         adapter: LoraAdapter | None = None,
+        *,
+        owned: bool = False,
     ) -> int:
         self._check_resident()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[int] = loop.create_future()
         with self._cv:
-            self._updates.append(WeightUpdate(state, path, version, policy, loop, future, adapter))
+            self._updates.append(WeightUpdate(state, path, version, policy, loop, future, adapter, owned))
             self._cv.notify()
         return await future
 
@@ -137,7 +139,7 @@ class EngineWeights:
         state = await asyncio.to_thread(self._receiver.receive, group_name, names, dtypes, shapes)
         if state is None:
             return None
-        return await self._queue(state, f"broadcast:{group_name}", version, chosen)
+        return await self._queue(state, f"broadcast:{group_name}", version, chosen, owned=True)
 
     async def destroy_weights_update_group(self, group_name: str) -> None:
         if self._receiver is None:
@@ -188,7 +190,7 @@ class EngineWeights:
     def _swap(self, update: WeightUpdate) -> None:
         try:
             if update.state is not None:
-                self._model.load_state_dict(update.state, strict=True)
+                self._model.load_state_dict(update.state, strict=True, assign=update.owned)
         except Exception as exc:
             deliver_error(update.loop, update.future, InferenceError(f"swapping in {update.path} failed: {exc}"))
             return
