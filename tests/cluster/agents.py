@@ -24,9 +24,11 @@ class ParityAgent:
 
     name = "parity"
 
-    def __init__(self, tokens: int = 3, work_s: float = 0.0) -> None:
+    def __init__(self, tokens: int = 3, work_s: float = 0.0, calls: int = 1) -> None:
         self.tokens = tokens
         self.work_s = work_s
+        self.calls = calls
+        """Model calls per episode: the last one decides; the ones before it are earlier turns to a router."""
         self.tokenizer = ByteTokenizer()
 
     async def run(self, task: Task, sandbox: Sandbox, policy: InferenceClient | None, budget: Budget) -> AgentResult:
@@ -35,7 +37,8 @@ class ParityAgent:
             await sandbox.exec(f"sleep {self.work_s}", timeout_s=self.work_s + 30)
         prompt = self.tokenizer.encode_messages([{"role": "user", "content": "pick"}], add_generation_prompt=True)
         started = time.monotonic()
-        gen = await policy.generate(prompt, SamplingParams(max_new_tokens=self.tokens, ignore_eos=True))
+        for _ in range(self.calls):
+            gen = await policy.generate(prompt, SamplingParams(max_new_tokens=self.tokens, ignore_eos=True))
         model_s = time.monotonic() - started
         command = None
         if gen.output_ids[0] % 2 == 0:

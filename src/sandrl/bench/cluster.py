@@ -205,7 +205,7 @@ async def _on_ray(
         shares = concurrency_shares(slots, 2)
         configs = tuple(HostConfig(h.url, name=h.name, capacity=slots / 2, token_file=str(token_file)) for h in hosts)
         specs = [
-            WorkerSpec(f"bench-{os.getpid()}-{i}", config, configs, (), share, "bench-ray", agent=_agent(think_s))
+            WorkerSpec(f"bench-{os.getpid()}-{i}", config, configs, "", share, "bench-ray", agent=_agent(think_s))
             for i, share in enumerate(shares)
         ]
         handles = cluster_ray.start_workers(specs, ClusterOptions(workers=2, worker_cpus=0.5, max_restarts=0))

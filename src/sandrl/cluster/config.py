@@ -52,6 +52,9 @@ class ClusterOptions:
     """Ray CPUs reserved for the trainer actor (for each rank, with several ``[train] processes``)."""
     trainer_gpus: float = 0.0
     """Ray GPUs for the trainer actor, or for each rank (0: CPU training; 1 with several processes on GPUs)."""
+    engine_cpus: float = 1.0
+    """Ray CPUs reserved per inference engine actor (``[inference] launch`` under ``--ray``), beside its
+    ``gpus_per_engine`` GPUs (:mod:`sandrl.cluster.engines`)."""
     trainer_threads: int = 0
     """Torch threads of the trainer actor; 0: torch's default (every core of its node)."""
     max_restarts: int = 3
@@ -67,7 +70,7 @@ class ClusterOptions:
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise ConfigError(f"workers must be >= 1, got {self.workers}")
-        for name in ("worker_cpus", "trainer_cpus", "trainer_gpus"):
+        for name in ("worker_cpus", "trainer_cpus", "trainer_gpus", "engine_cpus"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ConfigError(f"{name} must be >= 0, got {value!r}")
@@ -84,7 +87,8 @@ class ClusterConfig:
 
     hosts: tuple[HostConfig, ...]
     inference: tuple[str, ...] = ()
-    """The policy's servers (SGLang's routes); empty: ``[model] inference`` of the run config."""
+    """Engines started elsewhere (SGLang's routes), behind the router the driver serves; empty: ``[model]
+    inference`` of the run config, or none with ``[inference] launch`` (engines started as Ray actors)."""
     options: ClusterOptions = field(default_factory=ClusterOptions)
 
     def __post_init__(self) -> None:
@@ -95,13 +99,14 @@ class ClusterConfig:
                 raise ConfigError(f"[cluster] inference holds URLs of inference servers, got {url!r}")
 
     def endpoints(self, run: RunConfig) -> tuple[str, ...]:
-        """The inference URLs the workers sample from and the trainer's weights are pushed to."""
+        """The URLs of the engines started elsewhere that the run's router fronts (:mod:`sandrl.cluster.engines`)."""
         if self.inference:
             return self.inference
         if run.model.inference.startswith(("http://", "https://")):
             return (run.model.inference,)
         raise ConfigError(
-            "with --ray the policy is served by inference servers: set [cluster] inference = [URL, ...] "
+            "with --ray the policy is served by inference servers: set [inference] launch (sandrl starts them as "
+            "Ray actors), or [cluster] inference = [URL, ...] "
             "(or [model] inference = URL); start each with `sandrl serve inference --model NAME --host 0.0.0.0 "
             "--token-file FILE` and name the same token in [model] token_file"
         )

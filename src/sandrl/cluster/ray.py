@@ -5,10 +5,10 @@
     driver (sandrl train --ray)                 Ray actors
       Session + the sync or async driver  ──►   RolloutWorker x N   (RolloutRunner over a FleetProvider)
       ClusterSource: dispatch, re-issue   ──►   TrainerWorker       (Trainer.step, checkpoints, weight export)
-      EndpointsClient: push weights       ──►   inference servers   (URLs)
+      router: episodes, weight pushes     ──►   EngineActor x M     (sandrl.cluster.engines), or URLs
 
-Only this module and :mod:`sandrl.cluster.dispatch` import Ray, and only ``sandrl train --ray`` and
-``sandrl bench cluster`` import them. A rollout worker that dies is restarted by Ray
+Only this module, :mod:`sandrl.cluster.dispatch` and :mod:`sandrl.cluster.engines` import Ray, and only
+``sandrl train --ray`` and ``sandrl bench cluster`` import them. A rollout worker that dies is restarted by Ray
 (``max_restarts``); its in-flight groups are re-issued by the driver (:mod:`sandrl.cluster.dispatch`).
 The trainer actor is not restarted: a run whose trainer died resumes from its last checkpoint.
 """

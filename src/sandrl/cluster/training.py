@@ -8,7 +8,10 @@ same :class:`~sandrl.train.driver_common.Session`; what changes is where its par
 - the trainer is a :class:`~sandrl.cluster.ray.RemoteTrainer` (an actor; ``trainer_gpus`` puts it on a
   GPU node), which exports weights under ``[run] output_dir``: a directory the inference servers read
   (shared storage on a real cluster);
-- the policy is an :class:`~sandrl.cluster.endpoints.EndpointsClient` over the inference URLs.
+- the engines sit behind one router served by the driver (:mod:`sandrl.cluster.engines`): launched as Ray
+  actors in a placement group (``[inference] launch``) or started elsewhere (``[cluster] inference``); the
+  rollout workers sample through the router's URL (each episode on one engine) and the driver pushes the
+  weights through it (to every engine).
 
 Besides what a local run writes, the output directory gets ``cluster.toml`` (the resolved
 ``[cluster]`` section) and ``cluster.json`` (per-host metrics, the episode ledger, worker losses),
@@ -18,6 +21,7 @@ which is also the ``cluster`` entry of the result.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Sequence
@@ -29,7 +33,7 @@ from rich.console import Console
 from sandrl.cluster.config import ClusterConfig, load_cluster_run, save_cluster
 from sandrl.cluster.fleet import FleetConfig
 from sandrl.cluster.hosts import merge
-from sandrl.cluster.worker import WorkerSpec, concurrency_shares
+from sandrl.cluster.worker import WorkerSpec, concurrency_shares, router_client
 from sandrl.errors import ClusterError, ConfigError
 from sandrl.rollout.agent import Agent
 from sandrl.rollout.jsonl import TrajectoryWriter
@@ -82,14 +86,15 @@ async def run_cluster_training(
 
     from sandrl.cluster import ray as cluster_ray
     from sandrl.cluster.dispatch import ClusterSource, WorkerPool
-    from sandrl.cluster.endpoints import EndpointsClient
+    from sandrl.cluster.engines import cluster_fleet
     from sandrl.train import async_, sync
     from sandrl.train.driver_common import Session
 
     chosen = mode or config.run.mode
     if chosen not in MODES:
         raise ConfigError(f"--mode must be one of {', '.join(MODES)}, got {chosen!r}")
-    endpoints = cluster.endpoints(config)
+    if not config.inference.launched:
+        cluster.endpoints(config)  # no engines at all: said before anything starts
     cluster = cluster.resolved()
     opts = cluster.options
     joined = cluster_ray.connect(address)
@@ -99,27 +104,38 @@ async def run_cluster_training(
     run_id = Path(config.run.output_dir).name
     tasks = task_mix(config.tasks, out / "tasks", config.run.seed)  # the positions draw as on one machine
     shares = concurrency_shares(config.rollout.concurrency, opts.workers)
-    specs = [
-        WorkerSpec(
-            name=cluster_ray.worker_name(run_id, i),
-            run=config,
-            hosts=cluster.hosts,
-            inference=endpoints,
-            concurrency=share,
-            run_id=run_id,
-            agent=agent,
-            fleet=FleetConfig(health_interval_s=opts.health_interval_s),
-        )
-        for i, share in enumerate(shares)
-    ]
     handles: list[Any] = []
     trainer: cluster_ray.RemoteTrainer | cluster_ray.RemoteRanks | None = None
     writer = TrajectoryWriter(out / "rollouts.jsonl", append=True) if config.run.save_rollouts else None
-    policy = EndpointsClient(endpoints, http=config.model.http())  # the trainer pushes the weights, with the token
     pool: WorkerPool | None = None
     session: Session | None = None
     result: dict[str, Any] = {}
+    served: contextlib.AsyncExitStack = contextlib.AsyncExitStack()
     try:
+        fleet = await served.enter_async_context(cluster_fleet(config, cluster, run_id))
+        api = (
+            "vllm"
+            if config.inference.launch == "vllm"
+            else ("sglang" if config.inference.launched else config.model.api)
+        )
+        specs = [
+            WorkerSpec(
+                name=cluster_ray.worker_name(run_id, i),
+                run=config,
+                hosts=cluster.hosts,
+                inference=fleet.url,
+                concurrency=share,
+                run_id=run_id,
+                agent=agent,
+                fleet=FleetConfig(health_interval_s=opts.health_interval_s),
+                inference_token=fleet.token,
+                inference_api=api,
+            )
+            for i, share in enumerate(shares)
+        ]
+        # The driver pushes the trainer's weights through the router, which loads them on every engine.
+        policy = router_client(specs[0], tokenizer=None)
+        served.push_async_callback(policy.aclose)
         handles = cluster_ray.start_workers(specs, opts)
         trainer = None if rollout_only else cluster_ray.remote_trainer(config, opts, opts.trainer_threads or None)
         pool = WorkerPool(handles, shares, wait_s=opts.worker_wait_s)
@@ -164,7 +180,7 @@ async def run_cluster_training(
             cluster_ray.stop(handles)
         if trainer is not None:
             trainer.kill()
-        await policy.aclose()
+        await served.aclose()
         if writer is not None:
             writer.close()
         if joined and ray_lib.is_initialized():

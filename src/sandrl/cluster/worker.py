@@ -5,7 +5,8 @@ imports nothing of Ray, so it runs and is tested in one process too. A worker
 
 - loads the run's tasks itself: a generated family is written again (byte-identical for the same
   family, count and seed) into a directory of its own; a task path must be readable on its node;
-- samples from the inference servers (:class:`~sandrl.cluster.endpoints.EndpointsClient`) and
+- samples through the run's inference router (:mod:`sandrl.cluster.engines`: one URL in front of the
+  engines, every episode's calls on one engine) and
   places sandboxes with a :class:`~sandrl.cluster.fleet.FleetProvider` whose sandboxes carry the
   worker's label, so a restarted worker first closes what its dead predecessor left;
 - runs the groups the driver hands it (:meth:`RolloutWorker.run_group`, by task id and group id:
@@ -23,13 +24,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sandrl.cluster.endpoints import EndpointsClient
 from sandrl.cluster.fleet import FleetConfig, FleetProvider
 from sandrl.cluster.hosts import HostConfig
 from sandrl.cluster.images import fleet_image
 from sandrl.errors import ConfigError
 from sandrl.inference.base import InferenceClient
-from sandrl.inference.tokenizer import model_tokenizer
+from sandrl.inference.openai import OpenAIClient
+from sandrl.inference.sglang import SGLangClient
+from sandrl.inference.tokenizer import Tokenizer, model_tokenizer
+from sandrl.inference.transport import HTTPConfig
+from sandrl.inference.vllm import VLLMClient
 from sandrl.rollout.agent import Agent
 from sandrl.rollout.runner import Group, RolloutRunner
 from sandrl.tasks.task import Task
@@ -55,13 +59,17 @@ class WorkerSpec:
     run: RunConfig
     hosts: tuple[HostConfig, ...]
     """With capacities resolved (:meth:`~sandrl.cluster.config.ClusterConfig.resolved`)."""
-    inference: tuple[str, ...]
-    """The policy's servers; empty for agents without a model (replay, oracle)."""
+    inference: str
+    """The URL of the run's inference router; empty for agents without a model (replay, oracle)."""
     concurrency: int
     run_id: str
     agent: Agent | None = None
     """None: the LLM agent of the run config; else this agent (copied to the worker)."""
     fleet: FleetConfig = field(default_factory=FleetConfig)
+    inference_token: str | None = field(default=None, repr=False)
+    """The router's token (the engines' own)."""
+    inference_api: str = "sglang"
+    """The router's routes: those of its engines (``sglang``: sandrl's and SGLang's; ``vllm``; ``openai``)."""
 
 
 class RolloutWorker:
@@ -71,7 +79,7 @@ class RolloutWorker:
         self.spec = spec
         self.fleet = FleetProvider(spec.hosts, spec.fleet, labels={WORKER_LABEL: spec.name})
         self._policy = policy
-        self._endpoints: EndpointsClient | None = None
+        self._endpoints: SGLangClient | VLLMClient | OpenAIClient | None = None
         """The policy's client when the worker made it (and so closes it)."""
         self.tasks: dict[str, Task] = {}
         self.runner: RolloutRunner | None = None
@@ -96,8 +104,7 @@ class RolloutWorker:
         if self._policy is None and spec.inference:
             # The tokenizer of [model] name, read on this node: the agent renders its prompts with it.
             tokenizer = model_tokenizer(spec.run.model.name) if spec.agent is None else None
-            http = spec.run.model.http()  # [model] token_file, read on this node
-            self._policy = self._endpoints = EndpointsClient(spec.inference, http=http, tokenizer=tokenizer)
+            self._policy = self._endpoints = router_client(spec, tokenizer)
         # The fleet's hosts have capacities of their own (HostConfig); [rollout] host_capacity is one machine's.
         rollout = dataclasses.replace(
             spec.run.rollout, concurrency=spec.concurrency, host_capacity=None, capacity_file=""
@@ -164,6 +171,21 @@ class RolloutWorker:
         if self._dir is not None:
             self._dir.cleanup()
             self._dir = None
+
+
+def router_client(spec: WorkerSpec, tokenizer: Tokenizer | None) -> SGLangClient | VLLMClient | OpenAIClient:
+    """A client of the run's router, with its engines' routes; it sends each episode's routing key."""
+    http = HTTPConfig(api_key=spec.inference_token)
+    policy = spec.run.model.update_policy
+    if spec.inference_api == "vllm":
+        return VLLMClient(spec.inference, http=http, tokenizer=tokenizer, update_policy=policy)
+    if spec.inference_api == "openai":
+        return OpenAIClient(spec.inference, http=http, tokenizer=tokenizer)
+    # A launched SGLang returns temperature-1 log-probs (commands.py sets its switch).
+    original = True if spec.run.inference.launch == "sglang" else None
+    return SGLangClient(
+        spec.inference, http=http, tokenizer=tokenizer, update_policy=policy, original_logprobs=original
+    )
 
 
 def task_fingerprint(tasks: Sequence[Task]) -> list[str]:

@@ -149,8 +149,8 @@ class InferenceClient(Protocol):
 
     Implementations: :class:`~sandrl.inference.engine.Engine` (in process),
     :class:`~sandrl.inference.sglang.SGLangClient`, :class:`~sandrl.inference.openai.OpenAIClient`,
-    :class:`~sandrl.inference.vllm.VLLMClient`,
-    :class:`~sandrl.cluster.endpoints.EndpointsClient` (several servers).
+    :class:`~sandrl.inference.vllm.VLLMClient` (several servers: one of them speaking to the router of
+    :mod:`sandrl.inference.fleet`).
     """
 
     @property

@@ -11,7 +11,8 @@
   routes) and its token in ``$VLLM_API_KEY``.
 
 Each gets ``CUDA_VISIBLE_DEVICES`` = its GPUs (:func:`partition_devices`), then ``[inference] args``.
-Engines bind loopback: only the router, in the driver on this host, talks to them.
+Engines bind loopback: only the router, in the driver on this host, talks to them (an engine actor
+on another node of a Ray cluster binds its node's address, token required: :mod:`sandrl.cluster.engines`).
 """
 
 from __future__ import annotations
@@ -42,10 +43,13 @@ class EngineCommand:
     argv: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=dict)
     port: int = 0
+    host: str = HOST
+    """The address it binds: loopback on the driver's host; its node's address for an engine actor
+    on another node of a Ray cluster (:mod:`sandrl.cluster.engines`)."""
 
     @property
     def url(self) -> str:
-        return f"http://{HOST}:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
 
 def engine_command(
@@ -59,6 +63,7 @@ def engine_command(
     seed: int = 0,
     update_policy: str = "pause",
     python: str = sys.executable,
+    host: str = HOST,
 ) -> EngineCommand:
     """The command of engine ``index`` of ``config`` serving ``model`` on ``port`` (see the module docstring)."""
     launch, args = config.launch, list(config.args)
@@ -67,20 +72,20 @@ def engine_command(
         env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
     if launch == "embedded":
         argv = [python, "-m", "sandrl.cli", "serve", "inference", "--model", model]
-        argv += ["--host", HOST, "--port", str(port), "--seed", str(seed + index), "--update-policy", update_policy]
+        argv += ["--host", host, "--port", str(port), "--seed", str(seed + index), "--update-policy", update_policy]
         if not _has_flag(args, "--prefix-cache-tokens"):
             argv += ["--prefix-cache-tokens", str(config.prefix_cache_tokens)]
         if config.kv_cache_tokens and not _has_flag(args, "--kv-cache-tokens"):
             argv += ["--kv-cache-tokens", str(config.kv_cache_tokens)]
         env["SANDRL_INFERENCE_TOKEN"] = token
     elif launch == "sglang":
-        argv = [python, "-m", "sglang.launch_server", "--model-path", model, "--host", HOST, "--port", str(port)]
+        argv = [python, "-m", "sglang.launch_server", "--model-path", model, "--host", host, "--port", str(port)]
         argv += ["--api-key", token, "--random-seed", str(seed + index)]
         if len(devices) > 1 and not _has_flag(args, "--tp-size", "--tp", "--tensor-parallel-size"):
             argv += ["--tp-size", str(len(devices))]
         env["SGLANG_RETURN_ORIGINAL_LOGPROB"] = "1"
     elif launch == "vllm":
-        argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", HOST]
+        argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", host]
         argv += ["--port", str(port), "--seed", str(seed + index)]
         if len(devices) > 1 and not _has_flag(args, "--tensor-parallel-size", "-tp"):
             argv += ["--tensor-parallel-size", str(len(devices))]
@@ -88,7 +93,7 @@ def engine_command(
         env["VLLM_API_KEY"] = token
     else:
         raise ConfigError(f"[inference] launch must be one of embedded, sglang, vllm to start engines, got {launch!r}")
-    return EngineCommand(index, (*argv, *args), env, port)
+    return EngineCommand(index, (*argv, *args), env, port, host)
 
 
 def _has_flag(args: Sequence[str], *flags: str) -> bool:

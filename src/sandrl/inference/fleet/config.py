@@ -16,7 +16,9 @@ waits until each answers ``/health``; restarts one that dies (at most ``max_rest
 waiting 1, 2, 4... up to 30 s between tries) and loads the trainer's current weights into it
 before it serves again; and stops them all when the run ends, on Ctrl-C, and when the driver is
 killed (:mod:`sandrl.inference.fleet.guard`). The run samples through one router
-(:mod:`sandrl.inference.fleet.proxy`) that keeps each episode on one engine.
+(:mod:`sandrl.inference.fleet.proxy`) that keeps each episode on one engine. Under ``--ray`` each engine
+is a Ray actor running that same command, in one placement group, behind the driver's router
+(:mod:`sandrl.cluster.engines`).
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ SET_BY_SANDRL = ("--host", "--port", "--model", "--model-path", "--api-key")
 
 @dataclass(frozen=True)
 class FleetConfig:
-    """Inference engines that sandrl starts on this host for the run (logs in ``<output_dir>/engines/``),
+    """Inference engines that sandrl starts on this host for the run (under ``--ray``: as Ray actors in a
+    placement group, :mod:`sandrl.cluster.engines`; logs in ``<output_dir>/engines/``),
     restarts when one dies and stops with the run, behind one router that keeps each episode on one
     engine (:mod:`sandrl.inference.fleet`). Without ``launch`` nothing is started."""
 

@@ -27,7 +27,8 @@ A dead engine is watched (``/health`` every half second) and brought back once i
 has had the replay: a restarted process (:mod:`sandrl.inference.fleet.launch`) or an engine
 started elsewhere that came back.
 
-Auth: loopback callers only (:class:`~sandrl.http_auth.LoopbackOnly`); with a token, every route but
+Auth: loopback callers only (:class:`~sandrl.http_auth.LoopbackOnly`), unless ``remote`` (the router of a
+Ray cluster of several nodes, bound to the driver's address: a token is then required); with a token, every route but
 ``/health`` and the session routes needs it (a session's routes take the session's key, which the
 engine checks). Requests to engines carry the engines' token.
 """
@@ -45,6 +46,7 @@ from typing import Any
 
 import httpx
 
+from sandrl.errors import ConfigError
 from sandrl.http_auth import ASGIApp, LoopbackOnly, Receive, Scope, Send, bearer, same_token, send_error
 from sandrl.inference.auth import CONTROL_PATHS, MAX_BODY_BYTES, session_of
 from sandrl.inference.fleet.affinity import ENGINE_HEADER, MOVED_HEADER, ROUTING_KEY_HEADER
@@ -114,7 +116,13 @@ class FleetProxy:
         wait_s: float = 600.0,
         timeout_s: float = 3600.0,
         max_body_bytes: int = MAX_BODY_BYTES,
+        remote: bool = False,
     ) -> None:
+        if remote and not token:
+            raise ConfigError(
+                "a fleet's router that other hosts reach (the rollout workers of a Ray cluster on several nodes) "
+                "needs a token: set [model] token_file to the engines' token"
+            )
         self.router = router
         self.token = token
         self.wait_s = wait_s
@@ -135,8 +143,13 @@ class FleetProxy:
         """The generation calls' connections (:mod:`~sandrl.inference.fleet.forward`); httpx for the rest."""
         self._control = asyncio.Lock()
         self._watcher: asyncio.Task[None] | None = None
-        self.app: ASGIApp = LoopbackOnly(
-            self._serve, advice="the fleet's router serves this host's driver only: talk to it on 127.0.0.1"
+        # Remote callers (a Ray cluster's other nodes) hold the token, the one credential then.
+        self.app: ASGIApp = (
+            self._serve
+            if remote
+            else LoopbackOnly(
+                self._serve, advice="the fleet's router serves this host's driver only: talk to it on 127.0.0.1"
+            )
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -23,8 +23,8 @@ inference --fleet``): every call goes to the next live engine in turn, its key i
 pinned; only what was pinned explicitly (:meth:`Router.pin`: a gateway session, whose state lives on
 the engine that opened it) still goes to its engine.
 
-The cluster's :class:`~sandrl.cluster.endpoints.EndpointsClient` (``--ray``) keeps its own
-least-in-flight choice over its URLs: its rollout workers sample through it directly.
+Under ``--ray`` the same router, served by the driver, fronts the engines (engine actors or
+``[cluster] inference`` URLs: :mod:`sandrl.cluster.engines`), and the rollout workers sample through it.
 """
 
 from __future__ import annotations

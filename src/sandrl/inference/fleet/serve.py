@@ -10,7 +10,8 @@ server's (:func:`sandrl.wiring.open_policy` makes the run's policy from them):
   the one that does not); they keep the token their client was given.
 
 Either way the router (:mod:`~sandrl.inference.fleet.proxy`) is served on this event loop on a
-loopback port, and everything stops when the context ends.
+loopback port (or on ``host``: the driver of a Ray cluster of several nodes, :mod:`sandrl.cluster.engines`),
+and everything stops when the context ends.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import httpx
 
 from sandrl.background_server import serve_on_loop
 from sandrl.errors import ConfigError
-from sandrl.http_auth import new_token
+from sandrl.http_auth import is_loopback, new_token
 from sandrl.inference.fleet.commands import HOST, check_installed, engine_command, partition_devices, visible_devices
 from sandrl.inference.fleet.config import FleetConfig
 from sandrl.inference.fleet.launch import Launcher
@@ -62,11 +63,13 @@ async def open_fleet(
     attach: Sequence[str] = (),
     token: str | None = None,
     visible: Sequence[str] | None = None,
+    host: str = HOST,
 ) -> AsyncIterator[Fleet]:
     """The fleet of ``config`` (or of the ``attach`` URLs), served behind a router until the context ends.
 
     ``log_dir`` gets each launched engine's log (``engine-N.log``); ``visible``: this host's GPUs
-    (default: ``CUDA_VISIBLE_DEVICES``, else CUDA's count)."""
+    (default: ``CUDA_VISIBLE_DEVICES``, else CUDA's count); ``host``: the router's address (loopback but for
+    the rollout workers of a Ray cluster on several nodes, :mod:`sandrl.cluster.engines`: a token is then needed)."""
     launcher: Launcher | None = None
     if config.launched:
         if attach:
@@ -101,12 +104,12 @@ async def open_fleet(
         await check_reachable(attach)
         urls = list(attach)
     router = Router(urls)
-    proxy = FleetProxy(router, token=token, wait_s=config.startup_timeout_s)
+    proxy = FleetProxy(router, token=token, wait_s=config.startup_timeout_s, remote=not is_loopback(host))
     if launcher is not None:
         launcher.on_lost = lambda i, why: proxy.lost(router.engines[i], why)
         launcher.on_gone = lambda i: setattr(router.engines[i], "gone", True)
     try:
-        async with serve_on_loop(proxy, HOST, name="inference router") as url:
+        async with serve_on_loop(proxy, host, name="inference router") as url:
             proxy.start()
             yield Fleet(url, token, router, proxy, launcher)
     finally:

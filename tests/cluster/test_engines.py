@@ -1,0 +1,148 @@
+"""``[inference] launch`` under ``--ray``: the engines as Ray actors in a placement group, behind the driver's router.
+
+Real everywhere but the agent (:class:`~tests.cluster.agents.ParityAgent`, two model calls per episode): the
+engines are ``sandrl serve inference`` processes started by engine actors, the sandbox hosts are
+``sandrl serve sandboxes`` processes, the router is the fleet's, served by the driver (this test process,
+where a spy on :meth:`Router.pick` reads which engine each call went to).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from sandrl.cluster.config import ClusterConfig, ClusterOptions
+from sandrl.cluster.engines import engine_actor_name
+from sandrl.cluster.training import run_cluster_training
+from sandrl.errors import ClusterError
+from sandrl.inference.fleet.router import Engine as RoutedEngine
+from sandrl.inference.fleet.router import Router
+
+from .agents import ParityAgent
+from .conftest import SandboxHost
+from .test_ray import _check_exactly_once, run_config
+
+pytestmark = pytest.mark.slow
+
+
+def cluster_config(hosts: dict[str, SandboxHost], **options: Any) -> ClusterConfig:
+    opts = ClusterOptions(
+        workers=2,
+        worker_cpus=0.5,
+        trainer_cpus=1.0,
+        engine_cpus=0.5,
+        trainer_threads=1,
+        health_interval_s=0.2,
+        worker_wait_s=60,
+        **options,
+    )
+    return ClusterConfig(tuple(h.config() for h in hosts.values()), (), opts)
+
+
+def _engine_processes(ports: set[int]) -> list[str]:
+    """Command lines of live ``serve inference`` processes on one of ``ports``."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        words = [a.decode(errors="replace") for a in argv]
+        if "inference" in words and "--port" in words and int(words[words.index("--port") + 1]) in ports:
+            found.append(" ".join(words))
+    return found
+
+
+async def test_launched_engines_are_actors_in_a_placement_group_and_keep_each_episode(
+    tmp_path: Path, ray_cluster: Any, both_up: dict[str, SandboxHost], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import ray
+    from ray.util.placement_group import placement_group_table
+
+    picks: list[tuple[str | None, int]] = []
+    routers: list[Router] = []
+    pick = Router.pick
+
+    def spy(self: Router, key: str | None) -> tuple[RoutedEngine, bool]:
+        engine, moved = pick(self, key)
+        picks.append((key, engine.index))
+        if self not in routers:
+            routers.append(self)
+        return engine, moved
+
+    monkeypatch.setattr(Router, "pick", spy)
+    out = tmp_path / "engines"
+    config = run_config(
+        out,
+        Path(""),
+        run={"steps": 2},
+        model={"token_file": ""},
+        inference={"launch": "embedded", "engines": 2, "startup_timeout_s": 120},
+    )
+    before = set(placement_group_table())
+    result = await run_cluster_training(
+        config, cluster_config(both_up), address="auto", agent=ParityAgent(tokens=1, calls=2)
+    )
+    rollouts = _check_exactly_once(out, result, 2, 2, 4)
+    groups = [g for key, g in placement_group_table().items() if key not in before]
+    assert [(len(g["bundles"]), g["strategy"], g["state"]) for g in groups] == [(2, "PACK", "REMOVED")]
+    assert [b for g in groups for b in g["bundles"].values()] == [{"CPU": 0.5}] * 2
+
+    # Every episode's two calls went to one engine; both engines took episodes.
+    by_episode: dict[str, set[int]] = {}
+    for key, index in picks:
+        assert key is not None, "a call reached the router without its episode's key"
+        by_episode.setdefault(key, set()).add(index)
+    assert set(by_episode) == {t.episode_id for t in rollouts}
+    assert all(len(engines) == 1 for engines in by_episode.values()), by_episode
+    assert len(picks) == 2 * len(rollouts)
+    served_by = {key: next(iter(engines)) for key, engines in by_episode.items()}
+    assert set(served_by.values()) == {0, 1}
+    # The weights reached both engines: each served step 2's episodes at the version pushed after step 1.
+    late = {served_by[t.episode_id] for t in rollouts if t.turns[0].weight_version == 1}
+    assert late == {0, 1}, [(served_by[t.episode_id], t.turns[0].weight_version) for t in rollouts]
+    assert (out / "engines" / "engine-0.log").is_file() and (out / "engines" / "engine-1.log").is_file()
+
+    # Nothing is left: no engine answers, no engine process, no engine actor.
+    (router,) = routers
+    urls = [e.url for e in router.engines]
+    ports = {int(u.rsplit(":", 1)[1]) for u in urls}
+    assert all(u.startswith("http://127.0.0.1:") for u in urls), urls  # one machine: loopback
+    assert _engine_processes(ports) == []
+    async with httpx.AsyncClient() as http:
+        for url in urls:
+            with pytest.raises(httpx.ConnectError):
+                await http.get(url + "/health", timeout=2)
+    run_id = out.name
+    for i in range(2):
+        for _ in range(50):
+            try:
+                ray.get_actor(engine_actor_name(run_id, i), namespace="sandrl")
+            except ValueError:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError(f"engine actor {i} outlived the run")
+
+
+async def test_a_placement_group_larger_than_the_cluster_is_one_line(
+    tmp_path: Path, ray_cluster: Any, both_up: dict[str, SandboxHost]
+) -> None:
+    config = run_config(
+        tmp_path / "big",
+        Path(""),
+        model={"token_file": ""},
+        inference={"launch": "sglang", "engines": 2, "gpus_per_engine": 1},
+    )
+    with pytest.raises(ClusterError) as caught:
+        await run_cluster_training(config, cluster_config(both_up), address="auto", agent=ParityAgent(tokens=1))
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "needs 2 GPUs and the Ray cluster has 0" in message and "gpus_per_engine" in message
