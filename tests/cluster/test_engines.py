@@ -17,9 +17,10 @@ import httpx
 import pytest
 
 from sandrl.cluster.config import ClusterConfig, ClusterOptions
-from sandrl.cluster.engines import engine_actor_name
+from sandrl.cluster.engines import EngineGroup, engine_actor_name
 from sandrl.cluster.training import run_cluster_training
-from sandrl.errors import ClusterError
+from sandrl.errors import ClusterError, ConfigError
+from sandrl.inference.fleet.proxy import FleetProxy
 from sandrl.inference.fleet.router import Engine as RoutedEngine
 from sandrl.inference.fleet.router import Router
 
@@ -45,7 +46,7 @@ def cluster_config(hosts: dict[str, SandboxHost], **options: Any) -> ClusterConf
 
 
 def _engine_processes(ports: set[int]) -> list[str]:
-    """Command lines of live ``serve inference`` processes on one of ``ports``."""
+    """Command lines of live ``serve inference`` processes on one of ``ports`` (an engine, its guard)."""
     found = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -146,3 +147,51 @@ async def test_a_placement_group_larger_than_the_cluster_is_one_line(
     message = str(caught.value)
     assert "\n" not in message
     assert "needs 2 GPUs and the Ray cluster has 0" in message and "gpus_per_engine" in message
+
+
+async def test_an_engine_actor_killed_outright_takes_its_engine_with_it(tmp_path: Path, ray_cluster: Any) -> None:
+    """A crashed actor (``ray.kill``, no stop first) leaves no engine: its guard's parent was the actor."""
+    import ray
+
+    config = run_config(
+        tmp_path / "crash", Path(""), model={"token_file": ""}, inference={"launch": "embedded", "engines": 1}
+    )
+    group = EngineGroup(config, ClusterOptions(engine_cpus=0.5, worker_wait_s=60), "crash")
+    try:
+        (url,) = await group.start()
+        port = int(url.rsplit(":", 1)[1])
+        async with httpx.AsyncClient() as http:
+            assert (await http.get(url + "/health", timeout=5)).status_code == 200
+        assert len(_engine_processes({port})) == 2  # the engine and its guard
+        ray.kill(group.handles[0], no_restart=True)
+        for _ in range(200):
+            if not _engine_processes({port}):
+                break
+            await asyncio.sleep(0.1)
+        assert _engine_processes({port}) == [], "the engine outlived its actor"
+    finally:
+        group.kill()
+
+
+async def test_an_engine_that_fails_to_start_says_why_and_leaves_nothing(tmp_path: Path, ray_cluster: Any) -> None:
+    from ray.util.placement_group import placement_group_table
+
+    config = run_config(
+        tmp_path / "bad",
+        Path(""),
+        model={"token_file": ""},
+        inference={"launch": "embedded", "engines": 1, "args": ["--no-such-flag"], "max_restarts": 0},
+    )
+    group = EngineGroup(config, ClusterOptions(engine_cpus=0.5, worker_wait_s=60), "bad")
+    before = set(placement_group_table())
+    with pytest.raises(ConfigError) as caught:
+        await group.start()
+    assert "inference engine 0 exited with status" in str(caught.value)
+    assert "--no-such-flag" in str(caught.value)  # the engine's own complaint, from its log's tail
+    assert group.handles == [] and group.group is None
+    assert [g["state"] for key, g in placement_group_table().items() if key not in before] == ["REMOVED"]
+
+
+def test_a_router_that_other_hosts_reach_needs_a_token() -> None:
+    with pytest.raises(ConfigError, match="needs a token"):
+        FleetProxy(Router(["http://127.0.0.1:9"]), remote=True)
