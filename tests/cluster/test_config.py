@@ -108,3 +108,11 @@ def test_only_a_from_host_dockerfile_runs_on_any_host() -> None:
     assert trivial_host_dockerfile("FROM host\nWORKDIR /workspace\n")
     assert not trivial_host_dockerfile("FROM host\nRUN apt-get install -y jq\n")
     assert not trivial_host_dockerfile("FROM debian\n")
+
+
+def test_several_model_urls_are_several_engines_behind_the_router(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    urls = "[model]\ninference = 'http://10.0.0.5:30000, http://10.0.0.6:30000'\n"
+    path.write_text(BASE + urls + "[cluster]\n[[cluster.hosts]]\nurl = 'http://h:1'\n")
+    run, cluster = load_cluster_run(path)
+    assert cluster.endpoints(run) == ("http://10.0.0.5:30000", "http://10.0.0.6:30000")

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from sandrl.cluster.config import ClusterConfig, ClusterOptions
-from sandrl.cluster.engines import EngineGroup, engine_actor_name
+from sandrl.cluster.engines import EngineGroup, engine_actor_name, router_host
 from sandrl.cluster.training import run_cluster_training
 from sandrl.errors import ClusterError, ConfigError
 from sandrl.inference.fleet.proxy import FleetProxy
@@ -116,6 +116,7 @@ async def test_launched_engines_are_actors_in_a_placement_group_and_keep_each_ep
     urls = [e.url for e in router.engines]
     ports = {int(u.rsplit(":", 1)[1]) for u in urls}
     assert all(u.startswith("http://127.0.0.1:") for u in urls), urls  # one machine: loopback
+    assert router_host() == "127.0.0.1"  # and the router too (every node of this cluster is this machine)
     assert _engine_processes(ports) == []
     async with httpx.AsyncClient() as http:
         for url in urls:

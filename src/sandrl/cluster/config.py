@@ -102,8 +102,9 @@ class ClusterConfig:
         """The URLs of the engines started elsewhere that the run's router fronts (:mod:`sandrl.cluster.engines`)."""
         if self.inference:
             return self.inference
-        if run.model.inference.startswith(("http://", "https://")):
-            return (run.model.inference,)
+        urls = run.model.urls  # one, or several joined by commas
+        if urls and all(u.startswith(("http://", "https://")) for u in urls):
+            return urls
         raise ConfigError(
             "with --ray the policy is served by inference servers: set [inference] launch (sandrl starts them as "
             "Ray actors), or [cluster] inference = [URL, ...] "
