@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +176,52 @@ async def test_an_engine_actor_killed_outright_takes_its_engine_with_it(tmp_path
         assert _engine_processes({port}) == [], "the engine outlived its actor"
     finally:
         group.kill()
+
+
+DRIVER = """
+import asyncio, sys, time
+import ray
+from sandrl.cluster.config import ClusterOptions
+from sandrl.cluster.engines import EngineGroup
+from sandrl.train.run_config import from_dict
+
+ray.init(address=sys.argv[1], namespace="sandrl", logging_level="WARNING", configure_logging=False)
+run = from_dict({"run": {"output_dir": sys.argv[2]}, "tasks": {"family": "echo", "count": 2},
+                 "inference": {"launch": "embedded", "engines": 1}})
+urls = asyncio.run(EngineGroup(run, ClusterOptions(engine_cpus=0.5, worker_wait_s=60), "killed").start())
+print(urls[0], flush=True)
+time.sleep(600)
+"""
+
+
+async def test_no_engine_outlives_a_driver_killed_outright(tmp_path: Path, ray_cluster: Any) -> None:
+    """``kill -9`` of the driver: Ray ends its job's actors, and each engine's guard ends its engine."""
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, ray_cluster.address, str(tmp_path / "out")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert driver.stdout is not None
+        url = await asyncio.wait_for(asyncio.to_thread(driver.stdout.readline), 120)
+        port = int(url.strip().rsplit(":", 1)[1])
+        assert len(_engine_processes({port})) == 2
+        driver.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        driver.wait(timeout=30)
+        for _ in range(600):
+            if not _engine_processes({port}):
+                break
+            await asyncio.sleep(0.1)
+        assert _engine_processes({port}) == [], "an engine outlived its driver"
+        print(f"the engine was gone {time.monotonic() - killed:.1f} s after the driver's kill -9")
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+        if driver.stdout is not None:
+            driver.stdout.close()
 
 
 async def test_an_engine_that_fails_to_start_says_why_and_leaves_nothing(tmp_path: Path, ray_cluster: Any) -> None:
