@@ -32,8 +32,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import logging
-import os
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -50,8 +48,6 @@ from sandrl.inference.fleet.config import FleetConfig
 from sandrl.inference.fleet.launch import Launcher
 from sandrl.inference.fleet.serve import Fleet, open_fleet
 from sandrl.train.run_config import RunConfig
-
-log = logging.getLogger(__name__)
 
 
 def engine_actor_name(run_id: str, index: int) -> str:
@@ -99,11 +95,6 @@ class EngineActor:
         )
         await self.launcher.start()
         return command.url
-
-    def pids(self) -> tuple[int, int | None]:
-        """This actor's process id, and its engine's guard's (None before the start)."""
-        process = self.launcher.engines[0].process if self.launcher is not None else None
-        return os.getpid(), process.pid if process is not None else None
 
     async def stop(self) -> None:
         if self.launcher is not None:
