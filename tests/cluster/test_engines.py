@@ -22,6 +22,7 @@ import pytest
 
 from sandrl.cluster.config import ClusterConfig, ClusterOptions
 from sandrl.cluster.engines import EngineGroup, engine_actor_name, router_host
+from sandrl.cluster.hosts import HostConfig
 from sandrl.cluster.training import run_cluster_training
 from sandrl.errors import ClusterError, ConfigError
 from sandrl.inference.fleet.proxy import FleetProxy
@@ -246,3 +247,15 @@ async def test_an_engine_that_fails_to_start_says_why_and_leaves_nothing(tmp_pat
 def test_a_router_that_other_hosts_reach_needs_a_token() -> None:
     with pytest.raises(ConfigError, match="needs a token"):
         FleetProxy(Router(["http://127.0.0.1:9"]), remote=True)
+
+
+async def test_a_broadcast_weight_sync_is_refused_under_ray_before_anything_starts(tmp_path: Path) -> None:
+    config = run_config(
+        tmp_path / "bcast",
+        Path(""),
+        model={"token_file": ""},
+        inference={"launch": "embedded", "weight_sync": "broadcast"},
+    )
+    with pytest.raises(ConfigError, match="weight_sync = 'broadcast' is not served under --ray"):
+        host = HostConfig(url="http://127.0.0.1:9", capacity=1)  # never reached: refused before anything starts
+        await run_cluster_training(config, ClusterConfig((host,), (), ClusterOptions()), address="auto")

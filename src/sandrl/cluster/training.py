@@ -93,6 +93,11 @@ async def run_cluster_training(
     chosen = mode or config.run.mode
     if chosen not in MODES:
         raise ConfigError(f"--mode must be one of {', '.join(MODES)}, got {chosen!r}")
+    if config.inference.weight_sync == "broadcast":
+        raise ConfigError(
+            "[inference] weight_sync = 'broadcast' is not served under --ray yet (its trainer actors push the "
+            "weights by the disk, through the router): set weight_sync = 'auto' or 'disk'"
+        )
     if not config.inference.launched:
         cluster.endpoints(config)  # no engines at all: said before anything starts
     cluster = cluster.resolved()
