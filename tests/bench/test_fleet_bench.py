@@ -12,7 +12,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from sandrl.bench.fleet import FleetBenchConfig, render_card
-from sandrl.cli import bench as commands
+from sandrl.cli import bench_inference as commands
 from sandrl.errors import ConfigError
 
 pytestmark = pytest.mark.timeout(180)
