@@ -27,6 +27,24 @@ class _LoopServer(uvicorn.Server):
         yield
 
 
+_ROUTES_BUILT = threading.Lock()
+
+
+def build_routes_now(app: Any) -> None:
+    """Build a FastAPI app's routes before it serves. FastAPI builds an included router's routes at the first
+    request that walks them, and two apps that include one module-level router (two servers in one process,
+    each on its own thread) then build them at once: pydantic's schema generation is not thread-safe (a
+    spurious warning, raised as an error under the tests' filters, answered a request 500). One at a time,
+    here; an app or a FastAPI without lazy routes is left as it is."""
+    router = getattr(app, "router", None)
+    with _ROUTES_BUILT:
+        for route in getattr(router, "routes", ()):
+            for build in ("effective_candidates", "effective_low_priority_routes"):
+                method = getattr(route, build, None)
+                if callable(method):
+                    method()
+
+
 @contextlib.asynccontextmanager
 async def serve_on_loop(app: Any, host: str = "127.0.0.1", *, name: str = "server") -> AsyncIterator[str]:
     """Serve ``app`` on this event loop on a free port of ``host``; yields its URL; stops on exit."""
@@ -36,6 +54,7 @@ async def serve_on_loop(app: Any, host: str = "127.0.0.1", *, name: str = "serve
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, 0))
     port = sock.getsockname()[1]
+    build_routes_now(app)
     config = uvicorn.Config(app, log_level="warning", ws="none", lifespan="off", access_log=False, proxy_headers=False)
     server = _LoopServer(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
@@ -84,6 +103,7 @@ class BackgroundServer:
             ssl_certfile=certfile,
             ssl_keyfile=keyfile,
         )
+        self._app = app
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True)
 
@@ -92,6 +112,7 @@ class BackgroundServer:
         return f"{self._scheme}://{self.host}:{self.port}"
 
     def start(self, timeout_s: float = 30.0) -> BackgroundServer:
+        build_routes_now(self._app)
         self._thread.start()
         deadline = time.monotonic() + timeout_s
         while not self._server.started:
