@@ -29,7 +29,7 @@ from sandrl.errors import (
     SandboxFileTooLargeError,
 )
 from sandrl.sandbox.base import SandboxSpec
-from sandrl.sandbox.e2b_provider import PROVIDER_LABEL, E2BConfig, E2BProvider
+from sandrl.sandbox.e2b.provider import PROVIDER_LABEL, E2BConfig, E2BProvider
 from sandrl.tasks.builtin import SUITE_DIR
 from sandrl.tasks.builtin.generated import generate_tasks
 from sandrl.wiring.evaluate import EvalConfig, evaluate

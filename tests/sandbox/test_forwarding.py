@@ -28,7 +28,7 @@ from sandrl.sandbox.bwrap.port_forward import forward_into
 from sandrl.sandbox.bwrap.process import BwrapProcess
 from sandrl.sandbox.client import RemoteProvider
 from sandrl.sandbox.delegating import DelegatingSandbox
-from sandrl.sandbox.e2b_provider import E2BProvider
+from sandrl.sandbox.e2b.provider import E2BProvider
 from sandrl.sandbox.forwarding import ForwardLimits
 from sandrl.sandbox.pool import AdmittedProvider, AdmittedSandbox, CommandAdmission
 

@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 from sandrl.sandbox.base import ImageSource
-from sandrl.sandbox.templates import BASE_TEMPLATE, template_for
+from sandrl.sandbox.e2b.templates import BASE_TEMPLATE, template_for
 from sandrl.tasks.builtin import SUITE_DIR
 from sandrl.tasks.builtin.generated import generate_tasks
 from sandrl.tasks.loader import load_tasks

@@ -411,7 +411,7 @@ def images_templates(
 
     Run it on the host that serves the E2B API (`sandrl serve sandboxes`), with its state directory:
     the service then has every template the tasks name. Ends with one JSON line."""
-    from sandrl.sandbox.templates import BASE_TEMPLATE, build_template, template_for
+    from sandrl.sandbox.e2b.templates import BASE_TEMPLATE, build_template, template_for
     from sandrl.wiring.tasks import load_task_set
 
     console = rich_console(stderr=False)

@@ -280,7 +280,7 @@ class RolloutConfig:
     sandboxes: str = "local"
     """``local`` (bubblewrap on this machine) or ``e2b`` (an E2B-compatible service through the ``e2b``
     SDK, configured by its own ``E2B_API_KEY``, ``E2B_DOMAIN`` or ``E2B_API_URL``/``E2B_SANDBOX_URL``:
-    E2B, or a sandrl host's ``sandrl serve sandboxes``; see :mod:`sandrl.sandbox.e2b_provider`)."""
+    E2B, or a sandrl host's ``sandrl serve sandboxes``; see :mod:`sandrl.sandbox.e2b.provider`)."""
     create_concurrency: int = 8
     """With ``e2b``: sandbox creates in flight at once (the rest wait); refused creates are retried with backoff."""
 

@@ -1,10 +1,10 @@
 """The sandbox provider of ``[rollout] sandboxes``: this machine's, or an E2B-compatible service's.
 
 ``local`` is the bubblewrap provider (root, on this machine); ``e2b`` is
-:class:`~sandrl.sandbox.e2b_provider.E2BProvider`, configured by the ``e2b`` SDK's own environment
+:class:`~sandrl.sandbox.e2b.provider.E2BProvider`, configured by the ``e2b`` SDK's own environment
 variables (``E2B_API_KEY``, ``E2B_DOMAIN`` or ``E2B_API_URL``/``E2B_SANDBOX_URL``) with
 ``[rollout] create_concurrency`` creates in flight. Each task's image is then a template the
-service must hold (:mod:`sandrl.sandbox.templates`).
+service must hold (:mod:`sandrl.sandbox.e2b.templates`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ async def open_provider(rollout: RolloutConfig) -> AsyncIterator[SandboxProvider
             await local.close_all()
         return
     try:
-        from sandrl.sandbox.e2b_provider import E2BConfig, E2BProvider
+        from sandrl.sandbox.e2b.provider import E2BConfig, E2BProvider
     except ImportError as exc:
         raise ConfigError(
             f"--sandboxes e2b needs the e2b SDK, which is not installed ({exc}): pip install 'sandrl[e2b]'"

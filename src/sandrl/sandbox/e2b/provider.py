@@ -10,7 +10,7 @@ speaks E2B's API), or on any service that speaks it, configured as the SDK is co
 
 What it does on top of the SDK, because a rollout needs it:
 
-- **Images are templates** (:mod:`sandrl.sandbox.templates`): ``resolve_image`` names the template
+- **Images are templates** (:mod:`sandrl.sandbox.e2b.templates`): ``resolve_image`` names the template
   of a task's image; the service must hold it, else the create fails with
   :class:`~sandrl.errors.ImageNotFoundError` saying how to make it.
 - **Creates are bounded and retried**: at most ``create_concurrency`` in flight (bursts are what
@@ -19,7 +19,7 @@ What it does on top of the SDK, because a rollout needs it:
 - **Nothing outlives a crash**: every sandbox is created with its spec's TTL as E2B's
   ``timeout``, after which the service kills it whatever the client does; ``aclose`` kills the
   ones this provider made and still holds, and any whose create answer was lost (found by label).
-- **Failures are typed** (:mod:`sandrl.sandbox.e2b_errors`): the service's failures are
+- **Failures are typed** (:mod:`sandrl.sandbox.e2b.errors`): the service's failures are
   :class:`~sandrl.errors.SandboxError` s, so an episode ends ``infra_error``, never reward 0.
 
 What E2B's API does not carry: a template fixes the CPU, memory and disk of its sandboxes, so a
@@ -73,8 +73,8 @@ from sandrl.sandbox.base import (
     file_too_large,
 )
 from sandrl.sandbox.command import Command, check_command, shell_line
-from sandrl.sandbox.e2b_errors import RETRYABLE_CREATE, create_error, sandrl_error
-from sandrl.sandbox.templates import BASE_TEMPLATE, HOST_IMAGE, template_for
+from sandrl.sandbox.e2b.errors import RETRYABLE_CREATE, create_error, sandrl_error
+from sandrl.sandbox.e2b.templates import BASE_TEMPLATE, HOST_IMAGE, template_for
 
 PROVIDER_LABEL = "sandrl.provider"
 """Metadata key on every sandbox: the id of the provider that made it (to find the ones it lost)."""
@@ -152,7 +152,7 @@ class E2BProvider:
         self.create_retries_done = 0
 
     async def resolve_image(self, source: ImageSource) -> str:
-        """The template of ``source`` (:func:`~sandrl.sandbox.templates.template_for`); the service must hold it."""
+        """The template of ``source`` (:func:`~sandrl.sandbox.e2b.templates.template_for`); the service must hold it."""
         return template_for(source)
 
     async def create(self, spec: SandboxSpec | None = None) -> E2BSandbox:
