@@ -28,10 +28,11 @@ from sandrl.rollout.runner import Group
 from sandrl.rollout.trajectory import Trajectory
 from sandrl.train.batch import Batch
 from sandrl.train.config import TrainConfig
-from sandrl.train.driver_common import FileSource, Session, make_trainer
+from sandrl.train.group_sources import FileSource
 from sandrl.train.lora_config import LoraConfig
 from sandrl.train.losses import LossConfig
 from sandrl.train.ranks import RankGroup, RankSpec
+from sandrl.train.session import Session, make_trainer
 from sandrl.train.trainer import Trainer
 
 from ..train_drivers.conftest import run_config

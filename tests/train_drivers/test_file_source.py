@@ -6,7 +6,7 @@ from pathlib import Path
 
 from sandrl.rollout.jsonl import write_jsonl
 from sandrl.rollout.trajectory import Trajectory
-from sandrl.train.driver_common import FileSource
+from sandrl.train.group_sources import FileSource
 
 
 def _group(group_id: str, n: int, version: int) -> list[Trajectory]:

@@ -14,9 +14,9 @@ from sandrl.rollout import prefetch
 from sandrl.rollout.jsonl import read_jsonl
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.tasks.task import Task
-from sandrl.train import driver_common
+from sandrl.train import session
 from sandrl.train.command import run_training
-from sandrl.train.driver_common import task_at
+from sandrl.train.group_sources import task_at
 from sandrl.wiring import task_set
 
 from .conftest import ParityAgent, run_config
@@ -34,7 +34,7 @@ async def test_a_run_fetches_every_tasks_image_ahead_and_its_episodes_use_that_f
             yield ahead
             seen["report"] = await ahead.job  # the run is short: let the prefetch finish to read it
 
-    monkeypatch.setattr(driver_common, "images_ahead", spy)
+    monkeypatch.setattr(session, "images_ahead", spy)
     out = tmp_path / "run"
     config = run_config(out, run={"steps": 1, "groups_per_step": 1}, tasks={"family": "echo", "count": 4})
     await run_training(config, rollout_only=True, provider=provider, agent=ParityAgent())

@@ -30,7 +30,8 @@ from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.tasks.task import Task
 from sandrl.train.buffer import GroupBuffer
 from sandrl.train.command import run_training
-from sandrl.train.driver_common import FileSource, Session, make_trainer
+from sandrl.train.group_sources import FileSource
+from sandrl.train.session import Session, make_trainer
 from sandrl.train.staleness import group_version, staleness
 from sandrl.train.trainer import Trainer
 

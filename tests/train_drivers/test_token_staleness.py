@@ -13,7 +13,8 @@ from sandrl.rollout.runner import Group
 from sandrl.rollout.trajectory import Trajectory, Turn
 from sandrl.train.adapter import to_sample
 from sandrl.train.buffer import GroupBuffer
-from sandrl.train.driver_common import FileSource, Session
+from sandrl.train.group_sources import FileSource
+from sandrl.train.session import Session
 from sandrl.train.staleness import (
     group_version,
     mixed_version,

@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 
 from sandrl.cli import app
 from sandrl.errors import ConfigError
-from sandrl.train.driver_common import Session
 from sandrl.train.run_config import from_dict
+from sandrl.train.session import Session
 from sandrl.train.trackers.base import scalars
 from sandrl.train.trackers.episodes import TEXT_CHARS, conversation
 from sandrl.train.trackers.mlflow_tracker import MlflowTracker

@@ -78,7 +78,7 @@ def test_one_task_set_draws_the_order_runs_always_had(tmp_path: Path) -> None:
     mix = task_mix(family, tmp_path / "a", 3)
     assert not mix.mixed and mix.limit is None
 
-    def before(position: int) -> str:  # driver_common.task_at as it was
+    def before(position: int) -> str:  # group_sources.task_at as it was
         epoch, index = divmod(position, len(tasks))
         order = list(range(len(tasks)))
         random.Random(f"sandrl.train:3:{epoch}").shuffle(order)

@@ -1,6 +1,6 @@
 """The driver side of the rollout workers: which worker runs each group, and what happens when one dies.
 
-:class:`ClusterSource` is the :class:`~sandrl.train.driver_common.GroupSource` of a cluster run: data
+:class:`ClusterSource` is the :class:`~sandrl.train.group_sources.GroupSource` of a cluster run: data
 position ``p`` is the same task as on one machine (the same seeded shuffle), its group id the same,
 and :meth:`ClusterSource.group` sends it to the live worker with the fewest episodes in flight per
 slot of its concurrency. If that worker dies (a Ray actor error), the group is re-issued (same
@@ -28,7 +28,7 @@ from sandrl.errors import ClusterError
 from sandrl.rollout.jsonl import TrajectoryWriter
 from sandrl.rollout.runner import Group
 from sandrl.tasks.task import Task
-from sandrl.train.driver_common import group_id, task_at
+from sandrl.train.group_sources import group_id, task_at
 from sandrl.wiring.task_mix import TaskMix
 
 log = logging.getLogger(__name__)

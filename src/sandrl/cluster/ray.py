@@ -104,7 +104,7 @@ class TrainerWorker:
     def __init__(self, config: RunConfig, threads: int | None = None) -> None:
         import torch
 
-        from sandrl.train.driver_common import make_trainer
+        from sandrl.train.session import make_trainer
 
         if threads is not None:
             torch.set_num_threads(threads)
@@ -136,7 +136,7 @@ class TrainerWorker:
 
 
 class RemoteTrainer:
-    """The driver's view of the trainer actor: what :class:`~sandrl.train.driver_common.Session` calls."""
+    """The driver's view of the trainer actor: what :class:`~sandrl.train.session.Session` calls."""
 
     def __init__(self, config: RunConfig, options: ClusterOptions, threads: int | None = None) -> None:
         actor: Any = ray.remote(TrainerWorker)

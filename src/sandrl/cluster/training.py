@@ -1,7 +1,7 @@
 """``sandrl train CONFIG --ray auto|ADDRESS``: the same run, with rollouts and the trainer on a Ray cluster.
 
 The drivers are the ones of one machine (:mod:`sandrl.train.sync`, :mod:`sandrl.train.async_`) over the
-same :class:`~sandrl.train.driver_common.Session`; what changes is where its parts run:
+same :class:`~sandrl.train.session.Session`; what changes is where its parts run:
 
 - the groups come from :class:`~sandrl.cluster.dispatch.ClusterSource` (rollout-worker actors, each a
   RolloutRunner over the fleet of sandbox hosts with its share of ``[rollout] concurrency``);
@@ -88,7 +88,7 @@ async def run_cluster_training(
     from sandrl.cluster.dispatch import ClusterSource, WorkerPool
     from sandrl.cluster.engines import cluster_fleet
     from sandrl.train import async_, sync
-    from sandrl.train.driver_common import Session
+    from sandrl.train.session import Session
 
     chosen = mode or config.run.mode
     if chosen not in MODES:

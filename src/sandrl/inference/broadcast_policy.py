@@ -2,7 +2,7 @@
 
 :class:`BroadcastingPolicy` is the client it wraps (every call passes through) plus
 :meth:`~BroadcastingPolicy.update_weights_from_tensors`, which the driver uses when its trainer can
-hand over full tensors (one process, full weights: :mod:`sandrl.train.driver_common`). The engines
+hand over full tensors (one process, full weights: :mod:`sandrl.train.session`). The engines
 behind the client (one server, or every engine of a fleet: the router cannot broadcast, each engine
 joins the group at its own rank) get them through :class:`~sandrl.inference.weight_push.WeightBroadcast`.
 """

@@ -15,7 +15,7 @@ import contextlib
 
 from sandrl.errors import ConfigError
 from sandrl.train.buffer import GroupBuffer
-from sandrl.train.driver_common import Session
+from sandrl.train.session import Session
 
 
 async def run(session: Session) -> None:

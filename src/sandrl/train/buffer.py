@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING
 from sandrl.train.staleness import staleness
 
 if TYPE_CHECKING:
-    from sandrl.train.driver_common import Item, Session
+    from sandrl.train.group_sources import Item
+    from sandrl.train.session import Session
 
 
 class GroupBuffer:

@@ -30,9 +30,9 @@ from sandrl.rollout.agent import Agent
 from sandrl.sandbox.base import SandboxProvider
 from sandrl.train import async_, checkpoint, sync
 from sandrl.train.device import check_dtype, torch_device
-from sandrl.train.driver_common import open_session
 from sandrl.train.plan import check_fits
 from sandrl.train.run_config import MODES, RunConfig
+from sandrl.train.session import open_session
 from sandrl.train.warm_run import WarmStarted, WarmStartStopped, warm_start_run
 from sandrl.wiring import open_policy
 

@@ -3,7 +3,7 @@
 :class:`RankGroup` starts N processes, each rank of one ``torch.distributed`` process group (NCCL
 on GPUs, one GPU per rank; gloo on CPU, over loopback) holding a :class:`~sandrl.train.trainer.Trainer`
 whose policy FSDP2 shards across them. The drivers see one trainer (the
-:class:`~sandrl.train.driver_common.StepTrainer` protocol): every call goes to every rank, which run
+:class:`~sandrl.train.session.StepTrainer` protocol): every call goes to every rank, which run
 it together, and rank 0's answer comes back.
 
 A rank that dies (killed, out of memory, a crash in a kernel) ends the call with a

@@ -10,7 +10,7 @@ the weights resumed before the push, the KV cache after it.
 from __future__ import annotations
 
 from sandrl.inference import colocation
-from sandrl.train.driver_common import Session
+from sandrl.train.session import Session
 
 
 async def run(session: Session) -> None:

@@ -1,6 +1,6 @@
 """Which task each data position of a training run draws, from one task set or from several mixed by weight.
 
-A run consumes its tasks by data position ``p`` (:mod:`sandrl.train.driver_common`). From one task
+A run consumes its tasks by data position ``p`` (:mod:`sandrl.train.group_sources`). From one task
 set, ``p`` is the ``p``-th draw of a seeded shuffle per pass over its tasks. From several sources
 (``[[tasks.sources]]``), position ``p`` first draws its source, with probability
 ``weight / sum(weight)`` over the sources that have not run out (one stream seeded by ``[run]

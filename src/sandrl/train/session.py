@@ -1,12 +1,11 @@
-"""What the sync and async drivers share: a :class:`Session` that rolls out, trains, pushes weights, records.
+"""A run's :class:`Session`: what the sync and async drivers share; it rolls out, trains, pushes weights, records.
 
 A driver only decides *when* groups are collected and *when* weights are pushed
 (:mod:`sandrl.train.sync`, :mod:`sandrl.train.async_`); everything else is here:
 
-- the data stream: data position ``p`` is task ``order[p]`` (a seeded shuffle per pass over the
-  tasks; with ``[[tasks.sources]]``, a mix's draw, :mod:`sandrl.wiring.task_mix`, and each step's
-  record split by source, :mod:`sandrl.train.mix_report`), or the ``p``-th group of a
-  ``--load-rollouts`` file; a checkpoint saves the lowest one not yet consumed and those above it
+- the data stream: the groups of a :class:`~sandrl.train.group_sources.GroupSource` by data position
+  (with ``[[tasks.sources]]``, each step's record split by source, :mod:`sandrl.train.mix_report`);
+  a checkpoint saves the lowest one not yet consumed and those above it
   already consumed, so a resumed run redoes only the groups that were in flight, and trains none twice;
 - :meth:`Session.train`: trajectories to a batch (:mod:`sandrl.train.adapter`), then the one
   :meth:`~sandrl.train.trainer.Trainer.step` both drivers use; metrics to ``metrics.jsonl`` (with
@@ -39,14 +38,13 @@ from sandrl.inference.broadcast_policy import broadcast_spec
 from sandrl.inference.weight_push import BroadcastSpec
 from sandrl.progress import duration
 from sandrl.rollout.agent import Agent
-from sandrl.rollout.jsonl import TrajectoryWriter, iter_jsonl
+from sandrl.rollout.jsonl import TrajectoryWriter
 from sandrl.rollout.prefetch import images_ahead
-from sandrl.rollout.runner import Group, RolloutRunner
 from sandrl.sandbox.base import SandboxProvider
-from sandrl.tasks.task import Task
 from sandrl.train import checkpoint
 from sandrl.train.adapter import batch_from_groups
 from sandrl.train.batch import Batch
+from sandrl.train.group_sources import FileSource, GroupSource, Item, RolloutSource
 from sandrl.train.mismatch_watch import MismatchWatch
 from sandrl.train.mix_report import MixReport
 from sandrl.train.run_config import RunConfig, save_resolved
@@ -56,24 +54,9 @@ from sandrl.train.step_progress import StepProgress
 from sandrl.train.trackers.fanout import Trackers, open_trackers
 from sandrl.train.trainer import ExportedWeights, Metrics, Trainer
 from sandrl.wiring import build_runner, open_agent, open_policy, open_provider, task_mix
-from sandrl.wiring.task_mix import TaskMix, drawn_in_pass, shuffle_key
+from sandrl.wiring.task_mix import TaskMix
 
-Item = tuple[int, Group]
-"""A group and its data position."""
 T = TypeVar("T")
-
-
-class GroupSource(Protocol):
-    """Where groups come from: rollouts, a file of saved ones, or rollout workers elsewhere (sandrl.cluster)."""
-
-    limit: int | None
-    """Positions available (None: unbounded)."""
-    regenerates: bool
-    """A too-stale group can be rolled out again (``async.on_stale = "regenerate"``)."""
-
-    def group_id(self, position: int, regenerated: int = 0) -> str: ...
-
-    async def group(self, position: int, group_id: str) -> Group: ...
 
 
 class StepTrainer(Protocol):
@@ -97,13 +80,6 @@ class StepTrainer(Protocol):
         """Let go of what the trainer holds (its rank processes); a trainer in this process holds nothing."""
 
 
-def task_at(tasks: Sequence[Task] | TaskMix, seed: int, position: int) -> Task:
-    """The task at a data position: a seeded shuffle per pass over the tasks, or a mix's draw (the mix is
-    built on ``seed``); every driver, in process or on a cluster, draws the same order."""
-    if isinstance(tasks, TaskMix):
-        return tasks.task_at(position)
-    return drawn_in_pass(tasks, shuffle_key(seed), position)
-
 
 def _memory() -> dict[str, float]:
     """The driver process's resident memory now and at its peak (MiB): a run whose memory grows
@@ -113,66 +89,6 @@ def _memory() -> dict[str, float]:
         return {}
     return {"rss_mb": memory[0] / 2**20, "rss_peak_mb": memory[1] / 2**20}
 
-
-def group_id(run_id: str, task: Task, position: int, regenerated: int = 0) -> str:
-    """The id of the group of ``task`` at ``position`` (``.rN`` for its N-th regeneration)."""
-    suffix = f".r{regenerated}" if regenerated else ""
-    return f"{run_id}/{task.id}#{position}{suffix}"
-
-
-@dataclass
-class RolloutSource:
-    """Runs the group of the task at each data position (seeded shuffle per pass over the tasks)."""
-
-    runner: RolloutRunner
-    tasks: Sequence[Task] | TaskMix
-    seed: int = 0
-    limit: int | None = None
-    regenerates: bool = True
-
-    def task_at(self, position: int) -> Task:
-        return task_at(self.tasks, self.seed, position)
-
-    def group_id(self, position: int, regenerated: int = 0) -> str:
-        return group_id(self.runner.run_id, self.task_at(position), position, regenerated)
-
-    async def group(self, position: int, group_id: str) -> Group:
-        return await self.runner.run_group(self.task_at(position), group_id)
-
-
-@dataclass
-class FileSource:
-    """The groups of a ``--save-rollouts`` file, in the order their first episode appears."""
-
-    groups: list[Group]
-    limit: int | None = None
-    regenerates: bool = False
-
-    @classmethod
-    def read(cls, path: str | Path) -> FileSource:
-        if not Path(path).is_file():
-            raise ConfigError(f"--load-rollouts {path}: no such file (it is written by a run with save_rollouts)")
-        # A resumed run rolls out again, under the same group ids, the positions that were in flight
-        # (or ready, in async mode) when the last one stopped: a sample index seen again in a group id
-        # starts another group instead of doubling that one.
-        latest: dict[str, list[Any]] = {}
-        found: list[list[Any]] = []
-        for trajectory in iter_jsonl(path):
-            group = latest.get(trajectory.group_id)
-            if group is None or any(t.sample_index == trajectory.sample_index for t in group):
-                latest[trajectory.group_id] = group = []
-                found.append(group)
-            group.append(trajectory)
-        groups = [Group(ts[0].group_id, ts[0].task_id, sorted(ts, key=lambda t: t.sample_index)) for ts in found]
-        if not groups:
-            raise ConfigError(f"--load-rollouts {path}: the file holds no trajectories")
-        return cls(groups, limit=len(groups))
-
-    def group_id(self, position: int, regenerated: int = 0) -> str:
-        return self.groups[position].group_id
-
-    async def group(self, position: int, group_id: str) -> Group:
-        return self.groups[position]
 
 
 @dataclass
