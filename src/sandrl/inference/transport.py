@@ -17,7 +17,6 @@ move to another engine.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from dataclasses import dataclass
 from types import TracebackType
@@ -27,8 +26,11 @@ import httpx
 
 from sandrl.errors import ConfigError, InferenceError
 from sandrl.inference.fleet import affinity
+from sandrl.retry import Backoff, retry
 
 _RETRY_STATUS = frozenset({502, 503, 504})
+_UNREACHABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError)
+"""The failures retried: the server cannot be reached, or dropped the connection."""
 
 
 @dataclass(frozen=True)
@@ -74,40 +76,43 @@ class JSONTransport:
     async def send(self, method: str, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
         """One request with retries; returns a 2xx response or raises a typed error."""
         url = self.base_url + path
-        delay = self.config.backoff_s
+        cfg = self.config
         # The episode the call belongs to, for a router in front of several engines (:mod:`~sandrl.inference.fleet`).
         route = affinity.current()
         headers = {affinity.ROUTING_KEY_HEADER: route.key} if route is not None else None
-        for attempt in range(self.config.retries + 1):
-            last_try = attempt == self.config.retries
-            try:
-                response = await self._client.request(method, path, json=body, headers=headers)
-            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError) as exc:
-                if last_try:
-                    raise InferenceError(
-                        f"inference server at {self.base_url} is not reachable ({type(exc).__name__}: {exc}; "
-                        f"{attempt + 1} attempts): start it with `sandrl serve inference --model tiny` "
-                        "or check --inference",
-                        error_code="inference_unreachable",
-                    ) from exc
-            except httpx.TimeoutException as exc:
-                raise InferenceError(
-                    f"inference server at {self.base_url} did not answer {method} {path} within "
-                    f"{self.config.timeout_s:g} s: lower max_new_tokens, or raise the client's timeout_s",
-                    error_code="inference_timeout",
-                ) from exc
-            except httpx.HTTPError as exc:
-                raise InferenceError(f"{method} {url} failed: {type(exc).__name__}: {exc}") from exc
-            else:
-                if route is not None and response.headers.get(affinity.MOVED_HEADER):
-                    route.moves += 1
-                if response.status_code not in _RETRY_STATUS or last_try:
-                    if response.status_code >= 400:
-                        raise _status_error(method, url, response)
-                    return response
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, self.config.backoff_max_s)
-        raise AssertionError("unreachable: the last attempt returns or raises")
+
+        async def attempt(_: int) -> httpx.Response:
+            response = await self._client.request(method, path, json=body, headers=headers)
+            if route is not None and response.headers.get(affinity.MOVED_HEADER):
+                route.moves += 1
+            return response
+
+        try:
+            response = await retry(
+                attempt,
+                attempts=cfg.retries + 1,
+                backoff=Backoff(cfg.backoff_s, max_s=cfg.backoff_max_s),
+                retry_on=_UNREACHABLE,
+                retry_if=lambda r: r.status_code in _RETRY_STATUS,
+            )
+        except _UNREACHABLE as exc:
+            raise InferenceError(
+                f"inference server at {self.base_url} is not reachable ({type(exc).__name__}: {exc}; "
+                f"{cfg.retries + 1} attempts): start it with `sandrl serve inference --model tiny` "
+                "or check --inference",
+                error_code="inference_unreachable",
+            ) from exc
+        except httpx.TimeoutException as exc:
+            raise InferenceError(
+                f"inference server at {self.base_url} did not answer {method} {path} within "
+                f"{cfg.timeout_s:g} s: lower max_new_tokens, or raise the client's timeout_s",
+                error_code="inference_timeout",
+            ) from exc
+        except httpx.HTTPError as exc:
+            raise InferenceError(f"{method} {url} failed: {type(exc).__name__}: {exc}") from exc
+        if response.status_code >= 400:
+            raise _status_error(method, url, response)
+        return response
 
     async def probe(self, path: str) -> tuple[int, str]:
         """One ``GET path``, not retried, whatever its status: for readings that are worth nothing late (an
