@@ -26,6 +26,11 @@ from rich.text import Text
 # Errors, warnings and the local `sandbox run`'s notes; `main()` prints SandrlError here.
 err_console = Console(stderr=True)
 
+SANDBOXES_HELP = (
+    "'local' (bubblewrap here) or 'e2b' (an E2B-compatible service: E2B_API_KEY, E2B_API_URL...); "
+    "default: [rollout]'s, local."
+)
+"""``--sandboxes`` of every command that runs sandboxes (:func:`sandrl.wiring.open_provider` builds them)."""
 SWEBENCH_IMAGES_HELP = (
     "Where SWE-bench instances run: swebench (the published images), epoch (Epoch AI's), swegym (SWE-Gym's), an "
     "image template with {instance_id}, {instance_key} or {swegym_key} and {arch}; 'local': from local clones "

@@ -16,16 +16,17 @@ from rich.markup import escape
 from rich.table import Table
 
 from sandrl.cli.images import prefetch_tasks
-from sandrl.cli.output import SWEBENCH_IMAGES_HELP, emit, print_error, rich_console
+from sandrl.cli.output import SANDBOXES_HELP, SWEBENCH_IMAGES_HELP, emit, print_error, rich_console
 from sandrl.errors import ConfigError
 from sandrl.progress import Progress
-from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.tasks.datasets import cache_root, default_registry, find_dataset, parse_spec, pull_dataset, read_registry
 from sandrl.tasks.datasets.pull import DEFAULT_JOBS, DEFAULT_TIMEOUT_S, TaskOutcome
 from sandrl.tasks.loader import TaskProblem, load_tasks
 from sandrl.tasks.swebench_specs import images_setting
 from sandrl.tasks.task import Task
+from sandrl.wiring.config import RolloutConfig
 from sandrl.wiring.eval_report import shown_text
+from sandrl.wiring.sandboxes import open_provider
 from sandrl.wiring.suite import AgentKind, TaskRun, TaskValidation, run_suite, validate_suite
 from sandrl.wiring.tasks import task_path
 
@@ -55,6 +56,11 @@ def _load(spec: str, console: Console, swebench_images: str | None) -> tuple[lis
     if not tasks and not problems:
         raise ConfigError(f"no tasks under {path}; give a task directory, a directory of them, or 'builtin'")
     return tasks, problems
+
+
+def _sandboxes(sandboxes: str | None) -> RolloutConfig:
+    """Where the tasks' sandboxes run: ``--sandboxes``, checked as ``sandrl eval`` checks it."""
+    return RolloutConfig(sandboxes=sandboxes or "local")
 
 
 @app.command("list")
@@ -87,17 +93,18 @@ def tasks_validate(
     path: str = typer.Argument(..., help="A task directory, a directory of them, or 'builtin' (the shipped suite)."),
     concurrency: int = typer.Option(2, help="Tasks validated at once (each uses two sandboxes)."),
     swebench_images: str | None = typer.Option(None, help=SWEBENCH_IMAGES_HELP),
+    sandboxes: str | None = typer.Option(None, help=SANDBOXES_HELP),
 ) -> None:
     """For every task: the environment builds, the tests fail without the solution and pass with it."""
     if concurrency < 1:
         raise ConfigError("--concurrency must be at least 1")
+    rollout = _sandboxes(sandboxes)
     console = rich_console(stderr=False)
     tasks, problems = _load(path, console, swebench_images)
     start = time.monotonic()
 
     async def go() -> list[TaskValidation]:
-        provider = BwrapProvider()
-        try:
+        async with open_provider(rollout) as provider:
             with Progress(console=console) as progress:
                 bar = progress.add_task("validating", total=len(tasks))
 
@@ -109,8 +116,6 @@ def tasks_validate(
                         )
 
                 return await validate_suite(tasks, provider, concurrency=concurrency, on_done=done)
-        finally:
-            await provider.close_all()
 
     results = asyncio.run(go())
     table = Table("task", "built", "reward untouched", "reward with oracle", "s", "result")
@@ -140,20 +145,21 @@ def tasks_run(
     concurrency: int = typer.Option(2, help="Tasks run at once."),
     json_out: bool = typer.Option(False, "--json", help="End with one JSON line of the results."),
     swebench_images: str | None = typer.Option(None, help=SWEBENCH_IMAGES_HELP),
+    sandboxes: str | None = typer.Option(None, help=SANDBOXES_HELP),
 ) -> None:
     """Run every task with the oracle or the null agent through the real verifier; print the pass rate."""
     if agent not in ("oracle", "null"):
         raise ConfigError(f"--agent must be oracle or null, got {agent!r}")
     if concurrency < 1:
         raise ConfigError("--concurrency must be at least 1")
+    rollout = _sandboxes(sandboxes)
     kind: AgentKind = "oracle" if agent == "oracle" else "null"
     console = rich_console(stderr=json_out)
     tasks, problems = _load(path, console, swebench_images)
     start = time.monotonic()
 
     async def go() -> list[TaskRun]:
-        provider = BwrapProvider()
-        try:
+        async with open_provider(rollout) as provider:
             with Progress(console=console) as progress:
                 bar = progress.add_task(f"{agent} agent", total=len(tasks))
 
@@ -169,8 +175,6 @@ def tasks_run(
                         )
 
                 return await run_suite(tasks, kind, provider, concurrency=concurrency, on_done=done)
-        finally:
-            await provider.close_all()
 
     results = asyncio.run(go())
     elapsed = time.monotonic() - start

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from sandrl.errors import ConfigError
@@ -151,8 +152,9 @@ def build_runner(
     )
 
 
-def local_provider() -> BwrapProvider:
-    """The sandboxes of this machine (bubblewrap), for a run given no provider."""
+def local_provider(state_dir: Path | None = None) -> BwrapProvider:
+    """The sandboxes of this machine (bubblewrap), for a run given no provider; their state and
+    image store under ``state_dir`` (default: the host's)."""
     from sandrl.sandbox.bwrap import BwrapProvider
 
-    return BwrapProvider()
+    return BwrapProvider(state_dir)

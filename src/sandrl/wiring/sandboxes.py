@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from sandrl.errors import ConfigError
 from sandrl.sandbox.base import SandboxProvider
@@ -19,12 +20,16 @@ from sandrl.wiring.runner import local_provider
 
 
 @contextlib.asynccontextmanager
-async def open_provider(rollout: RolloutConfig) -> AsyncIterator[SandboxProvider]:
+async def open_provider(rollout: RolloutConfig, *, state_dir: Path | None = None) -> AsyncIterator[SandboxProvider]:
     """The provider of ``rollout.sandboxes``, for as long as the context lasts: when it ends, every
     sandbox the provider still holds is closed (a local one's cgroups and state record go with it,
-    even when a signal stopped the run; an E2B one is killed, its TTL the backstop)."""
+    even when a signal stopped the run; an E2B one is killed, its TTL the backstop).
+
+    Every command that runs sandboxes builds them here (``eval``, ``train``, ``tasks``, the
+    benchmarks and demos). ``state_dir`` holds a local provider's state and image store (default:
+    the host's; a benchmark's own scratch directory)."""
     if rollout.sandboxes == "local":
-        local = local_provider()
+        local = local_provider(state_dir)
         try:
             yield local
         finally:
