@@ -98,3 +98,17 @@ def test_workdir_follows_dockers_rules(steps: list[str]) -> None:
         expected = posixpath.normpath(posixpath.join(expected, step))
     text = "FROM scratch\nWORKDIR /\n" + "".join(f"WORKDIR {step}\n" for step in steps)
     assert read_dockerfile(text).workdir == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "workdir"),
+    [
+        # The loader read these apart from the builder: it joined "\" lines under "# escape=`",
+        # took a heredoc's body for instructions, and ended an instruction at a blank continuation line.
+        ("# escape=`\nFROM debian:12\nRUN echo \\\nWORKDIR /srv\n", "/srv"),
+        ("FROM debian:12\nWORKDIR /a\nRUN <<EOF\nWORKDIR /b\nEOF\n", "/a"),
+        ("FROM debian:12\nRUN echo \\\n\nWORKDIR /c\n", None),
+    ],
+)
+def test_dockerfile_facts_read_as_the_builder_reads(text: str, workdir: str | None) -> None:
+    assert read_dockerfile(text).workdir == workdir

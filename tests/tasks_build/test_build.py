@@ -136,6 +136,11 @@ async def test_build_timeout(provider: BwrapProvider, tmp_path: Path) -> None:
     assert time.monotonic() - start < 15
 
 
+HEREDOCS = (
+    r"Dockerfile:2: RUN: heredocs \(<<EOF\) are not supported by sandrl's builder; put the script in a file and COPY it"
+)
+
+
 @pytest.mark.parametrize(
     ("dockerfile", "message"),
     [
@@ -152,6 +157,8 @@ async def test_build_timeout(provider: BwrapProvider, tmp_path: Path) -> None:
         ("FROM scratch\n", r"Dockerfile:1: FROM: FROM scratch is not supported"),
         ("RUN true\n", r"has no FROM"),
         ("FROM host\nRUN --mount=type=cache,target=/x true\n", r"Dockerfile:2: RUN: the option --mount"),
+        ("FROM host\nRUN <<EOF\necho\nEOF\n", HEREDOCS),
+        ("FROM host\nRUN cat <<EOF > /x\nhi\nEOF\n", HEREDOCS),
     ],
 )
 async def test_unsupported_is_a_clear_error(

@@ -9,22 +9,18 @@ refused with the command to do it.
 
 from __future__ import annotations
 
-import re
-
-from sandrl.errors import TaskError
-from sandrl.tasks.dockerfile import _logical_lines
+from sandrl.errors import ImageBuildError, TaskError
+from sandrl.images.dockerfile import only_workdir_over, parse_dockerfile
 from sandrl.tasks.task import Task
-
-_INSTRUCTION = re.compile(r"^\s*([A-Za-z]+)\s*(.*)$", re.DOTALL)
 
 
 def trivial_host_dockerfile(text: str) -> bool:
-    """Only ``FROM host`` and ``WORKDIR`` lines: the image is ``host`` itself."""
-    lines = [_INSTRUCTION.match(line) for line in _logical_lines(text)]
-    kinds = [(m.group(1).upper(), m.group(2).strip()) for m in lines if m is not None]
-    return bool(kinds) and all(
-        (kind == "FROM" and args.split()[:1] == ["host"]) or kind == "WORKDIR" for kind, args in kinds
-    )
+    """Only ``FROM host`` and ``WORKDIR`` lines: the image is ``host`` itself (not so for a
+    Dockerfile that cannot be read: it is refused as a real build is)."""
+    try:
+        return only_workdir_over(parse_dockerfile(text), "host")
+    except ImageBuildError:
+        return False
 
 
 async def fleet_image(task: Task) -> str:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandrl.errors import ImageBuildError, TaskError
+from sandrl.images.dockerfile import only_workdir_over, parse_dockerfile
 from sandrl.sandbox.base import ImageSource, prebuilt_image
 
 if TYPE_CHECKING:
@@ -53,16 +54,12 @@ def template_for(source: ImageSource) -> str:
 
 def _only_host(source: ImageSource) -> bool:
     """The Dockerfile says only ``FROM host`` and ``WORKDIR`` (the spec's workdir): the image is ``host``."""
-    from sandrl.sandbox.bwrap.dockerfile.instructions import parse_dockerfile
-
     assert source.dockerfile_text is not None
     try:
         instructions = parse_dockerfile(source.dockerfile_text, str(source.dockerfile or "Dockerfile"))
     except ImageBuildError as exc:
         raise TaskError(f"{source.label}: its Dockerfile cannot be read: {exc}") from exc
-    return bool(instructions) and all(
-        (i.keyword == "FROM" and i.args.split()[:1] == [HOST_IMAGE]) or i.keyword == "WORKDIR" for i in instructions
-    )
+    return only_workdir_over(instructions, HOST_IMAGE)
 
 
 def _context_dir(source: ImageSource) -> Path | None:

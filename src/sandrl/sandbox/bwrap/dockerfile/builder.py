@@ -25,10 +25,9 @@ not to the host or its private network); what the step changed is exported
 that layer is registered in the store as ``build-<key>`` (a task's finished image as
 ``task-<task id>-<key>``, :mod:`.names`: the store says whose each image is). The key hashes the
 parent's key, the instruction and the state it runs in (environment, working directory, user,
-shell) and, for
-``COPY``/``ADD``, the content of the files copied: as Docker's layer cache, a rebuild with
-nothing changed starts no sandbox at all, and a changed ``COPY`` source rebuilds that step and
-every one after it. ``USER`` applies to ``RUN`` (through ``setpriv``); the sandboxes of the
+shell) and, for ``COPY``/``ADD``, the content of the files copied: as Docker's layer cache, a
+rebuild with nothing changed starts no sandbox at all, and a changed ``COPY`` source rebuilds
+that step and every one after it. ``USER`` applies to ``RUN`` (through ``setpriv``); the sandboxes of the
 finished image still run every command as root.
 """
 
@@ -50,6 +49,7 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from sandrl.errors import ConfigError, ImageBuildError, ImageError, ImageNotFoundError, LayerTooLargeError
+from sandrl.images.dockerfile import Instruction, expand, key_values, parse_dockerfile, words
 from sandrl.images.manifest import Platform
 from sandrl.sandbox.base import ExecResult, SandboxSpec
 from sandrl.sandbox.bwrap.dockerfile.context_copy import (
@@ -62,7 +62,6 @@ from sandrl.sandbox.bwrap.dockerfile.context_copy import (
     sources_digest,
     tar_of,
 )
-from sandrl.sandbox.bwrap.dockerfile.instructions import Instruction, expand, key_values, parse_dockerfile, words
 from sandrl.sandbox.bwrap.dockerfile.names import image_name_for, task_image_name
 from sandrl.sandbox.bwrap.dockerfile.runtime import RUNTIME_KEYS, runtime_step
 from sandrl.sandbox.bwrap.export import export_changes, is_empty_layer
@@ -166,10 +165,7 @@ _KEY_LOCKS: dict[str, asyncio.Lock] = {}
 
 
 def _lock(key: str) -> asyncio.Lock:
-    lock = _KEY_LOCKS.get(key)
-    if lock is None:
-        lock = _KEY_LOCKS[key] = asyncio.Lock()
-    return lock
+    return _KEY_LOCKS.setdefault(key, asyncio.Lock())
 
 
 def _hash(*parts: object) -> str:
@@ -236,6 +232,10 @@ class ImageBuilder:
     # -- checking
 
     def _check_supported(self, instructions: list[Instruction], source: str) -> None:
+        if heredoc := next((inst for inst in instructions if inst.heredocs), None):
+            raise heredoc.error(
+                "heredocs (<<EOF) are not supported by sandrl's builder; put the script in a file and COPY it"
+            )
         froms = [inst for inst in instructions if inst.keyword == "FROM"]
         if not froms:
             raise ImageBuildError(f"{source}: has no FROM instruction; start with FROM host")

@@ -24,8 +24,8 @@ import tarfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from sandrl.images.dockerfile import Instruction, expand, words
 from sandrl.sandbox.base import Sandbox
-from sandrl.sandbox.bwrap.dockerfile.instructions import Instruction, expand, words
 
 
 class _Bound:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 
-from sandrl.sandbox.bwrap.dockerfile.instructions import Instruction, words
+from sandrl.images.dockerfile import Instruction, json_array, words
 
 __all__ = ["RUNTIME_KEYS", "runtime_step"]
 
@@ -46,17 +45,8 @@ def runtime_step(inst: Instruction, runtime: dict[str, object], shell: Sequence[
         elif head.upper() == "CMD":
             # Options (--interval...) are not kept: only the command, which is how sandrl uses it.
             command = rest.strip()
-            form = _json_list(command)
+            form = json_array(command)
             runtime["healthcheck"] = ["CMD", *form] if form is not None else ["CMD-SHELL", command]
         else:
             raise inst.error("write HEALTHCHECK [OPTIONS] CMD <command>, or HEALTHCHECK NONE")
 
-
-def _json_list(text: str) -> list[str] | None:
-    if not text.startswith("["):
-        return None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        return None
-    return value if isinstance(value, list) and all(isinstance(v, str) for v in value) else None
