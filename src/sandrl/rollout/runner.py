@@ -48,6 +48,7 @@ from sandrl.errors import ConfigError
 from sandrl.inference.base import InferenceClient
 from sandrl.inference.fleet import affinity
 from sandrl.inference.kv_admission import admission_stats
+from sandrl.retry import Backoff, retry
 from sandrl.rollout.agent import Agent, InstallsInImage
 from sandrl.rollout.episode import EpisodeConfig, run_episode
 from sandrl.rollout.failures import classify
@@ -269,19 +270,23 @@ class RolloutRunner:
     async def _prepare(self, task: Task, image: str) -> tuple[PreparedGroup | EpisodeError, list[EpisodeError]]:
         """The group's setup, retried as an episode is; with the errors of the attempts before."""
         earlier: list[EpisodeError] = []
-        backoff = self.config.retry_backoff_s
-        attempt = 1
-        while True:
+
+        async def attempt(n: int) -> PreparedGroup | EpisodeError:
             async with self._slots:
-                result = await prepare_group(
-                    task, self._episode_provider, image, self.config.episode.timeouts, attempt=attempt
-                )
-            if isinstance(result, PreparedGroup) or not result.retryable or attempt >= self.config.max_attempts:
-                return result, earlier
-            earlier.append(result)
-            attempt += 1
-            await asyncio.sleep(backoff)
-            backoff *= 2
+                return await prepare_group(task, self._episode_provider, image, self.config.episode.timeouts, attempt=n)
+
+        def keep(_: int, failed: PreparedGroup | EpisodeError | Exception) -> None:
+            assert isinstance(failed, EpisodeError)
+            earlier.append(failed)
+
+        result = await retry(
+            attempt,
+            attempts=self.config.max_attempts,
+            backoff=Backoff(self.config.retry_backoff_s),
+            retry_if=lambda r: isinstance(r, EpisodeError) and r.retryable,
+            on_retry=keep,
+        )
+        return result, earlier
 
     def _failed(
         self, task: Task, group_id: str, index: int, error: EpisodeError, earlier: Sequence[EpisodeError] = ()
@@ -315,33 +320,14 @@ class RolloutRunner:
         submitted: float,
         forked_from: dict[str, Any] | None = None,
     ) -> Trajectory:
+        """The episode's last attempt, after retryable infra errors (kept on it as ``retried_errors``)."""
         episode_id = f"{group_id}/{index}"
         earlier: list[EpisodeError] = []
-        # Every inference call of the episode names it: a router keeps it on one engine (the prefix cache).
-        with affinity.bound(episode_id) as route:
-            trajectory = await self._attempts(task, group_id, index, image, submitted, forked_from, earlier)
-        trajectory = dataclasses.replace(trajectory, retried_errors=earlier, engine_moves=route.moves)
-        self._finished(trajectory)
-        return trajectory
 
-    async def _attempts(
-        self,
-        task: Task,
-        group_id: str,
-        index: int,
-        image: str,
-        submitted: float,
-        forked_from: dict[str, Any] | None,
-        earlier: list[EpisodeError],
-    ) -> Trajectory:
-        """The episode's last attempt (after retryable infra errors, which ``earlier`` collects)."""
-        episode_id = f"{group_id}/{index}"
-        backoff = self.config.retry_backoff_s
-        attempt = 1
-        while True:
+        async def attempt(n: int) -> Trajectory:
+            queued_since = submitted if n == 1 else time.monotonic()  # a retry queues from the end of its wait
             async with self._slots:
-                queue_s = time.monotonic() - submitted
-                trajectory = await run_episode(
+                return await run_episode(
                     task,
                     self._episode_provider,
                     self.agent,
@@ -351,23 +337,24 @@ class RolloutRunner:
                     episode_id=episode_id,
                     group_id=group_id,
                     sample_index=index,
-                    attempt=attempt,
-                    queue_s=queue_s,
+                    attempt=n,
+                    queue_s=time.monotonic() - queued_since,
                     forked_from=forked_from,
                 )
-            error = trajectory.error
-            retry = (
-                trajectory.status == "infra_error"
-                and error is not None
-                and error.retryable
-                and attempt < self.config.max_attempts
+
+        def keep(_: int, failed: Trajectory | Exception) -> None:
+            assert isinstance(failed, Trajectory) and failed.error is not None
+            earlier.append(failed.error)
+
+        # Every inference call of the episode names it: a router keeps it on one engine (the prefix cache).
+        with affinity.bound(episode_id) as route:
+            trajectory = await retry(
+                attempt,
+                attempts=self.config.max_attempts,
+                backoff=Backoff(self.config.retry_backoff_s),
+                retry_if=lambda t: t.status == "infra_error" and t.error is not None and t.error.retryable,
+                on_retry=keep,
             )
-            if not retry:
-                break
-            assert error is not None
-            earlier.append(error)
-            attempt += 1
-            await asyncio.sleep(backoff)
-            backoff *= 2
-            submitted = time.monotonic()
+        trajectory = dataclasses.replace(trajectory, retried_errors=earlier, engine_moves=route.moves)
+        self._finished(trajectory)
         return trajectory
