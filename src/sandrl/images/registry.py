@@ -28,7 +28,6 @@ import hashlib
 import itertools
 import json
 import os
-import random
 import re
 import ssl
 from collections.abc import Callable
@@ -44,6 +43,7 @@ from sandrl.images.credentials import Credential, DockerConfig
 from sandrl.images.destinations import MAX_REDIRECTS, Destination, admit, may_get_credentials, origin_of
 from sandrl.images.manifest import ACCEPT, MAX_MANIFEST_BYTES, Descriptor
 from sandrl.images.reference import REGISTRIES_CONFIG, Mirrors, Reference, endpoints, is_loopback
+from sandrl.retry import Backoff, retry
 
 __all__ = ["FetchedManifest", "RegistryClient"]
 
@@ -99,7 +99,8 @@ class RegistryClient:
         self.mirrors = mirrors if mirrors is not None else Mirrors.from_environment()
         self.docker_config = docker_config if docker_config is not None else DockerConfig()
         self.retries = retries
-        self.backoff_s = backoff_s
+        self.backoff = Backoff(backoff_s, max_s=8.0, jitter=(0.8, 1.2))
+        """The waits between tries when no ``Retry-After`` says how long."""
         timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 15.0))
         # Redirects are followed by hand (_follow), each hop admitted by sandrl.images.destinations.
         self._http = httpx.AsyncClient(
@@ -183,22 +184,22 @@ class RegistryClient:
         if desc.size > limit:
             raise LayerError(f"{ref}: the blob {desc.digest} is {desc.size} bytes, over the bound of {limit}")
         url = f"{endpoint}/v2/{ref.repository}/blobs/{desc.digest}"
-        for failures in itertools.count(1):
+
+        async def fetch(_: int) -> bytes:
+            response = await self._send(endpoint, ref, "GET", url, stream=True)
             try:
-                response = await self._send(endpoint, ref, "GET", url, stream=True)
-                try:
-                    body = await _read_bounded(response, desc.size, f"the blob {desc.digest} of {ref}")
-                finally:
-                    await response.aclose()
-                break
-            except (httpx.HTTPError, _Attempt) as exc:
-                # _send has retried what retrying can mend; a body that broke off is asked again here.
-                if isinstance(exc, _Attempt) or failures > self.retries:
-                    raise RegistryError(
-                        f"cannot get the blob {desc.digest} of {ref} from {endpoint}: {_describe_attempt(exc)}; "
-                        "check that the registry still has this image, then run the pull again"
-                    ) from exc
-                await asyncio.sleep(self._backoff(failures))
+                return await _read_bounded(response, desc.size, f"the blob {desc.digest} of {ref}")
+            finally:
+                await response.aclose()
+
+        try:
+            # _send has retried what retrying can mend; a body that broke off is asked again here.
+            body = await retry(fetch, attempts=self.retries + 1, backoff=self.backoff, retry_on=(httpx.HTTPError,))
+        except (httpx.HTTPError, _Attempt) as exc:
+            raise RegistryError(
+                f"cannot get the blob {desc.digest} of {ref} from {endpoint}: {_describe_attempt(exc)}; "
+                "check that the registry still has this image, then run the pull again"
+            ) from exc
         algorithm = desc.digest.split(":", 1)[0]
         if _digest_of(body, algorithm) != desc.digest:
             raise LayerError(f"{ref}: the blob {desc.digest} from {endpoint} does not match its digest: refused")
@@ -256,7 +257,7 @@ class RegistryClient:
                         f"downloading {desc.digest} of {ref} from {endpoint} failed {failures} times (last: "
                         f"{_describe_attempt(exc)}); run the pull again: it continues where it stopped"
                     ) from exc
-                await asyncio.sleep(self._backoff(failures))
+                await asyncio.sleep(self.backoff.delay(failures))
                 continue
             if have < desc.size:
                 failures += 1  # the body ended early without an error: resume it
@@ -297,7 +298,7 @@ class RegistryClient:
                 limit = min(self.retries, 2) if isinstance(exc, httpx.ConnectError) else self.retries
                 if attempt > limit:
                     raise _Attempt(_describe(exc)) from exc
-                await asyncio.sleep(self._backoff(attempt))
+                await asyncio.sleep(self.backoff.delay(attempt))
                 continue
             status = response.status_code
             if status in (200, 206):
@@ -319,7 +320,7 @@ class RegistryClient:
             if status in _RETRY_STATUS:
                 attempt += 1
                 if attempt <= self.retries:
-                    await asyncio.sleep(self._backoff(attempt, response.headers.get("Retry-After")))
+                    await asyncio.sleep(self._wait(attempt, response.headers.get("Retry-After")))
                     continue
             if status == 401:
                 host = urlsplit(base).netloc
@@ -387,14 +388,14 @@ class RegistryClient:
     def _is_mirror(self, base: str) -> bool:
         return any(base in urls for urls in self.mirrors.table.values())
 
-    def _backoff(self, attempt: int, retry_after: str | None = None) -> float:
+    def _wait(self, attempt: int, retry_after: str | None) -> float:
+        """The wait before retry ``attempt``: the registry's ``Retry-After`` (bounded), else the backoff's."""
         if retry_after is not None:
             try:
                 return min(max(float(retry_after), 0.0), MAX_RETRY_AFTER_S)
             except ValueError:
                 pass
-        delay: float = min(self.backoff_s * 2 ** (attempt - 1), 8.0)
-        return delay * random.uniform(0.8, 1.2)
+        return self.backoff.delay(attempt)
 
     async def _authenticate(self, base: str, ref: Reference, scope: str, challenge: str, stale: str | None) -> None:
         key = (base, scope)
