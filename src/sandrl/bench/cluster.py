@@ -50,7 +50,7 @@ from sandrl.rollout.agents.scripted import SOLUTION, ReplayAgent, ThinkTime
 from sandrl.rollout.runner import Group
 from sandrl.tasks.task import Task
 from sandrl.train.run_config import RunConfig, from_dict
-from sandrl.wiring import build_runner, task_set
+from sandrl.wiring import build_runner, open_provider, task_set
 
 TARGET_PCT = 5.0
 GROUP_SIZE = 2
@@ -147,20 +147,15 @@ async def _timed(groups: Sequence[tuple[Task, str]], run: Callable[[Task, str], 
 
 
 async def _in_process(root: Path, config: RunConfig, tasks: list[Task], groups: int, slots: int, think_s: float) -> Any:
-    from sandrl.sandbox.bwrap import BwrapProvider
-
-    provider = BwrapProvider(root / "state-local")
     # The runner a rollout worker builds from the same config, on one machine.
     rollout = dataclasses.replace(config.rollout, concurrency=slots)
-    runner = build_runner(rollout, provider, agent=_agent(think_s), run_id="bench-local")
-    try:
+    async with open_provider(rollout, state_dir=root / "state-local") as provider:
+        runner = build_runner(rollout, provider, agent=_agent(think_s), run_id="bench-local")
         for task in tasks:
             await runner.image_for(task)
         await runner.run_group(tasks[0], "bench-local/warmup")
         plan = [(tasks[i % len(tasks)], f"bench-local/{tasks[i % len(tasks)].id}#{i}") for i in range(groups)]
         return await _timed(plan, runner.run_group)
-    finally:
-        await provider.close_all()
 
 
 async def _on_ray(

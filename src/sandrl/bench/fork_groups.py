@@ -23,15 +23,15 @@ from sandrl.bench.setup_heavy import load_setup_heavy, write_task
 from sandrl.errors import ConfigError
 from sandrl.rollout.agents.scripted import SOLUTION, ReplayAgent, ThinkTime
 from sandrl.rollout.runner import RunResult
-from sandrl.sandbox.bwrap import BwrapProvider
+from sandrl.sandbox.base import SandboxProvider
 from sandrl.tasks.task import Task
-from sandrl.wiring import RolloutConfig, build_runner
+from sandrl.wiring import RolloutConfig, build_runner, open_provider
 
 COMMANDS = ("ls -la data", SOLUTION)
 """What each episode replays: look at what the setup made, then answer from it."""
 
 
-async def _run(provider: BwrapProvider, tasks: list[Task], rollout: RolloutConfig, agent: ReplayAgent) -> RunResult:
+async def _run(provider: SandboxProvider, tasks: list[Task], rollout: RolloutConfig, agent: ReplayAgent) -> RunResult:
     runner = build_runner(rollout, provider, agent=agent)
     for task in tasks:
         await runner.image_for(task)  # images first: both runs start from built images
@@ -62,6 +62,7 @@ async def run(
     rounds: int = 3_000_000,
     data_mb: int = 16,
     think_s: tuple[float, float] = (0.5, 1.0),
+    sandboxes: str = "local",
     console: Console | None = None,
 ) -> dict[str, Any]:
     """The benchmark; returns the JSON line's dict."""
@@ -71,10 +72,15 @@ async def run(
     low, high = think_s
     agent = ReplayAgent(list(COMMANDS), ThinkTime(round(low * 100), round(high * 100), 100.0))
     episodes = groups * group_size
-    base = RolloutConfig(concurrency=concurrency, group_size=group_size, max_attempts=1, max_turns=len(COMMANDS) + 1)
+    base = RolloutConfig(
+        concurrency=concurrency,
+        group_size=group_size,
+        max_attempts=1,
+        max_turns=len(COMMANDS) + 1,
+        sandboxes=sandboxes,
+    )
     with tempfile.TemporaryDirectory(prefix="sandrl-bench-forks-") as tmp:
         root = Path(tmp)
-        provider = BwrapProvider(root / "state")
         tasks = [
             load_setup_heavy(
                 write_task(root / "tasks", f"setup-heavy-{i}", wait_s=wait_s, rounds=rounds, data_mb=data_mb, seed="s")
@@ -85,11 +91,9 @@ async def run(
             f"{groups} groups of {group_size}, {concurrency} episodes at once; each setup waits {wait_s:g} s, "
             f"hashes {rounds} rounds and writes {data_mb} MiB"
         )
-        try:
+        async with open_provider(base, state_dir=root / "state") as provider:
             per_episode = await _run(provider, tasks, base, agent)
             forked = await _run(provider, tasks, dataclasses.replace(base, fork_groups=True), agent)
-        finally:
-            await provider.close_all()
     out: dict[str, Any] = {
         "bench": "rollout_fork_groups",
         "cpus": os.cpu_count(),

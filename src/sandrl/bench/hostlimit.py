@@ -31,6 +31,7 @@ from sandrl.bench import hostinfo
 from sandrl.errors import ConfigError
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.sandbox.bwrap.cgroups import CFS_PERIOD_US
+from sandrl.wiring.runner import local_provider
 
 LimitMode = Literal["none", "affinity", "quota"]
 
@@ -129,7 +130,7 @@ async def run_on_host(
     with contextlib.ExitStack() as stack:
         scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sandrl-bench-")))
         if provider is None:
-            provider = BwrapProvider(state_dir or scratch / "state")
+            provider = local_provider(state_dir or scratch / "state")
         stack.enter_context(applied(limit, provider))
         started = time.monotonic()
         result = await body(provider, scratch)

@@ -39,7 +39,8 @@ from rich.table import Table
 from sandrl.errors import ConfigError
 from sandrl.images.host_rootfs import shell_layer
 from sandrl.images.local_registry import LocalRegistry
-from sandrl.images.oci_layout import ImageConfig, LayerSpec, OCILayout, synthetic_entries
+from sandrl.images.manifest import ImageConfig
+from sandrl.images.oci_layout import LayerSpec, OCILayout, synthetic_entries
 from sandrl.rollout.agents.scripted import OracleAgent
 from sandrl.rollout.images import TaskImages, image_key
 from sandrl.rollout.prefetch import PREFETCH_JOBS, images_ahead
@@ -47,7 +48,7 @@ from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.tasks.loader import load_tasks
 from sandrl.tasks.task import Task
 from sandrl.wiring.config import RolloutConfig
-from sandrl.wiring.runner import build_runner
+from sandrl.wiring.runner import build_runner, local_provider
 
 TARGETS = {"prefetch_all_ready_over_loop": 1.0, "behind_other_images": 0}
 FILE_KIB = 64
@@ -117,7 +118,7 @@ def _write_dataset(root: Path, registry: LocalRegistry, settings: DatasetSetting
     for n in range(settings.images):
         layout = OCILayout(root / "layouts" / f"img{n}")
         own = LayerSpec(synthetic_entries(n, files, FILE_KIB << 10, seed=settings.seed))
-        layout.add_image([shell_layer(root / "shell-rootfs"), own], ImageConfig(env=("PATH=/usr/bin:/bin",)), tag="1")
+        layout.add_image([shell_layer(root / "shell-rootfs"), own], ImageConfig(env={"PATH": "/usr/bin:/bin"}), tag="1")
         registry.push(layout.root, f"bench/img{n}", tag="1")
         shutil.rmtree(layout.root)
         refs.append(f"{registry.host}/bench/img{n}:1")
@@ -211,7 +212,7 @@ async def run(settings: DatasetSettings, *, console: Console | None = None) -> d
             arms: dict[str, dict[str, Any]] = {}
             for arm in ("loop", "prefetch"):
                 say(f"{arm}: {settings.tasks} tasks from an empty store, {settings.groups_per_step} groups a step")
-                provider = BwrapProvider(work / f"state-{arm}")
+                provider = local_provider(work / f"state-{arm}")
                 try:
                     arms[arm] = await _loop(provider, tasks, settings, prefetch=arm == "prefetch")
                 finally:

@@ -38,6 +38,7 @@ from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.sandbox.bwrap.images import ImageStore
 from sandrl.sandbox.bwrap.pulled import pull_into_store
 from sandrl.stats import summary_ms
+from sandrl.wiring.runner import local_provider
 
 TARGETS = {"pull_over_skopeo_umoci": 1.0, "second_pull_layers": 1, "cached_from_over_host": 2.0}
 
@@ -145,7 +146,7 @@ async def run(
                 await pull_into_store(store, ref_b, client=client, on_event=events.append)
             downloaded = sum(e.kind == "layer-start" for e in events)
             say("FROM a cached image to the first exec, beside a host sandbox")
-            provider = BwrapProvider(work / "state")
+            provider = local_provider(work / "state")
             try:
                 run_ref = f"{registry.host}/bench/run:run"
                 await pull_into_store(provider.images, run_ref)

@@ -20,12 +20,11 @@ from rich.table import Table
 
 from sandrl.errors import ConfigError
 from sandrl.rollout.agents.scripted import SOLUTION, ReplayAgent, ThinkTime
-from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.tasks.builtin import SUITE_DIR
 from sandrl.tasks.builtin.generated import FAMILIES, generate_tasks
 from sandrl.tasks.loader import load_tasks
 from sandrl.tasks.task import Task
-from sandrl.wiring import RolloutConfig, build_runner
+from sandrl.wiring import RolloutConfig, build_runner, open_provider
 
 TARGETS = {"infra_errors": 0, "overhead_share": 0.01}
 
@@ -59,6 +58,7 @@ async def run(
     tokens_per_s: float = 100.0,
     commands: Sequence[str] = COMMANDS,
     progress: bool = True,
+    sandboxes: str = "local",
     console: Console | None = None,
 ) -> dict[str, Any]:
     """The benchmark; returns the JSON line's dict."""
@@ -70,18 +70,19 @@ async def run(
         raise ConfigError(f"think_s must be (low, high) with 0 <= low <= high, got {think_s}")
     think = ThinkTime(round(low * tokens_per_s), round(high * tokens_per_s), tokens_per_s)
     agent = ReplayAgent(list(commands), think)
+    rollout = RolloutConfig(
+        concurrency=concurrency, group_size=1, max_attempts=1, max_turns=len(commands) + 1, sandboxes=sandboxes
+    )
     with tempfile.TemporaryDirectory(prefix="sandrl-bench-rollout-") as tmp:
-        provider = BwrapProvider(Path(tmp) / "state")
-        pool = _tasks(suite, Path(tmp) / "tasks")
-        chosen = [pool[i % len(pool)] for i in range(episodes)]
-        rollout = RolloutConfig(concurrency=concurrency, group_size=1, max_attempts=1, max_turns=len(commands) + 1)
-        runner = build_runner(rollout, provider, agent=agent)
-        # Images first, so the episode timings are the steady state a training run sees.
-        for task in pool:
-            await runner.image_for(task)
-        console.print(f"{episodes} replay episodes, {concurrency} at once, {low:g}-{high:g} s model time per turn")
-        result = await runner.run(chosen, progress=progress)
-        await provider.close_all()
+        async with open_provider(rollout, state_dir=Path(tmp) / "state") as provider:
+            pool = _tasks(suite, Path(tmp) / "tasks")
+            chosen = [pool[i % len(pool)] for i in range(episodes)]
+            runner = build_runner(rollout, provider, agent=agent)
+            # Images first, so the episode timings are the steady state a training run sees.
+            for task in pool:
+                await runner.image_for(task)
+            console.print(f"{episodes} replay episodes, {concurrency} at once, {low:g}-{high:g} s model time per turn")
+            result = await runner.run(chosen, progress=progress)
     summary = result.summary
     trajectories = result.trajectories
     episode_s = sum(t.timings.total_s for t in trajectories)

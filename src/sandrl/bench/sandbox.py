@@ -30,6 +30,7 @@ from sandrl.sandbox.bwrap.inventory import traces
 from sandrl.sandbox.command import Command
 from sandrl.sandbox.pool import PooledProvider
 from sandrl.stats import summary_ms
+from sandrl.wiring.runner import local_provider
 
 TARGETS = {
     "warm_p50_ms": 10.0,
@@ -191,7 +192,7 @@ NET_LIVE = 100
 
 async def run(n: int = 200, live: int = 500, pool_size: int = 8, console: Console | None = None) -> dict[str, Any]:
     console = console or Console(stderr=True)
-    provider = BwrapProvider()
+    provider = local_provider()
     spec = SandboxSpec()
     net_spec = SandboxSpec(network=True)
     # Warm up: the helper build, the host image's layers, the page cache.

@@ -43,6 +43,7 @@ from sandrl.rollout.jsonl import read_jsonl
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.train.command import run_training
 from sandrl.train.run_config import MODES, RunConfig, from_dict
+from sandrl.wiring.runner import local_provider
 
 TARGET_RATIO = 1.5
 """Async episodes per hour over sync's, on this benchmark's long tail."""
@@ -189,7 +190,7 @@ async def run(settings: BenchSettings | None = None, *, console: Console | None 
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="sandrl-bench-train-") as tmp:
         root = Path(tmp)
-        provider = BwrapProvider(root / "state")
+        provider = local_provider(root / "state")
         try:
             # The first run in a process pays for imports, kernels and the task image; neither mode should.
             warm = dataclasses.replace(settings, steps=1, times=CommandTimes(median_s=0.01, sigma=0.0))

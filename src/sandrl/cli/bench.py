@@ -14,7 +14,7 @@ from typing import Literal, cast
 import typer
 
 from sandrl.cli import bench_inference
-from sandrl.cli.output import emit, rich_console
+from sandrl.cli.output import SANDBOXES_HELP, emit, rich_console
 from sandrl.errors import ConfigError, SandrlError
 
 app = typer.Typer(no_args_is_help=True, help="Benchmarks; each ends with one JSON line.")
@@ -89,6 +89,7 @@ def bench_rollout(
         help="On setup-heavy tasks: groups forked from one set-up sandbox against a setup per episode, same run.",
     ),
     group_size: int = typer.Option(8, help="--fork-groups: episodes per group (--episodes is rounded to groups)."),
+    sandboxes: str | None = typer.Option(None, help=SANDBOXES_HELP),
     json_only: bool = typer.Option(False, "--json", help="Print only the JSON line."),
 ) -> None:
     """Concurrent replay episodes with the model's time fixed: infra errors and orchestrator overhead."""
@@ -110,7 +111,8 @@ def bench_rollout(
 
         groups = max(1, round(episodes / group_size))
         think = (think_min_s, think_max_s)
-        emit(asyncio.run(forks.run(groups, group_size, concurrency, think_s=think, console=console)))
+        where = sandboxes or "local"
+        emit(asyncio.run(forks.run(groups, group_size, concurrency, think_s=think, sandboxes=where, console=console)))
         return
     result = asyncio.run(
         run(
@@ -119,6 +121,7 @@ def bench_rollout(
             suite=suite,  # type: ignore[arg-type]
             think_s=(think_min_s, think_max_s),
             progress=not json_only,
+            sandboxes=sandboxes or "local",
             console=console,
         )
     )

@@ -50,7 +50,6 @@ from sandrl.errors import ConfigError
 from sandrl.inference.tiny_config import TinyModelConfig
 from sandrl.progress import duration
 from sandrl.sandbox.base import SandboxProvider
-from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.tasks.task import Task
 from sandrl.train import checkpoint
 from sandrl.train.command import run_training
@@ -60,6 +59,7 @@ from sandrl.train.loss_config import ImportanceConfig, LossConfig
 from sandrl.train.run_config import RunConfig
 from sandrl.train.warm_run import warm_start_run
 from sandrl.train.warm_start_config import WarmStartConfig
+from sandrl.wiring.runner import local_provider
 
 
 @dataclass(frozen=True)
@@ -343,7 +343,7 @@ async def run(
     with tempfile.TemporaryDirectory(prefix="sandrl-bench-estimators-") as scratch:
         tmp = Path(scratch)  # the sandboxes' state, and the runs when ``out`` is None
         demo = dataclasses.replace(settings.demo, out=out if out is not None else tmp / "out")
-        provider = BwrapProvider(tmp / "state")
+        provider = local_provider(tmp / "state")
         try:
             result = await _measure(settings, demo, provider, con)
         finally:

@@ -14,8 +14,8 @@ from rich.panel import Panel
 from rich.text import Text
 
 from sandrl.sandbox.base import ExecResult, SandboxSpec
-from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.sandbox.bwrap.inventory import traces
+from sandrl.wiring.runner import local_provider
 
 
 def _show(console: Console, title: str, result: ExecResult) -> None:
@@ -38,7 +38,7 @@ def _show(console: Console, title: str, result: ExecResult) -> None:
 
 
 async def run_demo(console: Console) -> None:
-    provider = BwrapProvider()
+    provider = local_provider()
     spec = SandboxSpec(cpus=0.5, memory_mb=128, pids=64, disk_mb=64, ttl_s=120)
     console.rule("[bold]sandrl sandbox demo")
     t = time.perf_counter()
