@@ -190,7 +190,38 @@ def test_backends_do_not_reach_up_into_the_service_or_the_client() -> None:
         for m, targets in graph.items()
         if m.startswith("sandrl.sandbox.bwrap")
         for t in targets
-        if t.startswith(("sandrl.sandbox.service", "sandrl.sandbox.client", "sandrl.sandbox.pool"))
+        if t.startswith(("sandrl.sandbox.service", "sandrl.sandbox.remote.provider", "sandrl.sandbox.pool"))
+    )
+    assert leaks == []
+
+
+SERVER_FRAMEWORKS = ("fastapi", "starlette", "uvicorn")
+
+
+def _third_party_imports(module: str) -> set[str]:
+    """The top-level names of the packages outside sandrl that ``module`` imports (``if TYPE_CHECKING:`` aside)."""
+    tree = ast.parse(_modules()[module].read_text())
+    skipped = _type_checking_only(tree)
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            names.update(alias.name.partition(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.partition(".")[0])
+    return names - {"sandrl"}
+
+
+def test_the_client_and_the_backends_load_no_server_code() -> None:
+    """The sandbox service imports the remote client's wire types, never the other way: a client
+    (or any backend) loads neither the service nor a web framework. Only the service's own
+    modules, in ``sandbox/``, may."""
+    graph = _graph()
+    outside = sorted(m for m in graph if m.startswith("sandrl.sandbox") and not m.startswith("sandrl.sandbox.service"))
+    leaks = sorted(
+        [f"{m} -> {t}" for m in outside for t in graph[m] if t.startswith("sandrl.sandbox.service")]
+        + [f"{m} -> {t}" for m in outside for t in _third_party_imports(m) if t in SERVER_FRAMEWORKS]
     )
     assert leaks == []
 

@@ -145,7 +145,7 @@ def test_an_agent_that_is_not_there_names_the_ones_that_are() -> None:
 
 
 async def test_a_provider_that_cannot_lay_the_cli_is_refused_before_any_episode(echo_task: Task) -> None:
-    from sandrl.sandbox.client import RemoteProvider
+    from sandrl.sandbox.remote.provider import RemoteProvider
 
     remote = RemoteProvider.__new__(RemoteProvider)  # only its kind matters: nothing is sent
     with pytest.raises(ConfigError, match=r'local bubblewrap sandboxes \(\[rollout\] sandboxes = "local"\)'):

@@ -11,8 +11,8 @@ import pytest
 
 from sandrl.errors import SandboxClosedError, SandboxCrashedError, SandboxFileTooLargeError, SandrlError
 from sandrl.sandbox.base import SandboxSpec
-from sandrl.sandbox.client import RemoteProvider, RemoteSandbox
-from sandrl.sandbox.service.api import SandboxInfo
+from sandrl.sandbox.remote.provider import RemoteProvider, RemoteSandbox
+from sandrl.sandbox.remote.wire import SandboxInfo
 
 
 class EndlessFiles:

@@ -26,11 +26,11 @@ from sandrl.sandbox.base import SandboxSpec, forward_port, require_port_forwardi
 from sandrl.sandbox.bwrap import BwrapProvider, BwrapSandbox
 from sandrl.sandbox.bwrap.port_forward import forward_into
 from sandrl.sandbox.bwrap.process import BwrapProcess
-from sandrl.sandbox.client import RemoteProvider
 from sandrl.sandbox.delegating import DelegatingSandbox
 from sandrl.sandbox.e2b.provider import E2BProvider
 from sandrl.sandbox.forwarding import ForwardLimits
 from sandrl.sandbox.pool import AdmittedProvider, AdmittedSandbox, CommandAdmission
+from sandrl.sandbox.remote.provider import RemoteProvider
 
 from ..inference.test_gateway import ScriptedReplies
 from ..support import needs_sandbox

@@ -12,7 +12,8 @@ import httpx
 import pytest
 
 from sandrl.sandbox.bwrap import BwrapProvider
-from sandrl.sandbox.client import ClientConfig, RemoteProvider
+from sandrl.sandbox.remote.config import ClientConfig
+from sandrl.sandbox.remote.provider import RemoteProvider
 from sandrl.sandbox.service.server import BackgroundServer, create_app
 from sandrl.sandbox.service.state import SandboxService, ServiceConfig
 

@@ -23,7 +23,7 @@ from sandrl.errors import (
     SandboxNotFoundError,
 )
 from sandrl.sandbox.base import DEFAULT_OUTPUT_CAP, ExecResult, OutputChunk, Sandbox, SandboxProvider, SandboxSpec
-from sandrl.sandbox.client import RemoteProvider, RemoteSandbox
+from sandrl.sandbox.remote.provider import RemoteProvider, RemoteSandbox
 
 from ..support import needs_sandbox
 from .conftest import Served
@@ -328,7 +328,7 @@ async def test_an_id_from_the_caller_cannot_forge_the_request(remote: RemoteProv
 
 
 async def test_hot_routes_answer_as_fastapi_does(http: httpx.AsyncClient, sandbox: RemoteSandbox) -> None:
-    """create, exec and delete are served by the lean dispatch (service.hot) for an ``application/json``
+    """create, exec and delete are served by the lean dispatch (service.hot_routes) for an ``application/json``
     body, by FastAPI for any other: the answers are the same but for the ids and times in them."""
 
     def wire(r: httpx.Response) -> tuple[int, str | None, str | None, object]:

@@ -9,7 +9,7 @@ import pytest
 
 from sandrl.errors import InvalidCommandError
 from sandrl.sandbox.base import ExecResult, OutputChunk, SandboxSpec
-from sandrl.sandbox.client import RemoteProvider, RemoteSandbox
+from sandrl.sandbox.remote.provider import RemoteProvider, RemoteSandbox
 
 from ..support import needs_sandbox
 

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from sandrl.errors import ConfigError
-from sandrl.sandbox.client import RemoteProvider
+from sandrl.sandbox.remote.provider import RemoteProvider
 from sandrl.sandbox.service.auth import bind_host, load_token
 
 from ..support import needs_sandbox

@@ -14,14 +14,11 @@ import httpx
 import pytest
 
 from sandrl.errors import SandboxError, SandboxNotFoundError, SandboxUnavailableError
-from sandrl.sandbox import call_channel
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider
-from sandrl.sandbox.client import ClientConfig, RemoteProvider, RemoteSandbox
-from sandrl.sandbox.http_pool import PooledTransport
-from sandrl.sandbox.service.auth import send_error
-from sandrl.sandbox.service.channel import ChannelProtocol
-from sandrl.sandbox.service.channel_frames import (
+from sandrl.sandbox.remote import call_channel
+from sandrl.sandbox.remote.config import ClientConfig
+from sandrl.sandbox.remote.frames import (
     CHANNEL_PATH,
     MAX_HEAD,
     ChannelProtocolError,
@@ -29,6 +26,10 @@ from sandrl.sandbox.service.channel_frames import (
     call_frame,
     frame,
 )
+from sandrl.sandbox.remote.http_pool import PooledTransport
+from sandrl.sandbox.remote.provider import RemoteProvider, RemoteSandbox
+from sandrl.sandbox.service.auth import send_error
+from sandrl.sandbox.service.channel import ChannelProtocol
 from sandrl.sandbox.service.server import BackgroundServer, create_app
 from sandrl.sandbox.service.state import SandboxService, ServiceConfig
 

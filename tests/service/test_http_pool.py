@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from sandrl.sandbox.http_pool import Answer, PooledTransport
+from sandrl.sandbox.remote.http_pool import Answer, PooledTransport
 
 
 class Server:

@@ -11,7 +11,8 @@ import pytest
 from sandrl.errors import CapacityExhaustedError, SandboxNotFoundError, SandboxUnavailableError
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider
-from sandrl.sandbox.client import ClientConfig, RemoteProvider
+from sandrl.sandbox.remote.config import ClientConfig
+from sandrl.sandbox.remote.provider import RemoteProvider
 from sandrl.sandbox.service.state import SandboxService, ServiceConfig
 
 from ..support import host_mounts, needs_sandbox, sandbox_mounts_added

@@ -21,7 +21,8 @@ from sandrl.errors import SandboxUnavailableError
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap.cgroups import CgroupManager
 from sandrl.sandbox.bwrap.state import StateDir
-from sandrl.sandbox.client import ClientConfig, RemoteProvider
+from sandrl.sandbox.remote.config import ClientConfig
+from sandrl.sandbox.remote.provider import RemoteProvider
 
 from ..support import host_mounts, needs_sandbox, sandbox_mounts_added
 from .conftest import TOKEN

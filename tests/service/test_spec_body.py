@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from sandrl.errors import InvalidSpecError
 from sandrl.sandbox.base import Bounds, SandboxSpec
-from sandrl.sandbox.service.api import SpecBody
+from sandrl.sandbox.remote.wire import SpecBody
 
 
 def test_defaults_are_the_specs() -> None:

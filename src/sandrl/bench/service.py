@@ -43,7 +43,8 @@ from sandrl.errors import SandboxUnavailableError, SandrlError
 from sandrl.processes import stop_process
 from sandrl.sandbox.base import Sandbox, SandboxProvider, SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider
-from sandrl.sandbox.client import ClientConfig, RemoteProvider
+from sandrl.sandbox.remote.config import ClientConfig
+from sandrl.sandbox.remote.provider import RemoteProvider
 from sandrl.stats import summary_ms
 
 LEVELS = (1, 16, 64, 256)

@@ -5,7 +5,7 @@ sandbox service, whose output it streams as it comes. ``ls`` lists this host's s
 directory, ``$SANDRL_STATE_DIR``: every run's sandboxes there, whose they are and whether they
 live, :mod:`sandrl.sandbox.bwrap.inventory`), or with ``--server`` a service's; ``gc`` removes what
 dead runs left in the store, after asking; ``rm`` closes a service's sandboxes through
-:class:`~sandrl.sandbox.client.RemoteProvider`. The library returns data, this module prints it.
+:class:`~sandrl.sandbox.remote.provider.RemoteProvider`. The library returns data, this module prints it.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from sandrl.sandbox.bwrap.state import StateDir
 from sandrl.sandbox.command import Command
 
 if TYPE_CHECKING:
-    from sandrl.sandbox.client import RemoteProvider
-    from sandrl.sandbox.service.api import SandboxInfo
+    from sandrl.sandbox.remote.provider import RemoteProvider
+    from sandrl.sandbox.remote.wire import SandboxInfo
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -93,7 +93,7 @@ def sandbox_run(
 
 def _provider(server: str | None, token_file: str | None) -> RemoteProvider:
     # Imported here: the client brings in httpx and FastAPI, which `sandrl --help` should not wait for.
-    from sandrl.sandbox.client import RemoteProvider
+    from sandrl.sandbox.remote.provider import RemoteProvider
     from sandrl.sandbox.service.auth import load_token
 
     token = load_token(token_file) if token_file else None

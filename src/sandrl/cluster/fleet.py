@@ -52,9 +52,10 @@ from sandrl.errors import (
     SandboxUnavailableError,
 )
 from sandrl.sandbox.base import ExecResult, ImageSource, SandboxSpec, prebuilt_image
-from sandrl.sandbox.client import ClientConfig, RemoteProvider, RemoteSandbox
 from sandrl.sandbox.command import Command, describe
 from sandrl.sandbox.delegating import DelegatingSandbox
+from sandrl.sandbox.remote.config import ClientConfig
+from sandrl.sandbox.remote.provider import RemoteProvider, RemoteSandbox
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -71,7 +72,7 @@ class FleetConfig:
     recover_after: int = 1
     """Passing checks in a row before a failed host takes sandboxes again."""
     client: ClientConfig = field(default_factory=lambda: ClientConfig(retries=2, backoff_s=0.1))
-    """Timeouts and retries of the calls to each host (see :class:`~sandrl.sandbox.client.ClientConfig`)."""
+    """Timeouts and retries of the calls to each host (see :class:`~sandrl.sandbox.remote.config.ClientConfig`)."""
 
     def __post_init__(self) -> None:
         if self.health_interval_s <= 0 or self.health_timeout_s <= 0:

@@ -1,12 +1,12 @@
-"""Isolated Linux sandboxes, in layers.
+"""Isolated Linux sandboxes: the protocols every backend meets, and one package per backend.
 
 - :mod:`.base`: the interfaces every caller codes against (:class:`SandboxSpec`, :class:`Sandbox`,
   :class:`SandboxProvider`, :class:`ImageSource`...); :mod:`.delegating`: the base of sandbox
-  wrappers;
-- :mod:`.bwrap`: the bubblewrap backend (provider, live sandboxes, image store and builder);
-- :mod:`.service`: the HTTP service over any provider (sandrl's API and E2B's), and
-  :mod:`.client`, its client as a provider;
-- :mod:`.pool`: warm pools and command admission over a provider.
+  wrappers; :mod:`.admission`: host-capacity admission of commands over any provider;
+- :mod:`.bwrap`: the bubblewrap backend (provider, live sandboxes, image store and builder, warm pool);
+- :mod:`.remote`: a sandrl host's sandbox service as a provider (its client, and the wire it
+  shares with the server); :mod:`.service`: that HTTP service, over any provider (sandrl's API and E2B's);
+- :mod:`.e2b`: any E2B-compatible service as a provider, through the ``e2b`` SDK.
 """
 
 from sandrl.sandbox.base import (

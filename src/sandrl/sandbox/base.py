@@ -65,7 +65,7 @@ class Bounds:
     """The range of a number in a :class:`SandboxSpec`, stated once beside its field.
 
     The spec checks it (:meth:`check`); the HTTP API's model of a spec
-    (:class:`~sandrl.sandbox.service.api.SpecBody`) is built from the same bounds
+    (:class:`~sandrl.sandbox.remote.wire.SpecBody`) is built from the same bounds
     (:meth:`constraints`), so the two cannot drift apart.
     """
 

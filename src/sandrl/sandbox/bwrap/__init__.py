@@ -2,7 +2,7 @@
 
 :class:`BwrapProvider` (:mod:`.provider`, which also states the threat model) makes
 :class:`BwrapSandbox` es (:mod:`.sandbox`). Beneath them: the wire protocol to each sandbox's
-pid 1 (:mod:`.protocol`), the native helper that sets a sandbox up (:mod:`.helper`, built from
+pid 1 (:mod:`.protocol`), the native helper that sets a sandbox up (:mod:`.helper_build` builds it from
 ``native/sandrl-helper.c``), uid slots and records (:mod:`.state`), cgroups (:mod:`.cgroups`),
 the image store and its layers (:mod:`.images`, :mod:`.host_views`, :mod:`.layer_owners`) and
 the export of a sandbox's changes as a layer (:mod:`.export`).

@@ -118,7 +118,7 @@ from sandrl.sandbox.bwrap import protocol
 from sandrl.sandbox.bwrap.cgroups import CgroupManager, remove_group_dir
 from sandrl.sandbox.bwrap.dockerfile.source import cached_image, fetch_image
 from sandrl.sandbox.bwrap.egress import EgressFilter, parse_allow
-from sandrl.sandbox.bwrap.helper import helper_path
+from sandrl.sandbox.bwrap.helper_build import helper_path
 from sandrl.sandbox.bwrap.images import ImageStore, MountPlan
 from sandrl.sandbox.bwrap.launch import Launch, Launcher, PremadeKind
 from sandrl.sandbox.bwrap.nat import require_nat, start_nat

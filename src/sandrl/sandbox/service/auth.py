@@ -26,6 +26,7 @@ from sandrl.http_auth import (
     loopback_host,
     send_error,
 )
+from sandrl.sandbox.remote.wire import TOKEN_ENV
 
 __all__ = [  # what the service's modules import from here
     "OPEN_PATHS",
@@ -50,7 +51,6 @@ __all__ = [  # what the service's modules import from here
     "too_large",
 ]
 
-TOKEN_ENV = "SANDRL_TOKEN"
 OPEN_PATHS = frozenset({"/healthz"})
 TOKEN_SOURCE = f"${TOKEN_ENV} or --token-file"
 

@@ -40,9 +40,7 @@ from typing import Any, cast
 import httptools
 from starlette.requests import Request
 
-from sandrl.sandbox.service.auth import error_response, too_large
-from sandrl.sandbox.service.channel_frames import (
-    CHANNEL_EXTENSION,
+from sandrl.sandbox.remote.frames import (
     CHANNEL_PATH,
     UPGRADE,
     ChannelProtocolError,
@@ -52,7 +50,9 @@ from sandrl.sandbox.service.channel_frames import (
     answer_frame,
     status_phrase,
 )
-from sandrl.sandbox.service.hot import HotCalls, route
+from sandrl.sandbox.service.auth import error_response, too_large
+from sandrl.sandbox.service.hot_routes import HotCalls, route
+from sandrl.sandbox.service.routes import CHANNEL_EXTENSION
 from sandrl.sandbox.service.state import ServiceConfig
 
 log = logging.getLogger("sandrl.service")

@@ -44,7 +44,7 @@ from sandrl.sandbox.base import (
     prebuilt_image,
 )
 from sandrl.sandbox.delegating import DelegatingSandbox
-from sandrl.sandbox.service.api import API_PREFIX
+from sandrl.sandbox.remote.wire import API_PREFIX
 from sandrl.sandbox.service.auth import ASGIApp, Receive, Scope, Send, send_error
 from sandrl.sandbox.service.state import SandboxService, StreamingSandbox
 

@@ -32,7 +32,8 @@ from pydantic import BaseModel
 from sandrl.errors import InvalidCommandError, SandboxError, SandboxFileError, SandrlError
 from sandrl.sandbox.base import OutputChunk, SandboxProcess
 from sandrl.sandbox.command import check_command
-from sandrl.sandbox.service.api import (
+from sandrl.sandbox.remote.frames import CHANNEL_PATH, UPGRADE
+from sandrl.sandbox.remote.wire import (
     API_PREFIX,
     OCTET_MEDIA_TYPE,
     SSE_MEDIA_TYPE,
@@ -45,12 +46,11 @@ from sandrl.sandbox.service.api import (
     FileWritten,
     SandboxInfo,
     SandboxList,
-    ServiceError,
     SpecBody,
     TimeoutRequest,
 )
 from sandrl.sandbox.service.auth import content_length
-from sandrl.sandbox.service.channel_frames import CHANNEL_EXTENSION, CHANNEL_PATH, UPGRADE
+from sandrl.sandbox.service.errors import ServiceError
 from sandrl.sandbox.service.state import BoundedBody, Entry, SandboxService, StreamingSandbox
 
 _DESCRIPTIONS = {
@@ -94,6 +94,11 @@ def document_bearer(schema: dict[str, Any]) -> dict[str, Any]:
                 operation.setdefault("security", [{"HTTPBearer": []}])
     return schema
 
+
+CHANNEL_EXTENSION = "sandrl.channel"
+"""Set (to a dict) in the scope of an upgrade to the call channel: the app's route consents
+(:func:`open_channel`) only then, and fills the dict with what the
+channel's connection needs of it."""
 
 SANDBOX_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,128}$"
 SandboxId = Annotated[str, Path(pattern=SANDBOX_ID_PATTERN, description="A sandbox id.")]
@@ -156,6 +161,8 @@ async def open_channel(request: Request) -> Response:
     Each call on it is served as the same request over HTTP would be. sandrl's ``RemoteProvider``
     opens it by itself.
     """
+    # The docstring is the published OpenAPI description, kept byte for byte (#38): the framing
+    # has since moved to sandrl.sandbox.remote.frames.
     consent = request.scope.get("extensions", {}).get(CHANNEL_EXTENSION)
     if consent is None:
         raise ServiceError(
@@ -183,7 +190,7 @@ async def create_sandbox(body: CreateRequest, request: Request) -> Response:
 
 
 async def create(svc: SandboxService, body: CreateRequest) -> Response:
-    """``POST /sandboxes``, once the body is valid (also served by :mod:`.hot`)."""
+    """``POST /sandboxes``, once the body is valid (also served by :mod:`.hot_routes`)."""
     spec = SpecBody.model_validate(body.model_dump(exclude={"metadata", "wait_s"})).to_spec()
     entry = await svc.create(spec, body.metadata, body.wait_s)
     return _json(_info(entry), 201)
@@ -211,7 +218,7 @@ async def delete_sandbox(sandbox_id: SandboxId, request: Request) -> Response:
 
 
 async def delete(svc: SandboxService, sandbox_id: str) -> Response:
-    """``DELETE /sandboxes/{id}`` (also served by :mod:`.hot`)."""
+    """``DELETE /sandboxes/{id}`` (also served by :mod:`.hot_routes`)."""
     await svc.delete(svc.get(sandbox_id))
     return Response(status_code=204, media_type="application/json")  # what FastAPI answers for a None
 
@@ -257,7 +264,7 @@ async def exec_command(sandbox_id: SandboxId, body: ExecRequest, request: Reques
 
 
 async def exec_in(svc: SandboxService, sandbox_id: str, body: ExecRequest) -> Response:
-    """``POST /sandboxes/{id}/exec``, once the body is valid (also served by :mod:`.hot`)."""
+    """``POST /sandboxes/{id}/exec``, once the body is valid (also served by :mod:`.hot_routes`)."""
     entry = svc.get(sandbox_id)
     _check_exec(body)
     stdin = _stdin(body)

@@ -58,12 +58,12 @@ from sandrl import __version__
 from sandrl.background_server import BackgroundServer as _BackgroundServer
 from sandrl.errors import SandboxFileError, SandrlError
 from sandrl.sandbox.base import SandboxProvider
-from sandrl.sandbox.service.api import API_PREFIX, Health
+from sandrl.sandbox.remote.frames import UPGRADE as CHANNEL_UPGRADE
+from sandrl.sandbox.remote.wire import API_PREFIX, Health
 from sandrl.sandbox.service.auth import BearerAuth, BodyLimit, LoopbackOnly, bind_host, load_token
 from sandrl.sandbox.service.channel import start_channel
-from sandrl.sandbox.service.channel_frames import UPGRADE as CHANNEL_UPGRADE
 from sandrl.sandbox.service.e2b import mount as mount_e2b
-from sandrl.sandbox.service.hot import HotCalls, HotRoutes
+from sandrl.sandbox.service.hot_routes import HotCalls, HotRoutes
 from sandrl.sandbox.service.metrics import CONTENT_TYPE
 from sandrl.sandbox.service.routes import ERRORS, document_bearer, router, service_of
 from sandrl.sandbox.service.state import SandboxService, ServiceConfig
@@ -322,7 +322,7 @@ def create_app(service: SandboxService, *, token: str | None) -> FastAPI:
     def limit_for(path: str) -> int:
         return cfg.max_file_bytes if path.endswith(("/files", "/tar")) else cfg.max_json_bytes
 
-    # Innermost: the hot routes skip FastAPI's routing, behind the same auth and body limits (:mod:`.hot`).
+    # Innermost: the hot routes skip FastAPI's routing, behind the same auth and body limits (:mod:`.hot_routes`).
     app.state.hot_calls = hot_calls = HotCalls(service, app.exception_handlers)
     app.add_middleware(HotRoutes, calls=hot_calls)
     app.add_middleware(BodyLimit, limit_for=limit_for)

@@ -43,7 +43,8 @@ from sandrl.sandbox.base import (
     Snapshottable,
 )
 from sandrl.sandbox.command import Command
-from sandrl.sandbox.service.api import MIN_TTL_S, ServiceError
+from sandrl.sandbox.remote.wire import MIN_TTL_S
+from sandrl.sandbox.service.errors import ServiceError
 from sandrl.sandbox.service.metrics import ServiceMetrics, pressure_avg10
 
 log = logging.getLogger("sandrl.service")

@@ -49,4 +49,3 @@ def runtime_step(inst: Instruction, runtime: dict[str, object], shell: Sequence[
             runtime["healthcheck"] = ["CMD", *form] if form is not None else ["CMD-SHELL", command]
         else:
             raise inst.error("write HEALTHCHECK [OPTIONS] CMD <command>, or HEALTHCHECK NONE")
-

@@ -39,8 +39,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from sandrl.errors import ImageNotFoundError, InvalidSpecError
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap.images import HOST_IMAGE
-from sandrl.sandbox.service.api import MetadataDict, ServiceError
+from sandrl.sandbox.remote.wire import MetadataDict
 from sandrl.sandbox.service.e2b.state import CLIENT_ID, DEFAULT_TEMPLATE, ENVD_VERSION, E2BRegistry
+from sandrl.sandbox.service.errors import ServiceError
 from sandrl.sandbox.service.routes import ERRORS
 from sandrl.sandbox.service.state import Entry, SandboxService
 

@@ -1,11 +1,11 @@
-"""The client's side of the call channel (:mod:`sandrl.sandbox.service.channel_frames` has the wire).
+"""The client's side of the call channel (:mod:`sandrl.sandbox.remote.frames` has the wire).
 
-:class:`CallChannel` carries a :class:`~sandrl.sandbox.client.RemoteProvider`'s in-memory calls
+:class:`CallChannel` carries a :class:`~sandrl.sandbox.remote.provider.RemoteProvider`'s in-memory calls
 (create, exec, close, get, timeout) over one upgraded connection: every call in flight shares it,
 answers come back as calls finish, and everything a turn of the event loop sends goes out in one
 write. It opens the connection at the first call, and again after the server closed it.
 
-Failures are the HTTP pool's (:mod:`sandrl.sandbox.http_pool`), so the provider's retry and error
+Failures are the HTTP pool's (:mod:`sandrl.sandbox.remote.http_pool`), so the provider's retry and error
 policy is the same on both: the connection or its upgrade could not be made within the connect
 timeout -> ``httpx.ConnectError`` / ``ConnectTimeout``; the connection broke with the call in flight
 -> ``httpx.ReadError``; no answer within the call's timeout -> ``httpx.ReadTimeout`` (the call's
@@ -23,8 +23,7 @@ from typing import cast
 
 import httpx
 
-from sandrl.sandbox.http_pool import Answer
-from sandrl.sandbox.service.channel_frames import (
+from sandrl.sandbox.remote.frames import (
     CHANNEL_PATH,
     UPGRADE,
     ChannelProtocolError,
@@ -34,6 +33,7 @@ from sandrl.sandbox.service.channel_frames import (
     call_frame,
     status_phrase,
 )
+from sandrl.sandbox.remote.http_pool import Answer
 
 log = logging.getLogger("sandrl.client")
 MAX_ANSWER = 1 << 30

@@ -7,9 +7,9 @@ A rollout uses a remote host exactly as a local provider::
             result = await sandbox.exec("pytest -q", timeout_s=600)
 
 Calls whose bodies fit in memory (create, exec, close, get, timeout) share one connection, the
-service's call channel (:mod:`sandrl.sandbox.call_channel`); the rest (file and tar transfers,
+service's call channel (:mod:`sandrl.sandbox.remote.call_channel`); the rest (file and tar transfers,
 streaming exec, list) and every call to a server without the channel go through one HTTP
-connection pool per provider (:mod:`sandrl.sandbox.http_pool`). Both are shared by the provider's
+connection pool per provider (:mod:`sandrl.sandbox.remote.http_pool`). Both are shared by the provider's
 sandboxes and fail alike. Failures are typed:
 
 - the server cannot be reached (refused, DNS, connect timeout): every call is retried with
@@ -34,29 +34,18 @@ import base64
 import json
 import os
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, TypeVar
 from urllib.parse import quote
 
 import httpx
 
 from sandrl import __version__
 from sandrl.errors import (
-    CapacityExhaustedError,
     ConfigError,
-    ImageNotFoundError,
-    InvalidSpecError,
-    LimitUnsupportedError,
-    SandboxClosedError,
-    SandboxCrashedError,
     SandboxError,
-    SandboxFileError,
-    SandboxFileTooLargeError,
     SandboxNotFoundError,
-    SandboxRequestTooLargeError,
     SandboxUnavailableError,
-    SandrlError,
 )
 from sandrl.sandbox.base import (
     MAX_READ_BYTES,
@@ -69,11 +58,14 @@ from sandrl.sandbox.base import (
     file_too_large,
     prebuilt_image,
 )
-from sandrl.sandbox.call_channel import CallChannel
 from sandrl.sandbox.command import Command, check_command
-from sandrl.sandbox.http_pool import Answer, PooledTransport
-from sandrl.sandbox.service.api import (
+from sandrl.sandbox.remote.call_channel import CallChannel
+from sandrl.sandbox.remote.config import SERVER_ENV, ClientConfig
+from sandrl.sandbox.remote.errors import Answered, error_from, typed_error
+from sandrl.sandbox.remote.http_pool import Answer, PooledTransport
+from sandrl.sandbox.remote.wire import (
     API_PREFIX,
+    TOKEN_ENV,
     ExecRequest,
     ExecResponse,
     FileWritten,
@@ -81,58 +73,10 @@ from sandrl.sandbox.service.api import (
     SandboxInfo,
     SandboxList,
 )
-from sandrl.sandbox.service.auth import TOKEN_ENV
 
-SERVER_ENV = "SANDRL_SERVER"
 _PCHAR = "/!$&'()*+,;=:@-._~"
 """What a path may hold unquoted (RFC 3986): a sandbox id from a caller cannot inject a header."""
 _RETRY_STATUS = frozenset({502, 503, 504})
-_ERRORS: dict[str, type[SandrlError]] = {
-    "sandbox_not_found": SandboxNotFoundError,
-    "sandbox_closed": SandboxClosedError,
-    "sandbox_crashed": SandboxCrashedError,
-    "file_too_large": SandboxFileTooLargeError,
-    "request_too_large": SandboxRequestTooLargeError,
-    "capacity_exhausted": CapacityExhaustedError,
-    "invalid_spec": InvalidSpecError,
-    "limit_unsupported": LimitUnsupportedError,
-    "image_not_found": ImageNotFoundError,
-    "file_error": SandboxFileError,
-    "file_not_found": SandboxFileError,
-    "disk_full": SandboxFileError,
-    "service_draining": SandboxUnavailableError,
-    "sandbox_unavailable": SandboxUnavailableError,
-}
-
-
-@dataclass(frozen=True)
-class ClientConfig:
-    """Timeouts, retries and pooling of a :class:`RemoteProvider`."""
-
-    timeout_s: float = 60.0
-    """Longest wait for an answer to a call other than exec (whose own timeout adds ``exec_margin_s``)."""
-    connect_timeout_s: float = 5.0
-    retries: int = 3
-    """Attempts after the first, for the failures that may be retried (see the module docstring)."""
-    backoff_s: float = 0.1
-    """Wait before the first retry; doubles on each next one up to ``backoff_max_s``."""
-    backoff_max_s: float = 2.0
-    max_connections: int = 1024
-    """Connections kept to the server: one per concurrent call."""
-    create_wait_s: float = 0.0
-    """How long a create queues on a full server (0: fail at once with capacity_exhausted)."""
-    exec_margin_s: float = 30.0
-    """Added to an exec's timeout_s for the HTTP wait (the server answers exec_timeout within 5 s)."""
-    channel: bool = True
-    """Send the calls whose bodies fit in memory (create, exec, close...) over the service's call channel
-    (:mod:`sandrl.sandbox.call_channel`): one connection, calls answered as they finish. Falls back
-    to HTTP by itself on a server without one; plain ``http://`` only."""
-
-    def __post_init__(self) -> None:
-        if self.timeout_s <= 0 or self.connect_timeout_s <= 0 or self.exec_margin_s <= 0:
-            raise ConfigError("client timeouts must be positive")
-        if self.retries < 0 or self.backoff_s < 0 or self.max_connections < 1 or self.create_wait_s < 0:
-            raise ConfigError("client retries, backoff and create_wait_s must be >= 0, max_connections >= 1")
 
 
 class RemoteProvider:
@@ -357,48 +301,12 @@ class RemoteProvider:
         await self.aclose()
 
 
-class _Answered(Protocol):
-    """What the policy reads of an answer: an ``httpx.Response`` or the pool's ``Answer``."""
-
-    @property
-    def status_code(self) -> int: ...
-    @property
-    def text(self) -> str: ...
-    @property
-    def reason_phrase(self) -> str: ...
-    def json(self) -> Any: ...
-    async def aread(self) -> bytes: ...
-    async def aclose(self) -> None: ...
-
-
-_R = TypeVar("_R", bound=_Answered)
+_R = TypeVar("_R", bound=Answered)
 
 
 def _json_bytes(value: Any) -> bytes:
     """JSON as httpx sends it (compact, UTF-8, no NaN)."""
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
-
-
-def error_from(method: str, url: str, response: _Answered) -> SandrlError:
-    """The typed error for an error answer, keeping the server's error_code and message."""
-    error_code, message = "http_error", response.text[:500] or response.reason_phrase
-    try:
-        body = response.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        body = None
-    if isinstance(body, dict):
-        error_code = str(body.get("error_code") or error_code)
-        message = str(body.get("message") or message)
-    return _typed(error_code, message, response.status_code)
-
-
-def _typed(error_code: str, message: str, status: int) -> SandrlError:
-    cls = _ERRORS.get(error_code)
-    if cls is None:
-        cls = ConfigError if 400 <= status < 500 else SandboxError
-    error = cls(message, error_code=error_code)
-    error.http_status = status
-    return error
 
 
 class RemoteSandbox(ClosesOnExit):
@@ -477,7 +385,7 @@ class RemoteSandbox(ClosesOnExit):
                         yield ExecResponse.model_validate(payload).to_result()
                         return
                     elif event == "error":
-                        raise _typed(payload["error_code"], payload["message"], int(payload["code"]))
+                        raise typed_error(payload["error_code"], payload["message"], int(payload["code"]))
                     event, data = "", ""
         except (httpx.ReadError, httpx.RemoteProtocolError) as exc:
             raise SandboxUnavailableError(

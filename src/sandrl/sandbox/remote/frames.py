@@ -1,5 +1,7 @@
 """The call channel's wire: how calls and answers are framed on one upgraded connection.
 
+Shared by the client (:mod:`.call_channel`) and the server (:mod:`sandrl.sandbox.service.channel`).
+
 A client opens the channel with ``GET /v1/channel`` carrying ``Connection: Upgrade`` and
 ``Upgrade: sandrl-channel/1`` (and its usual ``Authorization``); the server answers
 ``101 Switching Protocols`` and from then on both sides send frames, in any order:
@@ -22,14 +24,10 @@ import struct
 from dataclasses import dataclass
 from http import HTTPStatus
 
-from sandrl.sandbox.service.api import API_PREFIX
+from sandrl.sandbox.remote.wire import API_PREFIX
 
 CHANNEL_PATH = API_PREFIX + "/channel"
 UPGRADE = b"sandrl-channel/1"
-CHANNEL_EXTENSION = "sandrl.channel"
-"""Set (to a dict) in the scope of an upgrade to the call channel: the app's route consents
-(:func:`~sandrl.sandbox.service.routes.open_channel`) only then, and fills the dict with what the
-channel's connection needs of it."""
 MAX_HEAD = 8192
 """Longest head line (a call's id, method and target)."""
 _LENGTH = struct.Struct("<I")

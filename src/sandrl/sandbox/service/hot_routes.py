@@ -30,7 +30,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandrl.errors import SandrlError
-from sandrl.sandbox.service.api import API_PREFIX, CreateRequest, ExecRequest
+from sandrl.sandbox.remote.wire import API_PREFIX, CreateRequest, ExecRequest
 from sandrl.sandbox.service.routes import SANDBOX_ID_PATTERN, create, delete, exec_in
 from sandrl.sandbox.service.state import SandboxService
 

@@ -1,8 +1,9 @@
 """The sandbox service's wire types: request and response bodies of the native ``/v1`` API.
 
-Shared by the server (:mod:`sandrl.sandbox.service.server`) and the client
-(:mod:`sandrl.sandbox.client`), so the two cannot drift apart, and published in the
-served OpenAPI document. Every error body is :class:`ErrorBody`.
+Shared by the server (:mod:`sandrl.sandbox.service.routes`) and the client
+(:mod:`sandrl.sandbox.remote.provider`), so the two cannot drift apart, and published in the
+served OpenAPI document. Every error body is :class:`ErrorBody`. This module imports no server
+code (no FastAPI, nothing of :mod:`sandrl.sandbox.service`): a client loads none.
 
 Streaming exec (``POST /v1/sandboxes/{id}/exec/stream``) answers server-sent events, one
 JSON object per ``data:`` line: ``started`` ``{"pid"}``, ``stdout`` / ``stderr``
@@ -18,11 +19,12 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandrl.errors import SandrlError
 from sandrl.sandbox.base import IMAGE_NAME_PATTERN, WORKDIR_PATTERN, Bounds, ExecResult, SandboxSpec
 from sandrl.sandbox.command import MAX_ARGS
 
 API_PREFIX = "/v1"
+TOKEN_ENV = "SANDRL_TOKEN"
+"""The environment variable that holds the service's bearer token, for the server and its clients."""
 SSE_MEDIA_TYPE = "text/event-stream"
 TAR_MEDIA_TYPE = "application/x-tar"
 OCTET_MEDIA_TYPE = "application/octet-stream"
@@ -31,14 +33,6 @@ MetadataDict = Annotated[
     dict[Annotated[str, Field(min_length=1, max_length=256)], Annotated[str, Field(max_length=4096)]],
     Field(max_length=64),
 ]
-
-
-class ServiceError(SandrlError):
-    """An error the service answers with a status of its own (auth, body size, draining...)."""
-
-    def __init__(self, message: str, *, error_code: str, http_status: int) -> None:
-        super().__init__(message, error_code=error_code)
-        self.http_status = http_status
 
 
 class ErrorBody(BaseModel):
