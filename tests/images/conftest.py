@@ -22,7 +22,8 @@ from typing import Protocol
 import pytest
 
 from sandrl.images.local_registry import LocalRegistry
-from sandrl.images.oci_layout import Descriptor, ImageConfig, LayerSpec, OCILayout
+from sandrl.images.manifest import Descriptor, ImageConfig
+from sandrl.images.oci_layout import LayerSpec, OCILayout
 from sandrl.sandbox.bwrap import BwrapProvider
 
 from ..support import REASON as SANDBOX_REASON

@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 import sandrl.sandbox.bwrap.provider
 from sandrl.cli import app
 from sandrl.images.host_rootfs import shell_layer, shell_rootfs
-from sandrl.images.oci_layout import ImageConfig, LayerSpec, regular_file
+from sandrl.images.manifest import ImageConfig, Platform
+from sandrl.images.oci_layout import LayerSpec, regular_file
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider
 
@@ -47,7 +48,7 @@ def _run(args: list[str]) -> tuple[int, str]:
 
 def test_pull_ls_and_prune(state: Path, push_image: PushImage) -> None:
     pushed = push_image(
-        [LayerSpec([regular_file("etc/motd", "hello\n")])], ImageConfig(env=("PATH=/usr/bin",), working_dir="/")
+        [LayerSpec([regular_file("etc/motd", "hello\n")])], ImageConfig(env={"PATH": "/usr/bin"}, workdir="/")
     )
     code, output = _run(["images", "pull", pushed.ref])
     assert code == 0, output
@@ -104,7 +105,10 @@ async def test_import_a_rootfs_tar_and_run_it(state: Path, tmp_path: Path) -> No
 def test_from_platform_picks_that_platforms_image(state: Path, push_image: PushImage, tmp_path: Path) -> None:
     pushed = push_image(
         [shell_layer(tmp_path / "rootfs")],
-        platforms=[ImageConfig(architecture="amd64"), ImageConfig(architecture="arm64", variant="v8")],
+        platforms=[
+            ImageConfig(platform=Platform(architecture="amd64")),
+            ImageConfig(platform=Platform(architecture="arm64", variant="v8")),
+        ],
     )
     (tmp_path / "ctx").mkdir()
     (tmp_path / "ctx" / "Dockerfile").write_text(f'FROM --platform=linux/arm64 {pushed.ref}\nCMD ["true"]\n')

@@ -27,13 +27,13 @@ import zstandard
 from sandrl.errors import ConfigError, RegistryError
 from sandrl.images import local_registry
 from sandrl.images.local_registry import LocalRegistry
+from sandrl.images.manifest import ImageConfig, Platform
 from sandrl.images.oci_layout import (
     CONFIG_MEDIA_TYPE,
     FIXED_MTIME,
     INDEX_MEDIA_TYPE,
     LAYER_MEDIA_TYPES,
     MANIFEST_MEDIA_TYPE,
-    ImageConfig,
     LayerSpec,
     OCILayout,
     TarEntry,
@@ -93,8 +93,8 @@ def top_layer() -> LayerSpec:
 
 
 CONFIG = ImageConfig(
-    env=["PATH=/bin:/usr/bin", "GREETING=hello world"],
-    working_dir="/home/user",
+    env={"PATH": "/bin:/usr/bin", "GREETING": "hello world"},
+    workdir="/home/user",
     user="1000:1000",
     entrypoint=["/bin/tool"],
     cmd=["--verbose"],
@@ -268,7 +268,10 @@ def test_a_pushed_image_is_served_as_written(push_image: PushImage, tmp_path: Pa
 
 @needs_registry
 def test_a_two_platform_index_is_served_as_written(push_image: PushImage) -> None:
-    platforms = [ImageConfig(architecture="amd64"), ImageConfig(architecture="arm64", variant="v8")]
+    platforms = [
+        ImageConfig(platform=Platform(architecture="amd64")),
+        ImageConfig(platform=Platform(architecture="arm64", variant="v8")),
+    ]
     image = push_image([base_layer()], platforms=platforms)
     with httpx.Client(timeout=10) as client:
         response = fetch_manifest(client, image.registry.url, image.repository, image.tag)
@@ -293,8 +296,8 @@ def test_a_two_platform_index_is_served_as_written(push_image: PushImage) -> Non
 def test_pushing_one_platform_of_an_index_pushes_this_hosts_manifest(registry: LocalRegistry, tmp_path: Path) -> None:
     layout = OCILayout(tmp_path / "layout")
     layer = layout.add_layer(base_layer())
-    amd64 = layout.add_image([layer], ImageConfig(architecture="amd64"))
-    arm64 = layout.add_image([layer], ImageConfig(architecture="arm64"))
+    amd64 = layout.add_image([layer], ImageConfig(platform=Platform(architecture="amd64")))
+    arm64 = layout.add_image([layer], ImageConfig(platform=Platform(architecture="arm64")))
     layout.add_index([amd64, arm64], tag="multi")
     assert os.uname().machine == "x86_64", "this test names the host's platform"
     assert registry.push(layout.root, "test/one-platform:only", tag="multi") == amd64.digest

@@ -17,7 +17,8 @@ import sandrl.sandbox.bwrap.provider
 from sandrl.cli import app
 from sandrl.images.host_rootfs import shell_layer
 from sandrl.images.local_registry import LocalRegistry
-from sandrl.images.oci_layout import ImageConfig, LayerSpec, regular_file
+from sandrl.images.manifest import ImageConfig
+from sandrl.images.oci_layout import LayerSpec, regular_file
 from sandrl.rollout.images import TaskImages
 from sandrl.rollout.prefetch import images_ahead, prefetch_images
 from sandrl.sandbox.bwrap import BwrapProvider
@@ -249,7 +250,7 @@ def test_the_command_reports_each_image_and_fails_on_a_failure(
 async def test_an_episode_after_the_prefetch_does_not_pull(
     provider: BwrapProvider, push_image: PushImage, fault_proxy: FaultProxy, rootfs: Path, tmp_path: Path
 ) -> None:
-    pushed = push_image([shell_layer(rootfs)], ImageConfig(env=("PATH=/usr/bin:/bin",)))
+    pushed = push_image([shell_layer(rootfs)], ImageConfig(env={"PATH": "/usr/bin:/bin"}))
     _task(tmp_path / "tasks", "runs", image=pushed.ref_via(fault_proxy.host))
     tasks = _load(tmp_path / "tasks")
     report = await prefetch_images(TaskImages(provider), tasks)

@@ -22,9 +22,8 @@ from sandrl.errors import ImageError, LayerError, RegistryError
 from sandrl.images.credentials import DockerConfig
 from sandrl.images.host_rootfs import shell_layer
 from sandrl.images.local_registry import LocalRegistry
-from sandrl.images.manifest import Platform
+from sandrl.images.manifest import ImageConfig, Platform
 from sandrl.images.oci_layout import (
-    ImageConfig,
     LayerSpec,
     directory,
     hardlink,
@@ -81,7 +80,7 @@ def _changes() -> list[LayerSpec]:
 
 
 async def test_pull_by_tag_and_run_it(provider: BwrapProvider, push_image: PushImage, rootfs: Path) -> None:
-    config = ImageConfig(env=("PATH=/usr/bin:/bin", "GREETING=hi there"), working_dir="/data")
+    config = ImageConfig(env={"PATH": "/usr/bin:/bin", "GREETING": "hi there"}, workdir="/data")
     pushed = push_image([shell_layer(rootfs), *_changes()], config)
     async with _client() as client:
         name = await pull_into_store(provider.images, pushed.ref, client=client)
@@ -269,7 +268,11 @@ def _link_info(name: str, target: str) -> tarfile.TarInfo:
 async def test_an_index_gives_each_platform_its_manifest(push_image: PushImage, tmp_path: Path) -> None:
     layer = LayerSpec([regular_file("hello", "hi")])
     pushed = push_image(
-        [layer], platforms=[ImageConfig(architecture="amd64"), ImageConfig(architecture="arm64", variant="v8")]
+        [layer],
+        platforms=[
+            ImageConfig(platform=Platform(architecture="amd64")),
+            ImageConfig(platform=Platform(architecture="arm64", variant="v8")),
+        ],
     )
     store = ImageStore(tmp_path / "store")
     async with _client() as client:

@@ -9,7 +9,8 @@ import pytest
 
 from sandrl.images.host_rootfs import shell_layer
 from sandrl.images.local_registry import LocalRegistry
-from sandrl.images.oci_layout import ImageConfig, LayerSpec, regular_file
+from sandrl.images.manifest import ImageConfig
+from sandrl.images.oci_layout import LayerSpec, regular_file
 from sandrl.sandbox.base import ImageSource, SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.sandbox.entrypoint import ENTRYPOINT_LOG
@@ -71,7 +72,7 @@ def _image_layers(rootfs: Path) -> list[LayerSpec]:
     ]
 
 
-ENTRY_CONFIG = ImageConfig(env=("PATH=/usr/bin:/bin",), entrypoint=("/entry.sh",), cmd=("/bin/sh",))
+ENTRY_CONFIG = ImageConfig(env={"PATH": "/usr/bin:/bin"}, entrypoint=("/entry.sh",), cmd=("/bin/sh",))
 
 
 async def test_an_entrypoint_service_is_up_when_the_sandbox_is_handed_over(

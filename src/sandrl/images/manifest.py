@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import platform as host_platform
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,17 +123,30 @@ class Manifest:
 
 @dataclass(frozen=True)
 class ImageConfig:
-    """What ``docker run`` takes from the image's config."""
+    """An image's config: what ``docker run`` takes from it. :func:`parse_config` reads one from a
+    registry; :class:`~sandrl.images.oci_layout.OCILayout` writes one into a layout."""
 
-    env: dict[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = field(
+        default_factory=lambda: {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+    )
+    """Docker's default ``PATH`` unless given."""
     workdir: str | None = None
     user: str | None = None
-    entrypoint: tuple[str, ...] | None = None
-    cmd: tuple[str, ...] | None = None
-    exposed_ports: tuple[str, ...] = ()
-    healthcheck: tuple[str, ...] | None = None
+    entrypoint: Sequence[str] | None = None
+    cmd: Sequence[str] | None = None
+    exposed_ports: Sequence[str] = ()
+    healthcheck: Sequence[str] | None = None
+    """``Healthcheck.Test``: ``("CMD", ...)`` or ``("CMD-SHELL", command)``."""
     diff_ids: tuple[str, ...] = ()
+    """Of a config read: ``rootfs.diff_ids`` (a written config lists its layers' own)."""
     platform: Platform = field(default_factory=Platform)
+    labels: Mapping[str, str] = field(default_factory=dict)
+    extra_config: Mapping[str, Any] = field(default_factory=dict)
+    """Written into the ``config`` object as given (Volumes, StopSignal...)."""
+    history: Sequence[Mapping[str, Any]] | None = None
+    """Explicit history entries to write; by default one per layer, ``created_by`` taken from the layer."""
+    created: str | None = None
+    """RFC 3339; a written config without one has a fixed time (its digest depends on nothing else)."""
 
     def to_record(self) -> dict[str, object]:
         """The runtime part, as the image store keeps it."""
@@ -223,6 +236,8 @@ def parse_config(body: bytes, where: str) -> ImageConfig:
     health = conf.get("Healthcheck")
     test = health.get("Test") if isinstance(health, dict) else None
     variant = data.get("variant")
+    labels = conf.get("Labels")
+    created = data.get("created")
     return ImageConfig(
         env=env,
         workdir=str(conf["WorkingDir"]) if conf.get("WorkingDir") else None,
@@ -233,6 +248,8 @@ def parse_config(body: bytes, where: str) -> ImageConfig:
         healthcheck=_strings(test) if test and test != ["NONE"] else None,
         diff_ids=tuple(diff_ids),
         platform=Platform(str(data.get("os") or "linux"), str(data.get("architecture") or ""), variant or None),
+        labels={str(k): v for k, v in labels.items() if isinstance(v, str)} if isinstance(labels, dict) else {},
+        created=created if isinstance(created, str) else None,
     )
 
 

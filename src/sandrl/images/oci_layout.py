@@ -23,14 +23,14 @@ import stat
 import tarfile
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar
 
 import zstandard
 
 from sandrl.errors import ConfigError
-from sandrl.images.manifest import Descriptor, Platform
+from sandrl.images.manifest import Descriptor, ImageConfig
 
 Compression = Literal["gzip", "zstd", "none"]
 
@@ -52,7 +52,6 @@ CREATED = "2020-09-13T12:26:40Z"
 _T = TypeVar("_T")
 _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 """A registry's tag grammar: what the layout is tagged with is what it is pushed as."""
-DEFAULT_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 @dataclass(frozen=True)
@@ -273,58 +272,40 @@ class Layer:
         return self.descriptor.digest
 
 
-@dataclass(frozen=True)
-class ImageConfig:
-    """The image config; ``extra_config`` adds keys to its ``config`` object as given (Volumes, StopSignal...)."""
-
-    architecture: str = "amd64"
-    os: str = "linux"
-    variant: str | None = None
-    env: Sequence[str] = (DEFAULT_PATH,)
-    working_dir: str = ""
-    user: str = ""
-    entrypoint: Sequence[str] | None = None
-    cmd: Sequence[str] | None = None
-    exposed_ports: Sequence[str] = ()
-    labels: Mapping[str, str] = field(default_factory=dict)
-    extra_config: Mapping[str, Any] = field(default_factory=dict)
-    history: Sequence[Mapping[str, Any]] | None = None
-    """Explicit history entries; by default one per layer, ``created_by`` taken from the layer."""
-    created: str = CREATED
-
-    @property
-    def platform(self) -> Platform:
-        return Platform(os=self.os, architecture=self.architecture, variant=self.variant)
-
-    def to_json(self, layers: Sequence[Layer]) -> dict[str, Any]:
-        config: dict[str, Any] = {}
-        if self.user:
-            config["User"] = self.user
-        if self.exposed_ports:
-            config["ExposedPorts"] = {port: {} for port in self.exposed_ports}
-        if self.env:
-            config["Env"] = list(self.env)
-        if self.entrypoint is not None:
-            config["Entrypoint"] = list(self.entrypoint)
-        if self.cmd is not None:
-            config["Cmd"] = list(self.cmd)
-        if self.working_dir:
-            config["WorkingDir"] = self.working_dir
-        if self.labels:
-            config["Labels"] = dict(self.labels)
-        config.update(self.extra_config)
-        history = (
-            [dict(h) for h in self.history]
-            if self.history is not None
-            else [{"created": self.created, "created_by": layer.created_by or "sandrl oci_layout"} for layer in layers]
-        )
-        out: dict[str, Any] = {"created": self.created, "architecture": self.architecture, "os": self.os}
-        if self.variant:
-            out["variant"] = self.variant
-        out["config"] = config
-        out["rootfs"] = {"type": "layers", "diff_ids": [layer.diff_id for layer in layers]}
-        out["history"] = history
-        return out
+def config_json(config: ImageConfig, layers: Sequence[Layer]) -> dict[str, Any]:
+    """``config`` as the image config blob of an image of ``layers`` holds it."""
+    body: dict[str, Any] = {}
+    if config.user:
+        body["User"] = config.user
+    if config.exposed_ports:
+        body["ExposedPorts"] = {port: {} for port in config.exposed_ports}
+    if config.env:
+        body["Env"] = [f"{name}={value}" for name, value in config.env.items()]
+    if config.entrypoint is not None:
+        body["Entrypoint"] = list(config.entrypoint)
+    if config.cmd is not None:
+        body["Cmd"] = list(config.cmd)
+    if config.healthcheck is not None:
+        body["Healthcheck"] = {"Test": list(config.healthcheck)}
+    if config.workdir:
+        body["WorkingDir"] = config.workdir
+    if config.labels:
+        body["Labels"] = dict(config.labels)
+    body.update(config.extra_config)
+    created = config.created or CREATED
+    history = (
+        [dict(h) for h in config.history]
+        if config.history is not None
+        else [{"created": created, "created_by": layer.created_by or "sandrl oci_layout"} for layer in layers]
+    )
+    platform = config.platform
+    out: dict[str, Any] = {"created": created, "architecture": platform.architecture, "os": platform.os}
+    if platform.variant:
+        out["variant"] = platform.variant
+    out["config"] = body
+    out["rootfs"] = {"type": "layers", "diff_ids": [layer.diff_id for layer in layers]}
+    out["history"] = history
+    return out
 
 
 def _json_bytes(obj: Any) -> bytes:
@@ -396,7 +377,7 @@ class OCILayout:
         """Writes the config and the manifest; returns the manifest's descriptor (with its platform, for an index)."""
         config = config or ImageConfig()
         written = [layer if isinstance(layer, Layer) else self.add_layer(layer) for layer in layers]
-        config_desc = self.write_json(config.to_json(written), CONFIG_MEDIA_TYPE)
+        config_desc = self.write_json(config_json(config, written), CONFIG_MEDIA_TYPE)
         manifest: dict[str, Any] = {
             "schemaVersion": 2,
             "mediaType": MANIFEST_MEDIA_TYPE,
