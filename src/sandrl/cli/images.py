@@ -1,18 +1,14 @@
 """``sandrl images build|pull|prefetch|import|ls|prune|rm``: the environment images in the local store.
 
 ``images build`` runs a Dockerfile through :class:`~sandrl.sandbox.bwrap.dockerfile.builder.ImageBuilder`, or makes
-the Debian base image with debootstrap (``sandrl images build debian``); ``images pull`` fetches a
-registry image (:mod:`sandrl.sandbox.bwrap.pulled`); ``images prefetch`` fetches every image a task
-set needs (:mod:`sandrl.rollout.prefetch`).
+the Debian base image with debootstrap (``sandrl images build debian``, :mod:`sandrl.images.debian`);
+``images pull`` fetches a registry image (:mod:`sandrl.sandbox.bwrap.pulled`); ``images prefetch`` fetches every
+image a task set needs (:mod:`sandrl.rollout.prefetch`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
-import subprocess
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,7 +21,8 @@ from rich.table import Table
 
 import sandrl.sandbox.bwrap.provider
 from sandrl.cli.output import SWEBENCH_IMAGES_HELP, emit, rich_console
-from sandrl.errors import ConfigError, ImageBuildError
+from sandrl.errors import ConfigError
+from sandrl.images.debian import DEBIAN_IMAGE, DEBIAN_MIRROR, DEBIAN_SUITE, build_debian
 from sandrl.images.manifest import Platform
 from sandrl.images.pull import PullEvent
 from sandrl.progress import Progress
@@ -38,16 +35,13 @@ from sandrl.sandbox.bwrap.images import DEFAULT_PATH, HOST_IMAGE, ImageStore
 from sandrl.sandbox.bwrap.prune import PrunePlan, apply_prune, plan_prune
 from sandrl.sandbox.bwrap.pulled import import_rootfs_tar, pull_into_store
 from sandrl.tasks.task import Task
+from sandrl.wiring.runner import local_provider
 
 app = typer.Typer(
     no_args_is_help=True,
     help="Environment images in this host's store ($SANDRL_STATE_DIR, default /var/lib/sandrl): build, pull, "
     "import, ls, prune, rm.",
 )
-
-DEBIAN_IMAGE = "debian"
-DEBIAN_SUITE = "bookworm"
-DEBIAN_MIRROR = "http://deb.debian.org/debian"
 
 
 def _store() -> ImageStore:
@@ -69,7 +63,7 @@ def images_build(
 ) -> None:
     """Build NAME from a Dockerfile (--file), or the Debian base image (`sandrl images build debian`)."""
     console = rich_console(stderr=False)
-    provider = BwrapProvider()
+    provider = local_provider()
     if file is None:
         if name != DEBIAN_IMAGE:
             raise ConfigError(f"give the Dockerfile to build {name!r} with --file (only 'debian' is built without one)")
@@ -110,37 +104,9 @@ def _build_debian(provider: BwrapProvider, suite: str, mirror: str, console: Con
     if store.exists(DEBIAN_IMAGE):
         console.print(f"the image {DEBIAN_IMAGE!r} exists; remove it first to rebuild (sandrl images rm debian)")
         return
-    debootstrap = shutil.which("debootstrap")
-    if debootstrap is None:
-        raise ImageBuildError("debootstrap is not installed: apt-get install debootstrap, then run this again")
-    work = store.root / "layers"
-    work.mkdir(parents=True, exist_ok=True)
-    target = Path(tempfile.mkdtemp(prefix=".debootstrap-", dir=work))
     start = time.monotonic()
-    try:
-        with console.status(f"debootstrap --variant=minbase {suite} (downloads ~40 MB)"):
-            proc = subprocess.run(
-                [debootstrap, "--variant=minbase", suite, str(target), mirror],
-                capture_output=True,
-                text=True,
-                timeout=1800,
-                check=False,
-            )
-        if proc.returncode != 0:
-            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
-            raise ImageBuildError(
-                f"debootstrap failed with exit code {proc.returncode} (is the mirror reachable?):\n{tail}"
-            )
-        os.chmod(target, 0o755)  # mkdtemp made it 0700: the image's / must be open to every user
-        for scratch in ("var/cache/apt/archives", "var/lib/apt/lists"):
-            path = target / scratch
-            if path.is_dir():
-                for item in path.iterdir():
-                    if item.is_file():
-                        item.unlink()
-        store.add_rootfs(DEBIAN_IMAGE, target, move=True, env={"PATH": DEFAULT_PATH}, workdir="/")
-    finally:
-        shutil.rmtree(target, ignore_errors=True)
+    with console.status(f"debootstrap --variant=minbase {suite} (downloads ~40 MB)"):
+        build_debian(store, {"PATH": DEFAULT_PATH}, suite=suite, mirror=mirror)
     console.print(f"built [bold]{DEBIAN_IMAGE}[/] (Debian {suite} minbase) in {time.monotonic() - start:.0f} s")
 
 
@@ -203,7 +169,7 @@ def prefetch_tasks(
     console = console or rich_console(stderr=True)
 
     async def go() -> PrefetchReport:
-        provider = BwrapProvider()
+        provider = local_provider()
         try:
             images = TaskImages(provider)
             return await prefetch_images(
@@ -313,7 +279,7 @@ def images_prune(
 
     Says how many of each kind and how much each frees, then asks (--yes: does not ask). Images a
     live sandbox uses are kept. Ends with one JSON line."""
-    provider = BwrapProvider()
+    provider = local_provider()
     plan = plan_prune(provider.images, provider.state, build_cache=not keep_cache, tasks=not keep_tasks)
     console = rich_console(stderr=False)
     if not plan:
@@ -380,7 +346,7 @@ def images_rm(
 ) -> None:
     """Remove images; their layers go too when no image uses them."""
     console = rich_console(stderr=False)
-    provider = BwrapProvider()
+    provider = local_provider()
     store = provider.images
     targets = list(names or [])
     if cache:
@@ -422,7 +388,7 @@ def images_templates(
     built: list[str] = []
 
     async def go() -> None:
-        provider = BwrapProvider(root)
+        provider = local_provider(root)
         try:
             for task in loaded:
                 name = names[task.id]
