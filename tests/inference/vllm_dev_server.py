@@ -37,7 +37,7 @@ from sandrl.errors import SandrlError
 from sandrl.inference.engine import Engine
 from sandrl.inference.http_errors import error_body
 from sandrl.inference.openai_routes import router as openai_router
-from sandrl.inference.serving import engine_of
+from sandrl.inference.routes_shared import engine_of
 
 router = APIRouter()
 

@@ -50,7 +50,7 @@ from sandrl.inference.chat import ChatFormat
 from sandrl.inference.engine import Engine
 from sandrl.inference.gateway.session import plain, reply_message
 from sandrl.inference.openai_stream import StreamSpec, chat_logprobs, completion_logprobs, openai_stream
-from sandrl.inference.serving import (
+from sandrl.inference.routes_shared import (
     cached_tokens,
     engine_of,
     output_text,

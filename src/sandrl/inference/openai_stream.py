@@ -20,7 +20,7 @@ from typing import Any
 from sandrl.inference.base import Generation, InferenceClient, SamplingParams
 from sandrl.inference.batch import Partial
 from sandrl.inference.engine import Engine
-from sandrl.inference.serving import cached_tokens, output_text, sse, stream_all, token_bytes, token_text
+from sandrl.inference.routes_shared import cached_tokens, output_text, sse, stream_all, token_bytes, token_text
 
 
 @dataclass(frozen=True)

@@ -112,7 +112,7 @@ from sandrl.inference.gateway.gateway import Gateway, harness_router
 from sandrl.inference.gateway.gateway import router as gateway_router
 from sandrl.inference.http_errors import install_error_handlers
 from sandrl.inference.openai_routes import router as openai_router
-from sandrl.inference.serving import engine_of
+from sandrl.inference.routes_shared import engine_of
 from sandrl.inference.sglang_control import router as control_router
 from sandrl.inference.sglang_generate import router as generate_router
 from sandrl.inference.sglang_weight_sync import router as weight_sync_router

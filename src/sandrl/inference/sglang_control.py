@@ -19,7 +19,7 @@ from sandrl.errors import ConfigError, SandrlError
 from sandrl.inference.base import UPDATE_POLICIES, UpdatePolicy
 from sandrl.inference.batch import PAUSE_MODES, PauseMode
 from sandrl.inference.kv_capacity import loads_answer
-from sandrl.inference.serving import engine_of, served_name
+from sandrl.inference.routes_shared import engine_of, served_name
 
 # What release/resume_memory_occupation may name (SGLang's GPU memory tags).
 _MEMORY_TAGS = frozenset({"weights", "kv_cache", "cuda_graph"})

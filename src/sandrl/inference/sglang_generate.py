@@ -26,7 +26,14 @@ from sandrl.errors import ConfigError
 from sandrl.inference.base import Generation, SamplingParams
 from sandrl.inference.batch import Partial
 from sandrl.inference.engine import Engine
-from sandrl.inference.serving import engine_of, output_text, reject_unsupported, require_tokenizer, sse, stream_all
+from sandrl.inference.routes_shared import (
+    engine_of,
+    output_text,
+    reject_unsupported,
+    require_tokenizer,
+    sse,
+    stream_all,
+)
 
 # SGLang sampling parameters the engine does not implement, with the values that mean "off".
 _UNSUPPORTED_SAMPLING: dict[str, Any] = {

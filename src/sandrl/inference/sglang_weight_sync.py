@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict
 
 from sandrl.errors import SandrlError
 from sandrl.inference.base import UpdatePolicy
-from sandrl.inference.serving import engine_of
+from sandrl.inference.routes_shared import engine_of
 from sandrl.inference.sglang_control import int_version, server_policy
 from sandrl.inference.weight_group import GroupAddress
 

@@ -22,7 +22,7 @@ from typing import Any
 from fastapi import Response
 
 from sandrl.errors import ConfigError
-from sandrl.inference.serving import sse
+from sandrl.inference.routes_shared import sse
 
 STREAM_OPTIONS = frozenset({"include_usage"})
 

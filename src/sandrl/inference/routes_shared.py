@@ -1,4 +1,5 @@
-"""What the SGLang and OpenAI routes of the inference server share.
+"""What the SGLang and OpenAI routes of the inference server share (the routes: :mod:`.openai_routes`,
+:mod:`.sglang_generate`, :mod:`.sglang_control`).
 
 The engine behind a request, the error body, sampling parameters the engine cannot honour
 (rejected, never silently ignored), the output text each API expects, and the merged
