@@ -118,11 +118,7 @@ async def run_cluster_training(
     served: contextlib.AsyncExitStack = contextlib.AsyncExitStack()
     try:
         fleet = await served.enter_async_context(cluster_fleet(config, cluster, run_id))
-        api = (
-            "vllm"
-            if config.inference.launch == "vllm"
-            else ("sglang" if config.inference.launched else config.model.api)
-        )
+        api = config.inference.client_api(config.model.api)
         specs = [
             WorkerSpec(
                 name=cluster_ray.worker_name(run_id, i),

@@ -28,6 +28,14 @@ STANDIN = HERE / "standin_engine.py"
 DRIVER = HERE / "driver.py"
 
 
+def test_the_router_is_spoken_to_in_the_engines_api() -> None:
+    # One rule for the in-process policy (wiring.policy) and a --ray run's workers (cluster.training).
+    assert FleetConfig(launch="vllm").client_api("openai") == "vllm"
+    assert FleetConfig(launch="sglang").client_api("openai") == "sglang"
+    assert FleetConfig(launch="embedded").client_api("vllm") == "sglang"  # the embedded engine serves SGLang's
+    assert FleetConfig().client_api("openai") == "openai"  # engines started elsewhere: [model] api
+
+
 def test_sglang_and_vllm_engines_get_their_own_command_lines() -> None:
     sglang = FleetConfig(launch="sglang", engines=2, gpus_per_engine=2, args=("--mem-fraction-static", "0.8"))
     devices = partition_devices(sglang, ["0", "1", "2", "3", "4"])

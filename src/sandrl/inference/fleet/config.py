@@ -159,6 +159,11 @@ class FleetConfig:
         """Whether sandrl starts the engines."""
         return bool(self.launch)
 
+    def client_api(self, attached: str) -> str:
+        """The API a client speaks to the fleet's router: the launched engines' (vLLM's own; SGLang's for
+        SGLang and the embedded engine), else ``attached``, the ``[model] api`` of engines started elsewhere."""
+        return "vllm" if self.launch == "vllm" else "sglang" if self.launched else attached
+
     @property
     def gpus(self) -> int:
         """Each engine's GPUs, the default resolved."""
