@@ -16,9 +16,8 @@ from sandrl.inference.engine import Engine
 from sandrl.inference.model import build_tiny_model
 from sandrl.inference.server import BackgroundServer, create_app
 from sandrl.inference.tiny_config import TinyModelConfig
-from sandrl.inference.transport import HTTPConfig
 from sandrl.inference.weight_group import GroupAddress
-from sandrl.inference.weight_push import WeightBroadcast, buckets, model_weights
+from sandrl.inference.weight_push import BroadcastSpec, WeightBroadcast, buckets, model_weights
 
 from .conftest import TOKEN, Served
 
@@ -45,7 +44,7 @@ def _state(engine: Engine) -> dict[str, torch.Tensor]:
 
 
 def _broadcast(served: list[Served], **kwargs: Any) -> WeightBroadcast:
-    return WeightBroadcast([s.url for s in served], http=HTTPConfig(api_key=TOKEN, retries=0), **kwargs)
+    return WeightBroadcast(BroadcastSpec(tuple(s.url for s in served), api_key=TOKEN, **kwargs))
 
 
 async def test_broadcast_equals_the_disk_path_bit_for_bit(two_served: list[Served], other_checkpoint: Path) -> None:

@@ -38,7 +38,7 @@ from sandrl.inference.model import save_weights
 from sandrl.inference.sglang import SGLangClient
 from sandrl.inference.tokenizer import Tokenizer
 from sandrl.inference.transport import HTTPConfig
-from sandrl.inference.weight_push import WeightBroadcast, buckets, model_weights
+from sandrl.inference.weight_push import BroadcastSpec, WeightBroadcast, buckets, model_weights
 from sandrl.stats import quantile
 
 TARGET_RATIO = 0.5
@@ -71,7 +71,7 @@ async def measure(
     result as a JSON-ready dict (``label`` names the model in it)."""
     http = HTTPConfig(api_key=fleet.token, retries=0)
     routed = SGLangClient(fleet.url, http=http)
-    broadcast = WeightBroadcast(fleet.engine_urls, http=http, bucket_bytes=bucket_bytes)
+    broadcast = WeightBroadcast(BroadcastSpec(tuple(fleet.engine_urls), api_key=fleet.token, bucket_bytes=bucket_bytes))
     keys = []
     for engine in fleet.router.engines:
         keys.append(f"bench/weights/{engine.index}")

@@ -1,8 +1,9 @@
 """The trainer's side of broadcast weight updates: rank 0 of a weight-update group with every engine.
 
 :class:`WeightBroadcast` speaks SGLang's protocol to each engine (sandrl's embedded server serves it
-too, over gloo): at :meth:`~WeightBroadcast.connect` it picks a port, asks engine ``i`` to join as rank
-``1 + i * ranks_per_engine`` and joins as rank 0 itself; each :meth:`~WeightBroadcast.push` sends the
+too, over gloo): at :meth:`~WeightBroadcast.connect` it picks a port, asks each engine to join at its
+rank offset (one rank per tensor-parallel worker of the engines before it, after rank 0) and joins as
+rank 0 itself; each :meth:`~WeightBroadcast.push` sends the
 weights in buckets of about ``bucket_bytes``: for each bucket it posts the names, dtypes and shapes to
 every engine and broadcasts the tensors at once. Only one bucket's tensors are held at a time, so a
 sharded trainer gathers its full tensors bucket by bucket, never the whole model.
@@ -47,6 +48,17 @@ class BroadcastSpec:
     sglang: bool = False
     timeout_s: float = 60.0
     """How long the group waits for every rank to join, and each collective for the others."""
+    epoch: int = 0
+    """The engines' losses so far (:class:`~sandrl.inference.broadcast_policy.BroadcastTargets`): a spec
+    that differs in it, or in ``urls``, needs a new group."""
+
+    def __post_init__(self) -> None:
+        if self.bucket_bytes < 1:
+            raise ConfigError(f"bucket_bytes must be positive, got {self.bucket_bytes}")
+        if self.update_policy not in UPDATE_POLICIES:
+            raise ConfigError(
+                f"update_policy must be one of {', '.join(UPDATE_POLICIES)}, got {self.update_policy!r}"
+            )
 
 
 def model_weights(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
@@ -78,63 +90,32 @@ def buckets(tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> I
 
 
 class WeightBroadcast:
-    """Push weights to engines over a process group; see the module docstring."""
+    """Push weights to the engines of ``spec`` over a process group; see the module docstring."""
 
-    def __init__(
-        self,
-        urls: list[str],
-        *,
-        http: HTTPConfig | None = None,
-        master_address: str = "127.0.0.1",
-        backend: str = "gloo",
-        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-        update_policy: UpdatePolicy = "pause",
-        sglang: bool = False,
-        ranks_per_engine: int = 1,
-        timeout_s: float = 60.0,
-    ) -> None:
-        if not urls:
+    def __init__(self, spec: BroadcastSpec) -> None:
+        if not spec.urls:
             raise ConfigError("a weight broadcast needs at least one engine URL")
-        if bucket_bytes < 1:
-            raise ConfigError(f"bucket_bytes must be positive, got {bucket_bytes}")
-        if update_policy not in UPDATE_POLICIES:
-            raise ConfigError(f"update_policy must be one of {', '.join(UPDATE_POLICIES)}, got {update_policy!r}")
-        self.urls = list(urls)
-        self.engines = [JSONTransport(url, http) for url in self.urls]
-        self.master_address = master_address
-        self.backend = backend
-        self.bucket_bytes = bucket_bytes
-        self.update_policy = update_policy
-        self.sglang = sglang
-        self.ranks_per_engine = ranks_per_engine
-        self.timeout_s = timeout_s
+        self.spec = spec
+        self.engines = [JSONTransport(url, HTTPConfig(api_key=spec.api_key, retries=0)) for url in spec.urls]
         self.group: WeightGroup | None = None
         self.group_name = f"sandrl-{uuid.uuid4().hex[:12]}"
         self.bytes_pushed = 0
 
-    @classmethod
-    def from_spec(cls, spec: BroadcastSpec) -> WeightBroadcast:
-        return cls(
-            list(spec.urls),
-            http=HTTPConfig(api_key=spec.api_key, retries=0),
-            master_address=spec.master_address,
-            backend=spec.backend,
-            bucket_bytes=spec.bucket_bytes,
-            update_policy=spec.update_policy,
-            sglang=spec.sglang,
-            timeout_s=spec.timeout_s,
-        )
+    @property
+    def urls(self) -> list[str]:
+        return list(self.spec.urls)
 
     async def connect(self) -> None:
         """Form the group: every engine joins as its ranks, this process as rank 0 (idempotent)."""
         if self.group is not None:
             return
+        offsets, world_size = await self._ranks()
         address = GroupAddress(
-            self.master_address,
-            _free_port(self.master_address),
-            1 + len(self.engines) * self.ranks_per_engine,
+            self.spec.master_address,
+            _free_port(self.spec.master_address),
+            world_size,
             self.group_name,
-            self.backend,
+            self.spec.backend,
         )
         joins = [
             asyncio.create_task(
@@ -143,16 +124,16 @@ class WeightBroadcast:
                     {
                         "master_address": address.master_address,
                         "master_port": address.master_port,
-                        "rank_offset": 1 + i * self.ranks_per_engine,
+                        "rank_offset": offset,
                         "world_size": address.world_size,
                         "group_name": address.group_name,
                         "backend": address.backend,
                     },
                 )
             )
-            for i, engine in enumerate(self.engines)
+            for engine, offset in zip(self.engines, offsets, strict=True)
         ]
-        own = asyncio.create_task(asyncio.to_thread(WeightGroup.join, address, 0, timeout_s=self.timeout_s))
+        own = asyncio.create_task(asyncio.to_thread(WeightGroup.join, address, 0, timeout_s=self.spec.timeout_s))
         # An engine that refuses (a wrong token, no gloo) ends the wait at once; this side's join, blocked in
         # its thread until every rank arrives, is then left to time out, and closed if it ever completes.
         pending: set[asyncio.Task[Any]] = {own, *joins}
@@ -176,17 +157,32 @@ class WeightBroadcast:
             )
         self.group = own.result()
 
+    async def _ranks(self) -> tuple[list[int], int]:
+        """Each engine's first rank in the group, and the group's size: an SGLang engine of several GPUs joins with
+        one rank per tensor-parallel worker (its ``tp_size``; sandrl's engine and a server that says none: one)."""
+        sizes = []
+        for engine in self.engines:
+            try:
+                info = await engine.get("/get_server_info") if self.spec.sglang else {}
+            except InferenceError:
+                info = {}
+            size = info.get("tp_size", 1) if isinstance(info, dict) else 1
+            sizes.append(size if isinstance(size, int) and not isinstance(size, bool) and 0 < size <= 4096 else 1)
+        offsets = [1 + sum(sizes[:i]) for i in range(len(sizes))]
+        return offsets, 1 + sum(sizes)
+
     async def push(self, tensors: Iterable[tuple[str, torch.Tensor]], *, version: int) -> int:
         """Send every tensor of ``tensors`` (all the model's weights) as version ``version``; return it."""
         await self.connect()
         assert self.group is not None
-        mode = {"in_place": "in_place", "abort_and_resume": "retract"}.get(self.update_policy) if self.sglang else None
+        modes = {"in_place": "in_place", "abort_and_resume": "retract"}
+        mode = modes.get(self.spec.update_policy) if self.spec.sglang else None
         if mode is not None:
             await asyncio.gather(*(e.post("/pause_generation", {"mode": mode}) for e in self.engines))
         try:
             answers: list[Any] = []
             # A bucket is taken in a worker thread: taking it may gather shards (a collective of the trainer's).
-            pending = buckets(tensors, self.bucket_bytes)
+            pending = buckets(tensors, self.spec.bucket_bytes)
             while (bucket := await asyncio.to_thread(next, pending, None)) is not None:
                 answers = await self._send(bucket, version)
         except BaseException:
@@ -196,7 +192,7 @@ class WeightBroadcast:
             if mode is not None:
                 await asyncio.gather(*(e.post("/continue_generation", {}) for e in self.engines))
         for url, answer in zip(self.urls, answers, strict=True):
-            if not self.sglang and answer.get("staged", False):
+            if not self.spec.sglang and answer.get("staged", False):
                 raise InferenceError(
                     f"{url} has not swapped the new weights in: the push covered only part of its model's "
                     f"weights ({answer.get('message')})"
@@ -213,8 +209,8 @@ class WeightBroadcast:
             "weight_version": str(version),
             "flush_cache": True,
         }
-        if not self.sglang:
-            body["update_policy"] = self.update_policy
+        if not self.spec.sglang:
+            body["update_policy"] = self.spec.update_policy
         posts = [asyncio.create_task(engine.post("/update_weights_from_distributed", body)) for engine in self.engines]
         device = self.group.device
         tensors = [t.to(device or "cpu") for _, t in bucket]  # gloo sends from host memory
@@ -269,7 +265,7 @@ class BlockingBroadcast:
     def __init__(self, spec: BroadcastSpec) -> None:
         self.spec = spec
         self._loop = asyncio.new_event_loop()
-        self._push = WeightBroadcast.from_spec(spec)
+        self._push = WeightBroadcast(spec)
 
     def push(self, tensors: Iterator[tuple[str, torch.Tensor]], version: int) -> str | None:
         """Push every tensor of ``tensors``; None when the engines serve ``version`` now, else why not. The

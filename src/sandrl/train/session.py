@@ -34,7 +34,7 @@ from sandrl.aio import gather_all
 from sandrl.errors import ConfigError, InferenceError
 from sandrl.host_memory import process_memory_bytes
 from sandrl.inference.base import InferenceClient
-from sandrl.inference.broadcast_policy import broadcast_spec
+from sandrl.inference.broadcast_policy import BroadcastingPolicy, push_broadcast
 from sandrl.inference.weight_push import BroadcastSpec
 from sandrl.progress import duration
 from sandrl.rollout.agent import Agent
@@ -348,10 +348,10 @@ class Session:
     async def _broadcast_weights(self) -> bool:
         """Push the weights over a process group if the policy's engines take them so; False: by the disk."""
         assert self.trainer is not None and self.policy is not None
-        if (spec := broadcast_spec(self.policy)) is None:
+        if not isinstance(self.policy, BroadcastingPolicy):
             return False
         # In a worker thread: the trainer's rank 0 runs the push on a loop of its own (generation goes on here).
-        why = await asyncio.to_thread(self.trainer.broadcast_weights, spec)
+        why = await push_broadcast(self.policy, self.trainer.broadcast_weights, self.trainer.version)
         if why is not None and self.config.inference.weight_sync == "broadcast":
             raise InferenceError(f"the weight broadcast failed: {why}")
         if why is not None:

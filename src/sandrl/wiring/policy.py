@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sandrl.errors import ConfigError
 from sandrl.http_auth import is_loopback
@@ -24,6 +25,9 @@ from sandrl.inference.fleet.config import FleetConfig
 from sandrl.inference.tokenizer import Tokenizer, model_tokenizer
 from sandrl.inference.transport import HTTPConfig
 from sandrl.wiring.config import ModelConfig
+
+if TYPE_CHECKING:
+    from sandrl.inference.fleet.serve import Fleet
 
 
 @contextlib.asynccontextmanager
@@ -84,7 +88,7 @@ async def open_policy(
         async with _client(api, served.url, routed, tokenizer, model, original_logprobs=original) as client:
             engines = dataclasses.replace(routed, retries=0)
             client = _admitted(client, fleet, f"the engines behind {served.url}")
-            yield _broadcasting(client, sync, api, served.engine_urls, engines, model, bucket_mb, own=launched)
+            yield _broadcasting(client, sync, api, served.engine_urls, engines, model, bucket_mb, fleet=served)
 
 
 def _admitted(client: InferenceClient, fleet: FleetConfig | None, where: str) -> InferenceClient:
@@ -106,10 +110,12 @@ def _broadcasting(
     model: ModelConfig,
     bucket_mb: int,
     *,
-    own: bool = False,
+    fleet: Fleet | None = None,
 ) -> InferenceClient:
     """``client`` with weight updates over a process group with the engines at ``urls`` when ``sync``
-    (``[inference] weight_sync``) allows it; ``client`` itself otherwise (see :class:`FleetConfig`)."""
+    (``[inference] weight_sync``) allows it; ``client`` itself otherwise (see :class:`FleetConfig`). Behind a
+    ``fleet`` the group follows its engines (:mod:`~sandrl.inference.broadcast_policy`)."""
+    own = fleet is not None and fleet.launcher is not None
     if sync == "disk":
         return client
     speaks = api == "sglang"  # sandrl's servers and SGLang's; vLLM's group routes differ, OpenAI has none
@@ -136,7 +142,7 @@ def _broadcasting(
         update_policy=model.update_policy,
         sglang=not (own and model.embedded),
     )
-    return BroadcastingPolicy(client, spec)
+    return BroadcastingPolicy(client, spec, fleet)
 
 
 def _is_loopback(url: str) -> bool:

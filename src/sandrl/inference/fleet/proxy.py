@@ -81,6 +81,9 @@ class Replay:
     weights: tuple[str, bytes] | None = None
     version: tuple[str, bytes] | None = None
     adapters: dict[str, tuple[str, bytes]] = field(default_factory=dict)
+    broadcast: str | None = None
+    """The version of the weights last pushed over a weight-update group, while they are the newest: no
+    request replays them, so an engine that comes back waits for the next push (its version is checked)."""
     changes: int = 0
     """Bumped by every record: a replay that ran while one landed is run again."""
 
@@ -89,7 +92,7 @@ class Replay:
         if path in WEIGHT_PATHS:
             if path == "/collective_rpc" and fields.get("method") != "reload_weights":
                 return
-            self.weights, self.version = (target, body), None
+            self.weights, self.version, self.broadcast = (target, body), None, None
         elif path in VERSION_PATHS:
             self.version = (target, body)
         elif path in ADAPTER_LOADS:
@@ -99,6 +102,10 @@ class Replay:
         else:
             return
         self.changes += 1
+
+    def broadcasted(self, version: int) -> None:
+        """The engines in the group got weights ``version`` over it (not through this router)."""
+        self.broadcast = str(version)
 
     def requests(self) -> list[tuple[str, bytes]]:
         out = [r for r in (self.weights, self.version) if r is not None]
@@ -183,11 +190,12 @@ class FleetProxy:
         return answer.status_code == 200
 
     async def revive(self, engine: Engine) -> bool:
-        """Replay what ``engine`` missed, then route to it again; False when the replay failed."""
+        """Replay what ``engine`` missed, then route to it again; False when the replay failed, or while it
+        lacks the weights last broadcast (see :attr:`Engine.awaiting_weights`)."""
         while True:
             async with self._control:
                 seen = self.replay.changes
-                if engine.stale:
+                if engine.stale and engine.replayed != seen:
                     for target, body in self.replay.requests():
                         answer = await self._send(engine, "POST", target, body, self._replay_headers)
                         if answer.status_code >= 300:
@@ -200,16 +208,44 @@ class FleetProxy:
                                     answer.text[:300],
                                 )
                             return False
+                    engine.replayed = seen
                 if seen == self.replay.changes:
+                    if not await self._has_broadcast(engine):
+                        return False
                     self.router.up(engine)
                     log.warning("inference engine %d (%s) is serving again", engine.index, engine.url)
                     return True
+
+    async def _has_broadcast(self, engine: Engine) -> bool:
+        """Whether ``engine`` serves the weights last broadcast (True when the newest went by a replayable route)."""
+        wanted = self.replay.broadcast
+        if wanted is None:
+            return True
+        answer = await self._send(engine, "GET", "/get_weight_version", b"", self._replay_headers)
+        served = str(_json_object(answer.content).get("weight_version")) if answer.status_code == 200 else None
+        if served is not None and _not_older(served, wanted):
+            return True
+        if not engine.awaiting_weights:
+            engine.awaiting_weights = True
+            log.warning(
+                "inference engine %d (%s) is back with weights %s, not v%s (broadcast while it was down): it "
+                "serves again once the next weight push reaches it",
+                engine.index,
+                engine.url,
+                served,
+                wanted,
+            )
+        return False
 
     async def _watch(self) -> None:
         while True:
             await asyncio.sleep(WATCH_EVERY_S)
             for engine in self.router.engines:
-                if engine.up or engine.gone or not await self.healthy(engine):
+                if engine.up or engine.gone:
+                    continue
+                if not await self.healthy(engine):
+                    if engine.awaiting_weights:  # died while it waited: no weight-update group may count on it
+                        self.router.lost(engine, stale=True)
                     continue
                 try:
                     await self.revive(engine)
@@ -374,6 +410,13 @@ class FleetProxy:
         self, engine: Engine, method: str, target: str, body: bytes, headers: list[tuple[bytes, bytes]]
     ) -> httpx.Response:
         return await self._http.request(method, engine.url + target, content=body or None, headers=headers)
+
+
+def _not_older(served: str, wanted: str) -> bool:
+    """Whether version ``served`` is ``wanted`` or newer (numbers compare as numbers; other names must match)."""
+    if served.isdigit() and wanted.isdigit():
+        return int(served) >= int(wanted)
+    return served == wanted
 
 
 def _forward_headers(scope: Scope) -> list[tuple[bytes, bytes]]:

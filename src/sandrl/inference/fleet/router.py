@@ -52,6 +52,11 @@ class Engine:
     stale: bool = False
     """It may lack the weights and adapters loaded since it started (a restarted process, or an engine
     started elsewhere that went away): they are replayed before it serves again."""
+    awaiting_weights: bool = False
+    """Back and replayed, but without the weights last broadcast (a broadcast cannot be replayed): out of
+    service until a push reaches it (the next push groups with it)."""
+    replayed: int = -1
+    """The replay (by ``Replay.changes``) it has had while it waits for the broadcast weights."""
     outstanding_tokens: int = 0
     in_flight: int = 0
     calls: int = 0
@@ -65,6 +70,7 @@ class Engine:
             "url": self.url,
             "up": self.up,
             "gone": self.gone,
+            "awaiting_weights": self.awaiting_weights,
             "outstanding_tokens": self.outstanding_tokens,
             "in_flight": self.in_flight,
             "calls": self.calls,
@@ -150,10 +156,22 @@ class Router:
             engine.losses += 1
         engine.up = False
         engine.stale = engine.stale or stale
+        # A new process (or the same one, back again) needs the whole replay, and the broadcast weights anew.
+        engine.awaiting_weights, engine.replayed = False, -1
         return was_up
 
     def up(self, engine: Engine) -> None:
-        engine.up, engine.stale = True, False
+        engine.up, engine.stale, engine.awaiting_weights, engine.replayed = True, False, False, -1
+
+    def group_members(self) -> tuple[str, ...]:
+        """The engines a weight-update group is formed with now: those up, and those back but waiting for
+        the broadcast weights (a dead one cannot join; it waits for the push after it comes back)."""
+        return tuple(e.url for e in self.engines if e.up or e.awaiting_weights)
+
+    @property
+    def losses(self) -> int:
+        """Engines found dead so far, all together: a weight-update group formed before a loss is formed again."""
+        return sum(e.losses for e in self.engines)
 
     def none_up(self) -> str:
         gone = sum(e.gone for e in self.engines)

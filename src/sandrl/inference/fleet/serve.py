@@ -51,6 +51,17 @@ class Fleet:
     def engine_urls(self) -> list[str]:
         return [e.url for e in self.router.engines]
 
+    # -- what a weight broadcast needs from the fleet (:class:`~sandrl.inference.broadcast_policy.BroadcastTargets`)
+
+    def group_members(self) -> tuple[str, ...]:
+        return self.router.group_members()
+
+    def group_epoch(self) -> int:
+        return self.router.losses
+
+    def weights_broadcast(self, version: int) -> None:
+        self.proxy.replay.broadcasted(version)
+
 
 @contextlib.asynccontextmanager
 async def open_fleet(
