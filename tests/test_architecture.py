@@ -190,7 +190,9 @@ def test_backends_do_not_reach_up_into_the_service_or_the_client() -> None:
         for m, targets in graph.items()
         if m.startswith("sandrl.sandbox.bwrap")
         for t in targets
-        if t.startswith(("sandrl.sandbox.service", "sandrl.sandbox.remote.provider", "sandrl.sandbox.pool"))
+        if t.startswith(
+            ("sandrl.sandbox.service", "sandrl.sandbox.remote", "sandrl.sandbox.e2b", "sandrl.sandbox.admission")
+        )
     )
     assert leaks == []
 

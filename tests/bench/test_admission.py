@@ -25,10 +25,10 @@ from sandrl.bench.admission import AdmissionConfig
 from sandrl.bench.workloads import Standalone
 from sandrl.errors import CapacityExhaustedError, ConfigError
 from sandrl.rollout import Budget, EpisodeConfig, ReplayAgent, RolloutRunner, RunnerConfig, ThinkTime
+from sandrl.sandbox.admission import AdmittedProvider, CommandAdmission
 from sandrl.sandbox.base import MAX_READ_BYTES, ExecResult, SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.sandbox.idle_cpu import IdleCpus
-from sandrl.sandbox.pool import AdmittedProvider, CommandAdmission
 from sandrl.tasks import Task, load_tasks
 from sandrl.tasks.builtin.generated import generate_tasks
 

@@ -22,6 +22,7 @@ from sandrl.background_server import serve_on_loop
 from sandrl.errors import ConfigError, PortForwardingUnsupportedError, SandboxError
 from sandrl.inference.gateway import Gateway, create_gateway_app
 from sandrl.peer_tags import tag_of_peer
+from sandrl.sandbox.admission import AdmittedProvider, AdmittedSandbox, CommandAdmission
 from sandrl.sandbox.base import SandboxSpec, forward_port, require_port_forwarding
 from sandrl.sandbox.bwrap import BwrapProvider, BwrapSandbox
 from sandrl.sandbox.bwrap.port_forward import forward_into
@@ -29,7 +30,6 @@ from sandrl.sandbox.bwrap.process import BwrapProcess
 from sandrl.sandbox.delegating import DelegatingSandbox
 from sandrl.sandbox.e2b.provider import E2BProvider
 from sandrl.sandbox.forwarding import ForwardLimits
-from sandrl.sandbox.pool import AdmittedProvider, AdmittedSandbox, CommandAdmission
 from sandrl.sandbox.remote.provider import RemoteProvider
 
 from ..inference.test_gateway import ScriptedReplies

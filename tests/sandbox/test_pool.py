@@ -10,7 +10,7 @@ import pytest
 from sandrl.errors import CapacityExhaustedError
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider
-from sandrl.sandbox.pool import PooledProvider
+from sandrl.sandbox.bwrap.warm_pool import PooledProvider
 
 from ..support import needs_sandbox
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from sandrl.sandbox.base import SandboxSpec
-from sandrl.sandbox.pool import PooledProvider
+from sandrl.sandbox.bwrap.warm_pool import PooledProvider
 
 
 class FakeSandbox:

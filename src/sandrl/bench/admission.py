@@ -15,7 +15,7 @@ ways, in rounds that alternate which goes first (so a drift of the shared host's
 
 - **admit all**: every command runs when issued, as a runner without admission does;
 - **capacity-aware**: ``RunnerConfig.host_capacity`` = the capacity; commands beyond it wait
-  for a slot (:class:`~sandrl.sandbox.pool.CommandAdmission`), and with ``fill_idle_cores``
+  for a slot (:class:`~sandrl.sandbox.admission.CommandAdmission`), and with ``fill_idle_cores``
   set, a waiting command also runs while that many cores sit idle (``RunnerConfig.fill_idle_cores``).
 
 Measured per way: each command's slowdown (its run time in the sandbox over its standalone

@@ -27,8 +27,8 @@ from sandrl.progress import Progress
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider, BwrapSandbox
 from sandrl.sandbox.bwrap.inventory import traces
+from sandrl.sandbox.bwrap.warm_pool import PooledProvider
 from sandrl.sandbox.command import Command
-from sandrl.sandbox.pool import PooledProvider
 from sandrl.stats import summary_ms
 from sandrl.wiring.runner import local_provider
 

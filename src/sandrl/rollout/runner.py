@@ -21,7 +21,7 @@ every episode of its group with its error.
 
 ``host_capacity`` admits commands, not episodes: at most that many commands (the agents', the
 setup's and the verifiers') run at once across the run's sandboxes, the rest queue
-(:class:`~sandrl.sandbox.pool.CommandAdmission`); episodes waiting on the model hold no slot.
+(:class:`~sandrl.sandbox.admission.CommandAdmission`); episodes waiting on the model hold no slot.
 Set it to the host's measured capacity (``sandrl bench contention``: busy sandboxes within the
 latency bar, :func:`sandrl.capacity.admission_slots`) to keep commands within the bar.
 
@@ -58,9 +58,9 @@ from sandrl.rollout.jsonl import TrajectoryWriter
 from sandrl.rollout.progress import EpisodeProgress
 from sandrl.rollout.summary import summarize
 from sandrl.rollout.trajectory import EpisodeError, Trajectory
+from sandrl.sandbox.admission import AdmittedProvider, CommandAdmission
 from sandrl.sandbox.base import SandboxProvider
 from sandrl.sandbox.idle_cpu import IdleCpus
-from sandrl.sandbox.pool import AdmittedProvider, CommandAdmission
 from sandrl.tasks.task import Task
 
 

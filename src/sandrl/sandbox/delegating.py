@@ -1,6 +1,6 @@
 """One sandbox wrapped in another: the protocol forwarded once, so a wrapper states only what it changes.
 
-A wrapper (command admission in :mod:`sandrl.sandbox.pool`, a fleet's per-host accounting in
+A wrapper (command admission in :mod:`sandrl.sandbox.admission`, a fleet's per-host accounting in
 :mod:`sandrl.cluster.fleet`) subclasses :class:`DelegatingSandbox` and overrides a hook:
 :meth:`~DelegatingSandbox._run_exec` around every command, :meth:`~DelegatingSandbox._run_file`
 around every file transfer, or :meth:`~DelegatingSandbox.close`.

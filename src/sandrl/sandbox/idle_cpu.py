@@ -1,6 +1,6 @@
 """How many of a host's cores sat idle just now, from the kernel's per-CPU tick counters.
 
-Command admission (:class:`~sandrl.sandbox.pool.CommandAdmission`) asks it before it lets a
+Command admission (:class:`~sandrl.sandbox.admission.CommandAdmission`) asks it before it lets a
 command run beyond the host's capacity: a capacity counts busy sandboxes, but a command does
 not always keep its core busy (it waits on files, on the sandbox's start, on a child), and
 while the episodes holding the slots sit in such waits, a waiting command can use the core

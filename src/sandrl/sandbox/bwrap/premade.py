@@ -1,6 +1,6 @@
 """Launches made ahead of demand, for sandboxes whose image is not known until they are asked for.
 
-A warm pool (:mod:`sandrl.sandbox.pool`) holds whole sandboxes of one spec; a fork's children
+A warm pool (:mod:`sandrl.sandbox.bwrap.warm_pool`) holds whole sandboxes of one spec; a fork's children
 cannot come from one, because their image (the parent's snapshot) did not exist a moment before.
 What does not depend on the image can be done ahead, though: a pre-made launch
 (:meth:`~sandrl.sandbox.bwrap.launch.Launcher.premake`) has its uid slot, record, cgroups, helper
