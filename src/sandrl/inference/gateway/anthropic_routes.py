@@ -81,12 +81,7 @@ async def messages(session_id: str, body: MessagesRequest, request: Request) -> 
         "stop_sequence": sequence,
         "usage": usage(done),
         "weight_version": done.generation.weight_version,
-        "session": {
-            "id": session.id,
-            "segment": len(session.segment_starts) - 1,
-            "new_segment": done.turn.new_segment,
-            "segment_reason": done.turn.segment_reason,
-        },
+        "session": gateway.session_part(session, done),
     }
     message["session"]["gateway_ms"] = gateway.account(done, entered)
     if body.stream:

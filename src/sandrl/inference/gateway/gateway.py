@@ -79,6 +79,9 @@ from sandrl.inference.openai_stream import chat_logprobs
 from sandrl.inference.tokenizer import Tokenizer
 from sandrl.inference.toolcalls import ToolCallParser
 
+DEFAULT_REPLY_TOKENS = 4096
+"""A reply's token budget when neither the request nor the policy's context length gives one."""
+
 
 class Gateway:
     """The sessions of one policy; see the module docstring."""
@@ -167,7 +170,8 @@ class Gateway:
     async def complete(self, session_id: str, body: ChatRequest) -> dict[str, Any]:
         """Answer one chat completion of a session, in OpenAI's shape."""
         entered = time.perf_counter()
-        params = _params(body, self.policy.max_context)
+        limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        params = _params(body, self.reply_tokens(limit))
         session, done = await self.turn(
             session_id, body.messages, body.tools, params, parse_tools=body.tool_choice != "none"
         )
@@ -206,6 +210,22 @@ class Gateway:
                 )
         return session, done
 
+    def reply_tokens(self, asked: int | None) -> int:
+        """A reply's token budget: what the request asked, else the policy's whole context (the session
+        then cuts it to what the conversation's budget has left, :meth:`Session.complete`)."""
+        return asked if asked is not None else (self.policy.max_context or DEFAULT_REPLY_TOKENS)
+
+    @staticmethod
+    def session_part(session: Session, done: Completion) -> dict[str, Any]:
+        """The ``session`` object of every route's answer: which session, its segment, and whether this
+        turn started a new one (and why)."""
+        return {
+            "id": session.id,
+            "segment": len(session.segment_starts) - 1,
+            "new_segment": done.turn.new_segment,
+            "segment_reason": done.turn.segment_reason,
+        }
+
     @staticmethod
     def account(done: Completion, entered: float) -> float:
         """Record the gateway's own cost of a turn that entered at ``entered`` (``perf_counter``): rendering,
@@ -234,12 +254,7 @@ class Gateway:
                 "prompt_tokens_details": {"cached_tokens": g.cached_tokens},
             },
             "weight_version": g.weight_version,
-            "session": {
-                "id": session.id,
-                "segment": len(session.segment_starts) - 1,
-                "new_segment": done.turn.new_segment,
-                "segment_reason": done.turn.segment_reason,
-            },
+            "session": self.session_part(session, done),
         }
         if body.return_token_ids:
             choice["token_ids"] = g.output_ids
@@ -272,19 +287,18 @@ class ChatRequest(BaseModel):
     stream_options: dict[str, Any] | None = None
 
 
-def _params(body: ChatRequest, max_context: int | None) -> SamplingParams:
+def _params(body: ChatRequest, max_new_tokens: int) -> SamplingParams:
     if body.n != 1:
         raise ConfigError(f"n must be 1 in a session (one conversation), got {body.n}")
     if body.tool_choice not in (None, "auto", "none"):
         raise ConfigError(
             f"tool_choice={body.tool_choice!r} is not served (it needs constrained decoding); use 'auto' or 'none'"
         )
-    limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     stop = body.stop or ()
     return SamplingParams(
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
-        max_new_tokens=limit if limit is not None else (max_context or 4096),
+        max_new_tokens=max_new_tokens,
         stop=(stop,) if isinstance(stop, str) else tuple(stop),
         stop_token_ids=tuple(body.stop_token_ids or ()),
         seed=body.seed,

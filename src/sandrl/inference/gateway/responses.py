@@ -65,7 +65,7 @@ async def respond(gateway: Gateway, session_id: str, body: ResponsesRequest) -> 
         session_id,
         messages,
         chat_tools(body.tools),
-        _params(body, gateway.policy.max_context),
+        _params(body, gateway.reply_tokens(body.max_output_tokens)),
         parse_tools=body.tool_choice != "none",
     )
     response_id = f"resp_{uuid.uuid4().hex}"
@@ -91,12 +91,11 @@ def _history(session: Session, previous: str | None) -> list[dict[str, Any]]:
     return list(session.last_response[1])
 
 
-def _params(body: ResponsesRequest, max_context: int | None) -> SamplingParams:
-    limit = body.max_output_tokens
+def _params(body: ResponsesRequest, max_new_tokens: int) -> SamplingParams:
     return SamplingParams(
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
-        max_new_tokens=limit if limit is not None else (max_context or 4096),
+        max_new_tokens=max_new_tokens,
         seed=body.seed,
     )
 
@@ -185,10 +184,5 @@ def _response(
             "total_tokens": len(done.prompt_ids) + len(g.output_ids),
         },
         "weight_version": g.weight_version,
-        "session": {
-            "id": session.id,
-            "segment": len(session.segment_starts) - 1,
-            "new_segment": done.turn.new_segment,
-            "segment_reason": done.turn.segment_reason,
-        },
+        "session": gateway.session_part(session, done),
     }
