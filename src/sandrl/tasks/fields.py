@@ -24,6 +24,14 @@ class TaskWarning(UserWarning):
     """A task loaded, but something in it is ignored or cannot be honoured here."""
 
 
+def read_text(file: Path, task_dir: Path) -> str:
+    """The text of one of a task's files; :class:`InvalidTaskError` naming it when it cannot be read."""
+    try:
+        return file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidTaskError(f"{file}: cannot be read ({exc})", path=task_dir) from exc
+
+
 def warn(file: Path, message: str) -> None:
     """Warn about one task file; the warning points at the caller of the loader."""
     warnings.warn(f"{file}: {message}", TaskWarning, stacklevel=4)

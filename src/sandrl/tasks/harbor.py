@@ -38,7 +38,7 @@ from types import MappingProxyType
 
 from sandrl.errors import InvalidTaskError
 from sandrl.tasks.dockerfile import read_dockerfile
-from sandrl.tasks.fields import Table, warn
+from sandrl.tasks.fields import Table, read_text, warn
 from sandrl.tasks.harbor_steps import load_steps
 from sandrl.tasks.task import TESTS_DIR, EnvironmentSpec, SolutionSpec, Task, VerifierSpec
 
@@ -113,10 +113,7 @@ def is_harbor_dir(path: Path) -> bool:
 
 
 def _read_toml(file: Path, task_dir: Path) -> dict[str, object]:
-    try:
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidTaskError(f"{file}: cannot be read ({exc})", path=task_dir) from exc
+    text = read_text(file, task_dir)
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -148,10 +145,7 @@ def _instruction(task_dir: Path) -> str:
             f"{task_dir}: {INSTRUCTION} is missing; a Harbor task tells the agent what to do in {INSTRUCTION}",
             path=task_dir,
         )
-    try:
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidTaskError(f"{file}: cannot be read ({exc})", path=task_dir) from exc
+    text = read_text(file, task_dir)
     if not text.strip():
         raise InvalidTaskError(f"{file}: is empty; write the task's instruction in it", path=task_dir)
     return text
@@ -164,10 +158,7 @@ def _environment(task_dir: Path, table: Table, config_file: Path) -> Environment
     docker_image = table.string("docker_image")
     text: str | None = None
     if dockerfile.is_file():
-        try:
-            text = dockerfile.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InvalidTaskError(f"{dockerfile}: cannot be read ({exc})", path=task_dir) from exc
+        text = read_text(dockerfile, task_dir)
     elif docker_image is None and not compose.is_file():
         raise InvalidTaskError(
             f"{task_dir}: has no environment; add environment/Dockerfile or set [environment] docker_image in {CONFIG}",

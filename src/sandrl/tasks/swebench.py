@@ -38,6 +38,7 @@ from __future__ import annotations
 import re
 import subprocess
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
@@ -109,15 +110,19 @@ def _check_commit(source: Path, commit: str, where: str, path: Path) -> None:
         )
 
 
-def _to_task(
-    record: Mapping[str, object],
-    where: str,
-    path: Path,
-    repos: Path,
-    test_command: str | None,
-    verify_commits: bool,
-    images: str | None,
-) -> Task:
+@dataclass(frozen=True)
+class _Loading:
+    """How one file's rows become tasks: :func:`load_swebench_instances`'s settings, resolved."""
+
+    path: Path
+    repos: Path
+    test_command: str | None
+    verify_commits: bool
+    images: str | None
+
+
+def _to_task(record: Mapping[str, object], where: str, how: _Loading) -> Task:
+    path, repos, test_command, images = how.path, how.repos, how.test_command, how.images
     require(record, _REQUIRED, where, path, "a SWE-bench instance")
     strings: dict[str, str] = {key: string_field(record, key, where, path) for key in _REQUIRED[:5]}
     for key in _OPTIONAL:
@@ -161,7 +166,7 @@ def _to_task(
                 f"{repos}/{owner}__{name}, or grade it in its published image (swebench_images = 'swebench')",
                 path=path,
             )
-        if verify_commits:
+        if how.verify_commits:
             _check_commit(source, base_commit, where, path)
         command = " ".join([own_command or DEFAULT_TEST_COMMAND, *test_directives(repo, test_files, test_patch)])
     instance = SweBenchInstance(
@@ -198,15 +203,8 @@ def _to_task(
     )
 
 
-def _row_to_task(
-    record: object,
-    where: str,
-    path: Path,
-    repos: Path,
-    test_command: str | None,
-    verify_commits: bool,
-    images: str | None,
-) -> Task:
+def _row_to_task(record: object, where: str, how: _Loading) -> Task:
+    path = how.path
     where = row_label(where, record)
     if not isinstance(record, Mapping):
         raise InvalidTaskError(f"{where}: an instance must be a JSON object, got {type_name(record)}", path=path)
@@ -214,8 +212,8 @@ def _row_to_task(
     if kind == "r2e-gym":
         return r2e_gym.to_task(record, where, path)
     if kind == "swe-smith":
-        return swe_smith.to_task(record, where, path, test_command)
-    return _to_task(record, where, path, repos, test_command, verify_commits, images)
+        return swe_smith.to_task(record, where, path, how.test_command)
+    return _to_task(record, where, how)
 
 
 def load_swebench_instances(
@@ -242,11 +240,12 @@ def load_swebench_instances(
     except ValueError as exc:
         raise InvalidTaskError(f"{path}: {exc}", path=path) from exc
     mirror = Path(repos) if repos is not None else path.parent / "repos"
+    how = _Loading(path, mirror, test_command, verify_commits, images)
     tasks: list[Task] = []
     errors: list[InvalidTaskError] = []
     for where, record in iter_records(path):
         try:
-            tasks.append(_row_to_task(record, where, path, mirror, test_command, verify_commits, images))
+            tasks.append(_row_to_task(record, where, how))
         except InvalidTaskError as exc:
             errors.append(exc)
     return tasks, errors

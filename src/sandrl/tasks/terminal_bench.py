@@ -29,7 +29,7 @@ import yaml
 
 from sandrl.errors import InvalidTaskError
 from sandrl.tasks.dockerfile import read_dockerfile
-from sandrl.tasks.fields import Table, type_name, warn
+from sandrl.tasks.fields import Table, read_text, type_name, warn
 from sandrl.tasks.harbor import DEFAULT_WORKDIR
 from sandrl.tasks.task import TESTS_DIR, EnvironmentSpec, RewardSource, SolutionSpec, Task, VerifierSpec
 
@@ -58,10 +58,7 @@ def is_terminal_bench_dir(path: Path) -> bool:
 
 
 def _read_yaml(file: Path, task_dir: Path) -> object:
-    try:
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidTaskError(f"{file}: cannot be read ({exc})", path=task_dir) from exc
+    text = read_text(file, task_dir)
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -173,10 +170,7 @@ def load_terminal_bench_task(task_dir: Path) -> Task:
     compose = task_dir / "docker-compose.yaml"
     text: str | None = None
     if dockerfile.is_file():
-        try:
-            text = dockerfile.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InvalidTaskError(f"{dockerfile}: cannot be read ({exc})", path=task_dir) from exc
+        text = read_text(dockerfile, task_dir)
     elif not compose.is_file():
         raise InvalidTaskError(
             f"{task_dir}: has no Dockerfile (or docker-compose.yaml); a Terminal-Bench task defines its machine there",
