@@ -38,13 +38,19 @@ if [[ ! -f "$venv/.harbor-installed" ]]; then
     "$venv/bin/pip" install -q --disable-pip-version-check "harbor==$HARBOR_VERSION"
     touch "$venv/.harbor-installed"
 fi
-# sandrl-harbor itself: small, reinstalled (without touching Harbor) whenever its sources change.
-want=$(find integrations/harbor -type f \( -name '*.py' -o -name '*.toml' \) -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -d' ' -f1)
+# sandrl-harbor itself, and sandrl without its dependencies (sandrl-harbor reads Dockerfiles with
+# sandrl's parser, sandrl.images.dockerfile, which imports only the standard library and
+# sandrl.errors): reinstalled (without touching Harbor) whenever they change. Only the sandrl
+# modules sandrl-harbor imports count (tests/integrations/test_harbor_dockerfile.py holds that list).
+sandrl_used=(pyproject.toml src/sandrl/__init__.py src/sandrl/errors.py src/sandrl/images/__init__.py src/sandrl/images/dockerfile.py)
+want=$({ find integrations/harbor -type f \( -name '*.py' -o -name '*.toml' \) -print0; printf '%s\0' "${sandrl_used[@]}"; } | sort -z | xargs -0 sha256sum | sha256sum | cut -d' ' -f1)
 if [[ ! -f "$venv/.sandrl-harbor" || "$(cat "$venv/.sandrl-harbor")" != "$want" ]]; then
-    echo "harbor-env: installing sandrl-harbor from integrations/harbor into $venv" >&2
+    echo "harbor-env: installing sandrl (without its dependencies) and sandrl-harbor into $venv" >&2
     tmp=$(mktemp -d)
-    cp -r integrations/harbor/. "$tmp"
-    "$venv/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall "$tmp"
+    mkdir "$tmp/sandrl" "$tmp/harbor"
+    cp -r pyproject.toml README.md src "$tmp/sandrl"
+    cp -r integrations/harbor/. "$tmp/harbor"
+    "$venv/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall "$tmp/sandrl" "$tmp/harbor"
     rm -rf "$tmp"
     echo "$want" >"$venv/.sandrl-harbor"
 fi

@@ -7,6 +7,7 @@ import pytest
 from sandrl.errors import ImageBuildError
 from sandrl.images.dockerfile import (
     MAX_DOCKERFILE_CHARS,
+    argument_words,
     expand,
     key_values,
     only_workdir_over,
@@ -114,3 +115,9 @@ def test_only_workdir_over() -> None:
     assert not only_workdir_over(parse_dockerfile("FROM host\nENV A=1\n"), "host")
     assert not only_workdir_over(parse_dockerfile("FROM debian\n"), "host")
     assert not only_workdir_over([], "host")
+
+
+def test_argument_words_of_both_forms() -> None:
+    json_form, shell_form = parse_dockerfile('COPY ["$A b", "/d/"]\nCOPY "$A b" \'$A\' /d/\n')
+    assert argument_words(json_form, {"A": "x"}) == ["x b", "/d/"]
+    assert argument_words(shell_form, {"A": "x"}) == ["x b", "$A", "/d/"]

@@ -315,6 +315,14 @@ def _dollar(text: str, i: int, env: Mapping[str, str], where: str) -> tuple[str,
     return _lookup(match.group(0), env, where), match.end()
 
 
+def argument_words(inst: Instruction, env: Mapping[str, str]) -> list[str]:
+    """The arguments of ``inst`` as words (``COPY``'s sources and destination...): the JSON form's
+    items, each substituted, else the shell form split by :func:`words`."""
+    if inst.exec_form is not None:
+        return [expand(item, env, inst.where) for item in inst.exec_form]
+    return words(inst.args, env, inst.where)
+
+
 def key_values(inst: Instruction, env: Mapping[str, str]) -> list[tuple[str, str | None]]:
     """``ENV``/``ARG``/``LABEL`` arguments: ``K=V`` pairs (``K`` alone gives None; ``ENV K V`` the legacy form)."""
     parts = words(inst.args, env, inst.where)

@@ -43,8 +43,10 @@ from harbor.models.task.config import NetworkMode
 from harbor.models.trial.config import ResourceMode
 from pydantic import Field
 
+from sandrl.errors import ImageBuildError
+from sandrl.images.dockerfile import Instruction, key_values, words
 from sandrl_harbor.client import SandrlAPIError, SandrlClient
-from sandrl_harbor.dockerfile import SKIPPED, DockerfileError, Plan, Step, copy_sources, expand, key_values, parse
+from sandrl_harbor.dockerfile import SKIPPED, DockerfileError, Plan, copy_sources, parse, step_text
 
 DEFAULT_URL = "http://127.0.0.1:8700"
 DEFAULT_TIMEOUT_SEC = 24 * 3600
@@ -159,7 +161,7 @@ class SandrlEnvironment(BaseEnvironment):
             return None
         try:
             return parse(dockerfile.read_text(), str(dockerfile))
-        except DockerfileError as exc:
+        except (DockerfileError, ImageBuildError) as exc:
             raise SandboxBuildFailedError(str(exc)) from exc
 
     def _spec(self, image: str) -> dict[str, Any]:
@@ -198,7 +200,7 @@ class SandrlEnvironment(BaseEnvironment):
         shell = ["/bin/sh", "-c"]
         context = self.environment_dir
         for step in plan.steps:
-            where = f"{plan.source}:{step.line}: {step.text}"
+            where = f"{plan.source}:{step.line}: {step_text(step)}"
             try:
                 if step.keyword in ("ENV", "ARG"):
                     for name, value in key_values(step, {**build_env, **self._image_env}):
@@ -207,12 +209,14 @@ class SandrlEnvironment(BaseEnvironment):
                         elif name not in build_env and value is not None:
                             build_env[name] = value
                 elif step.keyword == "WORKDIR":
-                    workdir = posixpath.join(workdir, expand(step.args, {**build_env, **self._image_env}))
+                    path = " ".join(words(step.args, {**build_env, **self._image_env}, step.where))
+                    workdir = posixpath.join(workdir, path)
                     await self._must(f"mkdir -p {shlex.quote(workdir)}", where, cwd="/")
                 elif step.keyword == "USER":
-                    self._image_user = expand(step.args, self._image_env).split(":")[0] or None
+                    user = " ".join(words(step.args, self._image_env, step.where))
+                    self._image_user = user.split(":")[0] or None
                 elif step.keyword == "SHELL":
-                    shell = step.exec_form or shell
+                    shell = list(step.exec_form or shell)
                 elif step.keyword in ("COPY", "ADD"):
                     await self._copy(step, context, workdir, {**build_env, **self._image_env}, where)
                 elif step.keyword == "RUN":
@@ -221,11 +225,11 @@ class SandrlEnvironment(BaseEnvironment):
                     await self._must(self._as_user(command, self._image_user), where, cwd=workdir, env=env)
                 elif step.keyword not in SKIPPED:
                     raise SandboxBuildFailedError(f"{where}: {step.keyword} is not applied by the sandrl environment")
-            except (DockerfileError, SandrlAPIError) as exc:
+            except (DockerfileError, ImageBuildError, SandrlAPIError) as exc:
                 raise SandboxBuildFailedError(f"{where}: {exc}") from exc
         self._workdir = self.task_env_config.workdir or workdir
 
-    async def _copy(self, step: Step, context: Path, workdir: str, env: dict[str, str], where: str) -> None:
+    async def _copy(self, step: Instruction, context: Path, workdir: str, env: dict[str, str], where: str) -> None:
         sources, dest = copy_sources(step, context, env)
         target = posixpath.join(workdir, dest)
         into_dir = dest.endswith("/") or len(sources) > 1 or any(s.is_dir() for s in sources)

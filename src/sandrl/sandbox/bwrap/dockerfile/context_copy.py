@@ -24,7 +24,7 @@ import tarfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from sandrl.images.dockerfile import Instruction, expand, words
+from sandrl.images.dockerfile import Instruction, argument_words, expand
 from sandrl.sandbox.base import Sandbox
 
 
@@ -72,11 +72,7 @@ def tar_of(
 
 
 def copy_args(inst: Instruction, env: Mapping[str, str]) -> tuple[list[str], str]:
-    parts = (
-        [expand(p, env, inst.where) for p in inst.exec_form]
-        if inst.exec_form is not None
-        else words(inst.args, env, inst.where)
-    )
+    parts = argument_words(inst, env)
     if len(parts) < 2:
         raise inst.error("needs at least one source and a destination")
     for source in parts[:-1]:
