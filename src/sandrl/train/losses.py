@@ -193,14 +193,13 @@ def policy_loss(
     per_sample = config.estimator == "gspo" or (sampling is not None and sampling.level != "token")
     ids = row_sample_ids(logprobs.shape, logprobs.device) if sample_ids is None else sample_ids
     samples = sample_count(ids) if per_sample else 0
+    inputs = estimators.TokenInputs(logprobs, old, adv, keep, config.epsilon_low, config.epsilon_high)
     if config.estimator == "gspo":
-        objective = estimators.gspo(
-            logprobs, old, adv, keep, config.epsilon_low, config.epsilon_high, sample_ids=ids, samples=samples
-        )
+        objective = estimators.gspo(inputs, sample_ids=ids, samples=samples)
     elif config.estimator == "cispo":
-        objective = estimators.cispo(logprobs, old, adv, keep, config.epsilon_low, config.epsilon_high)
+        objective = estimators.cispo(inputs)
     else:
-        objective = estimators.ppo_clip(logprobs, old, adv, keep, config.epsilon_low, config.epsilon_high)
+        objective = estimators.ppo_clip(inputs)
     pg = objective.loss
     is_weight_sum, is_truncated, masked_tokens, masked_sequences = float(keep.sum()), 0, 0, 0
     if sampling is not None:
