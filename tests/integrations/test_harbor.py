@@ -18,9 +18,9 @@ import pytest
 
 from sandrl.tasks.builtin import SUITE_DIR
 
-from ..e2b.conftest import TOKEN
-from ..e2b.served import free_port, start_service, stop
 from ..harbor_venv import harbor_venv
+from ..sandbox.e2b.conftest import TOKEN
+from ..sandbox.e2b.served import free_port, start_service, stop
 from ..support import REASON
 
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")

@@ -1,7 +1,7 @@
 """What a task's Dockerfile may make the host write: a build step's layer keeps holes as holes and
 stays within the build sandbox's disk, or the build fails at that step with nothing left behind.
 
-The stores sit on a small filesystem of their own (:mod:`tests.sandbox.small_fs`): a builder that
+The stores sit on a small filesystem of their own (:mod:`tests.sandbox.bwrap.small_fs`): a builder that
 copied ``RUN truncate -s 100T /x`` as zeros fills that, not the host's disk.
 """
 
@@ -20,7 +20,7 @@ from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.sandbox.bwrap.dockerfile.builder import BuildOptions, ImageBuilder
 
-from ..sandbox.small_fs import KINDS, allocated_bytes, holds_apparent_size, provider_on_small_store, store_state
+from ..sandbox.bwrap.small_fs import KINDS, allocated_bytes, holds_apparent_size, provider_on_small_store, store_state
 from .conftest import REASON
 
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")

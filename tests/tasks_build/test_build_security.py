@@ -18,7 +18,7 @@ from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider, images
 from sandrl.sandbox.bwrap.dockerfile.builder import ImageBuilder
 
-from ..sandbox.hostuser import as_nobody, layer_entries, outside_range, setid_files, world_traversable_dir
+from ..sandbox.bwrap.hostuser import as_nobody, layer_entries, outside_range, setid_files, world_traversable_dir
 from .conftest import REASON
 
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")

@@ -15,7 +15,7 @@ to that port. :func:`mount` adds both to the service's app:
 - :mod:`.state`: the per-sandbox records (envd access tokens, the commands tracked in
   :mod:`.process_table`).
 
-Tested against e2b 2.63.0 (``tests/e2b``).
+Tested against e2b 2.63.0 (``tests/sandbox/e2b``).
 """
 
 from __future__ import annotations
