@@ -13,7 +13,7 @@ from pathlib import Path
 
 from sandrl.rollout.jsonl import dumps
 from sandrl.view.run_files import RunFiles
-from sandrl.view.run_view import RunView
+from sandrl.view.run_view import EpisodeQuery, RunView
 
 from .runs import trajectory
 
@@ -48,7 +48,7 @@ def test_a_run_of_100k_episodes_opens_within_the_bound(tmp_path: Path) -> None:
     started, wall = time.process_time(), time.perf_counter()
     view = RunView(RunFiles.open(run_dir))
     summary = view.summary()
-    first = view.episodes(status="failed", limit=50)
+    first = view.episodes(EpisodeQuery(status="failed", limit=50))
     episode = view.episode(EPISODES - 1)
     took, wall = time.process_time() - started, time.perf_counter() - wall
     assert summary["run"]["episodes"] == EPISODES and summary["run"]["unreadable_count"] == 0

@@ -10,12 +10,12 @@ sandbox of its own.
 from __future__ import annotations
 
 from importlib import resources
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 
-from sandrl.view.run_view import RunView
+from sandrl.view.run_view import EpisodeQuery, RunView
 
 PAGE_POLICY = (
     "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; "
@@ -62,21 +62,9 @@ def create_app(view: RunView) -> FastAPI:
         return JSONResponse(view.summary())
 
     @app.get("/api/episodes")
-    def episodes(
-        step: int | None = None,
-        task: str | None = None,
-        source: str | None = None,
-        status: str | None = None,
-        group: str | None = None,
-        offset: int = 0,
-        limit: int = 50,
-    ) -> JSONResponse:
+    def episodes(query: Annotated[EpisodeQuery, Depends()]) -> JSONResponse:
         try:
-            return JSONResponse(
-                view.episodes(
-                    step=step, task=task, source=source, status=status, group=group, offset=offset, limit=limit
-                )
-            )
+            return JSONResponse(view.episodes(query))
         except ValueError as exc:
             return JSONResponse({"error": str(exc)}, status_code=400)
 

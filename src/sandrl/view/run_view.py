@@ -24,6 +24,20 @@ REFRESH_EVERY_S = 1.0
 """The run's files are read again at most this often (a live run appends to them)."""
 
 
+@dataclass(frozen=True)
+class EpisodeQuery:
+    """A page of the episode list: its filters (each None: any) and where the page starts; the
+    ``/api/episodes`` route reads it from the query string."""
+
+    step: int | None = None
+    task: str | None = None
+    source: str | None = None
+    status: str | None = None
+    group: str | None = None
+    offset: int = 0
+    limit: int = 50
+
+
 @dataclass
 class RunView:
     """What the page shows of one run directory."""
@@ -55,25 +69,16 @@ class RunView:
                 self._summary_key = key
             return {**self._summary, "tokenizer": self._tokenizer_status()}
 
-    def episodes(
-        self,
-        *,
-        step: int | None = None,
-        task: str | None = None,
-        source: str | None = None,
-        status: str | None = None,
-        group: str | None = None,
-        offset: int = 0,
-        limit: int = 50,
-    ) -> dict[str, Any]:
+    def episodes(self, query: EpisodeQuery) -> dict[str, Any]:
         """A page of the episodes that match the filters."""
-        if status is not None and status not in STATUS_FILTERS:
-            raise ValueError(f"status must be one of {', '.join(STATUS_FILTERS)}, got {status!r}")
-        limit = max(1, min(limit, PAGE_ROWS))
-        offset = max(0, offset)
+        q = query
+        if q.status is not None and q.status not in STATUS_FILTERS:
+            raise ValueError(f"status must be one of {', '.join(STATUS_FILTERS)}, got {q.status!r}")
+        limit = max(1, min(q.limit, PAGE_ROWS))
+        offset = max(0, q.offset)
         with self._lock:
             self._refresh()
-            numbers = select(self.run, step=step, task=task, source=source, status=status, group=group)
+            numbers = select(self.run, step=q.step, task=q.task, source=q.source, status=q.status, group=q.group)
             steps_of = self.run.episode_steps()
             rows = [listing_row(self.run, i, steps_of) for i in numbers[offset : offset + limit]]
         return {"total": len(numbers), "offset": offset, "rows": rows}
