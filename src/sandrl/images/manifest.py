@@ -126,7 +126,7 @@ class ImageConfig:
     """An image's config: what ``docker run`` takes from it. :func:`parse_config` reads one from a
     registry; :class:`~sandrl.images.oci_layout.OCILayout` writes one into a layout."""
 
-    env: Mapping[str, str] = field(
+    env: dict[str, str] = field(
         default_factory=lambda: {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
     )
     """Docker's default ``PATH`` unless given."""
