@@ -36,3 +36,10 @@ def test_a_built_image_is_named_by_its_dockerfile_and_context(tmp_path: Path) ->
     context_file.write_text(context_file.read_text() + "\n# changed\n")
     changed = template_for(_source(task))
     assert changed.startswith("sandrl-") and changed != name
+
+
+def test_a_dockerfile_with_heredocs_is_a_template_an_e2b_build_makes() -> None:
+    # E2B builds templates with Docker, which runs heredocs: only sandrl's own builder refuses them.
+    source = ImageSource("heredoc", dockerfile_text="FROM host\nRUN <<EOF\necho hi > /x\nEOF\nWORKDIR /w\n")
+    assert template_for(source).startswith("sandrl-")
+    assert template_for(ImageSource("only", dockerfile_text="FROM host\nWORKDIR /w\n")) == BASE_TEMPLATE
