@@ -23,10 +23,10 @@ class DockerfileFacts:
     """The final stage's working directory, when it is a plain absolute path."""
 
 
-def read_dockerfile(text: str, source: str = "Dockerfile") -> DockerfileFacts:
+def read_dockerfile(text: str) -> DockerfileFacts:
     """The facts of ``text``; none of a Dockerfile that cannot be read (building it says why)."""
     try:
-        instructions = parse_dockerfile(text, source)
+        instructions = parse_dockerfile(text)
     except ImageBuildError:
         return DockerfileFacts(base_image=None, workdir=None)
     stages: dict[str, str] = {}  # alias (lower case) -> the image it starts from
