@@ -102,6 +102,37 @@ def test_config_rejects_nonsense() -> None:
             RunnerConfig(**bad)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"concurrency": 0},
+        {"group_size": 0},
+        {"max_attempts": 0},
+        {"host_capacity": 0},
+        {"fill_idle_cores": 0.0},
+        {"fork_groups": "yes"},
+    ],
+)
+def test_the_runner_settings_are_checked_once_in_the_runner_config(bad: dict[str, object]) -> None:
+    """``[rollout]`` and ``sandrl eval`` say what RunnerConfig says about a bad runner setting."""
+    from sandrl.errors import ConfigError
+    from sandrl.wiring.config import RolloutConfig
+    from sandrl.wiring.evaluate import EvalConfig
+
+    with pytest.raises(ConfigError) as runner:
+        RunnerConfig(**bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError) as rollout:
+        RolloutConfig(**bad)  # type: ignore[arg-type]
+    assert rollout.value.message == runner.value.message
+    [(key, value)] = bad.items()
+    option = "samples" if key == "group_size" else key
+    if option in ("samples", "concurrency", "host_capacity"):  # sandrl eval's options: the message names the flag
+        with pytest.raises(ConfigError) as evaluated:
+            EvalConfig("builtin", **{option: value})  # type: ignore[arg-type]
+        flag = "--" + option.replace("_", "-")
+        assert evaluated.value.message == "sandrl eval: " + runner.value.message.replace(key, flag, 1)
+
+
 async def test_stream_cancelled_by_the_consumer(tasks: list[Task], provider: BwrapProvider) -> None:
     recording = RecordingProvider(provider)
     agent = ReplayAgent(["true"], ThinkTime(0, 0, 1.0))

@@ -66,7 +66,11 @@ from sandrl.tasks.task import Task
 
 @dataclass(frozen=True)
 class RunnerConfig:
-    """How many episodes run at once, how they are grouped and retried."""
+    """How many episodes run at once, how they are grouped and retried.
+
+    The one place these settings are checked: ``[rollout]``
+    (:class:`~sandrl.wiring.config.RolloutConfig`) and ``sandrl eval``'s options build one to check theirs.
+    """
 
     concurrency: int = 32
     """Most episodes (and so sandboxes) live at once."""
@@ -95,13 +99,13 @@ class RunnerConfig:
         if self.concurrency < 1:
             raise ConfigError(f"concurrency must be >= 1, got {self.concurrency}")
         if self.group_size < 1:
-            raise ConfigError(f"group_size (samples per task) must be >= 1, got {self.group_size}")
+            raise ConfigError(f"group_size must be >= 1, got {self.group_size}")
         if self.max_attempts < 1:
             raise ConfigError(f"max_attempts must be >= 1, got {self.max_attempts}")
         if self.retry_backoff_s < 0:
             raise ConfigError(f"retry_backoff_s must be >= 0, got {self.retry_backoff_s}")
         if self.host_capacity is not None and self.host_capacity < 1:
-            raise ConfigError(f"host_capacity (commands at once) must be >= 1, got {self.host_capacity}")
+            raise ConfigError(f"host_capacity must be >= 1 command at once, got {self.host_capacity}")
         if self.fill_idle_cores is not None and not self.fill_idle_cores > 0:
             raise ConfigError(f"fill_idle_cores must be a positive number of cores, got {self.fill_idle_cores}")
         if not isinstance(self.fork_groups, bool):

@@ -42,6 +42,7 @@ from sandrl.rollout.agents.cli import CLI_AGENTS, CliAgentsConfig
 from sandrl.rollout.agents.harness import HARNESSES
 from sandrl.rollout.agents.llm import LLMAgentConfig
 from sandrl.rollout.episode import EpisodeTimeouts
+from sandrl.rollout.runner import RunnerConfig
 from sandrl.tasks.builtin.generated import FAMILIES
 from sandrl.tasks.swebench_specs import images_setting
 
@@ -339,23 +340,17 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         if self.host_capacity is not None and self.capacity_file:
             raise ConfigError("give host_capacity or capacity_file, not both")
-        if self.host_capacity is not None and self.host_capacity < 1:
-            raise ConfigError(f"host_capacity must be >= 1 command at once, got {self.host_capacity}")
-        if self.fill_idle_cores is not None and not self.fill_idle_cores > 0:
-            raise ConfigError(f"fill_idle_cores must be a positive number of cores, got {self.fill_idle_cores}")
-        if not isinstance(self.fork_groups, bool):
-            raise ConfigError(f"fork_groups must be true or false, got {self.fork_groups!r}")
+        RunnerConfig(  # the runner's settings, checked where they are held
+            concurrency=self.concurrency,
+            group_size=self.group_size,
+            max_attempts=self.max_attempts,
+            host_capacity=self.host_capacity,
+            fill_idle_cores=self.fill_idle_cores,
+            fork_groups=self.fork_groups,
+        )
         if self.sandboxes not in SANDBOXES:
             raise ConfigError(f"sandboxes must be one of {', '.join(SANDBOXES)}, got {self.sandboxes!r}")
-        for name in (
-            "group_size",
-            "concurrency",
-            "max_turns",
-            "max_total_tokens",
-            "max_new_tokens",
-            "max_attempts",
-            "create_concurrency",
-        ):
+        for name in ("max_turns", "max_total_tokens", "max_new_tokens", "create_concurrency"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.wall_time_s is not None and not (math.isfinite(self.wall_time_s) and self.wall_time_s > 0):

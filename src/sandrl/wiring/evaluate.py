@@ -132,8 +132,6 @@ class EvalConfig:
     def __post_init__(self) -> None:
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"--limit must be at least 1 task, got {self.limit}")
-        if self.host_capacity is not None and self.host_capacity < 1:
-            raise ConfigError(f"--host-capacity must be at least 1 command at once, got {self.host_capacity}")
         if self.agent not in AGENTS and not self.uses_harness:
             raise ConfigError(
                 f"--agent must be one of {', '.join((*AGENTS, *HARNESSES, *CLI_AGENTS))} or module:function, "
@@ -141,13 +139,11 @@ class EvalConfig:
             )
         if self.uses_model and not self.inference:
             raise ConfigError(f"--agent {self.agent} needs --inference: 'embedded' or the URL of an inference server")
-        if self.samples < 1 or (self.concurrency is not None and self.concurrency < 1):
-            raise ConfigError("--samples and --concurrency must be at least 1")
         try:
             images_setting(self.swebench_images)
         except ValueError as exc:
             raise ConfigError(f"--swebench-images: {exc}") from exc
-        self.rollout()  # the rest of the checks
+        self.rollout()  # the episode settings' checks (the runner's: RunnerConfig's)
 
     @property
     def uses_harness(self) -> bool:
@@ -181,7 +177,7 @@ class EvalConfig:
                 start, group_size=self.samples, **{k: v for k, v in given.items() if v is not None}
             )
         except ConfigError as exc:
-            raise ConfigError(f"sandrl eval: {exc.message}") from exc
+            raise ConfigError(f"sandrl eval: {_as_option(exc.message)}") from exc
 
     def rollouts_path(self) -> Path | None:
         """Where every trajectory is written: ``out``, else the results directory's ``rollouts.jsonl``."""
@@ -208,6 +204,16 @@ class EvalConfig:
         if self.trained_model is not None:
             return dataclasses.replace(self.trained_model, name=self.model, inference=self.inference)
         return ModelConfig(name=self.model, inference=self.inference)
+
+
+_RUNNER_OPTIONS = {"group_size": "--samples", "concurrency": "--concurrency", "host_capacity": "--host-capacity"}
+"""The runner settings (:class:`~sandrl.rollout.runner.RunnerConfig` checks them) that are ``sandrl eval`` options."""
+
+
+def _as_option(message: str) -> str:
+    """A runner setting's error naming it as ``sandrl eval``'s option does (``--samples``, not ``group_size``)."""
+    key, space, rest = message.partition(" ")
+    return f"{_RUNNER_OPTIONS[key]}{space}{rest}" if key in _RUNNER_OPTIONS else message
 
 
 def rollout_of(section: RolloutConfig) -> RolloutConfig:
