@@ -30,9 +30,9 @@ import concurrent.futures
 import importlib
 import inspect
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar, cast
 
 from sandrl.errors import ConfigError, InferenceError, SandboxCrashedError, SandboxError
 from sandrl.inference.base import InferenceClient
@@ -70,6 +70,29 @@ class CommandRecord:
     timed_out: bool
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class _OnLoop(Protocol):
+    loop: asyncio.AbstractEventLoop
+
+
+C = TypeVar("C", bound=_OnLoop)
+
+
+def _from_worker_thread(
+    method: Callable[Concatenate[C, P], Coroutine[Any, Any, R]],
+) -> Callable[Concatenate[C, P], R]:
+    """The blocking form of an async method, for a harness's worker thread: the call runs on the
+    object's ``loop`` and the thread waits for its result."""
+
+    def blocking(self: C, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return asyncio.run_coroutine_threadsafe(method(self, *args, **kwargs), self.loop).result()
+
+    return blocking
+
+
 @dataclass
 class HarnessContext:
     """What a harness gets for one episode."""
@@ -85,6 +108,7 @@ class HarnessContext:
     deadline: Deadline
     command_timeout_s: float
     loop: asyncio.AbstractEventLoop
+    """The episode's event loop, where :meth:`exec_sync` runs the commands of the harness's thread."""
     session: Session
     temperature: float = 1.0
     max_new_tokens: int = 512
@@ -119,16 +143,8 @@ class HarnessContext:
         )
         return result
 
-    def exec_sync(
-        self,
-        command: Command,
-        timeout_s: float | None = None,
-        *,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-    ) -> ExecResult:
-        """:meth:`exec` from a harness's worker thread."""
-        return asyncio.run_coroutine_threadsafe(self.exec(command, timeout_s, cwd=cwd, env=env), self.loop).result()
+    exec_sync = _from_worker_thread(exec)
+    """:meth:`exec` from a harness's worker thread (same arguments): it runs on the episode's loop."""
 
 
 Harness = Callable[[HarnessContext], Any]
