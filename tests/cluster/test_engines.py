@@ -22,7 +22,6 @@ import pytest
 
 from sandrl.cluster.config import ClusterConfig, ClusterOptions
 from sandrl.cluster.engines import EngineGroup, engine_actor_name, router_host
-from sandrl.cluster.hosts import HostConfig
 from sandrl.cluster.training import run_cluster_training
 from sandrl.errors import ClusterError, ConfigError
 from sandrl.inference.fleet.proxy import FleetProxy
@@ -90,7 +89,7 @@ async def test_launched_engines_are_actors_in_a_placement_group_and_keep_each_ep
         Path(""),
         run={"steps": 2},
         model={"token_file": ""},
-        inference={"launch": "embedded", "engines": 2, "startup_timeout_s": 120},
+        inference={"launch": "embedded", "engines": 2, "startup_timeout_s": 120, "weight_sync": "broadcast"},
     )
     before = set(placement_group_table())
     result = await run_cluster_training(
@@ -114,7 +113,11 @@ async def test_launched_engines_are_actors_in_a_placement_group_and_keep_each_ep
     # The weights reached both engines: each served step 2's episodes at the version pushed after step 1.
     late = {served_by[t.episode_id] for t in rollouts if t.turns[0].weight_version == 1}
     assert late == {0, 1}, [(served_by[t.episode_id], t.turns[0].weight_version) for t in rollouts]
-    assert (out / "engines" / "engine-0.log").is_file() and (out / "engines" / "engine-1.log").is_file()
+    for i in range(2):  # by a weight-update group with the trainer actor, not through the disk
+        log = (out / "engines" / f"engine-{i}.log").read_text()
+        assert '"POST /update_weights_from_distributed HTTP/1.1" 200' in log
+        assert "/update_weights_from_disk" not in log
+    assert not (out / "weights").exists()
 
     # Nothing is left: no engine answers, no engine process, no engine actor.
     (router,) = routers
@@ -247,15 +250,3 @@ async def test_an_engine_that_fails_to_start_says_why_and_leaves_nothing(tmp_pat
 def test_a_router_that_other_hosts_reach_needs_a_token() -> None:
     with pytest.raises(ConfigError, match="needs a token"):
         FleetProxy(Router(["http://127.0.0.1:9"]), remote=True)
-
-
-async def test_a_broadcast_weight_sync_is_refused_under_ray_before_anything_starts(tmp_path: Path) -> None:
-    config = run_config(
-        tmp_path / "bcast",
-        Path(""),
-        model={"token_file": ""},
-        inference={"launch": "embedded", "weight_sync": "broadcast"},
-    )
-    with pytest.raises(ConfigError, match="weight_sync = 'broadcast' is not served under --ray"):
-        host = HostConfig(url="http://127.0.0.1:9", capacity=1)  # never reached: refused before anything starts
-        await run_cluster_training(config, ClusterConfig((host,), (), ClusterOptions()), address="auto")

@@ -123,6 +123,9 @@ class TrainerWorker:
     def export_weights(self, directory: str) -> ExportedWeights:
         return self.trainer.export_weights(directory)
 
+    def broadcast_weights(self, spec: BroadcastSpec) -> str | None:
+        return self.trainer.broadcast_weights(spec)
+
     def save_checkpoint(self, root: str, data_position: int, data_done: tuple[int, ...]) -> str:
         self.trainer.data_position, self.trainer.data_done = data_position, data_done
         return str(self.trainer.save_checkpoint(root))
@@ -161,8 +164,9 @@ class RemoteTrainer:
         return exported
 
     def broadcast_weights(self, spec: BroadcastSpec) -> str | None:
-        """Not from a Ray actor yet: its engines are the cluster's URLs, which take weights from the disk."""
-        return "a trainer in a Ray actor pushes its weights by the disk"
+        """The actor joins the engines' weight-update group (once) and sends the weights; see :class:`Trainer`."""
+        why: str | None = ray.get(self.handle.broadcast_weights.remote(spec))
+        return why
 
     def save_checkpoint(self, root: str | Path) -> Path:
         return Path(ray.get(self.handle.save_checkpoint.remote(str(root), self.data_position, self.data_done)))
@@ -272,8 +276,9 @@ class RemoteRanks:
         return exported
 
     def broadcast_weights(self, spec: BroadcastSpec) -> str | None:
-        """Not from Ray rank actors yet: their engines are the cluster's URLs, which take weights from the disk."""
-        return "trainer ranks in Ray actors push their weights by the disk"
+        """Every rank gathers the full tensors bucket by bucket; rank 0's actor sends them to the engines."""
+        why: str | None = self._call("broadcast_weights", spec)
+        return why
 
     def save_checkpoint(self, root: str | Path) -> Path:
         return Path(self._call("save_checkpoint", str(root), self.data_position, self.data_done))

@@ -35,10 +35,12 @@ from sandrl.cluster.fleet import FleetConfig
 from sandrl.cluster.hosts import merge
 from sandrl.cluster.worker import WorkerSpec, concurrency_shares, router_client
 from sandrl.errors import ClusterError, ConfigError
+from sandrl.inference.transport import HTTPConfig
 from sandrl.rollout.agent import Agent
 from sandrl.rollout.jsonl import TrajectoryWriter
 from sandrl.train.run_config import MODES, RunConfig, save_resolved
 from sandrl.wiring import task_mix
+from sandrl.wiring.policy import broadcasting
 
 
 def require_ray() -> None:
@@ -93,11 +95,6 @@ async def run_cluster_training(
     chosen = mode or config.run.mode
     if chosen not in MODES:
         raise ConfigError(f"--mode must be one of {', '.join(MODES)}, got {chosen!r}")
-    if config.inference.weight_sync == "broadcast":
-        raise ConfigError(
-            "[inference] weight_sync = 'broadcast' is not served under --ray yet (its trainer actors push the "
-            "weights by the disk, through the router): set weight_sync = 'auto' or 'disk'"
-        )
     if not config.inference.launched:
         cluster.endpoints(config)  # no engines at all: said before anything starts
     cluster = cluster.resolved()
@@ -134,9 +131,13 @@ async def run_cluster_training(
             )
             for i, share in enumerate(shares)
         ]
-        # The driver pushes the trainer's weights through the router, which loads them on every engine.
-        policy = router_client(specs[0], tokenizer=None)
-        served.push_async_callback(policy.aclose)
+        # The trainer's weights go to every engine over a weight-update group that the trainer actor (its rank 0)
+        # forms with them, where the engines take that ([inference] weight_sync); else through the router from disk.
+        routed = router_client(specs[0], tokenizer=None)
+        served.push_async_callback(routed.aclose)
+        direct = HTTPConfig(api_key=fleet.token, retries=0)
+        own = config.inference.launch == "embedded"
+        policy = broadcasting(routed, config.inference, api, direct, config.model, engines=fleet, own=own)
         handles = cluster_ray.start_workers(specs, opts)
         trainer = None if rollout_only else cluster_ray.remote_trainer(config, opts, opts.trainer_threads or None)
         pool = WorkerPool(handles, shares, wait_s=opts.worker_wait_s)

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import socket
 import threading
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import torch
 
@@ -42,7 +44,11 @@ class BroadcastSpec:
     urls: tuple[str, ...]
     api_key: str | None = None
     master_address: str = "127.0.0.1"
+    """Where the group meets (rank 0 listens there); empty: rank 0's own address on the route to the engines,
+    found where rank 0 runs (a trainer actor of a Ray cluster may run on another host than the driver)."""
     backend: str = "gloo"
+    """``gloo`` or ``nccl``; empty: chosen where rank 0 runs, NCCL when it has a GPU and the engines are
+    SGLang's (sandrl's embedded engine takes gloo only)."""
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     update_policy: UpdatePolicy = "pause"
     sglang: bool = False
@@ -56,9 +62,7 @@ class BroadcastSpec:
         if self.bucket_bytes < 1:
             raise ConfigError(f"bucket_bytes must be positive, got {self.bucket_bytes}")
         if self.update_policy not in UPDATE_POLICIES:
-            raise ConfigError(
-                f"update_policy must be one of {', '.join(UPDATE_POLICIES)}, got {self.update_policy!r}"
-            )
+            raise ConfigError(f"update_policy must be one of {', '.join(UPDATE_POLICIES)}, got {self.update_policy!r}")
 
 
 def model_weights(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
@@ -95,6 +99,12 @@ class WeightBroadcast:
     def __init__(self, spec: BroadcastSpec) -> None:
         if not spec.urls:
             raise ConfigError("a weight broadcast needs at least one engine URL")
+        if not spec.master_address or not spec.backend:
+            spec = dataclasses.replace(
+                spec,
+                master_address=spec.master_address or address_towards(spec.urls[0]),
+                backend=spec.backend or ("nccl" if spec.sglang and torch.cuda.is_available() else "gloo"),
+            )
         self.spec = spec
         self.engines = [JSONTransport(url, HTTPConfig(api_key=spec.api_key, retries=0)) for url in spec.urls]
         self.group: WeightGroup | None = None
@@ -240,6 +250,14 @@ class WeightBroadcast:
         await self.aclose()
         for engine in self.engines:
             await engine.aclose()
+
+
+def address_towards(url: str) -> str:
+    """This host's address on the route to ``url``'s host (a UDP socket's connect sends nothing)."""
+    parts = urlsplit(url)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect((parts.hostname or "127.0.0.1", parts.port or 80))
+        return str(sock.getsockname()[0])
 
 
 def _free_port(host: str) -> int:

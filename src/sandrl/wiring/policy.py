@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -55,12 +55,10 @@ async def open_policy(
         return
     tokenizer = model_tokenizer(model.name)
     http = model.http()
-    sync = fleet.weight_sync if fleet is not None else FleetConfig.weight_sync
-    bucket_mb = fleet.weight_bucket_mb if fleet is not None else FleetConfig.weight_bucket_mb
     if not launched and len(model.urls) == 1:
         async with _client(model.api, model.inference, http, tokenizer, model) as client:
             client = _admitted(client, fleet, model.inference)
-            yield _broadcasting(client, sync, model.api, list(model.urls), http, model, bucket_mb)
+            yield broadcasting(client, fleet, model.api, http, model, urls=model.urls)
         return
     from sandrl.inference.fleet.serve import open_fleet
 
@@ -88,7 +86,7 @@ async def open_policy(
         async with _client(api, served.url, routed, tokenizer, model, original_logprobs=original) as client:
             engines = dataclasses.replace(routed, retries=0)
             client = _admitted(client, fleet, f"the engines behind {served.url}")
-            yield _broadcasting(client, sync, api, served.engine_urls, engines, model, bucket_mb, fleet=served)
+            yield broadcasting(client, fleet, api, engines, model, engines=served, own=launched)
 
 
 def _admitted(client: InferenceClient, fleet: FleetConfig | None, where: str) -> InferenceClient:
@@ -101,65 +99,56 @@ def _admitted(client: InferenceClient, fleet: FleetConfig | None, where: str) ->
     return admitted(client, fleet.admission_config(), where=where)
 
 
-def _broadcasting(
+def broadcasting(
     client: InferenceClient,
-    sync: str,
+    inference: FleetConfig | None,
     api: str,
-    urls: list[str],
     http: HTTPConfig,
     model: ModelConfig,
-    bucket_mb: int,
     *,
-    fleet: Fleet | None = None,
+    urls: Sequence[str] = (),
+    engines: Fleet | None = None,
+    own: bool = False,
 ) -> InferenceClient:
-    """``client`` with weight updates over a process group with the engines at ``urls`` when ``sync``
-    (``[inference] weight_sync``) allows it; ``client`` itself otherwise (see :class:`FleetConfig`). Behind a
-    ``fleet`` the group follows its engines (:mod:`~sandrl.inference.broadcast_policy`)."""
-    own = fleet is not None and fleet.launcher is not None
+    """``client`` with weight updates over a process group with its engines (those of ``engines``, a fleet, else
+    ``urls``) when ``[inference] weight_sync`` allows it; ``client`` itself otherwise (see :class:`FleetConfig`).
+    Behind a fleet the group follows its engines (:mod:`~sandrl.inference.broadcast_policy`). ``own``: sandrl
+    started the engines (embedded ones then take each push whole, with no pause around it). The group's address
+    and backend are chosen where the trainer's rank 0 runs (:class:`~sandrl.inference.weight_push.BroadcastSpec`)."""
+    sync = inference.weight_sync if inference is not None else FleetConfig.weight_sync
+    bucket_mb = inference.weight_bucket_mb if inference is not None else FleetConfig.weight_bucket_mb
+    targets = engines.engine_urls if engines is not None else list(urls)
     if sync == "disk":
         return client
     speaks = api == "sglang"  # sandrl's servers and SGLang's; vLLM's group routes differ, OpenAI has none
-    loopback = all(_is_loopback(url) for url in urls)
+    loopback = all(_is_loopback(url) for url in targets)
     if not speaks or (sync == "auto" and not loopback):
         if sync == "broadcast":
             raise ConfigError(
                 "[inference] weight_sync = 'broadcast' needs engines with SGLang's group routes (sandrl's or "
-                f"SGLang's) on this host; these are {api!r} at {', '.join(urls)}: set weight_sync = 'disk' (or 'auto')"
+                f"SGLang's) on this host; these are {api!r} at {', '.join(targets)}: set weight_sync = 'disk' "
+                "(or 'auto')"
             )
         return client
-    import torch
-
     from sandrl.inference.broadcast_policy import BroadcastingPolicy
     from sandrl.inference.weight_push import BroadcastSpec
 
-    on_gpu = torch.cuda.is_available() and not (own and model.embedded)
     spec = BroadcastSpec(
-        tuple(urls),
+        tuple(targets),
         api_key=http.api_key,
-        master_address="127.0.0.1" if loopback else _address_towards(urls[0]),
-        backend="nccl" if on_gpu else "gloo",
+        master_address="127.0.0.1" if loopback else "",
+        backend="",
         bucket_bytes=bucket_mb * 2**20,
         update_policy=model.update_policy,
         sglang=not (own and model.embedded),
     )
-    return BroadcastingPolicy(client, spec, fleet)
+    return BroadcastingPolicy(client, spec, engines)
 
 
 def _is_loopback(url: str) -> bool:
     from urllib.parse import urlsplit
 
     return is_loopback(urlsplit(url).hostname or "")
-
-
-def _address_towards(url: str) -> str:
-    """This host's address on the route to ``url``'s host (a UDP socket's connect sends nothing)."""
-    import socket
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.connect((parts.hostname or "127.0.0.1", parts.port or 80))
-        return str(sock.getsockname()[0])
 
 
 @contextlib.asynccontextmanager
