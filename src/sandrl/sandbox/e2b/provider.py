@@ -39,7 +39,6 @@ import contextlib
 import math
 import os
 import posixpath
-import random
 import shlex
 import signal
 import time
@@ -48,9 +47,6 @@ import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
-
-from e2b.connection_config import ApiParams
-from e2b.sandbox_async.commands.command_handle import AsyncCommandHandle
 
 from e2b import (
     AsyncSandbox,
@@ -61,7 +57,11 @@ from e2b import (
     SandboxUnreachableException,
     TimeoutException,
 )
+from e2b.connection_config import ApiParams
+from e2b.sandbox_async.commands.command_handle import AsyncCommandHandle
+
 from sandrl.errors import ConfigError, SandboxClosedError, SandboxError, SandboxFileError, SandrlError
+from sandrl.retry import Backoff, retry
 from sandrl.sandbox.base import (
     DEFAULT_OUTPUT_CAP,
     MAX_READ_BYTES,
@@ -160,18 +160,13 @@ class E2BProvider:
         spec = spec or SandboxSpec()
         template = BASE_TEMPLATE if spec.image == HOST_IMAGE else spec.image
         cfg = self.config
-        delay = cfg.backoff_s
-        for attempt in range(cfg.create_retries + 1):
-            try:
-                sdk = await self._create_once(spec, template)
-            except RETRYABLE_CREATE:
-                if attempt == cfg.create_retries:
-                    raise
-            else:
-                break
-            self.create_retries_done += 1
-            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
-            delay = min(delay * 2, cfg.backoff_max_s)
+        sdk = await retry(
+            lambda _: self._create_once(spec, template),
+            attempts=cfg.create_retries + 1,
+            backoff=Backoff(cfg.backoff_s, cfg.backoff_max_s, jitter=(0.5, 1.0)),
+            retry_on=RETRYABLE_CREATE,
+            on_retry=self._count_retry,
+        )
         sandbox = E2BSandbox(self, sdk, spec)
         self._live.add(sandbox)
         try:
@@ -180,6 +175,9 @@ class E2BProvider:
             await asyncio.shield(sandbox.close())
             raise
         return sandbox
+
+    def _count_retry(self, attempt: int, failure: object) -> None:
+        self.create_retries_done += 1
 
     async def _create_once(self, spec: SandboxSpec, template: str) -> AsyncSandbox:
         async with self._slots:

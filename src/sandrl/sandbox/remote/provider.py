@@ -29,7 +29,6 @@ Retry-worthy for a caller: ``SandboxUnavailableError`` and ``CapacityExhaustedEr
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import os
@@ -47,6 +46,7 @@ from sandrl.errors import (
     SandboxNotFoundError,
     SandboxUnavailableError,
 )
+from sandrl.retry import Backoff, retry
 from sandrl.sandbox.base import (
     MAX_READ_BYTES,
     ClosesOnExit,
@@ -247,45 +247,50 @@ class RemoteProvider:
         """``attempt`` until it answers 2xx, retried and its failures typed as the module docstring says."""
         if idempotent is None:
             idempotent = method in ("GET", "HEAD", "DELETE", "PUT")
-        cfg = self.config
-        delay = cfg.backoff_s
-        for n in range(cfg.retries + 1):
-            last = n == cfg.retries
+        attempts = self.config.retries + 1
+
+        async def typed(n: int) -> _R:
+            """One try; a failure that is retried propagates as it is, any other one as its typed error."""
             try:
                 response = await attempt()
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-                if last:
-                    raise SandboxUnavailableError(
-                        f"the sandbox server at {self.url} is not reachable ({type(exc).__name__}: {exc}; "
-                        f"{n + 1} attempts): start it with `sandrl serve sandboxes` or check the URL",
-                        error_code="service_unreachable",
-                    ) from exc
+                if n < attempts:
+                    raise
+                raise SandboxUnavailableError(
+                    f"the sandbox server at {self.url} is not reachable ({type(exc).__name__}: {exc}; "
+                    f"{n} attempts): start it with `sandrl serve sandboxes` or check the URL",
+                    error_code="service_unreachable",
+                ) from exc
             except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError) as exc:
-                if last or not idempotent:
-                    raise SandboxUnavailableError(
-                        f"the connection to the sandbox server at {self.url} broke during {method} {url} "
-                        f"({type(exc).__name__}: {exc}): the server may have restarted; "
-                        + ("retry the call" if idempotent else "the call may or may not have run, so retry it whole"),
-                        error_code="service_connection_lost",
-                    ) from exc
+                if n < attempts and idempotent:
+                    raise
+                raise SandboxUnavailableError(
+                    f"the connection to the sandbox server at {self.url} broke during {method} {url} "
+                    f"({type(exc).__name__}: {exc}): the server may have restarted; "
+                    + ("retry the call" if idempotent else "the call may or may not have run, so retry it whole"),
+                    error_code="service_connection_lost",
+                ) from exc
             except httpx.TimeoutException as exc:
                 raise SandboxError(
                     f"the sandbox server at {self.url} did not answer {method} {url} within "
                     f"{wait:g} s: raise ClientConfig.timeout_s, or check the server's load",
                     error_code="service_timeout",
                 ) from exc
-            else:
-                if response.status_code in _RETRY_STATUS and idempotent and not last:
-                    await response.aclose()
-                elif response.status_code >= 400:
-                    await response.aread()
-                    await response.aclose()
-                    raise error_from(method, url, response)
-                else:
-                    return response
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, cfg.backoff_max_s)
-        raise AssertionError("unreachable: the last attempt returns or raises")
+            retried = response.status_code in _RETRY_STATUS and idempotent and n < attempts
+            if response.status_code >= 400 and not retried:
+                await response.aread()
+                await response.aclose()
+                raise error_from(method, url, response)
+            return response
+
+        return await retry(
+            typed,
+            attempts=attempts,
+            backoff=Backoff(self.config.backoff_s, self.config.backoff_max_s),
+            retry_on=_RETRIED,
+            retry_if=lambda response: response.status_code in _RETRY_STATUS,
+            on_retry=_close_retried,
+        )
 
     async def aclose(self) -> None:
         if self._channel is not None:
@@ -302,6 +307,13 @@ class RemoteProvider:
 
 
 _R = TypeVar("_R", bound=Answered)
+_RETRIED = (httpx.ConnectError, httpx.ConnectTimeout, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
+"""What a try raises when it is retried: the request never arrived, or (idempotent calls only) its connection broke."""
+
+
+async def _close_retried(attempt: int, outcome: Answered | Exception) -> None:
+    if not isinstance(outcome, Exception):
+        await outcome.aclose()  # a 502/503/504 answer, not read: the try after it replaces it
 
 
 def _json_bytes(value: Any) -> bytes:
