@@ -53,6 +53,7 @@ from sandrl.inference.openai_stream import StreamSpec, chat_logprobs, completion
 from sandrl.inference.routes_shared import (
     cached_tokens,
     engine_of,
+    openai_sampling,
     output_text,
     reject_unsupported,
     require_tokenizer,
@@ -274,18 +275,8 @@ def _streaming(engine: Engine, jobs: list[tuple[list[int], SamplingParams, str |
 
 
 def _params(body: _Common, max_new_tokens: int, top_logprobs: int) -> SamplingParams:
-    stop = body.stop or ()
-    return SamplingParams(
-        temperature=1.0 if body.temperature is None else body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
-        max_new_tokens=max_new_tokens,
-        stop=(stop,) if isinstance(stop, str) else tuple(stop),
-        stop_token_ids=tuple(body.stop_token_ids or ()),
-        seed=body.seed,
-        ignore_eos=body.ignore_eos,
-        top_logprobs=top_logprobs,
-        logit_bias=_logit_bias(body.logit_bias),
-    )
+    bias = _logit_bias(body.logit_bias)
+    return openai_sampling(body, max_new_tokens, top_logprobs=top_logprobs, ignore_eos=body.ignore_eos, logit_bias=bias)
 
 
 def _logit_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:

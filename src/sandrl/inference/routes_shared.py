@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Iterable, Mapping
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from fastapi import Request
 
@@ -20,6 +20,39 @@ from sandrl.inference.base import Generation, InferenceClient, SamplingParams
 from sandrl.inference.batch import Partial
 from sandrl.inference.engine import Engine
 from sandrl.inference.tokenizer import Tokenizer
+
+
+class OpenAISampling(Protocol):
+    """The sampling fields every OpenAI-shaped request has (chat and text completions, a session's chat)."""
+
+    temperature: float | None
+    top_p: float | None
+    stop: str | list[str] | None
+    stop_token_ids: list[int] | None
+    seed: int | None
+
+
+def openai_sampling(
+    body: OpenAISampling,
+    max_new_tokens: int,
+    *,
+    top_logprobs: int = 0,
+    ignore_eos: bool = False,
+    logit_bias: tuple[tuple[int, float], ...] = (),
+) -> SamplingParams:
+    """The sampling parameters of an OpenAI-shaped request (OpenAI's defaults where it says nothing)."""
+    stop = body.stop or ()
+    return SamplingParams(
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        max_new_tokens=max_new_tokens,
+        stop=(stop,) if isinstance(stop, str) else tuple(stop),
+        stop_token_ids=tuple(body.stop_token_ids or ()),
+        seed=body.seed,
+        ignore_eos=ignore_eos,
+        top_logprobs=top_logprobs,
+        logit_bias=logit_bias,
+    )
 
 
 def engine_of(request: Request) -> Engine:

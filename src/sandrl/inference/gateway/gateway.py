@@ -76,6 +76,7 @@ from sandrl.inference.gateway.chat_stream import include_usage, stream_response
 from sandrl.inference.gateway.session import Completion, Session
 from sandrl.inference.http_errors import install_error_handlers
 from sandrl.inference.openai_stream import chat_logprobs
+from sandrl.inference.routes_shared import openai_sampling
 from sandrl.inference.tokenizer import Tokenizer
 from sandrl.inference.toolcalls import ToolCallParser
 
@@ -294,16 +295,7 @@ def _params(body: ChatRequest, max_new_tokens: int) -> SamplingParams:
         raise ConfigError(
             f"tool_choice={body.tool_choice!r} is not served (it needs constrained decoding); use 'auto' or 'none'"
         )
-    stop = body.stop or ()
-    return SamplingParams(
-        temperature=1.0 if body.temperature is None else body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
-        max_new_tokens=max_new_tokens,
-        stop=(stop,) if isinstance(stop, str) else tuple(stop),
-        stop_token_ids=tuple(body.stop_token_ids or ()),
-        seed=body.seed,
-        top_logprobs=(body.top_logprobs or 0) if body.logprobs else 0,
-    )
+    return openai_sampling(body, max_new_tokens, top_logprobs=(body.top_logprobs or 0) if body.logprobs else 0)
 
 
 harness_router = APIRouter(prefix="/v1/sessions")
