@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 
 import typer
 
-from sandrl.cli.output import emit, rich_console
+from sandrl.cli.output import SANDBOXES_HELP, emit, rich_console
 
 app = typer.Typer(help="The main job end to end on the embedded defaults.")
 
@@ -20,6 +21,7 @@ def demo(
     rl_steps: int | None = typer.Option(None, help="GRPO steps (default: the demo's, 80; --format tools: 180)."),
     family: str | None = typer.Option(None, help="The generated task family (default: the demo's, 'lines')."),
     format: str = typer.Option("fenced", "--format", help="The policy acts by 'fenced' bash blocks or 'tools' calls."),
+    sandboxes: str | None = typer.Option(None, help=SANDBOXES_HELP),
 ) -> None:
     """Warm-start a tiny model, train it with GRPO in async mode on real sandboxes, show it learned."""
     if ctx.invoked_subcommand is not None:
@@ -30,12 +32,13 @@ def demo(
     if format not in ("fenced", "tools"):
         raise ConfigError(f"--format must be 'fenced' or 'tools', got {format!r}")
     defaults = DemoConfig()
+    rollout = tools_rollout(defaults.rollout) if format == "tools" else defaults.rollout
     config = DemoConfig(
         out=out,
         seed=seed,
         rl_steps=rl_steps if rl_steps is not None else TOOLS_RL_STEPS if format == "tools" else defaults.rl_steps,
         family=defaults.family if family is None else family,
-        rollout=tools_rollout(defaults.rollout) if format == "tools" else defaults.rollout,
+        rollout=dataclasses.replace(rollout, sandboxes=sandboxes or rollout.sandboxes),
     )
     summary = asyncio.run(run(config))
     emit({k: summary[k] for k in ("improvement_points", "heldout_before", "heldout_after", "wall_s")})

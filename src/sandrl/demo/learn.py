@@ -37,6 +37,7 @@ start's checkpoint and demonstrations in ``warm_start/``, metrics, rollouts, che
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import time
@@ -67,8 +68,8 @@ from sandrl.wiring import (
     TasksConfig,
     build_runner,
     load_task_set,
-    local_provider,
     open_policy,
+    open_provider,
 )
 
 HELDOUT_SEED_OFFSET = 1000
@@ -220,11 +221,13 @@ async def heldout_pass_rate(
 ) -> dict[str, Any]:
     """The pass rate of the policy at ``model`` on ``tasks``, sampled as in training, in real sandboxes."""
     rollout = replace(cfg.episodes(), group_size=cfg.heldout_samples)
-    async with open_policy(ModelConfig(name=str(model))) as policy:
+    async with open_policy(ModelConfig(name=str(model))) as policy, contextlib.AsyncExitStack() as stack:
+        if provider is None:
+            provider = await stack.enter_async_context(open_provider(rollout))
         writer = TrajectoryWriter(cfg.out / f"heldout-{label}.jsonl")
         runner = build_runner(
             rollout,
-            provider if provider is not None else local_provider(),
+            provider,
             policy=policy,
             run_id=f"demo-{label}",
             writer=writer,
