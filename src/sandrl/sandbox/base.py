@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType, TracebackType
-from typing import Any, Literal, Protocol, Self, runtime_checkable
+from typing import Any, Literal, Protocol, Self, TypedDict, Unpack, runtime_checkable
 
 from sandrl.errors import (
     ConfigError,
@@ -290,23 +290,45 @@ def prebuilt_image(source: ImageSource) -> str:
     )
 
 
+class ExecOptions(TypedDict, total=False):
+    """The options of :meth:`Sandbox.exec`, by keyword; the defaults are :class:`ExecCall`'s."""
+
+    timeout_s: float
+    cwd: str | None
+    env: Mapping[str, str] | None
+    stdin: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class ExecCall:
+    """One :meth:`Sandbox.exec`: the command and its options, as :class:`SandboxBase` hands them to a
+    backend's ``_exec``. The one statement of exec's options and their defaults."""
+
+    command: Command
+    timeout_s: float = 60
+    """Seconds it may run; then it is killed, and the result is ``timed_out`` with exit code 124."""
+    cwd: str | None = None
+    """Where it runs; the spec's ``workdir`` by default."""
+    env: Mapping[str, str] | None = None
+    """Added to the spec's environment."""
+    stdin: bytes | None = None
+    """Fed to its standard input, which is then closed; an empty one when None."""
+
+    async def run_in(self, sandbox: Sandbox) -> ExecResult:
+        """The same call on ``sandbox`` (a wrapper hands its calls on with this)."""
+        return await sandbox.exec(self.command, timeout_s=self.timeout_s, cwd=self.cwd, env=self.env, stdin=self.stdin)
+
+
 @runtime_checkable
 class Sandbox(Protocol):
     """One live sandbox. Commands run as root inside, in a persistent filesystem."""
 
     id: str
 
-    async def exec(
-        self,
-        command: Command,
-        *,
-        timeout_s: float = 60,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bytes | None = None,
-    ) -> ExecResult:
+    async def exec(self, command: Command, **options: Unpack[ExecOptions]) -> ExecResult:
         """Run ``command`` to its end: a string by the shell, a list of strings as an argv with no shell
-        (:mod:`sandrl.sandbox.command`). A bad command raises :class:`~sandrl.errors.InvalidCommandError`."""
+        (:mod:`sandrl.sandbox.command`). A bad command raises :class:`~sandrl.errors.InvalidCommandError`.
+        The options and their defaults are :class:`ExecCall`'s: ``timeout_s`` (60), ``cwd``, ``env``, ``stdin``."""
         ...
 
     async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None: ...
@@ -487,6 +509,19 @@ class ClosesOnExit:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await asyncio.shield(self.close())
+
+
+class SandboxBase(ClosesOnExit):
+    """The base of sandrl's sandbox classes: ``async with`` (:class:`ClosesOnExit`), and
+    :meth:`Sandbox.exec` made one :class:`ExecCall` for the backend's :meth:`_exec`."""
+
+    async def exec(self, command: Command, **options: Unpack[ExecOptions]) -> ExecResult:
+        """:meth:`Sandbox.exec` (the options: :class:`ExecCall`)."""
+        return await self._exec(ExecCall(command, **options))
+
+    async def _exec(self, call: ExecCall) -> ExecResult:
+        """Run ``call`` to its end: what a backend implements."""
+        raise NotImplementedError
 
 
 @runtime_checkable

@@ -13,35 +13,25 @@ by defining it.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
-from sandrl.sandbox.base import MAX_READ_BYTES, ClosesOnExit, ExecResult, Sandbox
+from sandrl.sandbox.base import MAX_READ_BYTES, ExecCall, ExecResult, Sandbox, SandboxBase
 from sandrl.sandbox.command import Command
 
 S = TypeVar("S", bound=Sandbox)
 T = TypeVar("T")
 
 
-class DelegatingSandbox(ClosesOnExit, Generic[S]):
+class DelegatingSandbox(SandboxBase, Generic[S]):
     """A :class:`~sandrl.sandbox.base.Sandbox` that forwards every call to ``inner``."""
 
     def __init__(self, inner: S) -> None:
         self.inner = inner
         self.id = inner.id
 
-    async def exec(
-        self,
-        command: Command,
-        *,
-        timeout_s: float = 60,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bytes | None = None,
-    ) -> ExecResult:
-        return await self._run_exec(
-            command, lambda: self.inner.exec(command, timeout_s=timeout_s, cwd=cwd, env=env, stdin=stdin)
-        )
+    async def _exec(self, call: ExecCall) -> ExecResult:
+        return await self._run_exec(call.command, lambda: call.run_in(self.inner))
 
     async def _run_exec(self, command: Command, run: Callable[[], Awaitable[ExecResult]]) -> ExecResult:
         """Every command passes here; ``run()`` runs it in the inner sandbox. Override to wrap it."""

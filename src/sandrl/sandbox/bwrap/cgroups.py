@@ -19,10 +19,14 @@ import os
 import re
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from sandrl.errors import LimitUnsupportedError
+
+N = TypeVar("N", int, float)
 
 CFS_PERIOD_US = 100_000
 V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct")
@@ -50,6 +54,20 @@ def _own_groups(proc_cgroup: str) -> dict[str, str]:
 def _write(path: Path, value: str) -> None:
     with open(path, "w") as f:
         f.write(value)
+
+
+@dataclass(frozen=True)
+class SandboxStats:
+    """What a sandbox's cgroup has used (each 0 where the kernel does not say)."""
+
+    memory_bytes: int
+    kernel_memory_bytes: int
+    memory_peak_bytes: int
+    cpu_s: float
+    pids: int
+    oom_kills: int
+    memory_cache_bytes: int = 0
+    """Reclaimable page cache within ``memory_bytes`` (the writable layer's pages are not)."""
 
 
 @dataclass
@@ -147,6 +165,17 @@ class SandboxCgroup:
         if self.pids is None:
             return 0
         return int((self.pids / "pids.current").read_text())
+
+    def stats(self) -> SandboxStats:
+        return SandboxStats(
+            memory_bytes=_safe(self.memory_bytes),
+            kernel_memory_bytes=_safe(self.kernel_memory_bytes),
+            memory_peak_bytes=_safe(self.memory_peak_bytes),
+            cpu_s=_safe(self.cpu_seconds),
+            pids=_safe(self.pids_current),
+            oom_kills=_safe(self.oom_kills),
+            memory_cache_bytes=_safe(self.memory_cache_bytes),
+        )
 
     def kill(self) -> None:
         """SIGKILL every process in the sandbox's groups."""
@@ -441,3 +470,11 @@ def remove_group_dir(d: Path) -> None:
                         with contextlib.suppress(OSError):
                             os.kill(int(pid), signal.SIGKILL)
             time.sleep(0.002)
+
+
+def _safe(read: Callable[[], N]) -> N | int:
+    """``read()``, or 0 when the cgroup's file is gone or holds no number."""
+    try:
+        return read()
+    except (OSError, ValueError):
+        return 0

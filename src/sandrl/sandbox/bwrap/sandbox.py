@@ -15,8 +15,7 @@ import os
 import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypeVar, Unpack
 
 from sandrl.errors import (
     SandboxClosedError,
@@ -28,15 +27,17 @@ from sandrl.errors import (
 from sandrl.processes import reap_in_background, wait_exited
 from sandrl.sandbox.base import (
     MAX_READ_BYTES,
-    ClosesOnExit,
+    ExecCall,
+    ExecOptions,
     ExecResult,
+    SandboxBase,
     SandboxSpec,
     check_max_bytes,
     file_too_large,
     validate_env,
 )
 from sandrl.sandbox.bwrap import protocol
-from sandrl.sandbox.bwrap.cgroups import SandboxCgroup
+from sandrl.sandbox.bwrap.cgroups import SandboxCgroup, SandboxStats
 from sandrl.sandbox.bwrap.crash import CrashEvidence, crash_cause
 from sandrl.sandbox.bwrap.images import MountPlan
 from sandrl.sandbox.bwrap.port_forward import forward_into
@@ -73,19 +74,7 @@ HOST_CLEANUP = concurrent.futures.ThreadPoolExecutor(
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class SandboxStats:
-    memory_bytes: int
-    kernel_memory_bytes: int
-    memory_peak_bytes: int
-    cpu_s: float
-    pids: int
-    oom_kills: int
-    memory_cache_bytes: int = 0
-    """Reclaimable page cache within ``memory_bytes`` (the writable layer's pages are not)."""
-
-
-class BwrapSandbox(ClosesOnExit):
+class BwrapSandbox(SandboxBase):
     """One live sandbox made by :class:`~sandrl.sandbox.bwrap.provider.BwrapProvider`.
 
     ``output_cap`` is the default cap of each output stream of a command. The provider's own
@@ -181,10 +170,11 @@ class BwrapSandbox(ClosesOnExit):
         deadline = time.monotonic() + wait_exit_s
         while self._proc.poll() is None and time.monotonic() < deadline:
             await asyncio.sleep(0.005)
+        used = self._group.stats()
         evidence = CrashEvidence(
             exit_status=self._proc.poll(),
-            oom_kills=_safe(self._group.oom_kills),
-            memory_peak_bytes=_safe(self._group.memory_peak_bytes),
+            oom_kills=used.oom_kills,
+            memory_peak_bytes=used.memory_peak_bytes,
             memory_limit_bytes=self.spec.memory_mb << 20,
         )
         caused, why = crash_cause(evidence)
@@ -399,16 +389,7 @@ class BwrapSandbox(ClosesOnExit):
         self.expires_at = time.time() + ttl_s
 
     def stats(self) -> SandboxStats:
-        g = self._group
-        return SandboxStats(
-            memory_bytes=_safe(g.memory_bytes),
-            kernel_memory_bytes=_safe(g.kernel_memory_bytes),
-            memory_peak_bytes=_safe(g.memory_peak_bytes),
-            cpu_s=float(_safe(g.cpu_seconds)),
-            pids=_safe(g.pids_current),
-            oom_kills=_safe(g.oom_kills),
-            memory_cache_bytes=_safe(g.memory_cache_bytes),
-        )
+        return self._group.stats()
 
     def disk_usage(self) -> tuple[int, int]:
         """Bytes used and the size of the writable layer (its tmpfs, ``disk_mb``); (0, 0) once closed."""
@@ -475,17 +456,20 @@ class BwrapSandbox(ClosesOnExit):
         return SandboxClosedError(f"sandbox {self.id} is closed: {reason}")
 
     async def exec(
-        self,
-        command: Command,
-        *,
-        timeout_s: float = 60,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bytes | None = None,
-        output_cap: int | None = None,
+        self, command: Command, *, output_cap: int | None = None, **options: Unpack[ExecOptions]
     ) -> ExecResult:
+        """:meth:`~sandrl.sandbox.base.Sandbox.exec`; ``output_cap`` bounds each output stream (the provider's)."""
+        return await self._exec(ExecCall(command, **options), output_cap)
+
+    async def _exec(self, call: ExecCall, output_cap: int | None = None) -> ExecResult:
+        stdin = call.stdin
         proc = await self.spawn(
-            command, timeout_s=timeout_s, cwd=cwd, env=env, stdin=stdin is not None, output_cap=output_cap
+            call.command,
+            timeout_s=call.timeout_s,
+            cwd=call.cwd,
+            env=call.env,
+            stdin=stdin is not None,
+            output_cap=output_cap,
         )
         try:
             if stdin is not None:
@@ -589,11 +573,3 @@ class BwrapSandbox(ClosesOnExit):
             if got < want:
                 return
             offset += got
-
-
-def _safe(fn: object) -> int:
-    try:
-        value = fn()  # type: ignore[operator]
-    except (OSError, ValueError):
-        return 0
-    return value  # type: ignore[no-any-return]

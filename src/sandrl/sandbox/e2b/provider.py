@@ -65,14 +65,15 @@ from sandrl.retry import Backoff, retry
 from sandrl.sandbox.base import (
     DEFAULT_OUTPUT_CAP,
     MAX_READ_BYTES,
-    ClosesOnExit,
+    ExecCall,
     ExecResult,
     ImageSource,
+    SandboxBase,
     SandboxSpec,
     check_max_bytes,
     file_too_large,
 )
-from sandrl.sandbox.command import Command, check_command, shell_line
+from sandrl.sandbox.command import check_command, shell_line
 from sandrl.sandbox.e2b.errors import RETRYABLE_CREATE, create_error, sandrl_error
 from sandrl.sandbox.e2b.templates import BASE_TEMPLATE, HOST_IMAGE, template_for
 
@@ -261,7 +262,7 @@ def _signal_exit(exit_code: int, error: str | None) -> int:
         return exit_code
 
 
-class E2BSandbox(ClosesOnExit):
+class E2BSandbox(SandboxBase):
     """One sandbox of an E2B-compatible service (a :class:`~sandrl.sandbox.base.Sandbox`)."""
 
     def __init__(self, provider: E2BProvider, sdk: AsyncSandbox, spec: SandboxSpec) -> None:
@@ -302,17 +303,10 @@ class E2BSandbox(ClosesOnExit):
         except Exception as exc:
             raise self._error(exc, f"making the workdir {self.spec.workdir}") from exc
 
-    async def exec(
-        self,
-        command: Command,
-        *,
-        timeout_s: float = 60,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bytes | None = None,
-    ) -> ExecResult:
+    async def _exec(self, call: ExecCall) -> ExecResult:
         self._check_open()
-        line = shell_line(check_command(command))
+        line = shell_line(check_command(call.command))
+        timeout_s, cwd, env, stdin = call.timeout_s, call.cwd, call.env, call.stdin
         if not (math.isfinite(timeout_s) and timeout_s > 0):
             raise ConfigError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
         cfg = self.provider.config

@@ -23,16 +23,7 @@ from typing import cast
 
 import httpx
 
-from sandrl.sandbox.remote.frames import (
-    CHANNEL_PATH,
-    UPGRADE,
-    ChannelProtocolError,
-    Frame,
-    FrameReader,
-    TurnWriter,
-    call_frame,
-    status_phrase,
-)
+from sandrl.sandbox.remote import frames
 from sandrl.sandbox.remote.http_pool import Answer
 
 log = logging.getLogger("sandrl.client")
@@ -52,8 +43,8 @@ class _Connection(asyncio.Protocol):
         self.waiters: dict[int, asyncio.Future[Answer]] = {}
         self.open = True
         self._head = bytearray()
-        self._reader = FrameReader(MAX_ANSWER)
-        self._writer = TurnWriter(self.loop)
+        self._reader = frames.FrameReader(MAX_ANSWER)
+        self._writer = frames.TurnWriter(self.loop)
         self._writable = asyncio.Event()
         self._writable.set()
 
@@ -66,7 +57,7 @@ class _Connection(asyncio.Protocol):
                 data = self._handshake(data)
             for f in self._reader.feed(data) if data else ():
                 self._answered(f)
-        except ChannelProtocolError as exc:
+        except frames.ChannelProtocolError as exc:
             self.close(httpx.RemoteProtocolError(f"the server broke the call channel's framing: {exc}"))
 
     def _handshake(self, data: bytes) -> bytes:
@@ -75,20 +66,20 @@ class _Connection(asyncio.Protocol):
         end = self._head.find(b"\r\n\r\n")
         if end < 0:
             if len(self._head) > _MAX_HANDSHAKE:
-                raise ChannelProtocolError("the answer to the upgrade has no end of head")
+                raise frames.ChannelProtocolError("the answer to the upgrade has no end of head")
             return b""
         line = bytes(self._head[: self._head.find(b"\r\n")]).split(b" ", 2)
         if len(line) < 2 or not line[0].startswith(b"HTTP/") or not line[1].isdigit():
-            raise ChannelProtocolError(f"the answer to the upgrade is not HTTP: {bytes(self._head[:80])!r}")
+            raise frames.ChannelProtocolError(f"the answer to the upgrade is not HTTP: {bytes(self._head[:80])!r}")
         rest = bytes(self._head[end + 4 :])
         self._head.clear()
         self.upgraded.set_result(int(line[1]))
         return rest
 
-    def _answered(self, f: Frame) -> None:
+    def _answered(self, f: frames.Frame) -> None:
         call_id, _, status = f.head.partition(b" ")
         if not (call_id.isdigit() and status.isdigit()):
-            raise ChannelProtocolError(f"an answer's head is not '<id> <status>': {f.head[:80]!r}")
+            raise frames.ChannelProtocolError(f"an answer's head is not '<id> <status>': {f.head[:80]!r}")
         waiter = self.waiters.pop(int(call_id), None)
         if waiter is None or waiter.done():
             return  # its caller stopped waiting (timed out, cancelled)
@@ -96,7 +87,7 @@ class _Connection(asyncio.Protocol):
             waiter.set_exception(httpx.RemoteProtocolError(f"an answer of {f.size} bytes is over {MAX_ANSWER}"))
             return
         code = int(status)
-        waiter.set_result(Answer(code, status_phrase(code), [], f.body))
+        waiter.set_result(Answer(code, frames.status_phrase(code), [], f.body))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.close(httpx.ReadError(f"the call channel to the server closed{f': {exc}' if exc else ''}"))
@@ -140,8 +131,8 @@ class CallChannel:
         """False once the server answered that it has no channel."""
         self.connect_timeout_s = connect_timeout_s
         self._upgrade = (
-            f"GET {path_prefix}{CHANNEL_PATH} HTTP/1.1\r\n{head}"
-            f"connection: upgrade\r\nupgrade: {UPGRADE.decode()}\r\n\r\n"
+            f"GET {path_prefix}{frames.CHANNEL_PATH} HTTP/1.1\r\n{head}"
+            f"connection: upgrade\r\nupgrade: {frames.UPGRADE.decode()}\r\n\r\n"
         ).encode()
         self._conn: _Connection | None = None
         self._opening: asyncio.Future[_Connection | None] | None = None
@@ -156,7 +147,7 @@ class CallChannel:
         waiter: asyncio.Future[Answer] = conn.loop.create_future()
         conn.waiters[call_id] = waiter
         try:
-            await conn.send(call_frame(call_id, method, target, body))
+            await conn.send(frames.call_frame(call_id, method, target, body))
             async with asyncio.timeout(timeout):
                 return await waiter
         except TimeoutError:

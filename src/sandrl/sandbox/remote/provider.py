@@ -34,7 +34,7 @@ import json
 import os
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, Unpack
 from urllib.parse import quote
 
 import httpx
@@ -49,10 +49,12 @@ from sandrl.errors import (
 from sandrl.retry import Backoff, retry
 from sandrl.sandbox.base import (
     MAX_READ_BYTES,
-    ClosesOnExit,
+    ExecCall,
+    ExecOptions,
     ExecResult,
     ImageSource,
     OutputChunk,
+    SandboxBase,
     SandboxSpec,
     check_max_bytes,
     file_too_large,
@@ -321,7 +323,20 @@ def _json_bytes(value: Any) -> bytes:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
-class RemoteSandbox(ClosesOnExit):
+def _exec_body(call: ExecCall) -> dict[str, Any]:
+    # Checked here, as a local sandbox would, so bad input is the same typed error on either and is not sent.
+    checked = check_command(call.command)
+    request = ExecRequest(
+        command=checked if isinstance(checked, str) else list(checked),
+        timeout_s=call.timeout_s,
+        cwd=call.cwd,
+        env=dict(call.env) if call.env else None,
+        stdin_b64=base64.b64encode(call.stdin).decode() if call.stdin is not None else None,
+    )
+    return request.model_dump(exclude_none=True)
+
+
+class RemoteSandbox(SandboxBase):
     """One sandbox on a sandbox service (a :class:`~sandrl.sandbox.base.Sandbox`)."""
 
     def __init__(self, provider: RemoteProvider, info: SandboxInfo) -> None:
@@ -332,46 +347,18 @@ class RemoteSandbox(ClosesOnExit):
         self.closed = False
         self._base = f"/sandboxes/{info.id}"
 
-    async def exec(
-        self,
-        command: Command,
-        *,
-        timeout_s: float = 60,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bytes | None = None,
-    ) -> ExecResult:
-        body = self._exec_body(command, timeout_s, cwd, env, stdin)
-        timeout = timeout_s + self.provider.config.exec_margin_s
+    async def _exec(self, call: ExecCall) -> ExecResult:
+        timeout = call.timeout_s + self.provider.config.exec_margin_s
+        body = _exec_body(call)
         content = await self.provider.call("POST", self._base + "/exec", json=body, idempotent=False, timeout=timeout)
         return ExecResponse.model_validate_json(content).to_result()
 
-    def _exec_body(
-        self, command: Command, timeout_s: float, cwd: str | None, env: Mapping[str, str] | None, stdin: bytes | None
-    ) -> dict[str, Any]:
-        # Checked here, as a local sandbox would, so bad input is the same typed error on either and is not sent.
-        checked = check_command(command)
-        stdin_b64 = base64.b64encode(stdin).decode() if stdin is not None else None
-        request = ExecRequest(
-            command=checked if isinstance(checked, str) else list(checked),
-            timeout_s=timeout_s,
-            cwd=cwd,
-            env=dict(env) if env else None,
-            stdin_b64=stdin_b64,
-        )
-        return request.model_dump(exclude_none=True)
-
     async def exec_stream(
-        self,
-        command: Command,
-        *,
-        timeout_s: float = 60,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bytes | None = None,
+        self, command: Command, **options: Unpack[ExecOptions]
     ) -> AsyncIterator[OutputChunk | ExecResult]:
-        """Output chunks as the command prints them, then its :class:`ExecResult` (holding no output)."""
-        body = self._exec_body(command, timeout_s, cwd, env, stdin)
+        """Output chunks as the command prints them, then its :class:`ExecResult` (holding no output);
+        the options are :meth:`exec`'s."""
+        body = _exec_body(ExecCall(command, **options))
         r = await self.provider.request(
             "POST",
             self._base + "/exec/stream",

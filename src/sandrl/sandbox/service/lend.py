@@ -29,9 +29,9 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 from sandrl.errors import CapacityExhaustedError
 from sandrl.sandbox.base import (
@@ -43,10 +43,11 @@ from sandrl.sandbox.base import (
     SandboxSpec,
     prebuilt_image,
 )
+from sandrl.sandbox.command import Command
 from sandrl.sandbox.delegating import DelegatingSandbox
 from sandrl.sandbox.remote.wire import API_PREFIX
 from sandrl.sandbox.service.auth import ASGIApp, Receive, Scope, Send, send_error
-from sandrl.sandbox.service.state import SandboxService, StreamingSandbox
+from sandrl.sandbox.service.state import SandboxService, SpawnOptions, StreamingSandbox
 
 log = logging.getLogger("sandrl.service")
 
@@ -79,19 +80,8 @@ class StreamingLent(Lent):
         assert isinstance(inner, StreamingSandbox)
         self._streaming: StreamingSandbox = inner
 
-    async def spawn(
-        self,
-        command: str,
-        *,
-        timeout_s: float | None = 60,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bool = False,
-        output_cap: int | None = None,
-    ) -> SandboxProcess:
-        return await self._streaming.spawn(
-            command, timeout_s=timeout_s, cwd=cwd, env=env, stdin=stdin, output_cap=output_cap
-        )
+    async def spawn(self, command: Command, **options: Unpack[SpawnOptions]) -> SandboxProcess:
+        return await self._streaming.spawn(command, **options)
 
     async def write_file_stream(self, path: str, chunks: AsyncIterator[bytes], mode: int = 0o644) -> int:
         return await self._streaming.write_file_stream(path, chunks, mode)

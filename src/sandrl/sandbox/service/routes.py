@@ -30,7 +30,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 
 from sandrl.errors import InvalidCommandError, SandboxError, SandboxFileError, SandrlError
-from sandrl.sandbox.base import OutputChunk, SandboxProcess
+from sandrl.sandbox.base import ExecCall, OutputChunk, SandboxProcess
 from sandrl.sandbox.command import check_command
 from sandrl.sandbox.remote.frames import CHANNEL_PATH, UPGRADE
 from sandrl.sandbox.remote.wire import (
@@ -257,6 +257,12 @@ def _check_exec(body: ExecRequest) -> None:
         )
 
 
+def _exec_call(body: ExecRequest) -> ExecCall:
+    """The exec ``body`` asks for, checked."""
+    _check_exec(body)
+    return ExecCall(body.command, timeout_s=body.timeout_s, cwd=body.cwd, env=body.env, stdin=_stdin(body))
+
+
 @router.post("/sandboxes/{sandbox_id}/exec", response_model=ExecResponse, responses=_errors(404, 410, 504))
 async def exec_command(sandbox_id: SandboxId, body: ExecRequest, request: Request) -> Response:
     """Run a command to its end. A failing command is a result with its exit code, not an error."""
@@ -266,9 +272,7 @@ async def exec_command(sandbox_id: SandboxId, body: ExecRequest, request: Reques
 async def exec_in(svc: SandboxService, sandbox_id: str, body: ExecRequest) -> Response:
     """``POST /sandboxes/{id}/exec``, once the body is valid (also served by :mod:`.hot_routes`)."""
     entry = svc.get(sandbox_id)
-    _check_exec(body)
-    stdin = _stdin(body)
-    result = await svc.exec(entry, body.command, timeout_s=body.timeout_s, cwd=body.cwd, env=body.env, stdin=stdin)
+    result = await svc.exec(entry, _exec_call(body))
     return _json(ExecResponse.of(result))
 
 
@@ -291,11 +295,10 @@ async def exec_stream(sandbox_id: SandboxId, body: ExecRequest, request: Request
     """Run a command, streaming its output as server-sent events (for long commands)."""
     svc = service_of(request)
     entry = svc.get(sandbox_id)
-    _check_exec(body)
-    stdin = _stdin(body)
+    call = _exec_call(body)
     sandbox = svc.streaming(entry)
     if sandbox is None:
-        result = await svc.exec(entry, body.command, timeout_s=body.timeout_s, cwd=body.cwd, env=body.env, stdin=stdin)
+        result = await svc.exec(entry, call)
 
         async def whole() -> AsyncIterator[bytes]:
             for stream, text in (("stdout", result.stdout), ("stderr", result.stderr)):
@@ -306,10 +309,10 @@ async def exec_stream(sandbox_id: SandboxId, body: ExecRequest, request: Request
         return StreamingResponse(whole(), media_type=SSE_MEDIA_TYPE)
     started = time.perf_counter()
     proc = await sandbox.spawn(
-        body.command, timeout_s=body.timeout_s, cwd=body.cwd, env=body.env, stdin=stdin is not None
+        call.command, timeout_s=call.timeout_s, cwd=call.cwd, env=call.env, stdin=call.stdin is not None
     )
     return StreamingResponse(
-        _stream_events(svc, entry, proc, stdin, body.timeout_s, started),
+        _stream_events(svc, entry, proc, call.stdin, call.timeout_s, started),
         media_type=SSE_MEDIA_TYPE,
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
@@ -433,17 +436,7 @@ async def get_file(sandbox_id: SandboxId, path: FilePath, request: Request) -> S
     if sandbox is None:
         data = await entry.sandbox.read_file(path)
         return StreamingResponse(iter([data]), media_type=OCTET_MEDIA_TYPE)
-    stream = sandbox.read_file_stream(path, max_bytes=svc.config.max_file_bytes)
-    first = await anext(stream, b"")  # a missing file fails here, before the response starts
-
-    async def body() -> AsyncIterator[bytes]:
-        with svc.busy(entry):
-            if first:
-                yield first
-            async for chunk in stream:
-                yield chunk
-
-    return StreamingResponse(body(), media_type=OCTET_MEDIA_TYPE)
+    return StreamingResponse(await svc.file_stream(entry, sandbox, path), media_type=OCTET_MEDIA_TYPE)
 
 
 def _tar_sandbox(svc: SandboxService, entry: Entry) -> StreamingSandbox:

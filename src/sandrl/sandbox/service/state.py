@@ -29,11 +29,12 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypedDict, Unpack, runtime_checkable
 
 from sandrl.errors import CapacityExhaustedError, InvalidSpecError, SandboxNotFoundError
 from sandrl.host_memory import ADMISSION_MEMORY_AGE_S, mem_available_bytes
 from sandrl.sandbox.base import (
+    ExecCall,
     ExecResult,
     Pausable,
     Sandbox,
@@ -90,20 +91,21 @@ class ServiceConfig:
                 raise InvalidSpecError(f"{name} must be positive")
 
 
+class SpawnOptions(TypedDict, total=False):
+    """The options of :meth:`~sandrl.sandbox.bwrap.BwrapSandbox.spawn` (its defaults are there)."""
+
+    timeout_s: float | None
+    cwd: str | None
+    env: Mapping[str, str] | None
+    stdin: bool
+    output_cap: int | None
+
+
 @runtime_checkable
 class StreamingSandbox(Protocol):
     """What :class:`~sandrl.sandbox.bwrap.BwrapSandbox` offers beyond :class:`Sandbox`: used when present."""
 
-    async def spawn(
-        self,
-        command: Command,
-        *,
-        timeout_s: float | None = 60,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bool = False,
-        output_cap: int | None = None,
-    ) -> SandboxProcess: ...
+    async def spawn(self, command: Command, **options: Unpack[SpawnOptions]) -> SandboxProcess: ...
 
     async def write_file_stream(self, path: str, chunks: AsyncIterator[bytes], mode: int = 0o644) -> int: ...
 
@@ -466,22 +468,27 @@ class SandboxService:
             if self.running == 0:
                 self._idle.set()
 
-    async def exec(
-        self,
-        entry: Entry,
-        command: Command,
-        *,
-        timeout_s: float,
-        cwd: str | None,
-        env: Mapping[str, str] | None,
-        stdin: bytes | None,
-    ) -> ExecResult:
+    async def exec(self, entry: Entry, call: ExecCall) -> ExecResult:
         started = time.perf_counter()
         with self.busy(entry):
-            run = entry.sandbox.exec(command, timeout_s=timeout_s, cwd=cwd, env=env, stdin=stdin)
-            result = await self.within_grace(entry, run, timeout_s)
+            result = await self.within_grace(entry, call.run_in(entry.sandbox), call.timeout_s)
         self.metrics.exec_seconds.observe(time.perf_counter() - started)
         return result
+
+    async def file_stream(self, entry: Entry, sandbox: StreamingSandbox, path: str) -> AsyncIterator[bytes]:
+        """The file at ``path`` as an answer streams it: its first chunk read now (a missing file fails
+        here, before the answer starts), the rest as it is sent, ``entry`` busy meanwhile."""
+        stream = sandbox.read_file_stream(path, max_bytes=self.config.max_file_bytes)
+        first = await anext(stream, b"")
+
+        async def body() -> AsyncIterator[bytes]:
+            with self.busy(entry):
+                if first:
+                    yield first
+                async for chunk in stream:
+                    yield chunk
+
+        return body()
 
     async def within_grace(self, entry: Entry, work: Awaitable[ExecResult], timeout_s: float) -> ExecResult:
         """``work``, or exec_timeout (and the sandbox closed) if it overruns its timeout by the grace period."""

@@ -157,23 +157,13 @@ class EnvdApp:
             except SandrlError as exc:
                 raise _file_error(exc, path) from exc
             return Response(data, media_type="application/octet-stream")
-        svc = self.registry.service
-        stream = sandbox.read_file_stream(path, max_bytes=svc.config.max_file_bytes)
         try:
-            first = await anext(stream, b"")  # a missing file fails here, before the response starts
-        except SandrlError as exc:
+            body = await self.registry.service.file_stream(entry, sandbox, path)
+        except SandrlError as exc:  # a missing file fails here, before the response starts
             raise _file_error(exc, path) from exc
-
-        async def body() -> AsyncIterator[bytes]:
-            with svc.busy(entry):
-                if first:
-                    yield first
-                async for chunk in stream:
-                    yield chunk
-
         name = posixpath.basename(path)
         return StreamingResponse(
-            body(),
+            body,
             media_type="application/octet-stream",
             headers={"Content-Disposition": f"attachment; filename*=UTF-8''{_quote(name)}"},
         )

@@ -20,6 +20,7 @@ from connectrpc.request import RequestContext
 from protobuf.wkt.google.protobuf.timestamp_pb import Timestamp
 
 from sandrl.errors import SandrlError
+from sandrl.sandbox.base import ExecCall
 from sandrl.sandbox.service.e2b.processes import connect_error
 from sandrl.sandbox.service.e2b.proto import filesystem_pb as pb
 from sandrl.sandbox.service.e2b.proto.filesystem_connect import Filesystem
@@ -89,9 +90,7 @@ class FilesystemService(Filesystem):
         assigns = " ".join(f"{name}={shlex.quote(absolute(entry, v))}" for name, v in paths.items())
         svc = self.registry.service
         try:
-            result = await svc.exec(
-                entry, f"{assigns}; {script}", timeout_s=FS_TIMEOUT_S, cwd=None, env=None, stdin=None
-            )
+            result = await svc.exec(entry, ExecCall(f"{assigns}; {script}", timeout_s=FS_TIMEOUT_S))
         except SandrlError as exc:
             raise connect_error(exc) from exc
         shown = next(iter(paths.values()))

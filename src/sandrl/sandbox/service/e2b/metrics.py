@@ -22,7 +22,7 @@ from typing import Annotated, Any, Protocol, runtime_checkable
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 
-from sandrl.sandbox.bwrap.sandbox import SandboxStats
+from sandrl.sandbox.bwrap.cgroups import SandboxStats
 from sandrl.sandbox.service.e2b.control import SandboxId, cpu_count, not_supported, registry_of
 from sandrl.sandbox.service.routes import ERRORS
 from sandrl.sandbox.service.state import Entry
