@@ -166,6 +166,31 @@ def test_no_import_cycle_between_packages() -> None:
     assert _cycles(sorted(edges), edges) == []
 
 
+def _part_cycles(graph: dict[str, frozenset[str]]) -> list[str]:
+    """Circles between the parts of one package: its modules and sub-packages, each taken whole."""
+    found = []
+    for package in sorted(m for m, path in _modules().items() if path.name == "__init__.py"):
+        prefix = package + "."
+        edges: dict[str, set[str]] = defaultdict(set)
+        for module, targets in graph.items():
+            if not module.startswith(prefix):
+                continue
+            here = module[len(prefix) :].partition(".")[0]
+            for target in targets:
+                there = target[len(prefix) :].partition(".")[0] if target.startswith(prefix) else None
+                if there is not None and there != here:
+                    edges[here].add(there)
+        found += [f"{package}: {' <-> '.join(cycle)}" for cycle in _cycles(sorted(edges), edges)]
+    return found
+
+
+def test_no_import_cycle_inside_a_package() -> None:
+    # Two parts of a package that import each other (a module and a sub-package, two sub-packages) are
+    # one part in two places, even when no two files close the circle: what both use goes under both.
+    assert _part_cycles(_graph()) == []
+    assert _part_cycles(_graph(type_only=True)) == []
+
+
 def test_every_package_has_a_layer() -> None:
     packages = {_package(m) for m in _modules()}
     unplaced = sorted(p for p in packages if _modules()[p].name == "__init__.py" and p != "sandrl" and _layer(p) == 0)
@@ -293,3 +318,11 @@ def test_the_architecture_page_names_every_package_and_top_level_module() -> Non
     named = {m.split(".")[1] for m in _modules() if m.count(".") >= 1}
     missing = sorted(n for n in named if f"`{n}`" not in page and f"`{n}/`" not in page)
     assert missing == [], "docs/architecture.md: say what these are"
+
+
+def test_providers_are_built_only_in_the_wiring() -> None:
+    """Every command builds its sandboxes through ``sandrl.wiring`` (so each can take ``--sandboxes``);
+    inside ``sandbox/`` a provider is the layer's own business (the service's default provider)."""
+    sites = _call_sites(lambda call: _name(call.func) == "BwrapProvider")
+    outside = [s for s in sites if not s.startswith(("sandrl/wiring/", "sandrl/sandbox/"))]
+    assert outside == []

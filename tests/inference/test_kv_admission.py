@@ -14,8 +14,8 @@ from sandrl.errors import ConfigError, InferenceError
 from sandrl.inference.base import InferenceClient, SamplingParams
 from sandrl.inference.engine import Engine, EngineConfig
 from sandrl.inference.fleet import affinity
-from sandrl.inference.fleet.config import FleetConfig
-from sandrl.inference.kv_admission import AdmissionConfig, AdmittedPolicy, KVAdmission, admission_stats, admitted
+from sandrl.inference.fleet.config import AdmissionConfig, FleetConfig
+from sandrl.inference.kv_admission import AdmittedPolicy, KVAdmission, admission_stats, admitted
 from sandrl.inference.kv_capacity import KVCapacity
 from sandrl.inference.openai import OpenAIClient
 from sandrl.inference.sglang import SGLangClient

@@ -13,7 +13,8 @@ import pytest
 
 from sandrl.inference.base import SamplingParams
 from sandrl.inference.engine import Engine
-from sandrl.inference.kv_admission import AdmissionConfig, AdmittedPolicy, KVAdmission
+from sandrl.inference.fleet.config import AdmissionConfig
+from sandrl.inference.kv_admission import AdmittedPolicy, KVAdmission
 from sandrl.inference.kv_capacity import KVCapacity
 from sandrl.inference.tokenizer import ByteTokenizer
 from sandrl.rollout import Budget, EpisodeConfig, LLMAgent, LLMAgentConfig, RolloutRunner, RunnerConfig, Trajectory

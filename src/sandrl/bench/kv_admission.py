@@ -31,7 +31,8 @@ from sandrl.bench.inference_prefix import DEMO_MODEL as MODEL
 from sandrl.inference.base import InferenceClient, SamplingParams
 from sandrl.inference.engine import Engine, EngineConfig
 from sandrl.inference.fleet import affinity
-from sandrl.inference.kv_admission import AdmissionConfig, admission_stats, admitted
+from sandrl.inference.fleet.config import AdmissionConfig
+from sandrl.inference.kv_admission import admission_stats, admitted
 from sandrl.inference.model import build_tiny_model
 
 

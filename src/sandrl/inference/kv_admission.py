@@ -42,9 +42,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Protocol, cast, runtime_checkable
 
-from sandrl.errors import ConfigError
 from sandrl.inference.base import Generation, InferenceClient, SamplingParams
 from sandrl.inference.fleet import affinity
+from sandrl.inference.fleet.config import AdmissionConfig
 from sandrl.inference.kv_capacity import KVCapacity
 from sandrl.inference.policy_wrapper import PolicyWrapper
 
@@ -60,26 +60,6 @@ class ReportsCapacity(Protocol):
 
     async def kv_capacity(self) -> KVCapacity | None:
         """The engines' reading now; None: they report none."""
-
-
-@dataclass(frozen=True)
-class AdmissionConfig:
-    """How model calls wait for the engines' room (``[inference] kv_admission_*``)."""
-
-    max_queued: int = 0
-    """Requests the engines may hold in their queues (batch full) before calls wait here instead."""
-    interval_s: float = 0.5
-    """At most one reading of the engines per interval, shared by every call."""
-    max_wait_s: float = 600.0
-    """Longest one call waits; then it goes anyway (counted in ``timeouts``)."""
-
-    def __post_init__(self) -> None:
-        if isinstance(self.max_queued, bool) or not isinstance(self.max_queued, int) or self.max_queued < 0:
-            raise ConfigError(f"kv_admission_max_queued must be a whole number >= 0, got {self.max_queued!r}")
-        if not (math.isfinite(self.interval_s) and 0.01 <= self.interval_s <= 60):
-            raise ConfigError(f"kv_admission_interval_s must be between 0.01 and 60 seconds, got {self.interval_s!r}")
-        if not (math.isfinite(self.max_wait_s) and self.max_wait_s > 0):
-            raise ConfigError(f"kv_admission_max_wait_s must be a positive number of seconds, got {self.max_wait_s!r}")
 
 
 @dataclass(eq=False)

@@ -80,7 +80,6 @@ class StepTrainer(Protocol):
         """Let go of what the trainer holds (its rank processes); a trainer in this process holds nothing."""
 
 
-
 def _memory() -> dict[str, float]:
     """The driver process's resident memory now and at its peak (MiB): a run whose memory grows
     step after step on a flat workload shows it in every line."""
@@ -88,7 +87,6 @@ def _memory() -> dict[str, float]:
     if memory is None:
         return {}
     return {"rss_mb": memory[0] / 2**20, "rss_peak_mb": memory[1] / 2**20}
-
 
 
 @dataclass
@@ -150,7 +148,7 @@ class Session:
             self.counters = Counters(**{k: int(last.get(f"total_{k}", 0)) for k in vars(Counters())})
         self._metrics = (out / "metrics.jsonl").open("a", encoding="utf-8")
         if self.trackers is None:
-            self.trackers = open_trackers(self.config, self.console)
+            self.trackers = open_trackers(self.config.run.trackers, self.config.output_dir, self.console)
         self.trackers.log_config(self.config.to_dict())
         if self.trainer is not None:
             self.batches = self.trainer.steps

@@ -27,7 +27,28 @@ import math
 from dataclasses import dataclass
 
 from sandrl.errors import ConfigError
-from sandrl.inference.kv_admission import AdmissionConfig
+
+
+@dataclass(frozen=True)
+class AdmissionConfig:
+    """How model calls wait for the engines' room (``[inference] kv_admission_*``; the gate:
+    :class:`~sandrl.inference.kv_admission.KVAdmission`)."""
+
+    max_queued: int = 0
+    """Requests the engines may hold in their queues (batch full) before calls wait here instead."""
+    interval_s: float = 0.5
+    """At most one reading of the engines per interval, shared by every call."""
+    max_wait_s: float = 600.0
+    """Longest one call waits; then it goes anyway (counted in ``timeouts``)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_queued, bool) or not isinstance(self.max_queued, int) or self.max_queued < 0:
+            raise ConfigError(f"kv_admission_max_queued must be a whole number >= 0, got {self.max_queued!r}")
+        if not (math.isfinite(self.interval_s) and 0.01 <= self.interval_s <= 60):
+            raise ConfigError(f"kv_admission_interval_s must be between 0.01 and 60 seconds, got {self.interval_s!r}")
+        if not (math.isfinite(self.max_wait_s) and self.max_wait_s > 0):
+            raise ConfigError(f"kv_admission_max_wait_s must be a positive number of seconds, got {self.max_wait_s!r}")
+
 
 LAUNCHES = ("embedded", "sglang", "vllm")
 WEIGHT_SYNCS = ("auto", "broadcast", "disk")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 
@@ -21,9 +21,6 @@ from sandrl.train.trackers.base import Tracker, scalars
 from sandrl.train.trackers.episodes import sample_episodes
 from sandrl.train.trackers.names import JSONL, check_trackers
 from sandrl.wiring.eval_report import shown_text
-
-if TYPE_CHECKING:
-    from sandrl.train.run_config import RunConfig
 
 OPENERS: dict[str, str] = {
     "tensorboard": "sandrl.train.trackers.tensorboard_tracker",
@@ -86,20 +83,20 @@ class Trackers:
         self.console.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
-def open_trackers(config: RunConfig, console: Console) -> Trackers:
-    """The trackers of ``[run] trackers`` (``jsonl``, written by the session itself, needs none), opened;
-    one that fails to open is reported and left out. Prints where each writes."""
-    names = [n for n in dict.fromkeys(config.run.trackers) if n != JSONL]
+def open_trackers(trackers: Sequence[str], output_dir: Path, console: Console) -> Trackers:
+    """The trackers of ``[run] trackers`` (``jsonl``, written by the session itself, needs none) for the
+    run in ``output_dir``, opened; one that fails to open is reported and left out. Prints where each writes."""
+    names = [n for n in dict.fromkeys(trackers) if n != JSONL]
     check_trackers(names)
-    out = Path(config.output_dir)
-    trackers = Trackers([], console)
+    out = Path(output_dir)
+    opened = Trackers([], console)
     for name in names:
         try:
             opener = importlib.import_module(OPENERS[name]).open_tracker
-            trackers.open.append(opener(out, out.name))
+            opened.open.append(opener(out, out.name))
         except Exception as exc:  # an import error, no credentials, a server down: reported, the run goes on
-            trackers.report(name, "opening", exc)
-    where = "".join(f", {t.name} -> {t.location}" for t in trackers.open)
+            opened.report(name, "opening", exc)
+    where = "".join(f", {t.name} -> {t.location}" for t in opened.open)
     console.print(f"trackers: metrics.jsonl{where}", highlight=False, markup=False, soft_wrap=True)
     console.print(
         f"view: sandrl view {out}  (the run's page, while it runs and after)",
@@ -107,4 +104,4 @@ def open_trackers(config: RunConfig, console: Console) -> Trackers:
         markup=False,
         soft_wrap=True,
     )
-    return trackers
+    return opened
