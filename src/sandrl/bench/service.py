@@ -42,10 +42,10 @@ from sandrl.bench.hostinfo import process_cpu_s
 from sandrl.errors import SandboxUnavailableError, SandrlError
 from sandrl.processes import stop_process
 from sandrl.sandbox.base import Sandbox, SandboxProvider, SandboxSpec
-from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.sandbox.remote.config import ClientConfig
 from sandrl.sandbox.remote.provider import RemoteProvider
 from sandrl.stats import summary_ms
+from sandrl.wiring.runner import local_provider
 
 LEVELS = (1, 16, 64, 256)
 ROUNDS = 2
@@ -248,7 +248,7 @@ async def run(
     if not levels or levels[0] < 1 or n_exec < 1 or execs < 1 or rounds < 1 or min_cycles < 1:
         raise SandrlError("concurrency levels, n_exec, execs, rounds and min_cycles must be at least 1")
     with tempfile.TemporaryDirectory(prefix="sandrl-bench-service-") as tmp:
-        local = BwrapProvider(Path(tmp) / "inproc")
+        local = local_provider(Path(tmp) / "inproc")
         async with server_process(Path(tmp) / "server", max_live=levels[-1] + 8) as (url, token, pid):
             config = ClientConfig(max_connections=max(64, 2 * levels[-1]), timeout_s=300, retries=0, channel=channel)
             async with RemoteProvider(url, token=token, config=config) as remote:

@@ -25,11 +25,11 @@ import sandrl.sandbox.bwrap.provider
 from sandrl.cli.output import emit, err_console
 from sandrl.errors import SandboxError, SandboxNotFoundError, SandboxUnavailableError, SandrlError
 from sandrl.sandbox.base import OutputChunk, SandboxSpec
-from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.sandbox.bwrap.cgroups import CgroupManager
 from sandrl.sandbox.bwrap.inventory import STATES, StoredSandbox, collect, garbage, survey
 from sandrl.sandbox.bwrap.state import StateDir
 from sandrl.sandbox.command import Command
+from sandrl.wiring.runner import local_provider
 
 if TYPE_CHECKING:
     from sandrl.sandbox.remote.provider import RemoteProvider
@@ -76,7 +76,7 @@ def sandbox_run(
         raise typer.Exit(_run_remote(server, command, spec, timeout_s=timeout, token_file=token_file))
 
     async def go() -> int:
-        provider = BwrapProvider()
+        provider = local_provider()
         async with await provider.create(spec) as sandbox:
             result = await sandbox.exec(command, timeout_s=timeout)
         sys.stdout.write(result.stdout)

@@ -79,7 +79,7 @@ async def open_policy(
         attach=() if launched else model.urls,
         token=None if launched else http.api_key,
     ) as served:
-        api = "vllm" if config.launch == "vllm" else ("sglang" if launched else model.api)
+        api = config.client_api(model.api)
         routed = dataclasses.replace(http, api_key=served.token)
         # A launched SGLang returns temperature-1 log-probs (commands.py sets its switch).
         original = True if config.launch == "sglang" else None
