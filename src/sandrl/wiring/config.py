@@ -41,7 +41,7 @@ from sandrl.inference.vllm import server_url
 from sandrl.rollout.agents.cli import CLI_AGENTS, CliAgentsConfig
 from sandrl.rollout.agents.harness import HARNESSES
 from sandrl.rollout.agents.llm import LLMAgentConfig
-from sandrl.rollout.episode import EpisodeTimeouts
+from sandrl.rollout.episode import EpisodeConfig, EpisodeTimeouts
 from sandrl.rollout.runner import RunnerConfig
 from sandrl.tasks.builtin.generated import FAMILIES
 from sandrl.tasks.swebench_specs import images_setting
@@ -329,6 +329,22 @@ class RolloutConfig:
     command_timeout_s: float = LLMAgentConfig.command_timeout_s
     """Per command, unless the task sets its own."""
 
+    def runner(
+        self, *, host_capacity: int | None, run_id: str | None = None, episode: EpisodeConfig | None = None
+    ) -> RunnerConfig:
+        """The runner's settings of this ``[rollout]``, with ``host_capacity`` (:meth:`slots`, once its file is
+        read), ``run_id`` and the episodes' ``episode`` config; :class:`RunnerConfig` checks them."""
+        return RunnerConfig(
+            concurrency=self.concurrency,
+            group_size=self.group_size,
+            max_attempts=self.max_attempts,
+            host_capacity=host_capacity,
+            fill_idle_cores=self.fill_idle_cores,
+            run_id=run_id,
+            fork_groups=self.fork_groups,
+            episode=episode if episode is not None else EpisodeConfig(),
+        )
+
     def slots(self) -> int | None:
         """The host capacity to admit commands up to, reading ``capacity_file`` if that is how it is given."""
         if self.capacity_file:
@@ -340,14 +356,7 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         if self.host_capacity is not None and self.capacity_file:
             raise ConfigError("give host_capacity or capacity_file, not both")
-        RunnerConfig(  # the runner's settings, checked where they are held
-            concurrency=self.concurrency,
-            group_size=self.group_size,
-            max_attempts=self.max_attempts,
-            host_capacity=self.host_capacity,
-            fill_idle_cores=self.fill_idle_cores,
-            fork_groups=self.fork_groups,
-        )
+        self.runner(host_capacity=self.host_capacity)  # the runner's settings, checked where they are held
         if self.sandboxes not in SANDBOXES:
             raise ConfigError(f"sandboxes must be one of {', '.join(SANDBOXES)}, got {self.sandboxes!r}")
         for name in ("max_turns", "max_total_tokens", "max_new_tokens", "create_concurrency"):

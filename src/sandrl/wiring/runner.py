@@ -37,14 +37,9 @@ def runner_config(rollout: RolloutConfig, *, run_id: str | None = None, max_cont
     episode as truncated there, instead of the next turn failing.
     """
     max_total = rollout.max_total_tokens if max_context is None else min(rollout.max_total_tokens, max_context)
-    return RunnerConfig(
-        concurrency=rollout.concurrency,
-        group_size=rollout.group_size,
-        max_attempts=rollout.max_attempts,
+    return rollout.runner(
         host_capacity=rollout.slots(),
-        fill_idle_cores=rollout.fill_idle_cores,
         run_id=run_id,
-        fork_groups=rollout.fork_groups,
         episode=EpisodeConfig(
             budget=Budget(max_turns=rollout.max_turns, max_total_tokens=max_total, wall_time_s=rollout.wall_time_s),
             timeouts=rollout.timeouts,
