@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from sandrl.errors import ImageBuildError
 
@@ -36,15 +36,7 @@ class RootfsStore(Protocol):
 
     def exists(self, name: str) -> bool: ...
 
-    def add_rootfs(
-        self,
-        name: str,
-        source: Path,
-        *,
-        move: bool = False,
-        env: dict[str, str] | None = None,
-        workdir: str | None = None,
-    ) -> Any: ...
+    def add_rootfs(self, name: str, source: Path, *, move: bool, env: dict[str, str], workdir: str) -> object: ...
 
 
 def build_debian(
