@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from sandrl.cli import app
 from sandrl.cli.config import reference_sections, reference_text
 from sandrl.errors import ConfigError
-from sandrl.train.config import from_mapping, to_table, toml_key
+from sandrl.toml_config import from_mapping, to_table, toml_key
 from sandrl.train.config_reference import Section, attribute_docstrings, render, undocumented
 from sandrl.train.overrides import apply_overrides
 

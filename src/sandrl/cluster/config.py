@@ -34,8 +34,7 @@ from typing import Any
 
 from sandrl.cluster.hosts import HostConfig
 from sandrl.errors import ConfigError
-from sandrl.toml_config import read_toml, type_name
-from sandrl.train.config import from_mapping
+from sandrl.toml_config import from_mapping, read_toml, type_name
 from sandrl.train.overrides import apply_overrides
 from sandrl.train.run_config import SECTION_TYPES, RunConfig, dumps, from_dict
 

@@ -51,9 +51,9 @@ from sandrl.inference.tiny_config import TinyModelConfig
 from sandrl.progress import duration
 from sandrl.sandbox.base import SandboxProvider
 from sandrl.tasks.task import Task
+from sandrl.toml_config import to_table
 from sandrl.train import checkpoint
 from sandrl.train.command import run_training
-from sandrl.train.config import to_table
 from sandrl.train.diagnostics import STALE_CAP
 from sandrl.train.loss_config import ImportanceConfig, LossConfig
 from sandrl.train.run_config import RunConfig

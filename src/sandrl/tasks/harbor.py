@@ -38,9 +38,10 @@ from types import MappingProxyType
 
 from sandrl.errors import InvalidTaskError
 from sandrl.tasks.dockerfile import read_dockerfile
-from sandrl.tasks.fields import Table, read_text, warn
+from sandrl.tasks.fields import config_table, read_text, warn
 from sandrl.tasks.harbor_steps import load_steps
 from sandrl.tasks.task import TESTS_DIR, EnvironmentSpec, SolutionSpec, Task, VerifierSpec
+from sandrl.toml_config import Table
 
 CONFIG = "task.toml"
 INSTRUCTION = "instruction.md"
@@ -234,7 +235,7 @@ def load_harbor_task(task_dir: Path) -> Task:
     config_file = task_dir / CONFIG
     if not config_file.is_file():
         raise InvalidTaskError(f"{task_dir}: {CONFIG} is missing; every Harbor task has one", path=task_dir)
-    top = Table(_read_toml(config_file, task_dir), file=config_file, task=task_dir)
+    top = config_table(_read_toml(config_file, task_dir), file=config_file, task=task_dir)
 
     task_table = top.table("task")
     name = task_table.string("name") or task_dir.name

@@ -41,8 +41,9 @@ from pathlib import Path
 from types import MappingProxyType
 
 from sandrl.errors import InvalidTaskError
-from sandrl.tasks.fields import Table, type_name, warn
+from sandrl.tasks.fields import config_table, warn
 from sandrl.tasks.task import TESTS_DIR, Healthcheck, SolutionSpec, StepReward, TaskStep, VerifierSpec
+from sandrl.toml_config import Table, type_name
 
 STEPS_DIR = "steps"
 STRATEGIES: tuple[StepReward, ...] = ("mean", "final")
@@ -131,7 +132,7 @@ def artifact_sources(table: Table, key: str = "artifacts") -> list[str]:
     value = table.raw(key)
     if value is None:
         return []
-    where = f"[{table.section}] {key}" if table.section else key
+    where = table.label(key)
     if not isinstance(value, list):
         raise table.error(f"{where} must be a list of paths, got {type_name(value)}", fix='write e.g. ["/app/out.txt"]')
     sources: list[str] = []
@@ -215,7 +216,7 @@ def load_steps(
     extra: dict[str, object] = {}
     unknown: dict[str, object] = {}
     for number, entry in enumerate(entries, 1):
-        table = Table(entry, file=config_file, section=f"steps.{number}", task=task_dir)
+        table = config_table(entry, file=config_file, section=f"steps.{number}", task=task_dir)
         name = table.string("name", required=True) or ""
         if not name.strip() or name in (".", "..") or name.endswith((".", " ")) or _BAD_NAME.search(name):
             raise table.error(f"[[steps]] name {name!r} is not a portable directory name", fix="use e.g. 01-setup")

@@ -24,7 +24,6 @@ from pathlib import Path
 from types import MappingProxyType
 
 from sandrl.errors import InvalidTaskError
-from sandrl.tasks.fields import type_name
 from sandrl.tasks.rows import (
     REPO_DIR,
     image_field,
@@ -37,6 +36,7 @@ from sandrl.tasks.rows import (
     string_field,
 )
 from sandrl.tasks.task import R2eGymInstance, SolutionSpec, Task, VerifierSpec
+from sandrl.toml_config import type_name
 
 STATUSES = ("PASSED", "FAILED", "ERROR")
 """The statuses R2E-Gym's log parser gives a test (skips and expected failures are not kept)."""

@@ -23,8 +23,8 @@ from typing import Any, Literal
 
 from sandrl.errors import ConfigError, InvalidTaskError
 from sandrl.images.reference import parse_reference
-from sandrl.tasks.fields import type_name
 from sandrl.tasks.task import EnvironmentSpec
+from sandrl.toml_config import type_name
 
 REPO_DIR = "/testbed"
 """Where every one of these images has the repository."""

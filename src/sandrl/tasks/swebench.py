@@ -44,7 +44,6 @@ from types import MappingProxyType
 
 from sandrl.errors import InvalidTaskError
 from sandrl.tasks import r2e_gym, swe_smith
-from sandrl.tasks.fields import type_name
 from sandrl.tasks.rows import (
     DEFAULT_TIMEOUT_S,
     REPO_DIR,
@@ -71,6 +70,7 @@ from sandrl.tasks.swebench_specs import (
     test_directives,
 )
 from sandrl.tasks.task import SolutionSpec, SweBenchInstance, Task, VerifierSpec
+from sandrl.toml_config import type_name
 
 DEFAULT_TEST_COMMAND = "pytest -rA"
 

@@ -29,9 +29,10 @@ import yaml
 
 from sandrl.errors import InvalidTaskError
 from sandrl.tasks.dockerfile import read_dockerfile
-from sandrl.tasks.fields import Table, read_text, type_name, warn
+from sandrl.tasks.fields import config_table, read_text, warn
 from sandrl.tasks.harbor import DEFAULT_WORKDIR
 from sandrl.tasks.task import TESTS_DIR, EnvironmentSpec, RewardSource, SolutionSpec, Task, VerifierSpec
+from sandrl.toml_config import Table, type_name
 
 CONFIG = "task.yaml"
 DEFAULT_AGENT_TIMEOUT_S = 360.0
@@ -135,7 +136,7 @@ def load_terminal_bench_task(task_dir: Path) -> Task:
         config_file = task_dir / "task.yml"
     if not config_file.is_file():
         raise InvalidTaskError(f"{task_dir}: {CONFIG} is missing; every Terminal-Bench task has one", path=task_dir)
-    top = Table(_read_yaml(config_file, task_dir), file=config_file, task=task_dir)
+    top = config_table(_read_yaml(config_file, task_dir), file=config_file, task=task_dir)
 
     instruction = _instruction(top)
     parser = top.string("parser_name", "pytest") or "pytest"

@@ -12,32 +12,25 @@
 
 TOML has no null, so an optional setting is switched off with ``false`` (``tis_cap = false``,
 ``max_grad_norm = false``). Every field is checked when the config is built; a wrong key, type
-or value is a :class:`~sandrl.errors.ConfigError` that names the key and what would be valid.
-A field whose key cannot be its Python name (``[train.loss.is]``: ``is`` is a keyword) says its
-key in its metadata, ``field(metadata={"toml": "is"})``; :func:`toml_key` reads it for every
-reader and writer of config files.
+or value is a :class:`~sandrl.errors.ConfigError` that names the key and what would be valid; the
+table is read by :func:`sandrl.toml_config.from_mapping`, the one reader of typed tables.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import types
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from sandrl.errors import ConfigError
-from sandrl.toml_config import read_toml, type_name
+from sandrl.toml_config import from_mapping, read_toml, to_table
 from sandrl.train.lora_config import LoraConfig
 from sandrl.train.loss_config import LossConfig
 from sandrl.train.truncation import TRUNCATED_BY, OnTruncated, TruncatedBy, check_settings
 
 DType = Literal["fp32", "bf16"]
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -195,84 +188,3 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         """A plain dict (TOML/JSON-ready: None is written ``false``) that :meth:`from_mapping` reads back."""
         return to_table(self)
-
-
-def from_mapping(cls: type[T], table: object, *, where: str) -> T:
-    """An instance of the config dataclass ``cls`` from ``table``, type-checked key by key."""
-    if not isinstance(table, Mapping):
-        raise ConfigError(f"{where} must be a table of keys, got {type_name(table)}")
-    hints = typing.get_type_hints(cls)
-    fields = {toml_key(f): f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(str(k) for k in table if k not in fields)
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; valid keys are {', '.join(fields)}")
-    values: dict[str, Any] = {}
-    for key, raw in table.items():
-        name = fields[key].name
-        values[name] = _convert(hints[name], raw, f"{where} {key}", f"{where[:-1]}.{key}]")
-    try:
-        return cls(**values)
-    except ConfigError as exc:
-        raise ConfigError(f"{where}: {exc.message}") from exc
-
-
-def _convert(hint: Any, raw: object, label: str, subtable: str) -> Any:
-    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
-        return from_mapping(hint, raw, where=subtable)
-    origin = typing.get_origin(hint)
-    if origin is typing.Literal:
-        choices = typing.get_args(hint)
-        if raw not in choices:
-            raise ConfigError(f"{label} must be one of {', '.join(map(repr, choices))}, got {raw!r}")
-        return raw
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        if raw is False or raw is None:  # TOML has no null: `false` switches an optional setting off
-            return None
-        if len(args) == 1:
-            return _convert(args[0], raw, label, subtable)
-    if hint is bool:
-        if not isinstance(raw, bool):
-            raise ConfigError(f"{label} must be true or false, got {type_name(raw)}")
-        return raw
-    if hint is int:
-        if isinstance(raw, bool) or not isinstance(raw, int):
-            raise ConfigError(f"{label} must be an integer, got {type_name(raw)} {raw!r}")
-        return raw
-    if hint is float:
-        if isinstance(raw, bool) or not isinstance(raw, int | float):
-            raise ConfigError(f"{label} must be a number, got {type_name(raw)} {raw!r}")
-        return float(raw)
-    if hint is str:
-        if not isinstance(raw, str):
-            raise ConfigError(f"{label} must be a string, got {type_name(raw)} {raw!r}")
-        return raw
-    if origin is tuple:
-        item = typing.get_args(hint)[0]
-        if not isinstance(raw, list | tuple):
-            raise ConfigError(f'{label} must be a list, e.g. ["a", "b"], got {type_name(raw)} {raw!r}')
-        return tuple(_convert(item, x, f"{label}[{i}]", subtable) for i, x in enumerate(raw))
-    raise ConfigError(f"{label}: values of type {hint} cannot be read from a config file")  # pragma: no cover
-
-
-def toml_key(f: dataclasses.Field[Any]) -> str:
-    """The key a config file writes for the field ``f``: its ``"toml"`` metadata, else its name."""
-    return str(f.metadata.get("toml", f.name))
-
-
-def to_table(config: object) -> dict[str, Any]:
-    """The config dataclass ``config`` as a TOML-ready dict keyed as a file writes it (None as ``false``)."""
-    return none_as_false({toml_key(f): _plain(getattr(config, f.name)) for f in dataclasses.fields(config)})  # type: ignore[arg-type]
-
-
-def _plain(value: object) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return to_table(value)
-    if isinstance(value, tuple | list):
-        return type(value)(_plain(v) for v in value)
-    return value
-
-
-def none_as_false(data: dict[str, Any]) -> dict[str, Any]:
-    """TOML has no null: an optional setting that is off is written ``false`` (:func:`from_mapping`: None)."""
-    return {k: none_as_false(v) if isinstance(v, dict) else (False if v is None else v) for k, v in data.items()}

@@ -29,7 +29,7 @@ from functools import cache
 from typing import Any
 
 from sandrl.errors import ConfigError
-from sandrl.train.config import toml_key
+from sandrl.toml_config import toml_key
 from sandrl.train.run_config import SECTION_TYPES, dumps
 
 

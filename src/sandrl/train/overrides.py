@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sandrl.errors import ConfigError
-from sandrl.train.config import toml_key
+from sandrl.toml_config import toml_key
 
 
 def apply_overrides(
@@ -72,7 +72,7 @@ def _is_table(hint: Any) -> bool:
 
 
 def _typed(hint: Any, text: str, label: str) -> object:
-    """``text`` as a value of ``hint``; the config's own check (:func:`~sandrl.train.config.from_mapping`) follows."""
+    """``text`` as a value of ``hint``; the config's own check (:func:`~sandrl.toml_config.from_mapping`) follows."""
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         if text in ("false", "none", "None"):

@@ -54,8 +54,8 @@ from typing import Any, Literal
 from sandrl.errors import ConfigError
 from sandrl.inference.fleet.config import FleetConfig
 from sandrl.tasks.builtin.generated import FAMILIES
-from sandrl.toml_config import read_toml
-from sandrl.train.config import TrainConfig, from_mapping, none_as_false
+from sandrl.toml_config import from_mapping, none_as_false, read_toml
+from sandrl.train.config import TrainConfig
 from sandrl.train.loss_config import ScaleRewards
 from sandrl.train.overrides import apply_overrides
 from sandrl.train.trackers.names import check_trackers
