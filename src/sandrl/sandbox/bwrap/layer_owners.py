@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import functools
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 from sandrl.sandbox.bwrap.layer_budget import BLOCK, LayerBudget, copy_into_new
@@ -164,8 +166,17 @@ def _place(
             copy_into_new(fin, os.fstat(fin), dst, budget, rel)
         finally:
             os.close(fin)
-    elif stat.S_ISLNK(mode):
-        target = os.readlink(src)
+    else:
+        return place_special(st, name, dst, budget, functools.partial(os.readlink, src))
+    return True
+
+
+def place_special(st: os.stat_result, name: str, dst: str, budget: LayerBudget, readlink: Callable[[], str]) -> bool:
+    """Create ``dst`` as the symlink (to ``readlink()``), overlayfs whiteout or FIFO that ``st`` is, its
+    entry counted in ``budget``; False for any other kind of file."""
+    mode = st.st_mode
+    if stat.S_ISLNK(mode):
+        target = readlink()
         budget.symlink(name, target)
         os.symlink(target, dst)
     elif stat.S_ISCHR(mode) and st.st_rdev == 0:

@@ -18,13 +18,14 @@ is one ``sendfile``, and no process is started.
 
 from __future__ import annotations
 
+import functools
 import os
 import posixpath
 import stat
 from collections.abc import Callable
 
 from sandrl.sandbox.bwrap.layer_budget import BLOCK, LayerBudget, copy_into_new
-from sandrl.sandbox.bwrap.layer_owners import NOBODY, copy_xattrs, layer_mode, store_id
+from sandrl.sandbox.bwrap.layer_owners import NOBODY, copy_xattrs, layer_mode, place_special, store_id
 from sandrl.sandbox.bwrap.state import UID_RANGE
 
 __all__ = ["copy_upper", "shift_owner"]
@@ -117,17 +118,7 @@ def copy_upper(
                     continue
                 if st.st_nlink > 1:
                     links[key] = dst
-            elif stat.S_ISLNK(mode):
-                target = os.readlink(name, dir_fd=dir_fd)
-                budget.symlink(name, target)
-                os.symlink(target, dst)
-            elif stat.S_ISCHR(mode) and st.st_rdev == 0:
-                budget.entry(name)
-                os.mknod(dst, stat.S_IFCHR | 0o000, 0)  # an overlayfs whiteout
-            elif stat.S_ISFIFO(mode):
-                budget.entry(name)
-                os.mkfifo(dst, 0o600)
-            else:
+            elif not place_special(st, name, dst, budget, functools.partial(os.readlink, name, dir_fd=dir_fd)):
                 continue
             _meta(dst, st, base, dir_fd, name, budget)
             count += 1
