@@ -184,6 +184,8 @@ class FileWritten(BaseModel):
 class ChannelInfo(BaseModel):
     """The answer of ``GET /v1/channel`` when it opens the call channel (see :mod:`.channel_frames`)."""
 
+    # The docstring is the OpenAPI document's description, kept byte for byte (#38): the framing is :mod:`.frames`.
+
     max_call_bytes: int = Field(description="Longest body of a call on the channel; longer ones are answered 413.")
 
 

@@ -3,7 +3,7 @@
 Over HTTP/1.1 every call in flight needs a connection of its own, and each call costs both sides
 an HTTP request and answer in Python plus a wake-up or two of each process: with hundreds of
 clients that, not the sandboxes, was what the service spent its time on (``docs/service-throughput.md``).
-On the channel (framed as :mod:`.channel_frames` says) a call is one frame each way, and each side
+On the channel (framed as :mod:`sandrl.sandbox.remote.frames` says) a call is one frame each way, and each side
 writes what it has once per turn of its event loop, however many calls that holds.
 
 The channel is a transport only: each call goes through the same ASGI app as the same request over
