@@ -76,6 +76,24 @@ async def test_broadcast_equals_the_disk_path_bit_for_bit(two_served: list[Serve
         by_disk.close()
 
 
+async def test_a_push_is_received_into_the_tensors_the_push_before_it_let_go(two_served: list[Served]) -> None:
+    engine = two_served[0].engine
+    launched = {k: v for k, v in engine.model.state_dict().items()}  # held here: never freed, never reused by chance
+    push = _broadcast(two_served)
+    try:
+        await push.push(_new_weights(seed=1).items(), version=1)
+        second = _new_weights(seed=2)
+        await push.push(second.items(), version=2)
+    finally:
+        await push.shutdown()
+    now = engine.model.state_dict()
+    # Every weight of push 2 landed in the memory the launch weights had (no fresh buffer: no page faults) ...
+    assert all(now[k].data_ptr() == launched[k].data_ptr() for k in second)
+    # ... and holds push 2's values, bit for bit (the tied output layer too).
+    assert all(torch.equal(now[k], second[k]) for k in second)
+    assert torch.equal(now["lm_head.weight"], second["model.embed_tokens.weight"])
+
+
 @pytest.mark.parametrize(
     ("spoil", "named"),
     [

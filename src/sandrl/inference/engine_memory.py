@@ -28,6 +28,7 @@ import torch
 from sandrl.errors import ConfigError
 from sandrl.inference.batch import PauseMode
 from sandrl.inference.prefix_cache import PrefixCache
+from sandrl.inference.weight_receiver import WeightReceiver
 
 MEMORY_TAGS = ("kv_cache", "weights")
 """What the CPU engine holds; SGLang's ``cuda_graph`` tag is accepted and means nothing here."""
@@ -40,6 +41,7 @@ class EngineMemory:
     _model: Any
     _cv: threading.Condition
     _offloaded: Path | None = None
+    _receiver: WeightReceiver | None = None
     _memory_released: frozenset[str] = frozenset()
 
     async def pause(self, mode: PauseMode = "abort") -> None:
@@ -90,6 +92,8 @@ class EngineMemory:
                 freed += p.numel() * p.element_size()
                 p.data = torch.empty(0, dtype=p.dtype, device=p.device)
             self._offloaded = path
+            if self._receiver is not None:
+                self._receiver.drop_spares()
         return freed
 
     def _reload_weights(self) -> None:

@@ -190,7 +190,10 @@ class EngineWeights:
     def _swap(self, update: WeightUpdate) -> None:
         try:
             if update.state is not None:
+                recycled = self._model.state_dict() if update.owned and self._receiver is not None else None
                 self._model.load_state_dict(update.state, strict=True, assign=update.owned)
+                if recycled is not None and self._receiver is not None:
+                    self._receiver.recycle(recycled)  # the next push is received into them
         except Exception as exc:
             deliver_error(update.loop, update.future, InferenceError(f"swapping in {update.path} failed: {exc}"))
             return

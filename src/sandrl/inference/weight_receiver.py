@@ -15,6 +15,11 @@ that the trainer broadcasts at the same time. The receiver
    weights count once), hands the whole state over to be swapped in as one update, under the
    engine's update policy, as a checkpoint read from disk is. Until then nothing is applied, so a
    push broken off half way never leaves the engine serving half-new weights.
+
+The swap takes the received tensors as the model's own; the tensors they replaced come back
+(:meth:`WeightReceiver.recycle`) and the next push is received into them: fresh buffers cost a page
+fault per 4 KiB on first touch, about as long as the broadcast itself on a CPU host (the engine holds
+one spare copy of its weights between pushes for that, let go with the weights' memory).
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ class WeightReceiver:
         self._limit = 2 * sum(t.numel() * t.element_size() for t in state.values()) + SLACK_BYTES
         self._groups: dict[str, WeightGroup] = {}
         self._staged: dict[str, torch.Tensor] = {}
+        self._spares: dict[str, torch.Tensor] = {}
         self._lock = threading.Lock()
 
     @property
@@ -77,6 +83,7 @@ class WeightReceiver:
             if group is None:
                 raise ConfigError(f"this engine is in no weight-update group {group_name!r}")
             self._staged.clear()
+            self._spares = {}
         group.close()
 
     def receive(
@@ -94,7 +101,7 @@ class WeightReceiver:
         except ConfigError:
             self.leave(group_name)  # out of step with the sender now: close it so its broadcast fails fast
             raise
-        buffers = [torch.empty(shape, dtype=dtype, device=group.device) for _, dtype, shape in declared]
+        buffers = [self._buffer(name, dtype, shape, group.device) for name, dtype, shape in declared]
         try:
             group.broadcast(buffers)
         except InferenceError:
@@ -110,6 +117,27 @@ class WeightReceiver:
                 return None
             state, self._staged = self._staged, {}
         return state
+
+    def recycle(self, replaced: dict[str, torch.Tensor]) -> None:
+        """Keep ``replaced`` (the model's tensors that a swap let go, no longer the model's) to receive into."""
+        with self._lock:
+            self._spares = {name: t for name, t in replaced.items() if name in self._shapes}
+
+    def drop_spares(self) -> None:
+        """Let go of the tensors kept to receive into (the engine releases its weights' memory)."""
+        with self._lock:
+            self._spares = {}
+
+    def _buffer(
+        self, name: str, dtype: torch.dtype, shape: tuple[int, ...], device: torch.device | None
+    ) -> torch.Tensor:
+        with self._lock:  # a tied weight's names share one tensor: it is received into once
+            spares = [self._spares.pop(alias, None) for alias in self._aliases.get(name, (name,))]
+        spare = next((t for t in spares if t is not None), None)
+        wanted = device or torch.device("cpu")
+        if spare is not None and (spare.dtype, tuple(spare.shape), spare.device) == (dtype, shape, wanted):
+            return spare
+        return torch.empty(shape, dtype=dtype, device=device)
 
     def missing(self) -> list[str]:
         """The weights the update being staged still lacks (one name per tied set), in the model's order."""

@@ -36,6 +36,16 @@ def test_the_router_is_spoken_to_in_the_engines_api() -> None:
     assert FleetConfig().client_api("openai") == "openai"  # engines started elsewhere: [model] api
 
 
+def test_embedded_engines_share_the_hosts_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _: set(range(16)))
+    threads = [engine_command(FleetConfig(launch="embedded", engines=n), 0, model="tiny", port=9, token="s").env
+               for n in (1, 3, 32)]  # fmt: skip
+    assert [env["OMP_NUM_THREADS"] for env in threads] == ["16", "5", "1"]
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")  # the user's own choice stands
+    assert "OMP_NUM_THREADS" not in engine_command(FleetConfig(launch="embedded"), 0, model="t", port=9, token="s").env
+
+
 def test_sglang_and_vllm_engines_get_their_own_command_lines() -> None:
     sglang = FleetConfig(launch="sglang", engines=2, gpus_per_engine=2, args=("--mem-fraction-static", "0.8"))
     devices = partition_devices(sglang, ["0", "1", "2", "3", "4"])
@@ -56,7 +66,7 @@ def test_sglang_and_vllm_engines_get_their_own_command_lines() -> None:
     )  # fmt: skip
     assert command.env == {"CUDA_VISIBLE_DEVICES": "0,1", "VLLM_SERVER_DEV_MODE": "1", "VLLM_API_KEY": "k" * 32}
     embedded = engine_command(FleetConfig(launch="embedded"), 0, model="tiny", port=9, token="s" * 32)
-    assert "--api-key" not in embedded.argv and embedded.env == {"SANDRL_INFERENCE_TOKEN": "s" * 32}
+    assert "--api-key" not in embedded.argv and embedded.env["SANDRL_INFERENCE_TOKEN"] == "s" * 32
     assert embedded.argv[-2:] == ("--prefix-cache-tokens", "32768")  # [inference] prefix_cache_tokens
     off = engine_command(FleetConfig(launch="embedded", prefix_cache_tokens=0), 0, model="tiny", port=9, token="s")
     assert off.argv[-2:] == ("--prefix-cache-tokens", "0")

@@ -10,7 +10,8 @@
   --seed S`` (+ ``--tensor-parallel-size G``), with ``VLLM_SERVER_DEV_MODE=1`` (its weight-reload
   routes) and its token in ``$VLLM_API_KEY``.
 
-Each gets ``CUDA_VISIBLE_DEVICES`` = its GPUs (:func:`partition_devices`), then ``[inference] args``.
+Each gets ``CUDA_VISIBLE_DEVICES`` = its GPUs (:func:`partition_devices`), then ``[inference] args``; an
+embedded engine its share of the host's cores as ``OMP_NUM_THREADS`` (:func:`cpu_share`) unless it is set.
 Engines bind loopback: only the router, in the driver on this host, talks to them (an engine actor
 on another node of a Ray cluster binds its node's address, token required: :mod:`sandrl.cluster.engines`).
 """
@@ -78,6 +79,8 @@ def engine_command(
         if config.kv_cache_tokens and not _has_flag(args, "--kv-cache-tokens"):
             argv += ["--kv-cache-tokens", str(config.kv_cache_tokens)]
         env["SANDRL_INFERENCE_TOKEN"] = token
+        if "OMP_NUM_THREADS" not in os.environ:
+            env["OMP_NUM_THREADS"] = str(cpu_share(config.engines))
     elif launch == "sglang":
         argv = [python, "-m", "sglang.launch_server", "--model-path", model, "--host", host, "--port", str(port)]
         argv += ["--api-key", token, "--random-seed", str(seed + index)]
@@ -94,6 +97,13 @@ def engine_command(
     else:
         raise ConfigError(f"[inference] launch must be one of embedded, sglang, vllm to start engines, got {launch!r}")
     return EngineCommand(index, (*argv, *args), env, port, host)
+
+
+def cpu_share(engines: int) -> int:
+    """The intra-op threads of each of ``engines`` embedded engines: this host's cores shared among them, as GPUs are.
+    Each would take every core by default, and two engines of two OpenMP threads on two cores spin in their
+    barriers waiting for a thread the other has descheduled (a 16-token prefill measured 10x slower)."""
+    return max(1, len(os.sched_getaffinity(0)) // max(1, engines))
 
 
 def _has_flag(args: Sequence[str], *flags: str) -> bool:
