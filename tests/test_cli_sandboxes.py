@@ -1,16 +1,18 @@
 """Every command that runs sandboxes builds them through ``sandrl.wiring.open_provider``, so each
-takes ``--sandboxes`` as ``sandrl eval`` does: here ``sandrl tasks run`` against a real sandbox
-service on loopback, reached through the e2b SDK's own environment."""
+takes ``--sandboxes`` as ``sandrl eval`` does: here ``sandrl tasks run`` against a real ``sandrl
+serve sandboxes`` on loopback, reached through the e2b SDK's own environment."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+
+import httpx
 
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.sandbox.service.server import BackgroundServer, create_app
@@ -22,18 +24,15 @@ SANDRL = Path(sys.executable).with_name("sandrl")
 TASK = Path(__file__).resolve().parents[1] / "src" / "sandrl" / "tasks" / "builtin" / "c-fix-crc32-tool"
 
 
-class CountingService(SandboxService):
-    """The real service, counting the sandboxes it was asked for."""
-
-    created = 0
-
-    async def create(self, *args: Any, **kwargs: Any) -> Any:
-        self.created += 1
-        return await super().create(*args, **kwargs)
-
-
 def _sandrl(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(SANDRL), *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+def _creates(url: str, token: str) -> float:
+    text = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=10).text
+    found = re.search(r"^sandrl_sandbox_creates_total (\S+)$", text, re.MULTILINE)
+    assert found is not None, text[:2000]
+    return float(found.group(1))
 
 
 @needs_sandbox
@@ -45,21 +44,23 @@ def test_tasks_run_takes_its_sandboxes_from_a_service(tmp_path: Path) -> None:
     built = _sandrl("images", "templates", str(TASK), "--build", "--state-dir", str(state), env=env)
     assert built.returncode == 0, built.stderr
     provider = BwrapProvider(state)
-    service = CountingService(provider, ServiceConfig(max_live=8))
     try:
-        with BackgroundServer(create_app(service, token=token)) as server:
+        # The app `sandrl serve sandboxes` serves, on a loopback port of its own (in a thread: a process
+        # would add seconds of start-up to the test and nothing to what it shows).
+        with BackgroundServer(create_app(SandboxService(provider, ServiceConfig(max_live=8)), token=token)) as server:
             remote = {**env, "E2B_API_URL": server.url, "E2B_SANDBOX_URL": server.url, "E2B_API_KEY": token}
             ran = _sandrl("tasks", "run", str(TASK), "--sandboxes", "e2b", "--json", env=remote)
+            creates = _creates(server.url, token)
     finally:
         provider._close_all_sync()
     assert ran.returncode == 0, ran.stderr[-2000:]
     summary = json.loads(ran.stdout.strip().splitlines()[-1])
     assert summary["passed"] == 1 and summary["errors"] == 0
     assert [r["reward"] for r in summary["results"]] == [1.0]
-    assert service.created >= 1  # the episode's sandbox is the service's, not one of this command's own
+    assert creates >= 1  # the episode's sandbox was the service's, not one of this command's own
 
 
-def test_tasks_run_refuses_an_unknown_sandboxes_in_one_line(tmp_path: Path) -> None:
+def test_tasks_run_refuses_an_unknown_sandboxes_in_one_line() -> None:
     r = _sandrl("tasks", "run", str(TASK), "--sandboxes", "elsewhere", env={**os.environ})
     assert r.returncode != 0
     assert "Traceback" not in r.stderr
