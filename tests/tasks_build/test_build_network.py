@@ -1,6 +1,6 @@
 """Build steps have the network (as Docker's), through slirp4netns: their own namespace, not the host's.
 
-What a sandbox with the network may reach is tested in ``tests/sandbox/test_network.py``, inside
+What a sandbox with the network may reach is tested in ``tests/sandbox/bwrap/test_network.py``, inside
 network namespaces the test makes; here only the host's loopback is aimed at."""
 
 from __future__ import annotations
