@@ -219,7 +219,7 @@ class TrainerRank:
         return list(self.trained)
 
 
-class RemoteRanks:
+class RemoteRanks(ranks.RankCalls):
     """The driver's view of ``[train] processes`` rank actors in one placement group (one bundle of
     ``trainer_cpus`` and ``trainer_gpus`` each, packed on as few nodes as fit), as SkyRL and verl place
     them. Every call goes to every rank; rank 0's answer comes back. A rank that dies ends the call,
@@ -265,23 +265,6 @@ class RemoteRanks:
         except BaseException:
             self.kill()
             raise
-
-    def step(self, batch: Batch) -> Metrics:
-        metrics: Metrics = self._call("step", batch)
-        self.steps, self.version = int(metrics["step"]), int(metrics["weight_version"])
-        return metrics
-
-    def export_weights(self, directory: str | Path) -> ExportedWeights:
-        exported: ExportedWeights = self._call("export_weights", str(directory))
-        return exported
-
-    def broadcast_weights(self, spec: BroadcastSpec) -> str | None:
-        """Every rank gathers the full tensors bucket by bucket; rank 0's actor sends them to the engines."""
-        why: str | None = self._call("broadcast_weights", spec)
-        return why
-
-    def save_checkpoint(self, root: str | Path) -> Path:
-        return Path(self._call("save_checkpoint", str(root), self.data_position, self.data_done))
 
     def trained_episode_ids(self) -> list[str]:
         ids: list[str] = ray.get(self.handles[0].trained_episode_ids.remote())

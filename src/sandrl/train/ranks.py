@@ -56,7 +56,38 @@ class RankSpec:
     """How long a rank waits in a collective for the others (a dead peer is noticed by the driver first)."""
 
 
-class RankGroup:
+class RankCalls:
+    """A trainer of several ranks as the driver sees it: each call is made on every rank at once (``_call``,
+    rank 0's answer back), here in local processes (:class:`RankGroup`) or in Ray actors
+    (:class:`sandrl.cluster.ray.RemoteRanks`)."""
+
+    steps: int
+    version: int
+    data_position: int
+    data_done: tuple[int, ...]
+
+    def _call(self, method: str, *args: Any) -> Any:
+        raise NotImplementedError
+
+    def step(self, batch: Batch) -> Metrics:
+        metrics: Metrics = self._call("step", batch)
+        self.steps, self.version = int(metrics["step"]), int(metrics["weight_version"])
+        return metrics
+
+    def export_weights(self, directory: str | Path) -> ExportedWeights:
+        exported: ExportedWeights = self._call("export_weights", str(directory))
+        return exported
+
+    def broadcast_weights(self, spec: BroadcastSpec) -> str | None:
+        """Every rank gathers the full tensors bucket by bucket; rank 0 sends them to the engines."""
+        why: str | None = self._call("broadcast_weights", spec)
+        return why
+
+    def save_checkpoint(self, root: str | Path) -> Path:
+        return Path(self._call("save_checkpoint", str(root), self.data_position, self.data_done))
+
+
+class RankGroup(RankCalls):
     """N training processes acting as one trainer (the drivers' ``StepTrainer``)."""
 
     def __init__(self, spec: RankSpec) -> None:
@@ -91,11 +122,6 @@ class RankGroup:
 
     # -- the trainer's calls ---------------------------------------------------------------------
 
-    def step(self, batch: Batch) -> Metrics:
-        metrics: Metrics = self._call("step", batch)
-        self.steps, self.version = int(metrics["step"]), int(metrics["weight_version"])
-        return metrics
-
     def sft_step(self, samples: Sequence[TrainSample]) -> Metrics:
         metrics: Metrics = self._call("sft_step", list(samples))
         self.steps, self.version = int(metrics["step"]), int(metrics["weight_version"])
@@ -104,19 +130,6 @@ class RankGroup:
     def logprobs(self, samples: Sequence[TrainSample]) -> list[list[float]]:
         table: list[list[float]] = self._call("logprobs", list(samples))
         return table
-
-    def export_weights(self, directory: str | Path) -> ExportedWeights:
-        exported: ExportedWeights = self._call("export_weights", str(directory))
-        return exported
-
-    def broadcast_weights(self, spec: BroadcastSpec) -> str | None:
-        """Every rank gathers the full tensors bucket by bucket; rank 0 sends them to the engines."""
-        why: str | None = self._call("broadcast_weights", spec)
-        return why
-
-    def save_checkpoint(self, root: str | Path) -> Path:
-        path: Path = self._call("save_checkpoint", str(root), self.data_position, self.data_done)
-        return path
 
     def load_checkpoint(self, path: str | Path) -> None:
         state = self._call("load_checkpoint", str(path))
