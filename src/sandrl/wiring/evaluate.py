@@ -177,7 +177,16 @@ class EvalConfig:
                 start, group_size=self.samples, **{k: v for k, v in given.items() if v is not None}
             )
         except ConfigError as exc:
-            raise ConfigError(f"sandrl eval: {_as_option(exc.message)}") from exc
+            raise ConfigError(self._option_error(exc.message)) from exc
+
+    def _option_error(self, message: str) -> str:
+        """A check of RunnerConfig's (``group_size must be >= 1, got 0``) in ``sandrl eval``'s words for its options."""
+        key = message.partition(" ")[0]
+        if key in ("group_size", "concurrency"):
+            return "--samples and --concurrency must be at least 1"
+        if key == "host_capacity":
+            return f"--host-capacity must be at least 1 command at once, got {self.host_capacity}"
+        return f"sandrl eval: {message}"
 
     def rollouts_path(self) -> Path | None:
         """Where every trajectory is written: ``out``, else the results directory's ``rollouts.jsonl``."""
@@ -204,16 +213,6 @@ class EvalConfig:
         if self.trained_model is not None:
             return dataclasses.replace(self.trained_model, name=self.model, inference=self.inference)
         return ModelConfig(name=self.model, inference=self.inference)
-
-
-_RUNNER_OPTIONS = {"group_size": "--samples", "concurrency": "--concurrency", "host_capacity": "--host-capacity"}
-"""The runner settings (:class:`~sandrl.rollout.runner.RunnerConfig` checks them) that are ``sandrl eval`` options."""
-
-
-def _as_option(message: str) -> str:
-    """A runner setting's error naming it as ``sandrl eval``'s option does (``--samples``, not ``group_size``)."""
-    key, space, rest = message.partition(" ")
-    return f"{_RUNNER_OPTIONS[key]}{space}{rest}" if key in _RUNNER_OPTIONS else message
 
 
 def rollout_of(section: RolloutConfig) -> RolloutConfig:
