@@ -8,9 +8,19 @@ would read the file hundreds of times in a second (the kernel sums every zone fo
 
 from __future__ import annotations
 
+import ctypes
+import functools
+from collections.abc import Callable
+
 from sandrl.recent import recent
 
-__all__ = ["ADMISSION_MEMORY_AGE_S", "mem_available_bytes", "meminfo_kb", "process_memory_bytes"]
+__all__ = [
+    "ADMISSION_MEMORY_AGE_S",
+    "mem_available_bytes",
+    "meminfo_kb",
+    "process_memory_bytes",
+    "release_freed_memory",
+]
 
 ADMISSION_MEMORY_AGE_S = 0.05
 """How old a reading an admission check accepts: a burst's creates share one."""
@@ -52,3 +62,27 @@ def process_memory_bytes() -> tuple[int, int] | None:
     if "VmRSS" not in values or "VmHWM" not in values:
         return None
     return values["VmRSS"], values["VmHWM"]
+
+
+def release_freed_memory() -> None:
+    """Hand the pages this process has freed back to the kernel (glibc's ``malloc_trim``); a no-op elsewhere.
+
+    glibc keeps what a thread frees in that thread's arena for the next allocation, and returns only
+    what lies at the top of the heap. A trainer step's activations (hundreds of MiB of tensors below
+    glibc's 32 MiB mmap threshold) are all freed by the end of the step, yet stay resident: the demo's
+    driver held ~800 MiB free between steps, and as the batches' shapes varied the free holes grew
+    it from 1.7 to 2.7 GB over 80 steps. Trimming after each step keeps the resident set at what is
+    in use, for the price of faulting the next step's pages in again (a fraction of a step's
+    forward and backward)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        trim: Callable[[int], int] | None = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    except OSError:  # no C library to open
+        return None
+    return trim  # None without glibc (musl has no malloc_trim)

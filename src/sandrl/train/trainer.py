@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from sandrl.errors import TrainError
+from sandrl.host_memory import release_freed_memory
 from sandrl.inference.tokenizer import Tokenizer
 from sandrl.inference.weight_push import BlockingBroadcast, BroadcastSpec
 from sandrl.train import checkpoint, micro_batches, packed_attention
@@ -233,6 +234,7 @@ class Trainer:
         sums.reduce(self.world, self.device)
         by_cause.reduce(self.world)
         self.steps += 1
+        release_freed_memory()  # the micro-batches' activations, freed by now, would otherwise stay resident
         tokens = max(sums.tokens, 1)
         staleness = [self.version - updates - s.weight_version for s in samples] or [0]
         return {
@@ -273,6 +275,7 @@ class Trainer:
         norm = self._update(total > 0)
         sums.reduce(self.world, self.device)
         self.steps += 1
+        release_freed_memory()
         return {
             **self._common_metrics(sums, items, int(norm is not None), norm or 0.0),
             "loss": sums.loss,
