@@ -31,7 +31,7 @@ def provider(state_dir: Path) -> Iterator[BwrapProvider]:
 
 class AlwaysPremade(BwrapProvider):
     """A provider whose every create takes a launch made ahead (:mod:`sandrl.sandbox.bwrap.premade`),
-    whose helper does bubblewrap's part itself: the tests that hold a sandbox's surface run on both."""
+    whose pid 1 waits for its root: the tests that hold a sandbox's surface run on both launches."""
 
     async def _create(self, spec: SandboxSpec, image_env: dict[str, str], plan: MountPlan) -> BwrapSandbox:
         self.premade.want(PremadeKind.of(spec), 1)
@@ -42,13 +42,14 @@ class AlwaysPremade(BwrapProvider):
         return sandbox
 
 
-@pytest.fixture(scope="module", params=["bubblewrap", "premade"])
+@pytest.fixture(scope="module", params=["full", "premade"])
 def either_launch(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BwrapProvider]:
-    """A provider of each launch: bubblewrap's (a create's) and the helper's (a fork's children's).
-    A module overrides ``provider`` with it to run its tests on both."""
+    """A provider of each launch the helper makes: in full (a create's) and made ahead (a fork's
+    children's). A module overrides ``provider`` with it to run its tests on both (bubblewrap's
+    launch, ``launcher="bubblewrap"``, is held to the same surface in ``bwrap/test_launchers.py``)."""
     if REASON is not None:
         pytest.skip(REASON)
-    kind = BwrapProvider if request.param == "bubblewrap" else AlwaysPremade
+    kind = BwrapProvider if request.param == "full" else AlwaysPremade
     p = kind(tmp_path_factory.mktemp(f"sandrl-{request.param}"))
     yield p
     p._close_all_sync()

@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sandrl.bench import snapshots
+from sandrl.errors import SandboxUnavailableError
 from sandrl.host_memory import meminfo_kb
 from sandrl.progress import Progress
 from sandrl.sandbox.base import SandboxSpec
@@ -203,6 +204,8 @@ async def run(n: int = 200, live: int = 500, pool_size: int = 8, console: Consol
         task = progress.add_task("subprocess /bin/true", total=n)
         plain = [*_time_subprocess(["/bin/true"], n)]
         progress.update(task, completed=n, description="bare bwrap true")
+        if provider.bwrap is None:
+            raise SandboxUnavailableError("the baseline (b) is a bare `bwrap true`: install bubblewrap")
         bare = _time_subprocess([provider.bwrap, *BARE_BWRAP], n)
         progress.update(task, completed=0, description="cold create -> first exec")
         cold = await _cold(provider, spec, n, lambda: progress.advance(task))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -21,6 +20,7 @@ from sandrl.sandbox.bwrap.launch import PremadeKind
 from sandrl.sandbox.bwrap.state import Slot
 
 from ...support import kill_9_after_first_line, needs_sandbox
+from .surface import facets
 
 pytestmark = needs_sandbox
 
@@ -100,31 +100,21 @@ async def test_a_fork_keeps_launches_for_the_next_and_its_children_are_whole_san
     assert _leftovers(own) == ([], [], [])
 
 
-_SURFACE = r"""grep -E '^(Cap|NoNewPrivs|Seccomp|NSsid|NSpgid)' /proc/1/status; echo ---
-awk '{print $5, $6, $(NF-2), $(NF-1)}' /proc/self/mountinfo | sort; echo ---
-ls -la /dev /dev/pts | awk '{print $1, $3, $4, $NF}'; echo ---
-tr '\0' ' ' < /proc/1/cmdline; echo; hostname; id; ls /proc | grep -cE '^[0-9]+$'; cat /proc/cmdline | wc -c"""
-
-
-async def test_a_child_made_ahead_has_the_surface_bubblewrap_gives(own: BwrapProvider) -> None:
-    """The helper does bubblewrap's part for launches made ahead: pid 1's capabilities, seccomp and
-    session, the mount table, /dev and /proc must be what bubblewrap makes of a full launch."""
+async def test_a_child_made_ahead_has_the_surface_of_a_full_launch(own: BwrapProvider) -> None:
+    """Pid 1's capabilities, seccomp and session, the mount table, /dev and /proc of a launch made
+    ahead must be what a full launch makes (and that, bubblewrap's: ``test_launchers``)."""
     async with await own.create(SPEC) as full:
-        by_bwrap = await full.exec(_SURFACE)
+        by_full = await facets(full)
     own.premade.want(KIND, 1)
     await own.premade.wait_full()
     taken = own.premade.taken
     async with await own.create(SPEC) as ahead:
         assert own.premade.taken == taken + 1
-        by_helper = await ahead.exec(_SURFACE)
-    assert by_bwrap.exit_code == by_helper.exit_code == 0, (by_bwrap.stderr, by_helper.stderr)
-    # Each sandbox has its own id and host uids (its tmpfs's owner): the rest must be the same.
-    mine = re.sub(r"\b([ug]id)=\d+", r"\1=N", by_helper.stdout.replace(ahead.id, "SID"))
-    theirs = re.sub(r"\b([ug]id)=\d+", r"\1=N", by_bwrap.stdout.replace(full.id, "SID"))
-    assert mine.splitlines() == theirs.splitlines()
-    assert "CapBnd:\t00000000a80425fb" in mine  # Docker's set (launch.DEFAULT_CAPS)
-    assert "/proc/cmdline ro,nosuid,nodev,relatime tmpfs sandrl" in mine
-    assert "/ rw,nosuid,nodev,relatime overlay overlay" in mine
+        by_ahead = await facets(ahead)
+    assert by_ahead == by_full
+    assert "CapBnd:\t00000000a80425fb" in by_ahead  # Docker's set (launch.DEFAULT_CAPS)
+    assert "/proc/cmdline ro,nosuid,nodev,relatime tmpfs sandrl" in by_ahead
+    assert "/ rw,nosuid,nodev,relatime overlay overlay" in by_ahead
 
 
 @pytest.mark.parametrize("entry", ["dev", "proc"])

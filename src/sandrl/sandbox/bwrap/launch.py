@@ -1,15 +1,22 @@
 """Starting a sandbox's helper: the blocking host work of a create, whole or in two halves.
 
 A launch locks a uid slot, writes the sandbox's record, makes its cgroups and starts
-``sandrl-helper launch``, which makes the namespaces, builds the root and execs bubblewrap
-(see ``native/sandrl-helper.c``). :meth:`Launcher.launch` does it in one go. A *pre-made*
-launch (:meth:`Launcher.premake`, then :meth:`Launcher.finish`) does everything that does not
-depend on the image ahead of demand: slot, record, cgroups with their limits, the helper's
-process, every namespace, and pid 1 with /proc and /dev, the helper doing bubblewrap's part
-itself; pid 1 then waits for its root. When it is taken, the record completes and the rest of
-the helper's arguments (the image's layers, the disk size, pid 1's command line) go over the
-socket; the helper builds the root and hands it to pid 1, which pivots into it and runs the
+``sandrl-helper launch``, which makes the namespaces, builds the root and makes pid 1 itself:
+pid, mount, ipc, uts and cgroup namespaces, bubblewrap's /proc (with our masks) and /dev, the
+root handed to pid 1 as a detached mount and pivoted into (see ``native/sandrl-helper.c``).
+:meth:`Launcher.launch` does it in one go. A *pre-made* launch (:meth:`Launcher.premake`, then
+:meth:`Launcher.finish`) does everything that does not depend on the image ahead of demand:
+slot, record, cgroups with their limits, the helper's process, every namespace, and pid 1 with
+/proc and /dev; pid 1 then waits for its root. When it is taken, the record completes and the
+rest of the helper's arguments (the image's layers, the disk size, pid 1's command line) go over
+the socket; the helper builds the root and hands it to pid 1, which pivots into it and runs the
 agent. Blocking throughout: run it in a thread.
+
+Which program makes a full launch's pid 1 is the provider's ``launcher`` (:data:`LAUNCHERS`):
+``"helper"`` (the default: the helper, as above) or ``"bubblewrap"`` (the helper builds the root
+and execs bubblewrap, which makes the namespaces, /proc, /dev and pid 1: for a host whose kernel
+refuses the helper's way, e.g. no ``open_tree``/``move_mount``; a launch made ahead always uses
+the helper). ``$SANDRL_LAUNCHER`` sets it where the provider is not made in code.
 """
 
 from __future__ import annotations
@@ -61,6 +68,10 @@ its others are unreadable here anyway: ``kcore`` and ``timer_list`` are host roo
 ``key-users`` list only the sandbox's own keyring and users)."""
 _HELPER_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 """The whole environment of the host-side helper and bubblewrap: never the server's (its token)."""
+LAUNCHERS = ("helper", "bubblewrap")
+"""What may make a full launch's pid 1 (the module's docstring): the first is the default."""
+LAUNCHER_ENV = "SANDRL_LAUNCHER"
+"""Names the launcher where the provider is not given one."""
 
 
 @dataclass(frozen=True)
@@ -129,9 +140,10 @@ def _masked_proc() -> tuple[str, ...]:
 
 
 class Launcher:
-    """Launches sandboxes of one provider: its state directory, cgroups, helper and bubblewrap."""
+    """Launches sandboxes of one provider: its state directory, cgroups and helper; ``bwrap`` is
+    bubblewrap's path where a full launch runs it (``launcher="bubblewrap"``), else None."""
 
-    def __init__(self, state: StateDir, cgroups: CgroupManager, helper: Path, bwrap: str, identity: str) -> None:
+    def __init__(self, state: StateDir, cgroups: CgroupManager, helper: Path, bwrap: str | None, identity: str) -> None:
         self.state = state
         self.cgroups = cgroups
         self.helper = helper
@@ -145,8 +157,12 @@ class Launcher:
         try:
             self._write_record(launch, spec)
             launch.group = self.cgroups.create(sid, memory_mb=spec.memory_mb, pids=spec.pids, cpus=spec.cpus)
-            argv = [*self._head(launch), *self._root(launch, spec, plan), "--bwrap", self.bwrap, "--"]
-            argv += [*self._bwrap(launch), "--", *self._agent(launch, spec)]
+            argv = [*self._head(launch), *self._root(launch, spec, plan)]
+            if self.bwrap is not None:
+                argv += ["--bwrap", self.bwrap, "--", *self._bwrap(launch), "--", *self._agent(launch, spec)]
+            else:  # the helper makes pid 1, as for a launch made ahead but with every argument now
+                argv += ["--sock-fd", str(launch.helper_sock_fd), *self._pid1(launch), "--"]
+                argv += self._agent(launch, spec)
             self._start(launch, argv)
             return launch
         except BaseException:
@@ -164,11 +180,7 @@ class Launcher:
             launch.group = self.cgroups.create(launch.sid, memory_mb=kind.memory_mb, pids=kind.pids, cpus=kind.cpus)
             head = self._head(launch)
             head += ["--store-uid", str(STORE_UID_BASE), "--args-fd", str(launch.helper_sock_fd)]
-            # The helper does bubblewrap's part for a pre-made launch (native/sandrl-helper.c).
-            head += ["--hostname", launch.sid]
-            for path in _masked_proc():
-                head += ["--mask", path]
-            self._start(launch, head)
+            self._start(launch, [*head, *self._pid1(launch)])
             return launch
         except BaseException:
             launch.undo()
@@ -246,8 +258,17 @@ class Launcher:
             argv += ["--overlay", target, ",".join(str(i) for i in indices)]
         return argv
 
+    def _pid1(self, launch: Launch) -> list[str]:
+        """What the helper needs to make pid 1 itself as bubblewrap would with :meth:`_bwrap`'s
+        arguments (its hostname, the /proc entries masked; the rest is fixed in the helper)."""
+        argv = ["--hostname", launch.sid]
+        for path in _masked_proc():
+            argv += ["--mask", path]
+        return argv
+
     def _bwrap(self, launch: Launch) -> list[str]:
-        """bubblewrap's arguments (a full launch's; a pre-made one's helper does the same itself)."""
+        """bubblewrap's arguments (a full launch's with ``launcher="bubblewrap"``; the helper does
+        the same itself otherwise)."""
         argv = ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup"]
         argv += ["--hostname", launch.sid, "--bind", "/tmp/sandrl/root", "/", "--proc", "/proc", "--dev", "/dev"]
         # bubblewrap makes /dev as pid 1's uid, which the sandbox's root is not: /dev/shm (POSIX

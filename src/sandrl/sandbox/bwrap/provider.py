@@ -16,13 +16,13 @@ How one sandbox is made (``native/sandrl-helper.c`` does the privileged part, as
    with overlayfs over a tmpfs of ``disk_mb`` on top: the sandbox may write anywhere, the image
    never changes, and the writable layer vanishes with the namespace. It joins a fresh session
    keyring and drops to uid U with a clean environment.
-4. bubblewrap, run as U inside the outer namespace, adds pid, ipc, uts and cgroup namespaces,
-   ``/proc`` (a few host facts masked) and a minimal ``/dev``, and starts the agent as pid 1
-   with Docker's default capabilities. A launch made ahead for a fork's child
-   (:mod:`.premade`) does the same without bubblewrap: the helper makes pid 1 in those
-   namespaces, stages bubblewrap's ``/proc`` and ``/dev`` before the image is known, and hands
-   pid 1 the root as a detached mount to pivot into; ``tests/sandbox`` holds both launches to
-   the same surface.
+4. The helper makes pid 1 as bubblewrap would: as U inside the outer namespace it adds pid,
+   ipc, uts and cgroup namespaces, ``/proc`` (a few host facts masked) and a minimal ``/dev``,
+   hands pid 1 the root as a detached mount to pivot into, and pid 1 starts the agent with
+   Docker's default capabilities. A launch made ahead for a fork's child (:mod:`.premade`)
+   stages ``/proc`` and ``/dev`` before the image is known. ``launcher="bubblewrap"`` (or
+   ``$SANDRL_LAUNCHER=bubblewrap``) has bubblewrap make a full launch's pid 1 instead, for a host
+   that needs it (:mod:`.launch`); ``tests/sandbox`` holds every launch to the same surface.
 5. The agent puts itself under the seccomp filter (with no_new_privs) and runs every command in
    the inner namespace as root, with at most Docker's default capabilities, under that filter.
    It serves execs and file transfers over a socket until the provider closes it or dies, or
@@ -120,7 +120,7 @@ from sandrl.sandbox.bwrap.dockerfile.source import cached_image, fetch_image
 from sandrl.sandbox.bwrap.egress import EgressFilter, parse_allow
 from sandrl.sandbox.bwrap.helper_build import helper_path
 from sandrl.sandbox.bwrap.images import ImageStore, MountPlan
-from sandrl.sandbox.bwrap.launch import Launch, Launcher, PremadeKind
+from sandrl.sandbox.bwrap.launch import LAUNCHER_ENV, LAUNCHERS, Launch, Launcher, PremadeKind
 from sandrl.sandbox.bwrap.nat import require_nat, start_nat
 from sandrl.sandbox.bwrap.premade import PremadeLaunches
 from sandrl.sandbox.bwrap.protocol import AgentConnection
@@ -138,7 +138,8 @@ EGRESS_ALLOW_ENV = "SANDRL_EGRESS_ALLOW"
 
 
 class BwrapProvider:
-    """Makes :class:`BwrapSandbox` es on this host. Needs root, bubblewrap and cgroups."""
+    """Makes :class:`BwrapSandbox` es on this host. Needs root and cgroups (and bubblewrap with
+    ``launcher="bubblewrap"``)."""
 
     def __init__(
         self,
@@ -150,23 +151,28 @@ class BwrapProvider:
         bwrap: str | None = None,
         cgroup_root: Path = Path("/sys/fs/cgroup"),
         egress_allow: Sequence[str] | None = None,
+        launcher: str | None = None,
     ) -> None:
         """``egress_allow``: private address ranges (CIDR) that sandboxes with the network may reach
         (:func:`.egress.parse_allow`; default ``$SANDRL_EGRESS_ALLOW``, comma-separated, else none);
-        loopback and link-local never."""
+        loopback and link-local never. ``launcher``: what makes a create's pid 1, ``"helper"`` or
+        ``"bubblewrap"`` (:mod:`.launch`; default ``$SANDRL_LAUNCHER``, else ``"helper"``)."""
         if os.geteuid() != 0:
             raise SandboxUnavailableError(
                 "the bubblewrap sandbox backend must run as root (it sets up idmapped mounts and cgroups, "
                 "and then runs every sandbox as an unprivileged uid); run as root, or use a sandbox service "
                 "(`sandrl serve sandboxes`) on a host where you can"
             )
+        self.launcher_name = _launcher_name(launcher)
         found = bwrap or shutil.which("bwrap")
-        if found is None or not os.access(found, os.X_OK):
+        usable = found is not None and os.access(found, os.X_OK)
+        if self.launcher_name == "bubblewrap" and not usable:
             raise SandboxUnavailableError(
                 "bubblewrap is not installed: install it (Debian: apt-get install bubblewrap) "
                 "or run scripts/bootstrap.sh"
             )
-        self.bwrap = found
+        self.bwrap = found if usable else None
+        """bubblewrap's path where it is installed (a launch runs it only with ``launcher="bubblewrap"``)."""
         _raise_fd_limit()  # one socket per live sandbox: hundreds at once
         self.state = StateDir(Path(state_dir) if state_dir is not None else DEFAULT_STATE_DIR)
         self.images = ImageStore(self.state.root / "images")
@@ -183,7 +189,8 @@ class BwrapProvider:
         self.live: set[BwrapSandbox] = set()
         self._creating = 0
         self._identity = process_identity()
-        self.launcher = Launcher(self.state, self.cgroups, self.helper, self.bwrap, self._identity)
+        by_bwrap = self.bwrap if self.launcher_name == "bubblewrap" else None
+        self.launcher = Launcher(self.state, self.cgroups, self.helper, by_bwrap, self._identity)
         self.premade = PremadeLaunches(self.launcher)
         self._abandoned: set[asyncio.Task[None]] = set()
         """Undoing the launches whose creator was cancelled while they ran (:meth:`close_all` waits for them)."""
@@ -394,6 +401,14 @@ class BwrapProvider:
         self.premade.close_sync()
         for sandbox in list(self.live):
             sandbox._cleanup_sync()
+
+
+def _launcher_name(given: str | None) -> str:
+    name = given if given is not None else os.environ.get(LAUNCHER_ENV, "").strip() or LAUNCHERS[0]
+    if name not in LAUNCHERS:
+        where = "launcher" if given is not None else f"${LAUNCHER_ENV}"
+        raise ConfigError(f"{where}: unknown launcher {name!r}; use one of {', '.join(LAUNCHERS)}")
+    return name
 
 
 def _egress_allow(given: Sequence[str] | None) -> tuple[IPv4Network, ...]:

@@ -7,11 +7,13 @@
  *       makes the sandbox's user namespace (sandbox root = an unprivileged host uid range),
  *       builds the copy-on-write root in a *private* mount namespace (idmapped read-only
  *       image layers + overlayfs over a size-limited tmpfs), drops to the sandbox's host uid
- *       and execs bubblewrap, which adds the pid/net/ipc/uts/cgroup namespaces, /proc and
- *       /dev, and runs the agent as pid 1. Every mount lives only in namespaces the sandbox
- *       owns, so nothing is left on the host whatever happens to the processes. A launch made
- *       ahead (--args-fd) does bubblewrap's part itself, before its image is known: see
- *       "pid 1 made ahead" below.
+ *       and makes pid 1 itself in the pid/ipc/uts/cgroup namespaces, with /proc and /dev as
+ *       bubblewrap makes them, and runs the agent as pid 1 (see "pid 1 made by the helper"
+ *       below): a full launch (--sock-fd) with every argument on its command line, a launch
+ *       made ahead (--args-fd) with the image's part over its socket when it is taken. Every
+ *       mount lives only in namespaces the sandbox owns, so nothing is left on the host
+ *       whatever happens to the processes. With --bwrap (a host that needs bubblewrap: the
+ *       provider's launcher="bubblewrap") it execs bubblewrap instead, which does the same.
  *
  *   sandrl-helper agent ...    runs inside the sandbox as its pid 1, root of the outer user
  *       namespace; it makes the nested one the sandbox's commands run in (as its root, with
@@ -444,10 +446,11 @@ struct launch_opts {
     unsigned long long tmpfs_bytes;
     const char *bwrap;
     int args_fd;
-    const char *hostname;        /* pid 1 made ahead: the sandbox's hostname */
-    const char *masks[MAX_MASKS]; /* pid 1 made ahead: the /proc entries that read as empty */
+    int sock_fd;                 /* pid 1 made by the helper: the provider's socket, pid 1's to serve */
+    const char *hostname;        /* pid 1 made by the helper: the sandbox's hostname */
+    const char *masks[MAX_MASKS]; /* pid 1 made by the helper: the /proc entries that read as empty */
     int n_masks;
-    char **rest; /* bubblewrap's arguments (after --); with pid 1 made ahead, pid 1's */
+    char **rest; /* bubblewrap's arguments (after --); with pid 1 made by the helper, pid 1's */
     int n_rest;
 };
 
@@ -478,6 +481,8 @@ static void parse_launch_opts(int argc, char **argv, struct launch_opts *o) {
             o->bwrap = argv[++i];
         } else if (!strcmp(a, "--args-fd") && i + 1 < argc) {
             o->args_fd = atoi(argv[++i]);
+        } else if (!strcmp(a, "--sock-fd") && i + 1 < argc) {
+            o->sock_fd = atoi(argv[++i]);
         } else if (!strcmp(a, "--hostname") && i + 1 < argc) {
             o->hostname = argv[++i];
         } else if (!strcmp(a, "--mask") && i + 1 < argc && o->n_masks < MAX_MASKS) {
@@ -566,10 +571,14 @@ static void private_mount_namespace(void) {
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL)) die("making / private");
 }
 
-/* The writable layer (in the private mount namespace); the layers cloned before the tmpfs covers
- * /tmp, where a state directory may be. */
-static void start_root(const struct launch_opts *o, int *layer_fds) {
+/* The image's layers as detached mounts, cloned before the writable layer's tmpfs covers /tmp,
+ * where a state directory may be. */
+static void clone_layers(const struct launch_opts *o, int *layer_fds) {
     for (int l = 0; l < o->n_layers; l++) layer_fds[l] = clone_layer(o->layers[l]);
+}
+
+/* The writable layer (in the private mount namespace), once the layers are cloned. */
+static void start_root(const struct launch_opts *o) {
     char opts[128];
     snprintf(opts, sizeof opts, "size=%llu,mode=0755", o->tmpfs_bytes);
     if (mount("sandrl", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, opts)) die("mounting the writable layer");
@@ -637,18 +646,18 @@ static void finish_root(const struct launch_opts *o, int *layer_fds, const struc
 }
 
 
-/* ---------------------------------------------------------------- pid 1 made ahead
+/* ---------------------------------------------------------------- pid 1 made by the helper
  *
- * A pre-made launch (--args-fd) does bubblewrap's part itself, while nobody waits: a full launch
- * pays ~3 ms of CPU for bubblewrap (its C library's start-up, and a parse of the whole mount table
- * after each of its ~17 bind mounts), which a fork's 16 children pay at once. Pid 1 is made with
- * the sandbox's namespaces as bubblewrap makes them (pid, mount, ipc, uts and cgroup ones, inside
- * the outer user namespace, so every mount copied into its mount namespace is locked), and builds
- * bubblewrap's /proc and /dev at a staging place. When the provider hands the launch a sandbox,
- * the launcher builds the root as for any launch and passes it to pid 1 as a detached mount
- * (open_tree); pid 1 attaches it, moves /proc and /dev into it, pivots into it and execs the agent
- * as bubblewrap would: Docker's capabilities, a new session, no environment. The tests that hold
- * the sandbox's surface to bubblewrap's run on sandboxes made both ways. */
+ * The helper does bubblewrap's part itself: bubblewrap costs ~3 ms of CPU per launch (its C
+ * library's start-up, and a parse of the whole mount table after each of its ~17 bind mounts),
+ * which a fork's 16 children pay at once and every cold create waits for. Pid 1 is made with the
+ * sandbox's namespaces as bubblewrap makes them (pid, mount, ipc, uts and cgroup ones, inside the
+ * outer user namespace, so every mount copied into its mount namespace is locked), and builds
+ * bubblewrap's /proc and /dev at a staging place while the launcher builds the root (for a
+ * launch made ahead, before the image is known). The launcher passes the root to pid 1 as a
+ * detached mount (open_tree); pid 1 attaches it, moves /proc and /dev into it, pivots into it and
+ * execs the agent as bubblewrap would: Docker's capabilities, a new session, no environment. The
+ * tests that hold the sandbox's surface to bubblewrap's run on sandboxes made every way. */
 
 #define PID1_STAGE "/tmp"
 
@@ -912,16 +921,38 @@ static pid_t start_pid1(const struct launch_opts *o, const struct launch_ns *ns,
     return c;
 }
 
-/* A pre-made launch, from its namespaces to the monitor of its pid 1. */
-static int premade_main(struct launch_opts *o) {
+/* The root's arguments are complete: the layers, the writable layer's size, an overlay, pid 1's
+ * command line; a store layer needs the store's uid range. */
+static void check_root_opts(const struct launch_opts *o, int with_store, const char *rest) {
+    for (int l = 0; l < o->n_layers; l++)
+        if (o->store_layer[l] && !with_store) {
+            errno = 0;
+            die("launch: --store-layer needs --store-uid");
+        }
+    if (o->tmpfs_bytes == 0 || o->n_ov == 0 || o->n_rest == 0) {
+        errno = 0;
+        die("launch: need --tmpfs-bytes, --overlay and %s after --", rest);
+    }
+}
+
+/* A launch whose pid 1 the helper makes, from its namespaces to the monitor of its pid 1: a full
+ * one (--sock-fd: every argument on the command line) or one made ahead (--args-fd: the image's
+ * part comes over the socket when the launch is taken). */
+static int pid1_launch_main(struct launch_opts *o) {
     struct launch_ns ns;
     int layer_fds[MAX_LAYERS];
+    int ahead = o->args_fd >= 0;
+    if (ahead) o->sock_fd = o->args_fd;
     int with_store = o->store_uid != 0;
+    if (!ahead) check_root_opts(o, with_store, "pid 1's arguments");
     start_namespaces(&ns, o, with_store);
+    private_mount_namespace();
+    /* A full launch clones its layers while the children make the namespaces (no mount yet: pid 1's
+     * mount namespace is copied from this one below, and must hold none of the root's). */
+    if (!ahead) clone_layers(o, layer_fds);
     finish_namespaces(&ns, o, with_store);
     enter_network_namespace(&ns.sandbox);
-    reap_children();
-    private_mount_namespace();
+    if (ahead) reap_children();
     int self_fd = open("/proc/self/exe", O_RDONLY); /* pid 1 execs the agent through it */
     if (self_fd < 0) die("open /proc/self/exe");
     int pair[2];
@@ -930,41 +961,37 @@ static int premade_main(struct launch_opts *o) {
     close(pair[1]);
     close(self_fd);
 
-    /* Wait for a sandbox to be given, or for pid 1's end (this launch is then of no use: the
-     * provider finds it dead and discards it). */
-    struct pollfd pf[2] = {{.fd = o->args_fd, .events = POLLIN}, {.fd = pair[0], .events = POLLIN}};
-    while (poll(pf, 2, -1) < 0)
-        if (errno != EINTR) die("poll");
-    if (pf[1].revents && !pf[0].revents) {
-        errno = 0;
-        die("the sandbox's pid 1 ended before it was used");
-    }
-    int more_argc;
-    char **more_argv;
-    read_launch_args(o->args_fd, &more_argc, &more_argv);
-    o->rest = NULL;
-    o->n_rest = 0;
-    parse_launch_opts(more_argc, more_argv, o);
-    for (int l = 0; l < o->n_layers; l++)
-        if (o->store_layer[l] && !with_store) {
+    if (ahead) {
+        /* Wait for a sandbox to be given, or for pid 1's end (this launch is then of no use: the
+         * provider finds it dead and discards it). */
+        struct pollfd pf[2] = {{.fd = o->args_fd, .events = POLLIN}, {.fd = pair[0], .events = POLLIN}};
+        while (poll(pf, 2, -1) < 0)
+            if (errno != EINTR) die("poll");
+        if (pf[1].revents && !pf[0].revents) {
             errno = 0;
-            die("launch: --store-layer needs --store-uid");
+            die("the sandbox's pid 1 ended before it was used");
         }
-    if (o->tmpfs_bytes == 0 || o->n_ov == 0 || o->n_rest == 0) {
-        errno = 0;
-        die("launch: need --tmpfs-bytes, --overlay and pid 1's arguments after --");
+        int more_argc;
+        char **more_argv;
+        read_launch_args(o->args_fd, &more_argc, &more_argv);
+        o->rest = NULL;
+        o->n_rest = 0;
+        parse_launch_opts(more_argc, more_argv, o);
+        check_root_opts(o, with_store, "pid 1's arguments");
+        clone_layers(o, layer_fds);
     }
-    start_root(o, layer_fds);
+    start_root(o);
     finish_root(o, layer_fds, &ns);
     int root = (int)syscall(SYS_open_tree, AT_FDCWD, STAGE "/root", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
     if (root < 0) die("open_tree %s", STAGE "/root");
     send_root(pair[0], root, o->rest, o->n_rest);
     close(root);
     close(pair[0]);
-    close(o->args_fd); /* the provider's socket is pid 1's now */
+    if (o->sock_fd >= 0) close(o->sock_fd); /* the provider's socket is pid 1's now */
     close(ns.userns_fd);
     close(ns.inner_fd);
     if (ns.store_fd >= 0) close(ns.store_fd);
+    reap_children();
 
     /* The monitor, as bubblewrap's: unprivileged, it ends with pid 1 and with its status. */
     drop_to_uid(o->uid);
@@ -981,15 +1008,16 @@ static int launch_main(int argc, char **argv) {
     struct launch_opts o;
     memset(&o, 0, sizeof o);
     o.bwrap = "/usr/bin/bwrap";
-    o.args_fd = -1;
+    o.args_fd = o.sock_fd = -1;
     parse_launch_opts(argc - 1, argv + 1, &o);
     if (o.uid == 0) {
         errno = 0;
         die("launch: need --uid");
     }
-    /* Pre-made: every namespace and pid 1 now, while nobody waits; the image and the sandbox's
-     * own arguments when the provider hands this launch a sandbox. */
-    if (o.args_fd >= 0) return premade_main(&o);
+    /* The helper makes pid 1: in full now (--sock-fd), or ahead (--args-fd: every namespace and
+     * pid 1 now, while nobody waits; the image and the sandbox's own arguments when the provider
+     * hands this launch a sandbox). Otherwise (--bwrap) bubblewrap makes it. */
+    if (o.args_fd >= 0 || o.sock_fd >= 0) return pid1_launch_main(&o);
     struct launch_ns ns;
     int layer_fds[MAX_LAYERS];
     if (o.tmpfs_bytes == 0 || o.n_ov == 0 || o.n_rest == 0) {
@@ -1008,7 +1036,8 @@ static int launch_main(int argc, char **argv) {
     }
     start_namespaces(&ns, &o, with_store);
     private_mount_namespace();
-    start_root(&o, layer_fds);
+    clone_layers(&o, layer_fds);
+    start_root(&o);
     stage_for_bwrap(&o);
     finish_namespaces(&ns, &o, with_store);
     finish_root(&o, layer_fds, &ns);
