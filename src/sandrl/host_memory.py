@@ -49,11 +49,13 @@ def _mem_available_bytes() -> int | None:
     return None if kb is None else kb * 1024
 
 
-def process_memory_bytes() -> tuple[int, int] | None:
-    """This process's resident memory now and its peak (``VmRSS``, ``VmHWM``), in bytes; None if unknown."""
+def process_memory_bytes(pid: int | None = None) -> tuple[int, int] | None:
+    """A process's resident memory now and its peak (``VmRSS``, ``VmHWM``), in bytes; None if unknown.
+
+    ``pid``: this process when None."""
     values: dict[str, int] = {}
     try:
-        with open("/proc/self/status") as f:
+        with open(f"/proc/{'self' if pid is None else pid}/status") as f:
             for line in f:
                 if line.startswith(("VmRSS:", "VmHWM:")):
                     values[line[:5]] = int(line.split()[1]) * 1024

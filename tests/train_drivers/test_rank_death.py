@@ -63,3 +63,4 @@ def test_a_killed_rank_stops_the_run_in_one_line_and_the_same_command_resumes(tm
     assert [m["data_position"] for m in lines] == [1, 2, 3]
     assert [m["samples_trained"] for m in lines] == [2] * 3
     assert [m["total_episodes"] for m in lines] == [2, 4, 6]
+    assert all(m["rss_ranks_mb"] > 0 for m in lines)  # the ranks' memory, beside the driver's

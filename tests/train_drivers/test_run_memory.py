@@ -34,4 +34,6 @@ async def test_thirty_steps_of_a_flat_workload_keep_the_drivers_memory_flat(
     rss = [s["rss_mb"] for s in steps]
     assert all(s["rss_peak_mb"] >= s["rss_mb"] > 0 for s in steps)
     assert max(rss[10:]) <= GROWTH * rss[9], f"the driver's memory grew step after step: {[round(r) for r in rss]} MiB"
-    assert console.export_text().count(" rss ") == STEPS  # each step's line says it
+    text = console.export_text()
+    assert text.count(" rss ") == text.count(" (peak ") == STEPS  # each step's line says it, and the peak so far
+    assert all("rss_ranks_mb" not in s for s in steps)  # the trainer runs in the driver: no rank processes

@@ -34,7 +34,7 @@ class EpisodeProgress:
             text = " ".join(f"{k}={v}" for k, v in sorted(self.counts.items()))
             memory = process_memory_bytes()
             if memory is not None:  # an eval that holds more and more shows it
-                text += f" rss={memory[0] / 2**30:.1f}G"
+                text += f" rss={memory[0] / 2**30:.1f}G peak={memory[1] / 2**30:.1f}G"
             self._progress.update(self._task, advance=1, detail=text)
 
     def __enter__(self) -> EpisodeProgress:

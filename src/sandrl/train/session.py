@@ -80,13 +80,19 @@ class StepTrainer(Protocol):
         """Let go of what the trainer holds (its rank processes); a trainer in this process holds nothing."""
 
 
-def _memory() -> dict[str, float]:
+def _memory(trainer: StepTrainer | None) -> dict[str, float]:
     """The driver process's resident memory now and at its peak (MiB): a run whose memory grows
-    step after step on a flat workload shows it in every line."""
+    step after step on a flat workload shows it in every line. A trainer of rank processes on this
+    host (``[train] processes``) adds theirs, summed (``rss_ranks_mb``); the engines a run launched
+    (``[inference] launch``) and the sandboxes are not counted."""
     memory = process_memory_bytes()
     if memory is None:
         return {}
-    return {"rss_mb": memory[0] / 2**20, "rss_peak_mb": memory[1] / 2**20}
+    record = {"rss_mb": memory[0] / 2**20, "rss_peak_mb": memory[1] / 2**20}
+    ranks = [m[0] for pid in getattr(trainer, "pids", ()) if (m := process_memory_bytes(pid)) is not None]
+    if ranks:
+        record["rss_ranks_mb"] = sum(ranks) / 2**20
+    return record
 
 
 @dataclass
@@ -281,7 +287,7 @@ class Session:
             **adapted.truncation.metrics(),
             **(self._mix_report.step(items, self._low, self._consumed) if self._mix_report else {}),
             **{f"total_{k}": v for k, v in vars(c).items()},
-            **_memory(),
+            **_memory(self.trainer),
             **extra,
             **{f"train/{k}": v for k, v in trained.items()},
         }
@@ -310,7 +316,9 @@ class Session:
             f"trained {r['groups_trained']}/{r['groups']} groups"
         )
         if "rss_mb" in r:
-            line += f"  rss {r['rss_mb'] / 1024:.1f}G"
+            line += f"  rss {r['rss_mb'] / 1024:.1f}G (peak {r['rss_peak_mb'] / 1024:.1f}G)"
+            if "rss_ranks_mb" in r:
+                line += f" ranks {r['rss_ranks_mb'] / 1024:.1f}G"
         if self._began is not None and r["step"] < self.config.run.steps:
             began, before = self._began
             per_step = (time.monotonic() - began) / max(r["step"] - before, 1)
