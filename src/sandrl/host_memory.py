@@ -3,24 +3,44 @@
 Admission checks ask for ``MemAvailable`` on every create, and a burst of hundreds of creates
 would read the file hundreds of times in a second (the kernel sums every zone for each read):
 :func:`mem_available_bytes` takes a ``max_age_s`` so that those callers share a reading
-(:func:`sandrl.recent.recent`).
+(:func:`recent`, which the host's other readings shared for a moment use too: its pressure, the
+egress rules' resolvers and addresses). Measurements (a benchmark's before and after) read fresh.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-from collections.abc import Callable
-
-from sandrl.recent import recent
+import time
+from collections.abc import Callable, Hashable
+from typing import Any, TypeVar
 
 __all__ = [
     "ADMISSION_MEMORY_AGE_S",
     "mem_available_bytes",
     "meminfo_kb",
     "process_memory_bytes",
+    "recent",
     "release_freed_memory",
 ]
+
+T = TypeVar("T")
+
+_taken: dict[Hashable, tuple[float, Any]] = {}
+
+
+def recent(key: Hashable, read: Callable[[], T], max_age_s: float = 0.0) -> T:
+    """``read()``, or the last result read for ``key`` if it is at most ``max_age_s`` old (0: read now): a
+    burst of callers asking the kernel the same thing gets one answer a few milliseconds old."""
+    now = time.monotonic()
+    if max_age_s > 0:
+        taken, value = _taken.get(key, (float("-inf"), None))
+        if now - taken <= max_age_s:
+            return value  # type: ignore[no-any-return]
+    value = read()
+    _taken[key] = (now, value)
+    return value
+
 
 ADMISSION_MEMORY_AGE_S = 0.05
 """How old a reading an admission check accepts: a burst's creates share one."""

@@ -35,7 +35,7 @@ from ipaddress import IPv4Address, IPv4Network, IPv6Address
 from pathlib import Path
 
 from sandrl.errors import ConfigError, SandboxCreateError
-from sandrl.recent import recent
+from sandrl.host_memory import recent
 from sandrl.sandbox.bwrap import bpf
 
 __all__ = ["NEVER", "PRIVATE", "EgressFilter", "EgressRules", "parse_allow"]
