@@ -82,8 +82,15 @@ async def _cold(provider: BwrapProvider, spec: SandboxSpec, n: int, tick: Callab
 
 
 async def _warm(
-    provider: BwrapProvider, spec: SandboxSpec, n: int, pool_size: int, tick: Callable[[], None]
+    provider: BwrapProvider,
+    spec: SandboxSpec,
+    n: int,
+    pool_size: int,
+    tick: Callable[[], None],
+    *,
+    refilled: bool = False,
 ) -> list[float]:
+    """``refilled``: each take finds the pool full (the refill waited for), not after a fixed pause."""
     pooled = PooledProvider(provider, pools=[(spec, pool_size)])
     pool = pooled.pool(spec)
     assert pool is not None
@@ -96,8 +103,11 @@ async def _warm(
             await sandbox.exec("true")
             out.append(time.perf_counter() - t)
             await sandbox.close()
-            # Episodes arrive at a finite rate; give the refill the time one create takes.
-            await asyncio.sleep(0.01)
+            if refilled:
+                await pool.wait_full()
+            else:
+                # Episodes arrive at a finite rate; give the refill the time one create takes.
+                await asyncio.sleep(0.01)
             tick()
     finally:
         await pooled.close()

@@ -302,6 +302,22 @@ def bench_sandbox(
     emit(result)
 
 
+@app.command("density")
+def bench_density(
+    live: int = typer.Option(10_000, help="Idle sandboxes live at once."),
+    samples: int = typer.Option(50, help="Warm creates measured at each level (0, 1,000 and --live live)."),
+    net_share: float = typer.Option(0.05, help="The share of the live sandboxes with network=True."),
+    json_only: bool = typer.Option(False, "--json", help="Print only the JSON line."),
+) -> None:
+    """Many idle live sandboxes: host memory each, warm create at 0, 1,000 and N live, close all, leftovers."""
+    from sandrl.bench.density import run
+
+    if live < 1 or samples < 1 or not 0 <= net_share <= 1:
+        raise SandrlError("--live and --samples must be at least 1, and --net-share between 0 and 1")
+    console = rich_console(quiet=json_only)
+    emit(asyncio.run(run(live=live, samples=samples, net_share=net_share, console=console)))
+
+
 @app.command("cluster")
 def bench_cluster(
     episodes: int = typer.Option(32, help="Episodes on each side (groups of 2)."),

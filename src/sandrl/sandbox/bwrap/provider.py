@@ -421,11 +421,22 @@ def _egress_allow(given: Sequence[str] | None) -> tuple[IPv4Network, ...]:
         raise ConfigError(f"${EGRESS_ALLOW_ENV}: {exc}") from None
 
 
+FD_LIMIT = 65536
+"""Open files the provider asks for at least: one socket per live sandbox (and one pipe more with the
+network), 10,000 live and the service's clients besides. Root may raise the hard limit up to the
+kernel's ``fs.nr_open``; the sandboxes inherit it, as a container's processes get Docker's 1048576."""
+
+
 def _raise_fd_limit() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    want = max(hard, FD_LIMIT)
+    with contextlib.suppress(OSError, ValueError), open("/proc/sys/fs/nr_open") as f:
+        want = min(want, int(f.read()))
+    for limit in (want, hard):  # a hard limit above the current one needs CAP_SYS_RESOURCE
+        if soft < limit:
+            with contextlib.suppress(ValueError, OSError):
+                resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+                return
 
 
 _LIVE_PROVIDERS: weakref.WeakSet[BwrapProvider] = weakref.WeakSet()

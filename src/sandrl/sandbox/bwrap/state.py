@@ -46,7 +46,11 @@ DEFAULT_UID_BASE = 0x70000000
 STORE_UID_BASE = 0x6FFF0000
 """On-disk owner of the image store's files: uid n of an image is host uid ``STORE_UID_BASE + n``,
 never host root, and no slot's range (those start at DEFAULT_UID_BASE)."""
-DEFAULT_SLOTS = 4096
+MAX_SLOTS = (0xFFFFFFFF - DEFAULT_UID_BASE) // SLOT_STRIDE
+"""The most slots above DEFAULT_UID_BASE whose uid ranges stay below 2**32 - 1 (the invalid uid): 18,431."""
+DEFAULT_SLOTS = 16384
+"""Slots (live sandboxes) a host may hold, all providers together: 10,000 idle sandboxes with room to spare
+(4,096 stopped a host at 4,096 live, well before its memory did)."""
 DEFAULT_SLOTS_DIR = Path(os.environ.get("SANDRL_SLOTS_DIR", "/run/sandrl/slots"))
 
 

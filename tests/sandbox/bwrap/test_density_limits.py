@@ -1,0 +1,67 @@
+"""What 10,000 live sandboxes on one host need of the provider's bookkeeping (issue #45, item 3).
+
+``sandrl bench density`` (and ``tests/bench/test_density.py``) fill a host; these hold the limits
+and per-create costs that grew with the number of live sandboxes to what was fixed.
+"""
+
+from __future__ import annotations
+
+import resource
+from pathlib import Path
+
+import pytest
+
+from sandrl.sandbox.bwrap import BwrapProvider, cgroups
+from sandrl.sandbox.bwrap.provider import FD_LIMIT
+from sandrl.sandbox.bwrap.state import DEFAULT_SLOTS, DEFAULT_UID_BASE, MAX_SLOTS, SLOT_STRIDE, UID_RANGE
+
+
+def test_slots_for_ten_thousand_live_sandboxes_within_the_uid_space() -> None:
+    # 4,096 slots refused the 4,097th live sandbox of a host, whatever its memory.
+    assert DEFAULT_SLOTS >= 10_000
+    assert DEFAULT_SLOTS <= MAX_SLOTS
+    last_uid = DEFAULT_UID_BASE + (DEFAULT_SLOTS - 1) * SLOT_STRIDE + UID_RANGE
+    assert last_uid < 0xFFFFFFFF  # (uid_t)-1 is no uid
+
+
+def test_fd_limit_raised_for_a_socket_per_live_sandbox(provider: BwrapProvider) -> None:
+    with open("/proc/sys/fs/nr_open") as f:
+        nr_open = int(f.read())
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert soft == hard
+    if _has_cap(CAP_SYS_RESOURCE):  # raising the hard limit needs it (a container may not grant it)
+        assert hard >= min(FD_LIMIT, nr_open)
+
+
+CAP_SYS_RESOURCE = 24
+
+
+def _has_cap(cap: int) -> bool:
+    with open("/proc/self/status") as f:
+        eff = next(int(line.split()[1], 16) for line in f if line.startswith("CapEff:"))
+    return bool(eff >> cap & 1)
+
+
+def test_a_cpu_limit_is_one_bandwidth_write(provider: BwrapProvider, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each write of a CPU group's period or quota makes the kernel check every CPU group of the host
+    (``tg_set_cfs_bandwidth``'s walk of the task-group tree): O(live sandboxes) per write, so a create
+    writes only the quota where the new group's period is the default already."""
+    if provider.cgroups.version != 1 or "cpu" not in provider.cgroups.bases:
+        pytest.skip("a cgroup v1 cpu hierarchy (cgroup v2 writes cpu.max once)")
+    written: list[Path] = []
+    real = cgroups._write
+
+    def recording(path: Path, value: str) -> None:
+        written.append(path)
+        real(path, value)
+
+    monkeypatch.setattr(cgroups, "_write", recording)
+    group = provider.cgroups.create("sb-density-cpu", memory_mb=64, pids=32, cpus=0.5)
+    try:
+        cpu_writes = [p.name for p in written if p.name.startswith("cpu.cfs_")]
+        assert cpu_writes == ["cpu.cfs_quota_us"]
+        assert group.cpu is not None
+        assert (group.cpu / "cpu.cfs_period_us").read_text().strip() == "100000"
+        assert (group.cpu / "cpu.cfs_quota_us").read_text().strip() == "50000"
+    finally:
+        group.remove()
