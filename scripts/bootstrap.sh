@@ -36,3 +36,23 @@ if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$want" ]]; then
     "$VENV/bin/pip" install -q -e ".[$EXTRAS]"
     echo "$want" >"$STAMP"
 fi
+
+# Host limits for many live sandboxes (`sandrl bench density --live 10000`): raised, never lowered,
+# and skipped where /proc/sys is read-only (a container; its host decides).
+raise_sysctl() { # NAME VALUE WHY
+    local path="/proc/sys/${1//.//}" have
+    have=$(cat "$path" 2>/dev/null) || return 0
+    if ((have < $2)); then
+        if echo "$2" >"$path" 2>/dev/null; then echo "bootstrap: $1 $have -> $2 ($3)"; else echo "bootstrap: cannot raise $1 ($have) to $2: $3" >&2; fi
+    fi
+}
+if [[ $(id -u) -eq 0 ]]; then
+    # Each idle sandbox is 2 processes (pid 1 and its monitor), 3 with the network (slirp4netns): the
+    # default 32768 pids cap a host at ~15,000 idle sandboxes less everything else it runs.
+    raise_sysctl kernel.pid_max 4194304 "2-3 processes per live sandbox"
+    # Each sandbox makes two user namespaces (outer and inner, counted against root, who makes them)
+    # and one each of mount, network, pid, ipc, uts and cgroup namespaces.
+    for ns in user mnt net pid ipc uts cgroup; do
+        raise_sysctl "user.max_${ns}_namespaces" 65536 "2 user namespaces and one of each other kind per live sandbox"
+    done
+fi
