@@ -14,9 +14,10 @@ agent. Blocking throughout: run it in a thread.
 
 Which program makes a full launch's pid 1 is the provider's ``launcher`` (:data:`LAUNCHERS`):
 ``"helper"`` (the default: the helper, as above) or ``"bubblewrap"`` (the helper builds the root
-and execs bubblewrap, which makes the namespaces, /proc, /dev and pid 1: for a host whose kernel
-refuses the helper's way, e.g. no ``open_tree``/``move_mount``; a launch made ahead always uses
-the helper). ``$SANDRL_LAUNCHER`` sets it where the provider is not made in code.
+and execs bubblewrap, which makes the pid, ipc, uts and cgroup namespaces, /proc, /dev and pid 1:
+for a host that needs it, e.g. a security module's policy that lets bubblewrap make namespaces
+and mounts but not the helper; a launch made ahead always uses the helper). ``$SANDRL_LAUNCHER``
+sets it where the provider is not made in code.
 """
 
 from __future__ import annotations
