@@ -135,9 +135,18 @@ class AgentConnection:
         self.closed = asyncio.Event()
         self.close_reason: str = ""
         self.hello: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._on_close: list[Callable[[], None]] = []
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._read_loop(), name="sandrl-agent-reader")
+
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` when the connection dies (closed, or the agent's end gone): a callback, not
+        a task waiting on :attr:`closed`, so an idle sandbox costs its provider one task (the reader)."""
+        if self.closed.is_set():
+            asyncio.get_running_loop().call_soon(callback)
+        else:
+            self._on_close.append(callback)
 
     def new_id(self) -> int:
         return next(self._ids)
@@ -201,6 +210,9 @@ class AgentConnection:
         routes, self._routes = self._routes, {}
         for handler in routes.values():
             handler(None)
+        callbacks, self._on_close = self._on_close, []
+        for callback in callbacks:
+            callback()
 
     async def close(self) -> None:
         self._die("the sandbox was closed")

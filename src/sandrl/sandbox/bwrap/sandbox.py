@@ -136,7 +136,10 @@ class BwrapSandbox(SandboxBase):
         """Done once its first command has ended (or the sandbox has): until then a new sandbox is
         still starting, and background work that can wait does (:mod:`.premade`'s refills)."""
         self._ttl_timer = loop.call_later(spec.ttl_s, self._expire)
-        self._watch = asyncio.create_task(self._watch_death(), name=f"sandrl-watch-{sid}")
+        self._watch: asyncio.Task[None] | None = None
+        """Diagnoses and closes a sandbox whose agent ended on its own; made only then (a task per live
+        sandbox cost ~1 KiB of the provider's memory each, and 10,000 of them)."""
+        conn.on_close(self._connection_lost)
 
     uid: int = 0
     """Host uid of root inside the sandbox (inside uid n is host uid ``uid + n``)."""
@@ -155,8 +158,11 @@ class BwrapSandbox(SandboxBase):
     def closed(self) -> bool:
         return self._closing is not None
 
+    def _connection_lost(self) -> None:
+        if self._closing is None and self._watch is None:
+            self._watch = asyncio.get_running_loop().create_task(self._watch_death(), name=f"sandrl-watch-{self.id}")
+
     async def _watch_death(self) -> None:
-        await self._conn.closed.wait()
         if self._closing is None:
             if time.time() < self.expires_at - 1:
                 self.close_reason = self._conn.close_reason
@@ -198,7 +204,7 @@ class BwrapSandbox(SandboxBase):
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(1.0):
                     await self._conn.closed.wait()
-        if self._conn.closed.is_set() and not self._watch.done():
+        if self._conn.closed.is_set() and self._watch is not None and not self._watch.done():
             await asyncio.wait([self._watch])
         return self.crash or self._closed_error()
 
@@ -262,7 +268,7 @@ class BwrapSandbox(SandboxBase):
         await wait_exited(self._proc, 2.0)
         await asyncio.get_running_loop().run_in_executor(HOST_CLEANUP, self._remove_traces)
         self._run_close_callbacks()
-        if self._watch is not asyncio.current_task():
+        if self._watch is not None and self._watch is not asyncio.current_task():
             self._watch.cancel()
 
     def _remove_traces(self) -> None:
