@@ -6,7 +6,8 @@ and with them, in one run on one host:
 - **host memory each**: ``MemAvailable`` before the first create and with all N live, over N
   (everything the host gave up: the sandboxes' processes and their cgroups' kernel memory, the
   kernel objects no cgroup is charged for, and the provider's own growth); beside it the sum of the
-  sandboxes' memory cgroups and the provider process's RSS growth, each over N;
+  sandboxes' memory cgroups, the provider process's RSS growth and the growth of the kernel's
+  unreclaimable slab (``SUnreclaim``: most of what no cgroup is charged for), each over N;
 - **warm create -> first exec p50** at 0, 1,000 and N live, the same spec each time, from a warm
   pool that was full before each take (what a warm create is: its sandbox was ready);
 - **the time to close all N**, and **what is left after** (nothing): records, cgroups and processes
@@ -86,23 +87,54 @@ def _own_view() -> dict[str, int]:
     }
 
 
+MEMORY_FLOOR_SHARE = 0.1
+"""The fill stops while the host has less than this share of its memory available (other work shares it)."""
+MIN_FILL_RATE = 5.0
+"""Creates per second, over the last :data:`RATE_WINDOW`, under which the fill stops: the host has stalled
+(on the 2-core VM at ~6,000 live, its kernel spent 84% of the CPU reclaiming memory, ``shrink_slab``)."""
+RATE_WINDOW = 200
+
+
 async def _fill(
-    provider: BwrapProvider, live: list[BwrapSandbox], target: int, net_every: int, tick: Callable[[], None]
+    provider: BwrapProvider,
+    live: list[BwrapSandbox],
+    target: int,
+    net_every: int,
+    tick: Callable[[], None],
+    stopped: list[str],
 ) -> list[BaseException]:
-    """Create sandboxes until ``live`` holds ``target``: every ``net_every``-th with the network."""
+    """Create sandboxes until ``live`` holds ``target`` (every ``net_every``-th with the network), or the
+    host is at its limit: then the reason is appended to ``stopped`` and the rest are not made."""
     sem = asyncio.Semaphore(CREATE_CONCURRENCY)
     errors: list[BaseException] = []
     plain, net = SandboxSpec(), SandboxSpec(network=True)
+    floor_kb = int((meminfo_kb("MemTotal") or 0) * MEMORY_FLOOR_SHARE)
+    made: list[float] = []
+
+    def at_limit() -> str | None:
+        available = meminfo_kb("MemAvailable")
+        if available is not None and available < floor_kb:
+            return f"the host had {available >> 10} MiB of memory available, under {MEMORY_FLOOR_SHARE:.0%} of it"
+        if len(made) > RATE_WINDOW:
+            rate = RATE_WINDOW / (made[-1] - made[-1 - RATE_WINDOW])
+            if rate < MIN_FILL_RATE:
+                return f"creates slowed to {rate:.1f}/s at {len(live)} live (under {MIN_FILL_RATE:g}/s)"
+        return None
 
     async def one(i: int) -> None:
         async with sem:
+            if stopped:
+                return
             try:
                 sandbox = await provider.create(net if net_every and i % net_every == net_every - 1 else plain)
             except Exception as exc:  # counted and reported: a host at its limit refuses some
                 errors.append(exc)
                 return
             live.append(sandbox)
+            made.append(time.perf_counter())
             tick()
+            if len(made) % 20 == 0 and not stopped and (why := at_limit()) is not None:
+                stopped.append(why)
 
     await asyncio.gather(*(one(i) for i in range(len(live), target)))
     return errors
@@ -133,15 +165,17 @@ async def run(
     # Warm up (the helper build, the image's layers, the page cache), with creates in flight at once and
     # one with the network: the provider's thread pools and its egress filter's programs (4 fds) exist
     # before the baseline, and what the provider holds after the close is compared with it.
-    await _fill(provider, sandboxes, 2 * CREATE_CONCURRENCY, 2, lambda: None)
+    await _fill(provider, sandboxes, 2 * CREATE_CONCURRENCY, 2, lambda: None, [])
     await asyncio.gather(*(s.close() for s in sandboxes), return_exceptions=True)
     sandboxes.clear()
     warm: dict[str, dict[str, float]] = {}
     errors: list[BaseException] = []
+    stopped: list[str] = []
     gc.collect()
     await asyncio.sleep(0.5)
     before = _own_view()
     avail_before = meminfo_kb("MemAvailable") or 0
+    slab_before = meminfo_kb("SUnreclaim") or 0
     rss_before = _own_rss_kb()
     held: dict[str, Any] = {}
     close_s = 0.0
@@ -152,22 +186,24 @@ async def run(
             mid = min(MID_LIVE, live)
             progress.update(task, completed=0, total=mid, description=f"{mid} idle sandboxes")
             t = time.perf_counter()
-            errors += await _fill(provider, sandboxes, mid, net_every, lambda: progress.advance(task))
+            errors += await _fill(provider, sandboxes, mid, net_every, lambda: progress.advance(task), stopped)
             fill_s = time.perf_counter() - t
-            if live > mid:
+            if live > mid and not stopped:
                 progress.update(task, completed=0, total=samples, description=f"warm create at {len(sandboxes)} live")
                 warm[str(len(sandboxes))] = await _warm_p50(provider, samples, lambda: progress.advance(task))
                 progress.update(task, completed=mid, total=live, description=f"{live} idle sandboxes")
                 t = time.perf_counter()
-                errors += await _fill(provider, sandboxes, live, net_every, lambda: progress.advance(task))
+                errors += await _fill(provider, sandboxes, live, net_every, lambda: progress.advance(task), stopped)
                 fill_s += time.perf_counter() - t
             await asyncio.sleep(1.0)  # lazy kernel work settles before the measure
             avail_after = meminfo_kb("MemAvailable") or 0
+            slab_growth_kb = (meminfo_kb("SUnreclaim") or 0) - slab_before
             rss_after = _own_rss_kb()
             at_n = _own_view()
             progress.update(task, completed=0, total=samples, description=f"warm create at {len(sandboxes)} live")
             warm["n"] = await _warm_p50(provider, samples, lambda: progress.advance(task))
             held = _footprint(provider, sandboxes, avail_before - avail_after, rss_after - rss_before, before, at_n)
+            held["kernel_slab_mib_per_sandbox"] = round(slab_growth_kb / 1024 / max(1, len(sandboxes)), 3)
             step = max(1, len(sandboxes) // 20)
             held["sampled_execs_ok"] = sum([(await s.exec(["echo", "ok"])).stdout == "ok\n" for s in sandboxes[::step]])
             held["create_all_s"] = round(fill_s, 3)
@@ -200,6 +236,8 @@ async def run(
         "bench": "density",
         "live": live,
         "net_share": net_share,
+        "reached": held.get("live", 0),
+        "stopped_by": stopped[0] if stopped else None,
         "create_errors": len(errors),
         "first_errors": sorted({f"{type(e).__name__}: {e}"[:300] for e in errors})[:3],
         "held": held,
@@ -267,6 +305,7 @@ def _card(console: Console, r: dict[str, Any]) -> None:
             "",
         )
         table.add_row("  provider RSS each", f"{held['provider_rss_kib_per_sandbox']:.1f} KiB", "")
+        table.add_row("  the kernel's unreclaimable slab each", f"{held['kernel_slab_mib_per_sandbox']:.3f} MiB", "")
         per = held["provider_per_sandbox"]
         table.add_row(
             "provider per sandbox: fds, tasks, threads",
@@ -283,6 +322,8 @@ def _card(console: Console, r: dict[str, Any]) -> None:
     what = ", ".join(f"{k} {v}" for k, v in left.items() if v) or "nothing"
     table.add_row("left after close", what, "nothing")
     console.print(table)
+    if r["stopped_by"]:
+        console.print(f"stopped at {r['reached']} live: {r['stopped_by']}")
     if r["first_errors"]:
         console.print(f"{r['create_errors']} creates failed, e.g.: " + "; ".join(r["first_errors"]))
     console.print("checks: " + ", ".join(f"{k} {'ok' if v else 'FAILED'}" for k, v in r["checks"].items()))
