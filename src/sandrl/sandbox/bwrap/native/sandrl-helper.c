@@ -187,8 +187,9 @@ static void bring_loopback_up(void) {
     close(s);
 }
 
-/* The launcher's children that made namespaces: reaped just before it execs bubblewrap, so that
- * their exit overlaps the mount work instead of being waited for. */
+/* The launcher's children that made namespaces: reaped once the launch no longer waits on them
+ * (before it execs bubblewrap, or once pid 1 has its root), so that their exit overlaps the mount
+ * work instead of being waited for. */
 static pid_t to_reap[4];
 static int n_to_reap;
 
