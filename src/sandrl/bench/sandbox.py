@@ -40,6 +40,9 @@ TARGETS = {
     "exec_p50_ms": 5.0,
     "idle_host_mib_per_sandbox": 2.0,
 }
+"""The bars this benchmark's ``pass`` holds a host to (what tests and earlier issues asked)."""
+LIMIT_TARGETS = {"cold_over_bwrap_p50": 1.0, "warm_p50_ms": 2.0, "fork16_p50_ms": 20.0}
+"""A host at its limit (issue #45): reported apart (``limit``), not part of ``pass``."""
 
 
 def _time_subprocess(argv: list[str], n: int) -> list[float]:
@@ -313,6 +316,15 @@ async def run(n: int = 200, live: int = 500, pool_size: int = 8, console: Consol
         )
     )
     console.print(f"ratios: cold/bwrap {ratios['cold_over_bwrap_p50']}x, warm/bwrap {ratios['warm_over_bwrap_p50']}x")
+    limit = {
+        "cold_over_bwrap_p50": ratios["cold_over_bwrap_p50"] <= LIMIT_TARGETS["cold_over_bwrap_p50"],
+        "warm_p50_ms": rows["warm_create_exec"]["p50_ms"] <= LIMIT_TARGETS["warm_p50_ms"],
+        "fork16_p50_ms": rows["fork_16_until_exec"]["p50_ms"] <= LIMIT_TARGETS["fork16_p50_ms"],
+    }
+    console.print(
+        "at the host's limit (#45, targets cold <= 1.0x bwrap, warm <= 2 ms, fork 16 <= 20 ms): "
+        + ", ".join(f"{k} {'met' if v else 'not met'}" for k, v in limit.items())
+    )
     console.print(
         f"NAT costs: +{nat_cost['cold_p50_ms']:.2f} ms cold, +{nat_cost['warm_p50_ms']:.2f} ms warm, "
         f"+{nat_cost['host_mib_per_sandbox']:.2f} MiB host memory per idle sandbox"
@@ -328,4 +340,5 @@ async def run(n: int = 200, live: int = 500, pool_size: int = 8, console: Consol
         "targets": {**TARGETS, **snapshots.TARGETS},
         "checks": checks,
         "pass": all(checks.values()),
+        "limit": {"targets": LIMIT_TARGETS, "met": limit},
     }
