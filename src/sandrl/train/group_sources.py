@@ -37,14 +37,12 @@ class GroupSource(Protocol):
     async def group(self, position: int, group_id: str) -> Group: ...
 
 
-
 def task_at(tasks: Sequence[Task] | TaskMix, seed: int, position: int) -> Task:
     """The task at a data position: a seeded shuffle per pass over the tasks, or a mix's draw (the mix is
     built on ``seed``); every driver, in process or on a cluster, draws the same order."""
     if isinstance(tasks, TaskMix):
         return tasks.task_at(position)
     return drawn_in_pass(tasks, shuffle_key(seed), position)
-
 
 
 def group_id(run_id: str, task: Task, position: int, regenerated: int = 0) -> str:

@@ -30,7 +30,6 @@ import errno
 
 import httpx
 from connectrpc.errors import ConnectError
-
 from e2b import (
     AuthenticationException,
     FileNotFoundException,
@@ -44,6 +43,7 @@ from e2b import (
     ServiceBusyException,
     TimeoutException,
 )
+
 from sandrl.errors import (
     CapacityExhaustedError,
     ImageNotFoundError,
