@@ -40,7 +40,7 @@ def test_quick_scale_run_measures_every_row_and_exits_by_its_targets(
     assert 0 < lora["lora_trainable"] < lora["full_trainable"] == result["model"]["parameters"]
     assert result["bf16"]["bf16_dtypes"] == ["bfloat16"]
     packing = result["packing"]
-    assert packing["episodes"] == QUICK.demo_tasks and packing["micro_batch_tokens"] == 16384, "the demo's budget"
+    assert packing["episodes"] == QUICK.demo_tasks and packing["micro_batch_tokens"] == 4096, "the demo's budget"
     assert 0 <= packing["packed_waste"] <= packing["packed_masked_waste"] <= packing["padded_waste"] < 1
     assert packing["packed_attention"] == "sandrl_packed"
     logprobs = result["logprobs"]
