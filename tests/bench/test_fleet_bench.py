@@ -37,8 +37,13 @@ def test_the_quick_run_measures_every_target_on_one_fleet() -> None:
     assert off["cached_share"] <= on["cached_share"]
     push = result["weight_push"]
     assert push["engines"] == 2 and push["pushes_per_way"] == 2 and push["parameters"] > 0
-    for way in ("disk", "broadcast"):
+    # The run's choice for engines on this host (shared memory), and gloo beside it as what other hosts get.
+    assert push["broadcast"]["backend"] == "shm"
+    for way in ("disk", "broadcast", "gloo"):
         assert len(push[way]["first_token_s"]) == 2 and push[way]["first_token_s_p50"] > 0
+    assert push["gloo"]["ratio"] == pytest.approx(
+        push["gloo"]["first_token_s_p50"] / push["disk"]["first_token_s_p50"], abs=1e-3
+    )
     assert push["broadcast"]["bytes_sent"] == 4 * push["parameters"]  # fp32, tied weights sent once
     assert push["disk"]["bytes_read"] == 2 * push["disk"]["bytes_written"] >= push["broadcast"]["bytes_sent"]
     assert push["ratio"] == pytest.approx(
@@ -59,7 +64,7 @@ def test_the_quick_run_measures_every_target_on_one_fleet() -> None:
     out = io.StringIO()
     Console(file=out, width=200).print(render_card(result))
     card = out.getvalue()
-    assert "quick run" in card and "broadcast vs disk" in card and "round-robin" in card
+    assert "quick run" in card and "broadcast (shm) vs disk" in card and "over gloo" in card and "round-robin" in card
 
 
 def test_bad_settings_are_refused() -> None:

@@ -1,5 +1,6 @@
-"""Weights without the disk: a trainer-side rank 0 broadcasts over gloo to two embedded servers (SGLang's
-protocol), whose weights then equal the disk path's bit for bit; wrong buckets are refused whole."""
+"""Weights without the disk: a trainer-side rank 0 broadcasts over gloo, or writes through shared memory, to two
+embedded servers (SGLang's protocol), whose weights then equal the disk path's bit for bit; wrong buckets are
+refused whole; the shared-memory segment is checked and leaves nothing behind."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from sandrl.inference.server import BackgroundServer, create_app
 from sandrl.inference.tiny_config import TinyModelConfig
 from sandrl.inference.weight_group import GroupAddress
 from sandrl.inference.weight_push import BroadcastSpec, WeightBroadcast, buckets, model_weights
+from sandrl.inference.weight_shm import SHM_DIR, SharedMemoryGroup, segment_path
 
 from .conftest import TOKEN, Served
 
@@ -43,15 +45,26 @@ def _state(engine: Engine) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in engine.model.state_dict().items()}
 
 
-def _broadcast(served: list[Served], **kwargs: Any) -> WeightBroadcast:
-    return WeightBroadcast(BroadcastSpec(tuple(s.url for s in served), api_key=TOKEN, **kwargs))
+@pytest.fixture(params=["gloo", "shm"])
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
-async def test_broadcast_equals_the_disk_path_bit_for_bit(two_served: list[Served], other_checkpoint: Path) -> None:
+def _broadcast(served: list[Served], backend: str = "gloo", **kwargs: Any) -> WeightBroadcast:
+    return WeightBroadcast(BroadcastSpec(tuple(s.url for s in served), api_key=TOKEN, backend=backend, **kwargs))
+
+
+def _segments() -> set[Path]:
+    return set(SHM_DIR.glob("sandrl-weights-*"))
+
+
+async def test_broadcast_equals_the_disk_path_bit_for_bit(
+    two_served: list[Served], other_checkpoint: Path, backend: str
+) -> None:
     by_disk = Engine.load("tiny")
     try:
         await by_disk.update_weights(str(other_checkpoint), version=7)
-        push = _broadcast(two_served, bucket_bytes=64 * 1024)  # several buckets
+        push = _broadcast(two_served, backend, bucket_bytes=64 * 1024)  # several buckets
         try:
             new = _new_weights(seed=1)
             assert len(list(buckets(new.items(), 64 * 1024))) > 2
@@ -76,10 +89,12 @@ async def test_broadcast_equals_the_disk_path_bit_for_bit(two_served: list[Serve
         by_disk.close()
 
 
-async def test_a_push_is_received_into_the_tensors_the_push_before_it_let_go(two_served: list[Served]) -> None:
+async def test_a_push_is_received_into_the_tensors_the_push_before_it_let_go(
+    two_served: list[Served], backend: str
+) -> None:
     engine = two_served[0].engine
     launched = {k: v for k, v in engine.model.state_dict().items()}  # held here: never freed, never reused by chance
-    push = _broadcast(two_served)
+    push = _broadcast(two_served, backend)
     try:
         await push.push(_new_weights(seed=1).items(), version=1)
         second = _new_weights(seed=2)
@@ -104,10 +119,10 @@ async def test_a_push_is_received_into_the_tensors_the_push_before_it_let_go(two
     ids=["wrong-shape", "unknown-name", "integer-dtype"],
 )
 async def test_a_wrong_bucket_is_refused_by_name_and_nothing_is_applied(
-    two_served: list[Served], spoil: Any, named: str
+    two_served: list[Served], spoil: Any, named: str, backend: str
 ) -> None:
     before = [_state(s.engine) for s in two_served]
-    push = _broadcast(two_served, bucket_bytes=1 << 30)  # one bucket: the good tensors travel with the bad one
+    push = _broadcast(two_served, backend, bucket_bytes=1 << 30)  # one bucket: the good tensors travel with the bad one
     try:
         with pytest.raises(InferenceError, match=named.replace(".", r"\.")):
             await push.push(spoil(_new_weights()).items(), version=5)
@@ -122,8 +137,8 @@ async def test_a_wrong_bucket_is_refused_by_name_and_nothing_is_applied(
         await push.shutdown()
 
 
-async def test_a_push_of_part_of_the_weights_stages_and_applies_nothing(two_served: list[Served]) -> None:
-    push = _broadcast(two_served, bucket_bytes=1 << 30)
+async def test_a_push_of_part_of_the_weights_stages_and_applies_nothing(two_served: list[Served], backend: str) -> None:
+    push = _broadcast(two_served, backend, bucket_bytes=1 << 30)
     try:
         half = list(_new_weights().items())[:3]
         with pytest.raises(InferenceError, match="only part"):
@@ -159,3 +174,85 @@ def test_group_address_is_checked() -> None:
     with pytest.raises(ConfigError, match="backend"):
         GroupAddress("127.0.0.1", 1234, 2, "g", "mpi")
     assert GroupAddress("127.0.0.1", 1234, 2, "g").loopback
+
+
+async def test_engines_on_this_host_get_the_weights_through_shared_memory_and_it_leaves_nothing(
+    two_served: list[Served],
+) -> None:
+    before = _segments()
+    push = WeightBroadcast(BroadcastSpec(tuple(s.url for s in two_served), api_key=TOKEN, backend=""))
+    assert push.spec.backend == "shm"  # chosen: every engine on loopback, sandrl's engines
+    try:
+        new = _new_weights(seed=4)
+        await push.connect()
+        assert _segments() == before  # its name is gone once both engines hold it open
+        assert await push.push(new.items(), version=3) == 3
+        assert all(torch.equal(s.engine.model.state_dict()[k], new[k]) for s in two_served for k in new)
+    finally:
+        await push.shutdown()
+    assert _segments() == before
+    assert all(s.engine.weight_update_groups == [] for s in two_served)
+
+
+async def test_an_engine_that_cannot_open_the_segment_makes_the_group_fall_back_to_gloo(
+    two_served: list[Served], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The engines look for the segment elsewhere, as an engine in another /dev/shm would.
+    monkeypatch.setattr(SharedMemoryGroup, "join", _join_elsewhere(SharedMemoryGroup.join))
+    push = WeightBroadcast(BroadcastSpec(tuple(s.url for s in two_served), api_key=TOKEN, backend=""))
+    try:
+        assert await push.push(_new_weights(seed=5).items(), version=2) == 2
+        assert push.spec.backend == "gloo"
+        assert all(s.engine.weight_version == 2 and len(s.engine.weight_update_groups) == 1 for s in two_served)
+    finally:
+        await push.shutdown()
+    # named explicitly, the refusal says what to do
+    explicit = _broadcast(two_served, "shm")
+    try:
+        with pytest.raises(InferenceError, match="backend 'gloo'"):
+            await explicit.connect()
+    finally:
+        await explicit.shutdown()
+
+
+def _join_elsewhere(join: Any) -> Any:
+    def elsewhere(group_name: str, rank: int) -> SharedMemoryGroup:
+        return join(group_name if rank == 0 else "elsewhere", rank)  # type: ignore[no-any-return]
+
+    return staticmethod(elsewhere)
+
+
+@pytest.mark.parametrize("spoil", ["symlink", "writable-by-others", "short"])
+def test_an_engine_refuses_a_segment_it_cannot_trust(spoil: str, tmp_path: Path) -> None:
+    name = f"test-{spoil}-{tmp_path.name}"
+    path = segment_path(name)
+    trainer = None
+    try:
+        if spoil == "symlink":
+            target = tmp_path / "elsewhere"
+            target.write_bytes(b"\0" * 64)
+            path.symlink_to(target)
+        elif spoil == "writable-by-others":
+            path.write_bytes(b"\0" * 64)
+            path.chmod(0o666)
+        else:
+            trainer = SharedMemoryGroup.join(name, 0)
+            trainer.broadcast([torch.ones(4)])  # 16 bytes written ...
+        if spoil == "short":
+            engine = SharedMemoryGroup.join(name, 1)
+            with pytest.raises(InferenceError, match="fewer bytes"):
+                engine.broadcast([torch.empty(64)])  # ... 256 declared: a short read, not a SIGBUS
+            engine.close()
+        else:
+            with pytest.raises(ConfigError, match="weight segment"):
+                SharedMemoryGroup.join(name, 1)
+    finally:
+        if trainer is not None:
+            trainer.close()
+        path.unlink(missing_ok=True)
+    assert not path.exists()
+
+
+def test_a_shared_memory_group_is_for_this_host_only() -> None:
+    with pytest.raises(ConfigError, match="loopback"):
+        GroupAddress("10.1.2.3", 1234, 2, "g", "shm")

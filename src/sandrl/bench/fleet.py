@@ -200,7 +200,7 @@ def render_card(result: dict[str, Any]) -> Table:
     table.add_column("target", justify="right")
     table.add_column("met")
     met = result["targets_met"]
-    rows = (
+    rows: tuple[tuple[str, str, str, str, str, bool | None], ...] = (
         (
             f"prefix-cache reuse, cached / prompt tokens, affinity vs round-robin ({on['episodes']} episodes x "
             f"{on['turns']} turns; history share {on['history_share']:.3f})",
@@ -211,7 +211,7 @@ def render_card(result: dict[str, Any]) -> Table:
             met["reuse"],
         ),
         (
-            f"weight push, step end -> first token on {push['engines']} engines, broadcast vs disk "
+            f"weight push, step end -> first token on {push['engines']} engines, broadcast ({sent['backend']}) vs disk "
             f"({push['model']}, {push['parameters'] / 1e6:.1f}M parameters, {_size(sent['bytes_sent'])} a push)",
             f"{sent['first_token_s_p50']:.3f} s",
             f"{disk['first_token_s_p50']:.3f} s",
@@ -237,8 +237,17 @@ def render_card(result: dict[str, Any]) -> Table:
             met["prefix_cache"],
         ),
     )
+    if "gloo" in push:  # what engines on another host would get: a reference, no target
+        gloo = push["gloo"]
+        reference = ("  the same over gloo (engines on another host)", f"{gloo['first_token_s_p50']:.3f} s")
+        rows = (
+            *rows[:2],
+            (*reference, f"{disk['first_token_s_p50']:.3f} s", f"{gloo['ratio']:.3f}x", "-", None),
+            *rows[2:],
+        )
     for label, measured, against, value, target, ok in rows:
-        table.add_row(*(Text(str(c)) for c in (label, measured, against, value, target, "yes" if ok else "NO")))
+        shown = "-" if ok is None else "yes" if ok else "NO"
+        table.add_row(*(Text(str(c)) for c in (label, measured, against, value, target, shown)))
     table.caption = (
         f"{'all targets met' if result['met'] else 'a target was missed'}; weight group formed in "
         f"{push['group_connect_s']:.2f} s (once a run); {result['duration_s']} s"

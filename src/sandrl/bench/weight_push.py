@@ -9,9 +9,12 @@ then, from the step's end:
   into ``weights-v<version>``) and loaded through the router, which asks every engine to read it
   (``/update_weights_from_disk``);
 - **broadcast**: :class:`~sandrl.inference.weight_push.WeightBroadcast` sends the tensors
-  (:func:`~sandrl.inference.weight_push.model_weights`, as a one-process trainer does) over gloo to every
-  engine at once, in buckets of ``[inference] weight_bucket_mb`` (its group formed once before the
-  first push, as a run forms it; that time is reported apart);
+  (:func:`~sandrl.inference.weight_push.model_weights`, as a one-process trainer does) to every engine at
+  once, in buckets of ``[inference] weight_bucket_mb``, over the group a run forms with these engines
+  (its backend chosen as a run chooses it: shared memory for engines on this host), formed once before
+  the first push, as a run forms it (that time is reported apart);
+- **gloo** (a reference, when the run's choice is another backend): the same broadcast over gloo, what
+  engines on another host get;
 
 then one call of one token per engine through the router (a routing key pinned to each engine), again
 until the engine answers at the new version. The two ways alternate, ``pushes`` times each, so a
@@ -24,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -49,7 +52,7 @@ STEP = 1e-4
 WAIT_S = 120.0
 """Longest wait, after a push, for an engine to answer at the new version."""
 
-Way = Literal["disk", "broadcast"]
+Way = Literal["disk", "broadcast", "gloo"]
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,13 @@ async def measure(
     result as a JSON-ready dict (``label`` names the model in it)."""
     http = HTTPConfig(api_key=fleet.token, retries=0)
     routed = SGLangClient(fleet.url, http=http)
-    broadcast = WeightBroadcast(BroadcastSpec(tuple(fleet.engine_urls), api_key=fleet.token, bucket_bytes=bucket_bytes))
+    spec = BroadcastSpec(tuple(fleet.engine_urls), api_key=fleet.token, backend="", bucket_bytes=bucket_bytes)
+    broadcast = WeightBroadcast(spec)
+    ways: tuple[Way, ...] = ("disk", "broadcast") if broadcast.spec.backend == "gloo" else ("disk", "broadcast", "gloo")
+    pushes_to: dict[Way, WeightBroadcast] = {
+        "broadcast": broadcast,
+        "gloo": WeightBroadcast(replace(spec, backend="gloo")),
+    }
     keys = []
     for engine in fleet.router.engines:
         keys.append(f"bench/weights/{engine.index}")
@@ -81,14 +90,16 @@ async def measure(
         started = time.perf_counter()
         await broadcast.connect()
         connect_s = time.perf_counter() - started
+        if "gloo" in ways:
+            await pushes_to["gloo"].connect()
         version = await routed.weight_version()
         samples: list[Push] = []
         checkpoint_bytes = 0
         for _ in range(pushes):
-            for way in ("disk", "broadcast"):
+            for way in ways:
                 version += 1
                 _step(model)
-                sample, directory = await _push(way, version, model, tokenizer, workdir, routed, broadcast, keys)
+                sample, directory = await _push(way, version, model, tokenizer, workdir, routed, pushes_to, keys)
                 samples.append(sample)
                 if directory is not None:
                     checkpoint_bytes = sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
@@ -97,11 +108,16 @@ async def measure(
                             shutil.rmtree(old, ignore_errors=True)
         pushed_bytes = broadcast.bytes_pushed // pushes
     finally:
-        await broadcast.shutdown()
+        for push in pushes_to.values():
+            await push.shutdown()
         await routed.aclose()
     disk = _way([s for s in samples if s.way == "disk"])
     sent = _way([s for s in samples if s.way == "broadcast"])
     ratio = sent["first_token_s_p50"] / disk["first_token_s_p50"]
+    reference = {}
+    if "gloo" in ways:
+        gloo = _way([s for s in samples if s.way == "gloo"])
+        reference = {"gloo": {**gloo, "ratio": round(gloo["first_token_s_p50"] / disk["first_token_s_p50"], 4)}}
     return {
         "model": label,
         "parameters": sum(p.numel() for p in model.parameters()),
@@ -111,7 +127,8 @@ async def measure(
         "buckets": sum(1 for _ in buckets(model_weights(model), bucket_bytes)),
         "group_connect_s": round(connect_s, 3),
         "disk": {**disk, "bytes_written": checkpoint_bytes, "bytes_read": checkpoint_bytes * len(fleet.engine_urls)},
-        "broadcast": {**sent, "bytes_sent": pushed_bytes},
+        "broadcast": {**sent, "backend": broadcast.spec.backend, "bytes_sent": pushed_bytes},
+        **reference,
         "ratio": round(ratio, 4),
         "target_ratio": TARGET_RATIO,
         "met": ratio <= TARGET_RATIO,
@@ -125,7 +142,7 @@ async def _push(
     tokenizer: Tokenizer,
     workdir: Path,
     routed: SGLangClient,
-    broadcast: WeightBroadcast,
+    pushes_to: dict[Way, WeightBroadcast],
     keys: list[str],
 ) -> tuple[Push, Path | None]:
     directory: Path | None = None
@@ -136,7 +153,7 @@ async def _push(
         saved = time.perf_counter()
         await routed.update_weights(str(directory), version=version)
     else:
-        await broadcast.push(model_weights(model), version=version)
+        await pushes_to[way].push(model_weights(model), version=version)
     updated = time.perf_counter()
     await _first_tokens(routed, keys, version)
     done = time.perf_counter()

@@ -4,7 +4,9 @@ SGLang's protocol (``/init_weights_update_group``, ``/update_weights_from_distri
 ``/destroy_weights_update_group``), which Miles, slime and verl drive: the trainer's first rank is
 rank 0 of a group of its own, each engine's GPUs the ranks after it (``rank_offset``); the trainer
 broadcasts each tensor of a bucket from rank 0 while every engine, told the bucket's names, dtypes
-and shapes over HTTP, receives it into buffers of those shapes. NCCL between GPUs, gloo on CPU.
+and shapes over HTTP, receives it into buffers of those shapes. NCCL between GPUs, gloo on CPU, and
+sandrl's ``shm`` for its embedded engines on the trainer's host
+(:mod:`~sandrl.inference.weight_shm`: the bucket written once into shared memory, not sent per engine).
 
 The group is not ``torch.distributed``'s default group (the trainer's ranks have that one): it is
 a process group object of its own, over a TCP store that rank 0 hosts (``master_address``,
@@ -19,7 +21,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -27,8 +29,9 @@ from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined
 
 from sandrl.errors import ConfigError, InferenceError
 from sandrl.http_auth import is_loopback
+from sandrl.inference.weight_shm import SharedMemoryGroup
 
-BACKENDS = ("gloo", "nccl")
+BACKENDS = ("gloo", "nccl", "shm")
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "float16": torch.float16,
@@ -78,14 +81,46 @@ class GroupAddress:
             raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         if self.backend == "nccl" and not torch.cuda.is_available():
             raise ConfigError("backend 'nccl' needs a GPU on this side; use backend 'gloo' on CPU")
+        if self.backend == "shm" and not self.loopback:
+            raise ConfigError(
+                "backend 'shm' passes weights through this host's shared memory: its master_address must be "
+                f"loopback (engines on the trainer's host), got {self.master_address!r}; use 'gloo' across hosts"
+            )
 
     @property
     def loopback(self) -> bool:
         return is_loopback(self.master_address)
 
 
+class GroupMember(Protocol):
+    """One rank's membership of a weight-update group, whatever carries the bytes (:func:`join_group`)."""
+
+    rank: int
+    device: torch.device | None
+    writes_first: bool
+    """Rank 0 sends a bucket before the engines are asked to take it (shared memory), not as they are (a
+    collective, which both sides enter at once)."""
+
+    def broadcast(self, tensors: Sequence[torch.Tensor]) -> None: ...
+
+    def all_joined(self) -> None:
+        """Every rank has joined (rank 0 learns it from the engines' answers)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def join_group(address: GroupAddress, rank: int, *, timeout_s: float = 300.0) -> GroupMember:
+    """Join ``address``'s group as ``rank``; blocking for a process group (until every rank has joined)."""
+    if address.backend == "shm":
+        return SharedMemoryGroup.join(address.group_name, rank)
+    return WeightGroup.join(address, rank, timeout_s=timeout_s)
+
+
 class WeightGroup:
     """One rank's membership of a weight-update group; :meth:`join` blocks until every rank has joined."""
+
+    writes_first = False
 
     def __init__(self, address: GroupAddress, rank: int, group: Any, store: Any) -> None:
         self.address = address
@@ -142,6 +177,9 @@ class WeightGroup:
             raise InferenceError(
                 f"the weight broadcast of group {self.address.group_name!r} failed (a rank left?): {exc}"
             ) from exc
+
+    def all_joined(self) -> None:
+        """Nothing to do: a process group is whole once :meth:`join` returned."""
 
     def close(self) -> None:
         shutdown = getattr(self._group, "shutdown", None)

@@ -8,6 +8,11 @@ weights in buckets of about ``bucket_bytes``: for each bucket it posts the names
 every engine and broadcasts the tensors at once. Only one bucket's tensors are held at a time, so a
 sharded trainer gathers its full tensors bucket by bucket, never the whole model.
 
+The group's backend: NCCL between GPUs (SGLang engines), gloo on CPU, and for sandrl's embedded
+engines on the trainer's host (every URL loopback) shared memory (:mod:`~sandrl.inference.weight_shm`:
+each bucket written once, copied out by every engine, where gloo sends it over loopback TCP once per
+engine); an engine that cannot open the segment (another ``/dev/shm``) makes the group fall back to gloo.
+
 What an update does to requests in flight: the embedded engine stages the buckets and swaps the
 weights in whole under the ``update_policy`` sent with each bucket; an SGLang engine applies each
 bucket as it comes, so generation is paused around the push (``in_place`` / ``retract`` modes for
@@ -29,10 +34,11 @@ from urllib.parse import urlsplit
 
 import torch
 
-from sandrl.errors import ConfigError, InferenceError
+from sandrl.errors import ConfigError, InferenceError, SandrlError
+from sandrl.http_auth import is_loopback
 from sandrl.inference.base import UPDATE_POLICIES, UpdatePolicy
 from sandrl.inference.transport import HTTPConfig, JSONTransport
-from sandrl.inference.weight_group import GroupAddress, WeightGroup, dtype_name
+from sandrl.inference.weight_group import GroupAddress, GroupMember, dtype_name, join_group
 
 DEFAULT_BUCKET_BYTES = 256 * 2**20
 
@@ -47,8 +53,8 @@ class BroadcastSpec:
     """Where the group meets (rank 0 listens there); empty: rank 0's own address on the route to the engines,
     found where rank 0 runs (a trainer actor of a Ray cluster may run on another host than the driver)."""
     backend: str = "gloo"
-    """``gloo`` or ``nccl``; empty: chosen where rank 0 runs, NCCL when it has a GPU and the engines are
-    SGLang's (sandrl's embedded engine takes gloo only)."""
+    """``gloo``, ``nccl`` or ``shm``; empty: chosen where rank 0 runs: NCCL when it has a GPU and the engines are
+    SGLang's, shared memory for sandrl's engines on rank 0's host (every URL loopback), else gloo."""
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     update_policy: UpdatePolicy = "pause"
     sglang: bool = False
@@ -99,15 +105,15 @@ class WeightBroadcast:
     def __init__(self, spec: BroadcastSpec) -> None:
         if not spec.urls:
             raise ConfigError("a weight broadcast needs at least one engine URL")
+        self._chose_backend = not spec.backend
         if not spec.master_address or not spec.backend:
+            master_address = spec.master_address or address_towards(spec.urls[0])
             spec = dataclasses.replace(
-                spec,
-                master_address=spec.master_address or address_towards(spec.urls[0]),
-                backend=spec.backend or ("nccl" if spec.sglang and torch.cuda.is_available() else "gloo"),
+                spec, master_address=master_address, backend=spec.backend or _backend_for(spec, master_address)
             )
         self.spec = spec
         self.engines = [JSONTransport(url, HTTPConfig(api_key=spec.api_key, retries=0)) for url in spec.urls]
-        self.group: WeightGroup | None = None
+        self.group: GroupMember | None = None
         self.group_name = f"sandrl-{uuid.uuid4().hex[:12]}"
         self.bytes_pushed = 0
 
@@ -127,6 +133,9 @@ class WeightBroadcast:
             self.group_name,
             self.spec.backend,
         )
+        own = asyncio.create_task(asyncio.to_thread(join_group, address, 0, timeout_s=self.spec.timeout_s))
+        if address.backend == "shm":
+            await asyncio.wait({own})  # the segment exists before an engine opens it
         joins = [
             asyncio.create_task(
                 engine.post(
@@ -143,7 +152,6 @@ class WeightBroadcast:
             )
             for engine, offset in zip(self.engines, offsets, strict=True)
         ]
-        own = asyncio.create_task(asyncio.to_thread(WeightGroup.join, address, 0, timeout_s=self.spec.timeout_s))
         # An engine that refuses (a wrong token, no gloo) ends the wait at once; this side's join, blocked in
         # its thread until every rank arrives, is then left to time out, and closed if it ever completes.
         pending: set[asyncio.Task[Any]] = {own, *joins}
@@ -159,13 +167,18 @@ class WeightBroadcast:
             own.add_done_callback(lambda t: t.result().close() if not t.exception() else None)
             for task in joins:
                 task.cancel()
+            await self._forget_group()  # engines that joined leave it: the next group has another name
             where, why = failure
+            if self._chose_backend and address.backend == "shm" and _code(why) == "shm_unavailable":
+                self.spec = dataclasses.replace(self.spec, backend="gloo")
+                return await self.connect()
             raise InferenceError(
                 f"could not form the weight-update group with {where}: {_why(why)}; "
                 "engines must reach this host's "
                 f'{address.master_address}:{address.master_port} (or set [inference] weight_sync = "disk")'
             )
         self.group = own.result()
+        self.group.all_joined()
 
     async def _ranks(self) -> tuple[list[int], int]:
         """Each engine's first rank in the group, and the group's size: an SGLang engine of several GPUs joins with
@@ -221,10 +234,12 @@ class WeightBroadcast:
         }
         if not self.spec.sglang:
             body["update_policy"] = self.spec.update_policy
-        posts = [asyncio.create_task(engine.post("/update_weights_from_distributed", body)) for engine in self.engines]
         device = self.group.device
-        tensors = [t.to(device or "cpu") for _, t in bucket]  # gloo sends from host memory
+        tensors = [t.to(device or "cpu") for _, t in bucket]  # gloo and shared memory send from host memory
         sent = asyncio.create_task(asyncio.to_thread(self.group.broadcast, tensors))
+        if self.group.writes_first:
+            await asyncio.wait({sent})
+        posts = [asyncio.create_task(engine.post("/update_weights_from_distributed", body)) for engine in self.engines]
         done = await asyncio.gather(sent, *posts, return_exceptions=True)
         # An engine's refusal says why; the broadcast's own failure follows from it (the engine left the group).
         for url, answer in zip([*self.urls, "trainer"], [*done[1:], done[0]], strict=True):
@@ -238,12 +253,16 @@ class WeightBroadcast:
         group, self.group = self.group, None
         if group is None:
             return
+        await self._forget_group()
+        group.close()
+
+    async def _forget_group(self) -> None:
+        """Ask every engine to leave the group (those not in it refuse: ignored); the next one gets a new name."""
         with contextlib.suppress(Exception):
             await asyncio.gather(
                 *(e.post("/destroy_weights_update_group", {"group_name": self.group_name}) for e in self.engines),
                 return_exceptions=True,
             )
-        group.close()
         self.group_name = f"sandrl-{uuid.uuid4().hex[:12]}"
 
     async def shutdown(self) -> None:
@@ -264,6 +283,19 @@ def _free_port(host: str) -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def _backend_for(spec: BroadcastSpec, master_address: str) -> str:
+    if spec.sglang:
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    on_this_host = is_loopback(master_address) and all(is_loopback(urlsplit(u).hostname or "") for u in spec.urls)
+    return "shm" if on_this_host else "gloo"
+
+
+def _code(answer: object) -> object:
+    if isinstance(answer, SandrlError):
+        return answer.error_code
+    return answer.get("error_code") if isinstance(answer, dict) else None
 
 
 def _refused(answer: object) -> bool:

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from sandrl.errors import ConfigError, InferenceError
-from sandrl.inference.weight_group import GroupAddress, WeightGroup, parse_dtype
+from sandrl.inference.weight_group import GroupAddress, GroupMember, join_group, parse_dtype
 
 MAX_GROUPS = 4
 SLACK_BYTES = 64 * 2**20
@@ -53,7 +53,7 @@ class WeightReceiver:
         self._aliases = {name: tuple(names) for names in by_storage.values() for name in names}
         self._needed = len(by_storage)
         self._limit = 2 * sum(t.numel() * t.element_size() for t in state.values()) + SLACK_BYTES
-        self._groups: dict[str, WeightGroup] = {}
+        self._groups: dict[str, GroupMember] = {}
         self._staged: dict[str, torch.Tensor] = {}
         self._spares: dict[str, torch.Tensor] = {}
         self._lock = threading.Lock()
@@ -73,7 +73,7 @@ class WeightReceiver:
                 )
             if len(self._groups) >= MAX_GROUPS:
                 raise ConfigError(f"this engine is in {MAX_GROUPS} weight-update groups already; destroy one first")
-        group = WeightGroup.join(address, rank, timeout_s=timeout_s)
+        group = join_group(address, rank, timeout_s=timeout_s)
         with self._lock:
             self._groups[address.group_name] = group
 
