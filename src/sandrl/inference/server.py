@@ -40,7 +40,8 @@ Routes:
   ``kv_cache``; ``cuda_graph`` accepted): the weights are written aside and freed, the KV cache dropped
   and generation paused until both are back (:mod:`~sandrl.inference.engine_memory`).
 - ``POST /init_weights_update_group``, ``/update_weights_from_distributed``,
-  ``/destroy_weights_update_group``: served over gloo (:mod:`~sandrl.inference.sglang_weight_sync`):
+  ``/destroy_weights_update_group``: served over gloo, and over sandrl's ``shm`` backend for a trainer
+  on this host (:mod:`~sandrl.inference.sglang_weight_sync`, :mod:`~sandrl.inference.weight_shm`):
   buckets are staged and the weights swapped whole once they cover the model.
 - ``POST /update_weights_from_tensor``, ``/update_weights_from_ipc``: 400 (they pass CUDA IPC
   handles or pickles; broadcast, or save a checkpoint and use ``/update_weights_from_disk``).

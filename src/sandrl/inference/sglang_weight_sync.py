@@ -1,4 +1,5 @@
-"""SGLang's routes for weights over a process group, on the embedded engine (gloo on CPU).
+"""SGLang's routes for weights over a process group, on the embedded engine (gloo on CPU; sandrl's ``shm``, the
+bucket through this host's shared memory, for a trainer on this host: :mod:`~sandrl.inference.weight_shm`).
 
 - ``POST /init_weights_update_group`` (``master_address``, ``master_port``, ``rank_offset``,
   ``world_size``, ``group_name``, ``backend``): join the trainer's group as rank ``rank_offset``;
