@@ -194,6 +194,20 @@ async def test_engines_on_this_host_get_the_weights_through_shared_memory_and_it
     assert all(s.engine.weight_update_groups == [] for s in two_served)
 
 
+def test_a_small_dev_shm_keeps_the_broadcast_on_gloo(monkeypatch: pytest.MonkeyPatch) -> None:
+    urls = ("http://127.0.0.1:1", "http://127.0.0.1:2")
+    assert WeightBroadcast(BroadcastSpec(urls, backend="", bucket_bytes=2**20)).spec.backend == "shm"
+    # a container's /dev/shm (64 MiB) holds no bucket of 256 MiB
+    monkeypatch.setattr("sandrl.inference.weight_push.shm_room", lambda: 64 * 2**20)
+    assert WeightBroadcast(BroadcastSpec(urls, backend="", bucket_bytes=256 * 2**20)).spec.backend == "gloo"
+    # engines on another host, or SGLang's: never shared memory
+    assert WeightBroadcast(BroadcastSpec(("http://127.0.0.1:1",), backend="", sglang=True)).spec.backend == "gloo"
+    assert (
+        WeightBroadcast(BroadcastSpec(("http://10.9.8.7:1",), master_address="10.9.8.6", backend="")).spec.backend
+        == "gloo"
+    )
+
+
 async def test_an_engine_that_cannot_open_the_segment_makes_the_group_fall_back_to_gloo(
     two_served: list[Served], monkeypatch: pytest.MonkeyPatch
 ) -> None:

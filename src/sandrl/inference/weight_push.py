@@ -39,6 +39,7 @@ from sandrl.http_auth import is_loopback
 from sandrl.inference.base import UPDATE_POLICIES, UpdatePolicy
 from sandrl.inference.transport import HTTPConfig, JSONTransport
 from sandrl.inference.weight_group import GroupAddress, GroupMember, dtype_name, join_group
+from sandrl.inference.weight_shm import shm_room
 
 DEFAULT_BUCKET_BYTES = 256 * 2**20
 
@@ -289,7 +290,7 @@ def _backend_for(spec: BroadcastSpec, master_address: str) -> str:
     if spec.sglang:
         return "nccl" if torch.cuda.is_available() else "gloo"
     on_this_host = is_loopback(master_address) and all(is_loopback(urlsplit(u).hostname or "") for u in spec.urls)
-    return "shm" if on_this_host else "gloo"
+    return "shm" if on_this_host and shm_room() >= spec.bucket_bytes else "gloo"
 
 
 def _code(answer: object) -> object:

@@ -41,6 +41,15 @@ def segment_path(group_name: str) -> Path:
     return SHM_DIR / f"sandrl-weights-{group_name}"
 
 
+def shm_room() -> int:
+    """Bytes free in ``/dev/shm`` (0 where there is none): a container's is often 64 MiB, less than a bucket."""
+    try:
+        info = os.statvfs(SHM_DIR)
+    except OSError:
+        return 0
+    return info.f_bavail * info.f_frsize
+
+
 def layout(tensors: Sequence[torch.Tensor]) -> list[int]:
     """Each tensor's offset in the segment, in order; the last entry is the bytes the bucket needs."""
     offsets = [0]
