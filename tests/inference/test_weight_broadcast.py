@@ -270,3 +270,18 @@ def test_an_engine_refuses_a_segment_it_cannot_trust(spoil: str, tmp_path: Path)
 def test_a_shared_memory_group_is_for_this_host_only() -> None:
     with pytest.raises(ConfigError, match="loopback"):
         GroupAddress("10.1.2.3", 1234, 2, "g", "shm")
+
+
+async def test_an_sglang_engine_joins_with_one_rank_per_tensor_parallel_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    push = WeightBroadcast(
+        BroadcastSpec(("http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"), backend="gloo", sglang=True)
+    )
+    answers = iter([{"tp_size": 2}, {"tp_size": 4}, {"tp_size": True}])  # a bool is no size: one rank
+
+    async def server_info(path: str) -> dict[str, object]:
+        assert path == "/get_server_info"
+        return next(answers)
+
+    for engine in push.engines:
+        monkeypatch.setattr(engine, "get", server_info)
+    assert await push._ranks() == ([1, 3, 7], 8)

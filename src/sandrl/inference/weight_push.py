@@ -184,14 +184,15 @@ class WeightBroadcast:
     async def _ranks(self) -> tuple[list[int], int]:
         """Each engine's first rank in the group, and the group's size: an SGLang engine of several GPUs joins with
         one rank per tensor-parallel worker (its ``tp_size``; sandrl's engine and a server that says none: one)."""
-        sizes = []
-        for engine in self.engines:
+        async def tp_size(engine: JSONTransport) -> int:
             try:
                 info = await engine.get("/get_server_info") if self.spec.sglang else {}
             except InferenceError:
                 info = {}
             size = info.get("tp_size", 1) if isinstance(info, dict) else 1
-            sizes.append(size if isinstance(size, int) and not isinstance(size, bool) and 0 < size <= 4096 else 1)
+            return size if isinstance(size, int) and not isinstance(size, bool) and 0 < size <= 4096 else 1
+
+        sizes = await asyncio.gather(*(tp_size(engine) for engine in self.engines))
         offsets = [1 + sum(sizes[:i]) for i in range(len(sizes))]
         return offsets, 1 + sum(sizes)
 
