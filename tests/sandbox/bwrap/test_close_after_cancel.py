@@ -9,6 +9,10 @@ its processes, until their socket closed) for the next provider's start to reap.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
+import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,3 +48,31 @@ async def test_close_all_waits_for_the_undo_of_creates_cancelled_mid_launch(own_
         # Nothing waited for: what the launches made is gone once close_all returns.
         assert provider.state.records() == []
         assert provider.cgroups.stale_groups() == {}
+
+
+def test_a_create_cancelled_as_its_loop_ends_is_undone_and_drops_nothing_running(own_provider: BwrapProvider) -> None:
+    """A provider used from more than one event loop (``asyncio.run`` per call; a test suite's shared
+    provider): the undo of a create cancelled as its loop ended was a task of that loop, cancelled
+    with it, so the launch's helper was dropped running (a ResourceWarning when collected, as was
+    its open socket) and its record and cgroups stayed."""
+    provider = own_provider
+
+    async def cancel_a_create_and_end() -> None:
+        await (await provider.create(SandboxSpec())).close()  # the image and the helper are ready
+        create = asyncio.create_task(provider.create(SandboxSpec()))
+        await asyncio.sleep(0)  # now in its launch's thread
+        create.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await create
+        # The loop ends here, without the provider's close_all.
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        asyncio.run(cancel_a_create_and_end())
+        deadline = time.monotonic() + 10.0
+        while provider.state.records() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        gc.collect()
+    assert provider.state.records() == []
+    assert provider.cgroups.stale_groups() == {}
+    assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []

@@ -91,6 +91,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
 import contextlib
 import functools
 import os
@@ -192,7 +193,7 @@ class BwrapProvider:
         by_bwrap = self.bwrap if self.launcher_name == "bubblewrap" else None
         self.launcher = Launcher(self.state, self.cgroups, self.helper, by_bwrap, self._identity)
         self.premade = PremadeLaunches(self.launcher)
-        self._abandoned: set[asyncio.Task[None]] = set()
+        self._abandoned: set[concurrent.futures.Future[None]] = set()
         """Undoing the launches whose creator was cancelled while they ran (:meth:`close_all` waits for them)."""
         self.reaped = self.reap()
         _LIVE_PROVIDERS.add(self)
@@ -381,18 +382,21 @@ class BwrapProvider:
         """``start(*args)`` (a launch's blocking work) on ``HOST_WORK``, so the event loop serves other
         requests meanwhile. Shielded: a cancelled caller leaves the thread running, and what it made is
         undone when it ends; :meth:`close_all` waits for that (a run stopped by a signal used to exit
-        first, leaving the launch's cgroups and record behind)."""
-        started = asyncio.get_running_loop().run_in_executor(HOST_WORK, start, *args)
+        first, leaving the launch's cgroups and record behind). The undo is the thread's, not a task of
+        this loop: a caller cancelled as its loop ends (``asyncio.run``'s end cancels every task) would
+        take such a task with it, and the launch's helper was dropped running, its socket open."""
+        started = HOST_WORK.submit(start, *args)
         try:
-            return await asyncio.shield(started)
+            return await asyncio.shield(asyncio.wrap_future(started))
         except asyncio.CancelledError:
-            undoing = asyncio.ensure_future(_undo_when_done(started))
-            self._abandoned.add(undoing)
-            undoing.add_done_callback(self._abandoned.discard)
+            undone: concurrent.futures.Future[None] = concurrent.futures.Future()
+            self._abandoned.add(undone)
+            undone.add_done_callback(self._abandoned.discard)
+            started.add_done_callback(functools.partial(_undo_when_done, undone=undone))
             raise
 
     async def close_all(self) -> None:
-        await asyncio.gather(*self._abandoned, return_exceptions=True)
+        await asyncio.gather(*(asyncio.wrap_future(f) for f in list(self._abandoned)), return_exceptions=True)
         await self.premade.close()
         await asyncio.gather(*(s.close() for s in list(self.live)), return_exceptions=True)
 
@@ -448,10 +452,23 @@ def _cleanup_at_exit() -> None:
         provider._close_all_sync()
 
 
-async def _undo_when_done(started: asyncio.Future[Launch]) -> None:
-    """Undo, in a thread, a launch whose caller was cancelled while it ran, once it has ended."""
+def _undo_when_done(started: concurrent.futures.Future[Launch], *, undone: concurrent.futures.Future[None]) -> None:
+    """``started``'s done callback (in its thread, or the cancelled caller's if it had ended): undo the
+    launch whose caller was cancelled while it ran, on ``HOST_CLEANUP``, then set ``undone``."""
+    if started.cancelled() or started.exception() is not None:
+        undone.set_result(None)  # it failed, and undid what it had made before raising
+        return
+    launch = started.result()
+
+    def undo() -> None:
+        try:
+            launch.undo()
+        except BaseException as exc:
+            undone.set_exception(exc)
+            raise
+        undone.set_result(None)
+
     try:
-        launch = await started
-    except Exception:
-        return  # it failed, and undid what it had made before raising
-    await asyncio.get_running_loop().run_in_executor(HOST_CLEANUP, launch.undo)
+        HOST_CLEANUP.submit(undo)
+    except RuntimeError:  # the interpreter is exiting: no new threads
+        undo()
