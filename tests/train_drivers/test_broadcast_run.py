@@ -1,5 +1,6 @@
-"""``sandrl train`` with two embedded engines launched from ``[inference]``: every weight push travels over
-a gloo group to both engines (no checkpoint is written), and the episodes after it are sampled by it."""
+"""``sandrl train`` with two embedded engines launched from ``[inference]``: every weight push travels through
+a weight-update group to both engines (shared memory: they are on this host; no checkpoint is written), and the
+episodes after it are sampled by it."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ async def test_a_run_with_two_launched_engines_pushes_its_weights_by_broadcast(
     for log in logs:
         if sync == "auto":
             assert '"POST /update_weights_from_distributed HTTP/1.1" 200' in log
+            assert "(backend shm)" in log  # engines on the trainer's host: through /dev/shm, not gloo's TCP
             assert "/update_weights_from_disk" not in log
         else:
             assert '"POST /update_weights_from_disk HTTP/1.1" 200' in log

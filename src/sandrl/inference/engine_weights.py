@@ -10,6 +10,7 @@ under the update policy, so the policies and the per-token versions hold on ever
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections import deque
 from collections.abc import Sequence
@@ -29,6 +30,8 @@ from sandrl.inference.model import load_weights
 from sandrl.inference.prefix_cache import PrefixCache
 from sandrl.inference.weight_group import GroupAddress
 from sandrl.inference.weight_receiver import WeightReceiver
+
+log = logging.getLogger(__name__)
 
 
 class EngineWeights:
@@ -115,6 +118,13 @@ class EngineWeights:
         if self._receiver is None:
             self._receiver = WeightReceiver(self._model)
         await asyncio.to_thread(self._receiver.join, address, rank, timeout_s=timeout_s)
+        log.info(
+            "joined weight-update group %s as rank %d of %d (backend %s)",
+            address.group_name,
+            rank,
+            address.world_size,
+            address.backend,
+        )
 
     async def update_weights_from_distributed(
         self,
