@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import re
+import resource
 import shutil
 import warnings
 from pathlib import Path
@@ -10,6 +13,7 @@ import pytest
 
 from sandrl.errors import InvalidTaskError
 from sandrl.tasks import TaskWarning, load_harbor_task
+from sandrl.tasks.fields import MAX_TASK_FILE_CHARS
 
 from .conftest import FIXTURES
 
@@ -295,3 +299,17 @@ def test_empty_instruction_is_an_error(tmp_path: Path) -> None:
     (task_dir / "instruction.md").write_text("  \n")
     with pytest.raises(InvalidTaskError, match=r"instruction\.md: is empty"):
         load_harbor_task(task_dir)
+
+
+@pytest.mark.parametrize("name", ["environment/Dockerfile", "instruction.md", "task.toml"])
+def test_a_huge_task_file_is_refused_without_being_read_whole(tmp_path: Path, name: str) -> None:
+    """A hostile task's 64 GiB (sparse) file: refused after one character past the bound, with the fix."""
+    task_dir = _broken(tmp_path)
+    huge = task_dir / name
+    huge.write_text("x\n")  # its NULs are valid UTF-8: only its size may refuse it
+    os.truncate(huge, 64 << 30)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    too_long = rf"{re.escape(str(huge))}: is more than {MAX_TASK_FILE_CHARS} characters long.*COPY"
+    with pytest.raises(InvalidTaskError, match=too_long):
+        load_harbor_task(task_dir)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 256 << 10  # KiB: nowhere near 64 GiB

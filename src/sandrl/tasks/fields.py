@@ -13,19 +13,35 @@ import warnings
 from pathlib import Path
 
 from sandrl.errors import InvalidTaskError
+from sandrl.images.dockerfile import MAX_DOCKERFILE_CHARS
 from sandrl.toml_config import Table
+
+MAX_TASK_FILE_CHARS = MAX_DOCKERFILE_CHARS
+"""The most of one of a task's files (its config, instruction, Dockerfile) that sandrl reads: a task
+directory is hostile input, and a multi-GB file in it must not be read whole into memory. The
+Dockerfile parser's own bound, so that every Dockerfile it would take can be read."""
 
 
 class TaskWarning(UserWarning):
     """A task loaded, but something in it is ignored or cannot be honoured here."""
 
 
-def read_text(file: Path, task_dir: Path) -> str:
-    """The text of one of a task's files; :class:`InvalidTaskError` naming it when it cannot be read."""
+def read_text(file: Path, task_dir: Path, limit: int = MAX_TASK_FILE_CHARS) -> str:
+    """The text of one of a task's files; :class:`InvalidTaskError` naming it when it cannot be read
+    or is longer than ``limit`` characters (of which at most one more is read)."""
     try:
-        return file.read_text(encoding="utf-8")
+        with file.open(encoding="utf-8") as f:
+            text = f.read(limit + 1)
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidTaskError(f"{file}: cannot be read ({exc})", path=task_dir) from exc
+    if len(text) > limit:
+        raise InvalidTaskError(
+            f"{file}: is more than {limit} characters long, more than sandrl reads of a task's file; "
+            "a task's files are its recipe and its prompt: move data into files that its Dockerfile COPYs "
+            "or its tests read",
+            path=task_dir,
+        )
+    return text
 
 
 def warn(file: Path | None, message: str) -> None:

@@ -41,7 +41,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from sandrl.errors import InvalidTaskError
-from sandrl.tasks.fields import config_table, warn
+from sandrl.tasks.fields import config_table, read_text, warn
 from sandrl.tasks.task import TESTS_DIR, Healthcheck, SolutionSpec, StepReward, TaskStep, VerifierSpec
 from sandrl.toml_config import Table, type_name
 
@@ -71,10 +71,7 @@ class Steps:
 def _read_text(file: Path, task_dir: Path, what: str) -> str:
     if not file.is_file():
         raise InvalidTaskError(f"{task_dir}: {file.relative_to(task_dir)} is missing; {what}", path=task_dir)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidTaskError(f"{file}: cannot be read ({exc})", path=task_dir) from exc
+    text = read_text(file, task_dir)
     if not text.strip():
         raise InvalidTaskError(f"{file}: is empty; write the step's instruction in it", path=task_dir)
     return text
