@@ -15,7 +15,8 @@ import pytest
 
 from sandrl.errors import ImageBuildError
 from sandrl.images.debian import DEBIAN_IMAGE, build_debian
-from sandrl.sandbox.bwrap.images import DEFAULT_PATH, ImageStore
+from sandrl.images.manifest import DEFAULT_PATH
+from sandrl.sandbox.bwrap.images import ImageStore
 
 from ..support import needs_sandbox
 

@@ -23,7 +23,7 @@ import sandrl.sandbox.bwrap.provider
 from sandrl.cli.output import SWEBENCH_IMAGES_HELP, emit, rich_console
 from sandrl.errors import ConfigError
 from sandrl.images.debian import DEBIAN_IMAGE, DEBIAN_MIRROR, DEBIAN_SUITE, build_debian
-from sandrl.images.manifest import Platform
+from sandrl.images.manifest import DEFAULT_PATH, Platform
 from sandrl.images.pull import PullEvent
 from sandrl.progress import Progress
 from sandrl.rollout.images import TaskImages
@@ -31,7 +31,7 @@ from sandrl.rollout.prefetch import PREFETCH_JOBS, PrefetchReport, prefetch_imag
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.sandbox.bwrap.dockerfile.builder import BuildOptions, ImageBuilder, StepEvent
 from sandrl.sandbox.bwrap.dockerfile.names import BUILD_PREFIX
-from sandrl.sandbox.bwrap.images import DEFAULT_PATH, HOST_IMAGE, ImageStore
+from sandrl.sandbox.bwrap.images import HOST_IMAGE, ImageStore
 from sandrl.sandbox.bwrap.prune import PrunePlan, apply_prune, plan_prune
 from sandrl.sandbox.bwrap.pulled import import_rootfs_tar, pull_into_store
 from sandrl.tasks.task import Task

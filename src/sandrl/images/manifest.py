@@ -17,6 +17,7 @@ from sandrl.errors import ConfigError, LayerError, RegistryError
 
 __all__ = [
     "ACCEPT",
+    "DEFAULT_PATH",
     "Descriptor",
     "ImageConfig",
     "Manifest",
@@ -42,6 +43,8 @@ LAYER_TYPES = {
     "application/vnd.oci.image.layer.nondistributable.v1.tar+gzip",
     "application/vnd.docker.image.rootfs.foreign.diff.tar.gzip",
 }
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+"""Docker's ``PATH`` for an image whose config sets none (and for what sandrl runs in a sandbox)."""
 MAX_MANIFEST_BYTES = 4 << 20
 """The distribution registry's own bound on a manifest."""
 MAX_CONFIG_BYTES = 16 << 20
@@ -126,9 +129,7 @@ class ImageConfig:
     """An image's config: what ``docker run`` takes from it. :func:`parse_config` reads one from a
     registry; :class:`~sandrl.images.oci_layout.OCILayout` writes one into a layout."""
 
-    env: dict[str, str] = field(
-        default_factory=lambda: {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
-    )
+    env: dict[str, str] = field(default_factory=lambda: {"PATH": DEFAULT_PATH})
     """Docker's default ``PATH`` unless given."""
     workdir: str | None = None
     user: str | None = None

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandrl.errors import ConfigError, ImageNotFoundError, SandboxError, SandboxUnavailableError
+from sandrl.images.manifest import DEFAULT_PATH
 from sandrl.sandbox.bwrap.host_views import host_views, mask_layer, viewable
 from sandrl.sandbox.bwrap.layer_budget import LayerBudget, StoreReserve
 from sandrl.sandbox.bwrap.layer_owners import STORE_UID_BASE, copy_shifted, shift_in_place, store_id
@@ -50,7 +51,6 @@ from sandrl.sandbox.bwrap.layer_owners import STORE_UID_BASE, copy_shifted, shif
 __all__ = ["HOST_IMAGE", "STORE_UID_BASE", "Image", "ImageStore", "MountPlan", "stack_layers"]
 
 HOST_IMAGE = "host"
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
 _LAYER_ID = re.compile(r"^[0-9a-f]{32}$")
 _HOST_SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")

@@ -21,12 +21,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sandrl.errors import ConfigError, ImageNotFoundError, SandboxError
-from sandrl.images.manifest import Platform
+from sandrl.images.manifest import DEFAULT_PATH, Platform
 from sandrl.images.pull import PullEvent, pull
 from sandrl.images.reference import parse_reference, store_name
 from sandrl.images.registry import RegistryClient
 from sandrl.images.unpack import LayerPolicy, unpack_layer
-from sandrl.sandbox.bwrap.images import DEFAULT_PATH, ImageStore
+from sandrl.sandbox.bwrap.images import ImageStore
 from sandrl.sandbox.bwrap.layer_owners import kept_xattr, layer_mode, store_id
 
 __all__ = ["import_rootfs_tar", "layer_id", "pull_into_store", "stored_name"]

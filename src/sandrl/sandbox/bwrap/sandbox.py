@@ -24,6 +24,7 @@ from sandrl.errors import (
     SandboxFileError,
     SandboxPausedError,
 )
+from sandrl.images.manifest import DEFAULT_PATH
 from sandrl.processes import reap_in_background, wait_exited
 from sandrl.sandbox.base import (
     MAX_READ_BYTES,
@@ -112,7 +113,7 @@ class BwrapSandbox(SandboxBase):
         self._proc = proc
         self._conn = conn
         self._base_env = {
-            "PATH": image_env.get("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
+            "PATH": image_env.get("PATH", DEFAULT_PATH),
             "HOME": "/root",
             "USER": "root",
             "LOGNAME": "root",
