@@ -51,14 +51,26 @@ async def test_fork_bomb_is_contained_and_host_stays_responsive(provider: BwrapP
 
 
 async def test_dev_shm_fill_is_bounded_by_memory(provider: BwrapProvider) -> None:
-    """/dev/shm is bubblewrap's /dev tmpfs, with no size of its own: its pages count against the
-    sandbox's memory, so filling it stops near memory_mb and the sandbox goes on serving."""
+    """/dev/shm's pages count against the sandbox's memory (on bubblewrap's /dev tmpfs, which has no
+    size of its own, or the sandbox's disk tmpfs, larger here), so filling it stops near memory_mb and
+    the sandbox goes on serving."""
     async with await provider.create(SandboxSpec(memory_mb=64)) as sb:
         await sb.exec("dd if=/dev/zero of=/dev/shm/fill bs=1M count=256", timeout_s=30)
         held = int((await sb.exec("du -sm /dev/shm | cut -f1")).stdout)
         assert held <= 64
         assert sb.stats().oom_kills >= 1
         assert (await sb.exec("rm /dev/shm/fill && echo alive")).stdout == "alive\n"
+
+
+async def test_dev_shm_counts_against_the_disk(provider: BwrapProvider) -> None:
+    """/dev is a directory of the sandbox's disk tmpfs, not a tmpfs of its own (each filesystem
+    instance costs every memory cgroup of the host: bench/density.py): what /dev/shm holds counts
+    against ``disk_mb`` with the sandbox's files, as well as against its memory."""
+    async with await provider.create(SandboxSpec(disk_mb=16)) as sb:  # memory: 2 GiB
+        r = await sb.exec("dd if=/dev/zero of=/dev/shm/fill bs=1M count=64")
+        assert r.exit_code != 0
+        assert "No space left on device" in r.stderr
+        assert (await sb.exec("rm /dev/shm/fill && echo freed")).stdout == "freed\n"
 
 
 async def test_disk_fill_hits_enospc(provider: BwrapProvider) -> None:

@@ -451,6 +451,7 @@ struct launch_opts {
     const char *hostname;        /* pid 1 made by the helper: the sandbox's hostname */
     const char *masks[MAX_MASKS]; /* pid 1 made by the helper: the /proc entries that read as empty */
     int n_masks;
+    int mask_fd; /* pid 1 made by the helper: the provider's read-only tmpfs with the file the masks show */
     char **rest; /* bubblewrap's arguments (after --); with pid 1 made by the helper, pid 1's */
     int n_rest;
 };
@@ -488,6 +489,9 @@ static void parse_launch_opts(int argc, char **argv, struct launch_opts *o) {
             o->hostname = argv[++i];
         } else if (!strcmp(a, "--mask") && i + 1 < argc && o->n_masks < MAX_MASKS) {
             o->masks[o->n_masks++] = argv[++i];
+        } else if (!strcmp(a, "--mask-fd") && i + 1 < argc) {
+            o->mask_fd = atoi(argv[++i]);
+            if (fcntl(o->mask_fd, F_SETFD, FD_CLOEXEC)) die("--mask-fd %d", o->mask_fd); /* never the agent's */
         } else {
             errno = 0;
             die("launch: unknown or incomplete option %s", a);
@@ -578,11 +582,14 @@ static void clone_layers(const struct launch_opts *o, int *layer_fds) {
     for (int l = 0; l < o->n_layers; l++) layer_fds[l] = clone_layer(o->layers[l]);
 }
 
-/* The writable layer (in the private mount namespace), once the layers are cloned. */
-static void start_root(const struct launch_opts *o) {
+/* The writable layer (in the private mount namespace), once the layers are cloned. Its source
+ * shows in the sandbox where a part of it is mounted there: bubblewrap's masks of /proc entries
+ * ("sandrl"), or the /dev the helper makes on it for its own pid 1 ("tmpfs", as bubblewrap's
+ * --dev shows). */
+static void start_root(const struct launch_opts *o, const char *source) {
     char opts[128];
     snprintf(opts, sizeof opts, "size=%llu,mode=0755", o->tmpfs_bytes);
-    if (mount("sandrl", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, opts)) die("mounting the writable layer");
+    if (mount(source, "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, opts)) die("mounting the writable layer");
     mkdir_or_die(STAGE, 0755, (uid_t)-1);
     mkdir_or_die(STAGE "/lower", 0755, (uid_t)-1);
     mkdir_or_die(STAGE "/upper", 0755, (uid_t)-1);
@@ -654,11 +661,14 @@ static void finish_root(const struct launch_opts *o, int *layer_fds, const struc
  * which a fork's 16 children pay at once and every cold create waits for. Pid 1 is made with the
  * sandbox's namespaces as bubblewrap makes them (pid, mount, ipc, uts and cgroup ones, inside the
  * outer user namespace, so every mount copied into its mount namespace is locked), and builds
- * bubblewrap's /proc and /dev at a staging place while the launcher builds the root (for a
- * launch made ahead, before the image is known). The launcher passes the root to pid 1 as a
- * detached mount (open_tree); pid 1 attaches it, moves /proc and /dev into it, pivots into it and
- * execs the agent as bubblewrap would: Docker's capabilities, a new session, no environment. The
- * tests that hold the sandbox's surface to bubblewrap's run on sandboxes made every way. */
+ * bubblewrap's /proc (with our masks) and a devpts at a staging place while the launcher builds
+ * the root (for a launch made ahead, before the image is known), with bubblewrap's /dev on the
+ * sandbox's tmpfs. The launcher passes the root to pid 1 as a detached mount (open_tree); pid 1
+ * attaches it, moves /proc and /dev/pts into it, pivots into it and execs the agent as bubblewrap
+ * would: Docker's capabilities, a new session, no environment. The tests that hold the sandbox's
+ * surface to bubblewrap's run on sandboxes made every way. No filesystem instance is made that a
+ * bind of one the sandbox has anyway can stand for: each costs every memory cgroup of the host
+ * (launch.py's empty_file_mount). */
 
 #define PID1_STAGE "/tmp"
 
@@ -681,7 +691,11 @@ static void symlink_or_die(const char *target, const char *path) {
     if (symlink(target, path)) die("symlink %s", path);
 }
 
-/* bubblewrap's --proc (with its covers of sys, sysrq-trigger, irq and bus) and our masks. */
+/* bubblewrap's --proc (with its covers of sys, sysrq-trigger, irq and bus) and our masks. The masks
+ * show the empty file of the provider's read-only tmpfs (--mask-fd, one for all its sandboxes), as
+ * bubblewrap's show one on the sandbox's tmpfs (source "sandrl" both): a tmpfs of pid 1's own would
+ * stay alive for them, and every filesystem instance costs each memory cgroup of the host a slot
+ * of its shrinker map (see launch.py). */
 static void stage_proc(const struct launch_opts *o) {
     const char *dir = PID1_STAGE "/proc";
     mkdir_or_die(dir, 0755, (uid_t)-1);
@@ -696,22 +710,51 @@ static void stage_proc(const struct launch_opts *o) {
         }
         bind_or_die(path, path, MS_RDONLY | MS_NODEV | MS_NOEXEC);
     }
-    create_empty_or_die(PID1_STAGE "/empty");
+    char first[PATH_MAX] = "";
     for (int i = 0; i < o->n_masks; i++) {
         if (strncmp(o->masks[i], "/proc/", 6) || strstr(o->masks[i], "..")) {
             errno = 0;
             die("launch: --mask %s is not under /proc", o->masks[i]);
         }
         snprintf(path, sizeof path, "%s/%s", dir, o->masks[i] + 6);
-        bind_or_die(PID1_STAGE "/empty", path, MS_RDONLY | MS_NODEV);
+        if (first[0]) {
+            bind_or_die(first, path, MS_RDONLY | MS_NODEV);
+            continue;
+        }
+        if (o->mask_fd < 0) {
+            errno = 0;
+            die("launch: --mask needs --mask-fd");
+        }
+        int empty = (int)syscall(SYS_open_tree, o->mask_fd, "empty", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+        if (empty < 0) die("open_tree of the masks' empty file");
+        if (syscall(SYS_move_mount, empty, "", AT_FDCWD, path, MOVE_MOUNT_F_EMPTY_PATH)) die("move_mount %s", path);
+        close(empty);
+        mount_or_die(NULL, path, NULL, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_RDONLY | MS_NODEV, NULL);
+        snprintf(first, sizeof first, "%s", path);
     }
 }
 
-/* bubblewrap's --dev, and our --chmod 1777 /dev/shm. */
-static void stage_dev(void) {
-    const char *dir = PID1_STAGE "/dev";
-    mkdir_or_die(dir, 0755, (uid_t)-1);
-    mount_or_die("tmpfs", dir, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755");
+/* A new devpts for pid 1's /dev/pts, mounted in the sandbox's user namespace as bubblewrap's is:
+ * staged now, moved into /dev once the root has come. */
+static void stage_devpts(void) {
+    mkdir_or_die(PID1_STAGE "/pts", 0755, (uid_t)-1);
+    mount_or_die("devpts", PID1_STAGE "/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620");
+}
+
+static void chown_or_die(const char *path, uid_t uid) {
+    if (lchown(path, uid, uid)) die("chown %s", path);
+}
+
+/* bubblewrap's --dev (but /dev/pts, pid 1's: stage_devpts) and our --chmod 1777 /dev/shm, built by
+ * the launcher on the sandbox's own tmpfs (the writable layer, mounted as "tmpfs": the source
+ * bubblewrap's /dev shows) and bound on the root's /dev: not a tmpfs of its own, since every
+ * filesystem instance costs each memory cgroup of the host a slot of its shrinker map (launch.py).
+ * Owned as pid 1 would have made it (the sandbox's host uid `owner`, whom no command's namespace
+ * maps). What it holds (/dev/shm's files) counts against the disk's size, and its pages against the
+ * sandbox's memory, as the rest of that tmpfs. */
+static void build_dev(uid_t owner) {
+    const char *dir = STAGE "/dev";
+    mkdir_or_die(dir, 0755, owner);
     static const char *const nodes[] = {"null", "zero", "full", "random", "urandom", "tty"};
     char path[PATH_MAX], src[64];
     for (size_t i = 0; i < sizeof nodes / sizeof *nodes; i++) {
@@ -720,18 +763,28 @@ static void stage_dev(void) {
         create_empty_or_die(path);
         bind_or_die(src, path, 0);
     }
-    static const char *const stdio[] = {"stdin", "stdout", "stderr"};
-    for (int i = 0; i < 3; i++) {
-        snprintf(src, sizeof src, "/proc/self/fd/%d", i);
-        snprintf(path, sizeof path, "%s/%s", dir, stdio[i]);
-        symlink_or_die(src, path);
+    static const char *const links[][2] = {{"/proc/self/fd/0", "stdin"}, {"/proc/self/fd/1", "stdout"},
+                                           {"/proc/self/fd/2", "stderr"}, {"/proc/self/fd", "fd"},
+                                           {"/proc/kcore", "core"}, {"pts/ptmx", "ptmx"}};
+    for (size_t i = 0; i < sizeof links / sizeof *links; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, links[i][1]);
+        symlink_or_die(links[i][0], path);
+        chown_or_die(path, owner);
     }
-    symlink_or_die("/proc/self/fd", PID1_STAGE "/dev/fd");
-    symlink_or_die("/proc/kcore", PID1_STAGE "/dev/core");
-    mkdir_or_die(PID1_STAGE "/dev/shm", 01777, (uid_t)-1);
-    mkdir_or_die(PID1_STAGE "/dev/pts", 0755, (uid_t)-1);
-    mount_or_die("devpts", PID1_STAGE "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620");
-    symlink_or_die("pts/ptmx", PID1_STAGE "/dev/ptmx");
+    mkdir_or_die(STAGE "/dev/shm", 01777, owner);
+    mkdir_or_die(STAGE "/dev/pts", 0755, owner);
+    /* The image's /dev, which must be a directory: a symlink would be followed in the launcher's
+     * tree, the host's. */
+    const char *at = STAGE "/root/dev";
+    struct stat st;
+    if (lstat(at, &st) != 0) {
+        mkdir_or_die(at, 0755, owner);
+    } else if (!S_ISDIR(st.st_mode)) {
+        errno = 0;
+        die("the image's /dev is not a directory");
+    }
+    mount_or_die(dir, at, NULL, MS_BIND | MS_REC, NULL);
+    mount_or_die(NULL, at, NULL, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV, NULL);
 }
 
 /* Keep only Docker's capabilities, in the bounding set and in pid 1's own and ambient sets, as
@@ -826,16 +879,18 @@ static void send_root(int sock, int root_fd, char **args, int n_args) {
     free(buf);
 }
 
-/* Pid 1, from its birth to the agent: /proc and /dev now, the root when the launcher sends it. */
+/* Pid 1, from its birth to the agent: /proc and /dev/pts now, the root when the launcher sends it. */
 static void pid1_main(const struct launch_opts *o, int sock, int self_fd, int userns_fd, int inner_fd) {
     close(userns_fd); /* pid 1 is in it; nothing of it may reach the agent */
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)) die("prctl(PR_SET_NO_NEW_PRIVS)");
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL)) die("making / private");
     if (o->hostname && sethostname(o->hostname, strlen(o->hostname))) die("sethostname");
-    mount_or_die("sandrl", PID1_STAGE, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0755");
+    /* Where /proc and /dev/pts wait for the root: dropped with the old root at the pivot. */
+    mount_or_die("tmpfs", PID1_STAGE, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0755");
     mkdir_or_die(PID1_STAGE "/root", 0755, (uid_t)-1);
     stage_proc(o);
-    stage_dev();
+    if (o->mask_fd >= 0) close(o->mask_fd);
+    stage_devpts();
 
     int root = receive_root(sock);
     int argc;
@@ -845,21 +900,17 @@ static void pid1_main(const struct launch_opts *o, int sock, int self_fd, int us
         die("attaching the sandbox's root");
     close(root);
     close(sock);
-    static const char *const moved[] = {"proc", "dev"};
-    char from[64], to[64];
-    for (int i = 0; i < 2; i++) {
-        snprintf(from, sizeof from, PID1_STAGE "/%s", moved[i]);
-        snprintf(to, sizeof to, PID1_STAGE "/root/%s", moved[i]);
-        struct stat st;
-        if (lstat(to, &st) != 0) {
-            mkdir_or_die(to, 0755, (uid_t)-1);
-        } else if (!S_ISDIR(st.st_mode)) {
-            /* A symlink would be followed from the host's tree, where pid 1 still is. */
-            errno = 0;
-            die("the image's /%s is not a directory", moved[i]);
-        }
-        mount_or_die(from, to, NULL, MS_MOVE, NULL);
+    /* /dev came with the root (build_dev); /proc and /dev/pts are pid 1's. */
+    struct stat st;
+    if (lstat(PID1_STAGE "/root/proc", &st) != 0) {
+        mkdir_or_die(PID1_STAGE "/root/proc", 0755, (uid_t)-1);
+    } else if (!S_ISDIR(st.st_mode)) {
+        /* A symlink would be followed from the host's tree, where pid 1 still is. */
+        errno = 0;
+        die("the image's /proc is not a directory");
     }
+    mount_or_die(PID1_STAGE "/proc", PID1_STAGE "/root/proc", NULL, MS_MOVE, NULL);
+    mount_or_die(PID1_STAGE "/pts", PID1_STAGE "/root/dev/pts", NULL, MS_MOVE, NULL);
     /* As bubblewrap: pivot onto the new root with the old one on top of it, then detach the old. */
     int old_root = open("/", O_DIRECTORY | O_RDONLY | O_CLOEXEC);
     if (old_root < 0) die("open /");
@@ -961,6 +1012,7 @@ static int pid1_launch_main(struct launch_opts *o) {
     pid_t pid1 = start_pid1(o, &ns, pair, self_fd);
     close(pair[1]);
     close(self_fd);
+    if (o->mask_fd >= 0) close(o->mask_fd); /* pid 1's alone */
 
     if (ahead) {
         /* Wait for a sandbox to be given, or for pid 1's end (this launch is then of no use: the
@@ -981,8 +1033,9 @@ static int pid1_launch_main(struct launch_opts *o) {
         check_root_opts(o, with_store, "pid 1's arguments");
         clone_layers(o, layer_fds);
     }
-    start_root(o);
+    start_root(o, "tmpfs");
     finish_root(o, layer_fds, &ns);
+    build_dev(o->uid);
     int root = (int)syscall(SYS_open_tree, AT_FDCWD, STAGE "/root", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
     if (root < 0) die("open_tree %s", STAGE "/root");
     send_root(pair[0], root, o->rest, o->n_rest);
@@ -1009,7 +1062,7 @@ static int launch_main(int argc, char **argv) {
     struct launch_opts o;
     memset(&o, 0, sizeof o);
     o.bwrap = "/usr/bin/bwrap";
-    o.args_fd = o.sock_fd = -1;
+    o.args_fd = o.sock_fd = o.mask_fd = -1;
     parse_launch_opts(argc - 1, argv + 1, &o);
     if (o.uid == 0) {
         errno = 0;
@@ -1038,7 +1091,7 @@ static int launch_main(int argc, char **argv) {
     start_namespaces(&ns, &o, with_store);
     private_mount_namespace();
     clone_layers(&o, layer_fds);
-    start_root(&o);
+    start_root(&o, "sandrl");
     stage_for_bwrap(&o);
     finish_namespaces(&ns, &o, with_store);
     finish_root(&o, layer_fds, &ns);
