@@ -157,6 +157,30 @@ def test_every_help_keeps_its_bracketed_words() -> None:
     assert {"[run]", "[cluster]", "[/variant]"} <= set(checked)
 
 
+def test_each_sandboxes_help_says_what_that_command_takes_without_it() -> None:
+    # One text for all said "default: [rollout]'s, local", and `tasks run` has no [rollout].
+    from typer.main import get_command
+
+    from sandrl.cli import app
+
+    defaults = {
+        ("eval",): "default: [rollout]'s, local.",
+        ("tasks", "run"): "default: local.",
+        ("tasks", "validate"): "default: local.",
+        ("bench", "rollout"): "default: local.",
+        ("demo",): "default: the demo's, local.",
+    }
+    said = {
+        tuple(path): param.help
+        for path, command in _commands(get_command(app), [])
+        for param in getattr(command, "params", [])
+        if "--sandboxes" in getattr(param, "opts", [])
+    }
+    assert said.keys() == defaults.keys()
+    for path, default in defaults.items():
+        assert said[path].endswith(default), (path, said[path])
+
+
 def test_version() -> None:
     r = subprocess.run([str(SANDRL), "--version"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr

@@ -14,7 +14,7 @@ from typing import Literal, cast
 import typer
 
 from sandrl.cli import bench_inference
-from sandrl.cli.output import SANDBOXES_HELP, emit, rich_console
+from sandrl.cli.output import emit, rich_console, sandboxes_help
 from sandrl.errors import ConfigError, SandrlError
 
 app = typer.Typer(no_args_is_help=True, help="Benchmarks; each ends with one JSON line.")
@@ -89,7 +89,7 @@ def bench_rollout(
         help="On setup-heavy tasks: groups forked from one set-up sandbox against a setup per episode, same run.",
     ),
     group_size: int = typer.Option(8, help="--fork-groups: episodes per group (--episodes is rounded to groups)."),
-    sandboxes: str | None = typer.Option(None, help=SANDBOXES_HELP),
+    sandboxes: str | None = typer.Option(None, help=sandboxes_help("local")),
     json_only: bool = typer.Option(False, "--json", help="Print only the JSON line."),
 ) -> None:
     """Concurrent replay episodes with the model's time fixed: infra errors and orchestrator overhead."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from sandrl.cli.output import SANDBOXES_HELP, emit, rich_console
+from sandrl.cli.output import emit, rich_console, sandboxes_help
 
 app = typer.Typer(help="The main job end to end on the embedded defaults.")
 
@@ -21,7 +21,7 @@ def demo(
     rl_steps: int | None = typer.Option(None, help="GRPO steps (default: the demo's, 80; --format tools: 180)."),
     family: str | None = typer.Option(None, help="The generated task family (default: the demo's, 'lines')."),
     format: str = typer.Option("fenced", "--format", help="The policy acts by 'fenced' bash blocks or 'tools' calls."),
-    sandboxes: str | None = typer.Option(None, help=SANDBOXES_HELP),
+    sandboxes: str | None = typer.Option(None, help=sandboxes_help("the demo's, local")),
 ) -> None:
     """Warm-start a tiny model, train it with GRPO in async mode on real sandboxes, show it learned."""
     if ctx.invoked_subcommand is not None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import typer
 
 from sandrl import interrupt
-from sandrl.cli.output import SANDBOXES_HELP, SWEBENCH_IMAGES_HELP, emit, err_console, print_error
+from sandrl.cli.output import SWEBENCH_IMAGES_HELP, emit, err_console, print_error, sandboxes_help
 
 # No name when mounted: `eval` is a command of the root, not a group.
 app = typer.Typer()
@@ -67,7 +67,7 @@ def eval_tasks(
     fork_groups: bool | None = typer.Option(
         None, "--fork-groups", help="Set each task up once per group of --samples, and fork its episodes from it."
     ),
-    sandboxes: str | None = typer.Option(None, help=SANDBOXES_HELP),
+    sandboxes: str | None = typer.Option(None, help=sandboxes_help("[rollout]'s, local")),
     config: Path | None = typer.Option(
         None,
         "--config",

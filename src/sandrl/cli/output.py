@@ -26,11 +26,6 @@ from rich.text import Text
 # Errors, warnings and the local `sandbox run`'s notes; `main()` prints SandrlError here.
 err_console = Console(stderr=True)
 
-SANDBOXES_HELP = (
-    "'local' (bubblewrap here) or 'e2b' (an E2B-compatible service: E2B_API_KEY, E2B_API_URL...); "
-    "default: [rollout]'s, local."
-)
-"""``--sandboxes`` of every command that runs sandboxes (:func:`sandrl.wiring.open_provider` builds them)."""
 SWEBENCH_IMAGES_HELP = (
     "Where SWE-bench instances run: swebench (the published images), epoch (Epoch AI's), swegym (SWE-Gym's), an "
     "image template with {instance_id}, {instance_key} or {swegym_key} and {arch}; 'local': from local clones "
@@ -38,6 +33,16 @@ SWEBENCH_IMAGES_HELP = (
     "repositories). SWE-smith's and R2E-Gym's rows run in the image they name."
 )
 """The help of ``--swebench-images``, which every command that loads tasks takes."""
+
+
+def sandboxes_help(default: str) -> str:
+    """``--sandboxes`` of every command that runs sandboxes (:func:`sandrl.wiring.open_provider` builds
+    them), with what the command takes without it (``default``)."""
+    return (
+        "'local' (bubblewrap here) or 'e2b' (an E2B-compatible service: E2B_API_KEY, E2B_API_URL...); "
+        f"default: {default}."
+    )
+
 
 # A piped card's tables would wrap at rich's default of 80 columns.
 _PIPED_WIDTH = 140

@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from sandrl.cli.images import prefetch_tasks
-from sandrl.cli.output import SANDBOXES_HELP, SWEBENCH_IMAGES_HELP, emit, print_error, rich_console
+from sandrl.cli.output import SWEBENCH_IMAGES_HELP, emit, print_error, rich_console, sandboxes_help
 from sandrl.errors import ConfigError
 from sandrl.progress import Progress
 from sandrl.tasks.datasets import cache_root, default_registry, find_dataset, parse_spec, pull_dataset, read_registry
@@ -93,7 +93,7 @@ def tasks_validate(
     path: str = typer.Argument(..., help="A task directory, a directory of them, or 'builtin' (the shipped suite)."),
     concurrency: int = typer.Option(2, help="Tasks validated at once (each uses two sandboxes)."),
     swebench_images: str | None = typer.Option(None, help=SWEBENCH_IMAGES_HELP),
-    sandboxes: str | None = typer.Option(None, help=SANDBOXES_HELP),
+    sandboxes: str | None = typer.Option(None, help=sandboxes_help("local")),
 ) -> None:
     """For every task: the environment builds, the tests fail without the solution and pass with it."""
     if concurrency < 1:
@@ -145,7 +145,7 @@ def tasks_run(
     concurrency: int = typer.Option(2, help="Tasks run at once."),
     json_out: bool = typer.Option(False, "--json", help="End with one JSON line of the results."),
     swebench_images: str | None = typer.Option(None, help=SWEBENCH_IMAGES_HELP),
-    sandboxes: str | None = typer.Option(None, help=SANDBOXES_HELP),
+    sandboxes: str | None = typer.Option(None, help=sandboxes_help("local")),
 ) -> None:
     """Run every task with the oracle or the null agent through the real verifier; print the pass rate."""
     if agent not in ("oracle", "null"):
