@@ -12,7 +12,9 @@ no engine reads a bucket being written (:attr:`SharedMemoryGroup.writes_first`).
 The segment lives as long as the group: rank 0 creates it (``O_EXCL``, mode 0600) when it joins and
 removes its name once every engine has opened it (:meth:`SharedMemoryGroup.all_joined`), so a trainer or
 engine that dies leaves nothing behind in ``/dev/shm``. Its pages stay between pushes (a bucket's
-first write page-faults once per 4 KiB; later pushes write into warm pages). An engine reads with
+first write page-faults once per 4 KiB; later pushes write into warm pages): the group holds the
+biggest bucket's size (``[inference] weight_bucket_mb``, 256 MB) of shared memory while it lives, so
+it is chosen only where ``/dev/shm`` has that room. An engine reads with
 ``pread`` into its own buffers, never maps the file: a segment shorter than the bucket declares is a
 short read and a refusal, not a ``SIGBUS``; it opens the segment only if it is a regular file of its own
 user (or root's) that no one else may write.
