@@ -95,6 +95,13 @@ def _superblocks(pid: int) -> set[str]:
         return {line.split()[2] for line in f}
 
 
+def _mount_point(path: Path) -> str:
+    """The host's mount ``path`` is on (the longest mount point above it)."""
+    with open("/proc/self/mountinfo") as f:
+        points = [line.split()[4] for line in f]
+    return max((p for p in points if path == Path(p) or Path(p) in path.parents), key=len)
+
+
 def _pid1(sandbox: BwrapSandbox) -> int:
     with open(f"/proc/{sandbox.host_pid}/task/{sandbox.host_pid}/children") as f:
         return int(f.read().split()[0])  # the monitor's only child
@@ -104,9 +111,10 @@ async def test_a_sandbox_makes_only_the_filesystem_instances_it_needs(either_lau
     """Every filesystem instance registers a shrinker, and the kernel keeps a slot for each in a map of
     every memory cgroup (~16 bytes): N sandboxes of k instances each cost N x kN slots, 1.4 MiB a
     sandbox at 10,000 live with 9. A sandbox makes its disk's tmpfs (which holds its /dev), its /proc,
-    its /dev/pts, and an overlay per mount point and per host view of its image (and, unseen here, its
-    ipc namespace's mqueue); the masks of /proc entries show one read-only tmpfs of the provider's.
-    Before: a /dev tmpfs and pid 1's staging tmpfs (kept alive by the masks) of each sandbox's own."""
+    its /dev/pts, an overlay per mount point of its image, and one unprivileged view of each host mount
+    its host layers are on (and, unseen here, its ipc namespace's mqueue); the masks of /proc entries
+    show one read-only tmpfs of the provider's. Before: a /dev tmpfs, pid 1's staging tmpfs (kept
+    alive by the masks) and a view of each host directory (/usr, /etc...), each sandbox's own."""
     host = _superblocks(os.getpid())
     spec = SandboxSpec(ttl_s=60)
     made = [await either_launch.create(spec) for _ in range(2)]
@@ -114,7 +122,8 @@ async def test_a_sandbox_makes_only_the_filesystem_instances_it_needs(either_lau
         own = [(_superblocks(_pid1(sb)) | _superblocks(sb.host_pid)) - host for sb in made]
         plan = either_launch.images.get(spec.image).plan
         shared = own[0] & own[1]
-        assert len(own[0] - shared) == 3 + len(plan.overlays) + len(plan.host_views), own
+        host_mounts = {_mount_point(plan.layers[i]) for i in plan.host_views}
+        assert len(own[0] - shared) == 3 + len(plan.overlays) + len(host_mounts), own
         assert len(shared) == 1, shared  # the masks' tmpfs
         masked = await made[0].exec("echo x > /proc/cmdline || echo refused; wc -c < /proc/cmdline")
         assert masked.stdout.split() == ["refused", "0"], masked  # the shared file: read-only, empty

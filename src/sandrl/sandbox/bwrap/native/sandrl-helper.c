@@ -576,10 +576,83 @@ static void private_mount_namespace(void) {
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL)) die("making / private");
 }
 
+/* The host's mounts that --host-layer directories are on: one view (mount_host_view) of each
+ * mount's top, every such directory on it seen as a subdirectory of that view, rather than a view
+ * of each directory (/usr, /etc, /bin...): every filesystem instance costs each memory cgroup of
+ * the host a slot of its shrinker map (launch.py's empty_file_mount). */
+#define MAX_HOST_MOUNTS 16
+static struct host_mount {
+    uint64_t id;
+    char top[PATH_MAX];
+    int fd; /* its top, cloned (not its submounts: an overlay's layer shows none) */
+} host_mounts[MAX_HOST_MOUNTS];
+static int n_host_mounts;
+static int view_of[MAX_LAYERS];        /* a --host-layer's index in host_mounts */
+static const char *view_sub[MAX_LAYERS]; /* and its path under that mount's top ("" for the top) */
+
+/* The id of the mount `path` is on (statx's STATX_MNT_ID, read from the kernel's struct statx). */
+static uint64_t mount_id(const char *path) {
+    unsigned char buf[256];
+    memset(buf, 0, sizeof buf);
+    if (syscall(SYS_statx, AT_FDCWD, path, AT_SYMLINK_NOFOLLOW, 0x1000u, buf)) die("statx %s", path);
+    uint32_t mask;
+    uint64_t id;
+    memcpy(&mask, buf, sizeof mask);
+    memcpy(&id, buf + 144, sizeof id);
+    if (!(mask & 0x1000u)) {
+        errno = 0;
+        die("statx %s: no mount id (Linux 5.8 or later)", path);
+    }
+    return id;
+}
+
+/* Which host mount the host directory `path` (absolute, with no symlink in it) is on: its top is
+ * the highest directory above `path` on the same mount. */
+static int host_mount_of(const char *path, const char **sub) {
+    uint64_t id = mount_id(path);
+    char top[PATH_MAX], parent[PATH_MAX];
+    snprintf(top, sizeof top, "%s", path);
+    while (strcmp(top, "/")) {
+        snprintf(parent, sizeof parent, "%s", top);
+        char *slash = strrchr(parent, '/');
+        if (slash == parent) slash[1] = '\0';
+        else *slash = '\0';
+        if (mount_id(parent) != id) break;
+        snprintf(top, sizeof top, "%s", parent);
+    }
+    size_t len = strcmp(top, "/") ? strlen(top) : 0;
+    *sub = path + len + (path[len] == '/');
+    for (int m = 0; m < n_host_mounts; m++)
+        if (host_mounts[m].id == id && !strcmp(host_mounts[m].top, top)) return m;
+    if (n_host_mounts == MAX_HOST_MOUNTS) {
+        errno = 0;
+        die("launch: host layers on more than %d mounts", MAX_HOST_MOUNTS);
+    }
+    struct host_mount *m = &host_mounts[n_host_mounts];
+    m->id = id;
+    snprintf(m->top, sizeof m->top, "%s", top);
+    m->fd = (int)syscall(SYS_open_tree, AT_FDCWD, top, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+    if (m->fd < 0) die("open_tree %s", top);
+    return n_host_mounts++;
+}
+
 /* The image's layers as detached mounts, cloned before the writable layer's tmpfs covers /tmp,
- * where a state directory may be. */
+ * where a state directory may be; a --host-layer's mount, once for all of them on it. */
 static void clone_layers(const struct launch_opts *o, int *layer_fds) {
-    for (int l = 0; l < o->n_layers; l++) layer_fds[l] = clone_layer(o->layers[l]);
+    for (int l = 0; l < o->n_layers; l++) {
+        if (o->host_view[l]) {
+            layer_fds[l] = -1;
+            view_of[l] = host_mount_of(o->layers[l], &view_sub[l]);
+        } else {
+            layer_fds[l] = clone_layer(o->layers[l]);
+        }
+    }
+}
+
+/* Where layer `l` is seen from the overlays once finish_root has attached it. */
+static void layer_dir(const struct launch_opts *o, int l, char *buf, size_t size) {
+    if (!o->host_view[l]) snprintf(buf, size, STAGE "/lower/%d", l);
+    else snprintf(buf, size, STAGE "/view/%d%s%s", view_of[l], *view_sub[l] ? "/" : "", view_sub[l]);
 }
 
 /* The writable layer (in the private mount namespace), once the layers are cloned. Its source
@@ -605,25 +678,32 @@ static void stage_for_bwrap(const struct launch_opts *o) {
     mkdir_or_die(scratch, 0755, o->uid);
 }
 
-/* Idmap and attach the layers, and mount the overlays on STAGE/root. */
+/* Idmap and attach the layers (a host mount's top, viewed, for the host layers on it), and mount
+ * the overlays on STAGE/root. */
 static void finish_root(const struct launch_opts *o, int *layer_fds, const struct launch_ns *ns) {
     uid_t root = o->uid + 1;
-    for (int l = 0; l < o->n_layers; l++)
-        idmap_layer(layer_fds[l], o->layers[l], o->store_layer[l] ? ns->store_fd : ns->inner_fd);
     char path[PATH_MAX];
     for (int l = 0; l < o->n_layers; l++) {
+        if (o->host_view[l]) continue;
+        idmap_layer(layer_fds[l], o->layers[l], o->store_layer[l] ? ns->store_fd : ns->inner_fd);
         snprintf(path, sizeof path, STAGE "/lower/%d", l);
         attach_layer(layer_fds[l], path);
-        if (o->host_view[l]) {
-            char view[64];
-            mkdir_or_die(STAGE "/view", 0755, (uid_t)-1);
-            mkdir_or_die(STAGE "/view-empty", 0755, (uid_t)-1);
-            snprintf(view, sizeof view, STAGE "/view/%d", l);
-            mount_host_view(path, view);
-        }
+    }
+    if (n_host_mounts) {
+        mkdir_or_die(STAGE "/host", 0755, (uid_t)-1);
+        mkdir_or_die(STAGE "/view", 0755, (uid_t)-1);
+        mkdir_or_die(STAGE "/view-empty", 0755, (uid_t)-1);
+    }
+    for (int m = 0; m < n_host_mounts; m++) {
+        char view[64];
+        idmap_layer(host_mounts[m].fd, host_mounts[m].top, ns->inner_fd);
+        snprintf(path, sizeof path, STAGE "/host/%d", m);
+        attach_layer(host_mounts[m].fd, path);
+        snprintf(view, sizeof view, STAGE "/view/%d", m);
+        mount_host_view(path, view);
     }
     for (int ov = 0; ov < o->n_ov; ov++) {
-        char upper[64], work[64], target[PATH_MAX], lowers[4096] = "";
+        char upper[64], work[64], target[PATH_MAX], lowers[8192] = "";
         snprintf(upper, sizeof upper, STAGE "/upper/%d", ov);
         snprintf(work, sizeof work, STAGE "/work/%d", ov);
         mkdir_or_die(upper, 0755, root);
@@ -638,16 +718,23 @@ static void finish_root(const struct launch_opts *o, int *layer_fds, const struc
                 die("launch: overlay %s names layer %d of %d", o->ov_target[ov], idx, o->n_layers);
             }
             size_t len = strlen(lowers);
-            snprintf(lowers + len, sizeof lowers - len, "%s" STAGE "/%s/%d", len ? ":" : "",
-                     o->host_view[idx] ? "view" : "lower", idx);
+            layer_dir(o, idx, path, sizeof path);
+            if (strchr(path, ':') || strchr(path, ',') || strchr(path, '\\')) {
+                errno = 0; /* overlayfs would split it */
+                die("launch: a host layer's path holds ':', ',' or '\\': %s", path);
+            }
+            if (snprintf(lowers + len, sizeof lowers - len, "%s%s", len ? ":" : "", path) >= (int)(sizeof lowers - len)) {
+                errno = 0;
+                die("launch: overlay %s has too many layers", o->ov_target[ov]);
+            }
         }
         snprintf(target, sizeof target, STAGE "/root%s", strcmp(o->ov_target[ov], "/") ? o->ov_target[ov] : "");
         if (ov == 0) mkdir_or_die(STAGE "/root", 0755, (uid_t)-1);
         /* Directories take their attributes from the upper layer: give it the lower's mode. */
         struct stat st;
-        snprintf(path, sizeof path, STAGE "/lower/%d", atoi(o->ov_layers[ov]));
+        layer_dir(o, atoi(o->ov_layers[ov]), path, sizeof path);
         if (stat(path, &st) == 0) chmod(upper, st.st_mode & 07777);
-        char data[8192];
+        char data[8448];
         snprintf(data, sizeof data, "lowerdir=%s,upperdir=%s,workdir=%s", lowers, upper, work);
         if (mount("overlay", target, "overlay", MS_NOSUID | MS_NODEV, data)) die("mounting overlay on %s", target);
     }
