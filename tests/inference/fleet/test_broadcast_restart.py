@@ -22,10 +22,9 @@ from sandrl.inference.fleet import affinity
 from sandrl.inference.fleet.serve import Fleet
 from sandrl.inference.model import build_tiny_model
 from sandrl.inference.weight_push import BlockingBroadcast, BroadcastSpec, model_weights
-from sandrl.train.run_config import load_run_config
-from sandrl.wiring import open_policy
 
 from ...support import REASON
+from .embedded import embedded_fleet
 
 pytestmark = [
     pytest.mark.asyncio(loop_scope="module"),
@@ -33,19 +32,6 @@ pytestmark = [
     pytest.mark.timeout(300),
 ]
 
-CONFIG = """
-[run]
-output_dir = "{out}"
-
-[inference]
-launch = "embedded"
-engines = 2
-startup_timeout_s = 180
-weight_sync = "broadcast"
-
-[tasks]
-family = "echo"
-"""
 GREEDY = SamplingParams(temperature=0, max_new_tokens=6)
 PROMPT = list(range(40, 56))
 
@@ -85,9 +71,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def policy(run_dir: Path) -> AsyncIterator[InferenceClient]:
-    (run_dir / "run.toml").write_text(CONFIG.format(out=run_dir / "out"))
-    config = load_run_config(run_dir / "run.toml")
-    async with open_policy(config.model, fleet=config.inference, run_dir=config.output_dir) as served:
+    async with embedded_fleet(run_dir, weight_sync="broadcast") as served:
         yield served
 
 

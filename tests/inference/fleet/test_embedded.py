@@ -24,28 +24,15 @@ from sandrl.rollout import Budget, EpisodeConfig, LLMAgent, LLMAgentConfig, Roll
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.tasks import Task, load_tasks
 from sandrl.tasks.builtin.generated import generate_tasks
-from sandrl.train.run_config import load_run_config
-from sandrl.wiring import open_policy
 
 from ...support import REASON
+from .embedded import embedded_fleet
 
 pytestmark = [
     pytest.mark.asyncio(loop_scope="module"),
     pytest.mark.skipif(REASON is not None, reason=REASON or ""),
 ]
 
-CONFIG = """
-[run]
-output_dir = "{out}"
-
-[inference]
-launch = "embedded"
-engines = 2
-startup_timeout_s = 180
-
-[tasks]
-family = "echo"
-"""
 GREEDY = SamplingParams(temperature=0, max_new_tokens=12)
 
 
@@ -56,10 +43,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def policy(run_dir: Path) -> AsyncIterator[InferenceClient]:
-    toml = run_dir / "run.toml"
-    toml.write_text(CONFIG.format(out=run_dir / "out"))
-    config = load_run_config(toml)
-    async with open_policy(config.model, fleet=config.inference, run_dir=config.output_dir) as served:
+    async with embedded_fleet(run_dir) as served:
         yield served
 
 

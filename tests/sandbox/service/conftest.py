@@ -11,9 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.sandbox.remote.config import ClientConfig
-from sandrl.sandbox.remote.provider import RemoteProvider
+from sandrl.sandbox.remote.provider import RemoteProvider, RemoteSandbox
 from sandrl.sandbox.service.server import BackgroundServer, create_app
 from sandrl.sandbox.service.state import SandboxService, ServiceConfig
 
@@ -78,3 +79,13 @@ async def http(served: Served) -> AsyncIterator[httpx.AsyncClient]:
 async def remote(served: Served) -> AsyncIterator[RemoteProvider]:
     async with RemoteProvider(served.url, token=served.token, config=ClientConfig(retries=1)) as provider:
         yield provider
+
+
+@pytest.fixture
+async def remote_sandbox(remote: RemoteProvider) -> AsyncIterator[RemoteSandbox]:
+    """A sandbox of the service, through the client; closed after the test."""
+    sb = await remote.create(SandboxSpec(ttl_s=300))
+    try:
+        yield sb
+    finally:
+        await sb.close()

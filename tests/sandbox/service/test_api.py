@@ -31,18 +31,9 @@ from .conftest import Served
 pytestmark = needs_sandbox
 
 
-@pytest.fixture
-async def sandbox(remote: RemoteProvider) -> AsyncIterator[RemoteSandbox]:
-    sb = await remote.create(SandboxSpec(ttl_s=300))
-    try:
-        yield sb
-    finally:
-        await sb.close()
-
-
-async def test_remote_provider_is_a_sandbox_provider(remote: RemoteProvider, sandbox: RemoteSandbox) -> None:
+async def test_remote_provider_is_a_sandbox_provider(remote: RemoteProvider, remote_sandbox: RemoteSandbox) -> None:
     assert isinstance(remote, SandboxProvider)
-    assert isinstance(sandbox, Sandbox)
+    assert isinstance(remote_sandbox, Sandbox)
 
 
 async def test_create_get_list_delete(remote: RemoteProvider, served: Served) -> None:
@@ -67,23 +58,23 @@ async def test_create_get_list_delete(remote: RemoteProvider, served: Served) ->
     await a.close()  # idempotent
 
 
-async def test_exec_result_cwd_env_stdin_and_failure(sandbox: RemoteSandbox) -> None:
-    r = await sandbox.exec("echo out; echo err >&2; exit 3")
+async def test_exec_result_cwd_env_stdin_and_failure(remote_sandbox: RemoteSandbox) -> None:
+    r = await remote_sandbox.exec("echo out; echo err >&2; exit 3")
     assert (r.exit_code, r.stdout, r.stderr, r.timed_out) == (3, "out\n", "err\n", False)
-    r = await sandbox.exec("pwd; echo $FOO", cwd="/tmp", env={"FOO": "bar"})
+    r = await remote_sandbox.exec("pwd; echo $FOO", cwd="/tmp", env={"FOO": "bar"})
     assert r.stdout == "/tmp\nbar\n"
-    r = await sandbox.exec("wc -c", stdin=bytes(range(256)) * 10)
+    r = await remote_sandbox.exec("wc -c", stdin=bytes(range(256)) * 10)
     assert r.stdout.strip() == "2560"
 
 
-async def test_exec_timeout_is_a_result(sandbox: RemoteSandbox) -> None:
-    r = await sandbox.exec("sleep 30", timeout_s=0.5)
+async def test_exec_timeout_is_a_result(remote_sandbox: RemoteSandbox) -> None:
+    r = await remote_sandbox.exec("sleep 30", timeout_s=0.5)
     assert r.timed_out and r.exit_code == 124 and r.duration_s < 5
 
 
-async def test_streaming_exec_sends_output_before_the_end(sandbox: RemoteSandbox) -> None:
+async def test_streaming_exec_sends_output_before_the_end(remote_sandbox: RemoteSandbox) -> None:
     seen: list[tuple[float, OutputChunk | ExecResult]] = []
-    async for item in sandbox.exec_stream("echo first; sleep 1; echo second >&2; printf 'é'; exit 4"):
+    async for item in remote_sandbox.exec_stream("echo first; sleep 1; echo second >&2; printf 'é'; exit 4"):
         seen.append((time.monotonic(), item))
     chunks = [i for _, i in seen if isinstance(i, OutputChunk)]
     result = seen[-1][1]
@@ -94,77 +85,77 @@ async def test_streaming_exec_sends_output_before_the_end(sandbox: RemoteSandbox
     assert b"".join(c.data for c in chunks if c.stream == "stderr") == b"second\n"
 
 
-async def test_streaming_exec_killed_when_the_client_leaves(sandbox: RemoteSandbox) -> None:
-    stream = sandbox.exec_stream("echo go; sleep 97")
+async def test_streaming_exec_killed_when_the_client_leaves(remote_sandbox: RemoteSandbox) -> None:
+    stream = remote_sandbox.exec_stream("echo go; sleep 97")
     async for item in stream:
         assert item == OutputChunk("stdout", b"go\n")
         break
     await stream.aclose()
     for _ in range(50):
-        if "sleep 97" not in (await sandbox.exec("ps -eo args")).stdout:
+        if "sleep 97" not in (await remote_sandbox.exec("ps -eo args")).stdout:
             break
         await asyncio.sleep(0.1)
-    assert "sleep 97" not in (await sandbox.exec("ps -eo args")).stdout
+    assert "sleep 97" not in (await remote_sandbox.exec("ps -eo args")).stdout
 
 
-async def test_files_round_trip_binary_and_mode(sandbox: RemoteSandbox) -> None:
+async def test_files_round_trip_binary_and_mode(remote_sandbox: RemoteSandbox) -> None:
     data = bytes(range(256)) * 1000
-    await sandbox.write_file("deep/dir/f.bin", data, mode=0o755)
-    assert await sandbox.read_file("/workspace/deep/dir/f.bin") == data
-    r = await sandbox.exec("stat -c %a deep/dir/f.bin; sha256sum deep/dir/f.bin")
+    await remote_sandbox.write_file("deep/dir/f.bin", data, mode=0o755)
+    assert await remote_sandbox.read_file("/workspace/deep/dir/f.bin") == data
+    r = await remote_sandbox.exec("stat -c %a deep/dir/f.bin; sha256sum deep/dir/f.bin")
     assert r.stdout.split()[:2] == ["755", hashlib.sha256(data).hexdigest()]
-    await sandbox.write_file("empty", b"")
-    assert await sandbox.read_file("empty") == b""
+    await remote_sandbox.write_file("empty", b"")
+    assert await remote_sandbox.read_file("empty") == b""
 
 
-async def test_missing_file_is_404_file_not_found(sandbox: RemoteSandbox) -> None:
+async def test_missing_file_is_404_file_not_found(remote_sandbox: RemoteSandbox) -> None:
     with pytest.raises(SandboxFileError) as err:
-        await sandbox.read_file("/nope/missing")
+        await remote_sandbox.read_file("/nope/missing")
     assert err.value.error_code == "file_not_found" and err.value.http_status == 404
 
 
-async def test_tar_upload_and_download(sandbox: RemoteSandbox) -> None:
+async def test_tar_upload_and_download(remote_sandbox: RemoteSandbox) -> None:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for name, body in (("a.txt", b"alpha"), ("sub/b.txt", b"beta" * 10000)):
             info = tarfile.TarInfo(name)
             info.size = len(body)
             tar.addfile(info, io.BytesIO(body))
-    await sandbox.upload_tar("/srv/project", buf.getvalue())
-    assert (await sandbox.exec("cat /srv/project/a.txt")).stdout == "alpha"
-    archive = b"".join([c async for c in sandbox.download_tar("/srv/project")])
+    await remote_sandbox.upload_tar("/srv/project", buf.getvalue())
+    assert (await remote_sandbox.exec("cat /srv/project/a.txt")).stdout == "alpha"
+    archive = b"".join([c async for c in remote_sandbox.download_tar("/srv/project")])
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         names = {m.name.removeprefix("./") for m in tar.getmembers() if m.isfile()}
         assert names == {"a.txt", "sub/b.txt"}
         member = tar.extractfile("./sub/b.txt")
         assert member is not None and member.read() == b"beta" * 10000
     with pytest.raises(SandboxFileError) as err:
-        [c async for c in sandbox.download_tar("/no/such/dir")]
+        [c async for c in remote_sandbox.download_tar("/no/such/dir")]
     assert err.value.http_status == 404
     with pytest.raises(SandboxFileError, match="cannot unpack"):
-        await sandbox.upload_tar("/srv/x", b"this is not a tar archive" * 40)
+        await remote_sandbox.upload_tar("/srv/x", b"this is not a tar archive" * 40)
 
 
-async def test_file_paths_resolve_inside_the_sandbox(sandbox: RemoteSandbox, tmp_path: Path) -> None:
+async def test_file_paths_resolve_inside_the_sandbox(remote_sandbox: RemoteSandbox, tmp_path: Path) -> None:
     secret = tmp_path / "host-secret"
     secret.write_text("host only")
     marker = f"/tmp/sandrl-escape-{uuid.uuid4().hex}"
     # Writes through .. land in the sandbox's own root, never on the host.
-    await sandbox.write_file("../../../../.." + marker, b"inside")
+    await remote_sandbox.write_file("../../../../.." + marker, b"inside")
     assert not Path(marker).exists()
-    assert (await sandbox.exec(f"cat {marker}")).stdout == "inside"
+    assert (await remote_sandbox.exec(f"cat {marker}")).stdout == "inside"
     # Host files are out of reach by absolute path, by .., and through symlinks made inside.
     for path in (str(secret), "../../../.." + str(secret)):
         with pytest.raises(SandboxFileError):
-            await sandbox.read_file(path)
-    await sandbox.exec(f"ln -s {secret} /workspace/link")
+            await remote_sandbox.read_file(path)
+    await remote_sandbox.exec(f"ln -s {secret} /workspace/link")
     with pytest.raises(SandboxFileError):
-        await sandbox.read_file("link")
-    await sandbox.exec("echo mine > /workspace/mark")
-    await sandbox.exec("ln -s /proc/1/root/workspace/mark /workspace/l2")
-    assert await sandbox.read_file("l2") == b"mine\n"  # pid 1 is the sandbox's own agent, its root the sandbox's
+        await remote_sandbox.read_file("link")
+    await remote_sandbox.exec("echo mine > /workspace/mark")
+    await remote_sandbox.exec("ln -s /proc/1/root/workspace/mark /workspace/l2")
+    assert await remote_sandbox.read_file("l2") == b"mine\n"  # pid 1 is the sandbox's own agent, its root the sandbox's
     with contextlib.suppress(SandboxFileError):  # the link's target does not exist in the sandbox
-        await sandbox.write_file("link", b"overwrote")
+        await remote_sandbox.write_file("link", b"overwrote")
     assert secret.read_text() == "host only"
 
 
@@ -250,8 +241,8 @@ async def test_chunked_oversized_body_is_413(http: httpx.AsyncClient) -> None:
     assert r.status_code == 413 and r.json()["error_code"] == "payload_too_large"
 
 
-async def test_bad_exec_input_is_4xx(http: httpx.AsyncClient, sandbox: RemoteSandbox) -> None:
-    url = f"/v1/sandboxes/{sandbox.id}/exec"
+async def test_bad_exec_input_is_4xx(http: httpx.AsyncClient, remote_sandbox: RemoteSandbox) -> None:
+    url = f"/v1/sandboxes/{remote_sandbox.id}/exec"
     for body, code in (
         ({"command": "echo \u0000"}, "invalid_request"),
         ({"command": "true", "stdin_b64": "***"}, "invalid_request"),
@@ -260,12 +251,12 @@ async def test_bad_exec_input_is_4xx(http: httpx.AsyncClient, sandbox: RemoteSan
     ):
         r = await http.post(url, json=body)
         assert r.status_code == 400 and r.json()["error_code"] == code, r.text
-    r = await http.put(f"/v1/sandboxes/{sandbox.id}/files", params={"path": "a", "mode": "999"}, content=b"x")
+    r = await http.put(f"/v1/sandboxes/{remote_sandbox.id}/files", params={"path": "a", "mode": "999"}, content=b"x")
     assert r.status_code == 400
 
 
-async def test_metrics_count_creates_execs_and_failures(http: httpx.AsyncClient, sandbox: RemoteSandbox) -> None:
-    await sandbox.exec("true")
+async def test_metrics_count_creates_execs_and_failures(http: httpx.AsyncClient, remote_sandbox: RemoteSandbox) -> None:
+    await remote_sandbox.exec("true")
     await http.get("/v1/sandboxes/sb-missing")
     text = (await http.get("/metrics")).text
     for name in (
@@ -308,26 +299,33 @@ async def test_unknown_error_codes_keep_their_status(remote: RemoteProvider) -> 
     assert err.value.error_code == "not_found" and err.value.http_status == 404
 
 
-async def test_a_flood_of_output_reaches_the_client_bounded(sandbox: RemoteSandbox) -> None:
+async def test_a_flood_of_output_reaches_the_client_bounded(remote_sandbox: RemoteSandbox) -> None:
     """Output is sandbox content: 64 MiB printed reaches the client (whose lean path reads an answer
     whole) cut to the per-stream cap, marked truncated, the sandbox still answering."""
-    r = await sandbox.exec("head -c 67108864 /dev/zero | tr '\\0' x; echo done >&2", timeout_s=60)
+    r = await remote_sandbox.exec("head -c 67108864 /dev/zero | tr '\\0' x; echo done >&2", timeout_s=60)
     assert r.truncated and 0 < len(r.stdout) <= DEFAULT_OUTPUT_CAP and set(r.stdout) == {"x"}
     assert r.stderr == "done\n" and r.exit_code == 0
-    assert (await sandbox.exec("echo alive")).stdout == "alive\n"
+    assert (await remote_sandbox.exec("echo alive")).stdout == "alive\n"
 
 
-async def test_an_id_from_the_caller_cannot_forge_the_request(remote: RemoteProvider, sandbox: RemoteSandbox) -> None:
+async def test_an_id_from_the_caller_cannot_forge_the_request(
+    remote: RemoteProvider, remote_sandbox: RemoteSandbox
+) -> None:
     """The lean path writes its request head itself: a sandbox id with spaces, CR/LF or ``?`` is quoted
     into the path, never read as the end of the line, a header or a query."""
-    for forged in (f"{sandbox.id}\r\nX-Evil: 1", f"{sandbox.id} HTTP/1.1", f"{sandbox.id}?x=1", "../healthz"):
+    for forged in (
+        f"{remote_sandbox.id}\r\nX-Evil: 1",
+        f"{remote_sandbox.id} HTTP/1.1",
+        f"{remote_sandbox.id}?x=1",
+        "../healthz",
+    ):
         with pytest.raises((ConfigError, SandboxNotFoundError)) as err:
             await remote.get(forged)
         assert err.value.http_status in (400, 404), err.value  # the server read one request and named what was wrong
-    assert (await remote.get(sandbox.id)).id == sandbox.id  # the connection is still in step
+    assert (await remote.get(remote_sandbox.id)).id == remote_sandbox.id  # the connection is still in step
 
 
-async def test_hot_routes_answer_as_fastapi_does(http: httpx.AsyncClient, sandbox: RemoteSandbox) -> None:
+async def test_hot_routes_answer_as_fastapi_does(http: httpx.AsyncClient, remote_sandbox: RemoteSandbox) -> None:
     """create, exec and delete are served by the lean dispatch (service.hot_routes) for an ``application/json``
     body, by FastAPI for any other: the answers are the same but for the ids and times in them."""
 
@@ -342,7 +340,7 @@ async def test_hot_routes_answer_as_fastapi_does(http: httpx.AsyncClient, sandbo
 
     hot = {"content-type": "application/json"}
     routed = {"content-type": "application/json; charset=utf-8"}  # not taken by the lean dispatch
-    exec_path = f"/v1/sandboxes/{sandbox.id}/exec"
+    exec_path = f"/v1/sandboxes/{remote_sandbox.id}/exec"
     cases: list[tuple[str, str, bytes]] = [
         ("POST", exec_path, b'{"command": "echo hi; echo err >&2; exit 3"}'),
         ("POST", exec_path, b'{"command": "true", "stdin_b64": "***"}'),

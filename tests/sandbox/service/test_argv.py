@@ -2,54 +2,47 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import httpx
 import pytest
 
 from sandrl.errors import InvalidCommandError
-from sandrl.sandbox.base import ExecResult, OutputChunk, SandboxSpec
-from sandrl.sandbox.remote.provider import RemoteProvider, RemoteSandbox
+from sandrl.sandbox.base import ExecResult, OutputChunk
+from sandrl.sandbox.remote.provider import RemoteSandbox
 
 from ...support import needs_sandbox
 
 pytestmark = needs_sandbox
 
 
-@pytest.fixture
-async def sandbox(remote: RemoteProvider) -> AsyncIterator[RemoteSandbox]:
-    sb = await remote.create(SandboxSpec(ttl_s=300))
-    try:
-        yield sb
-    finally:
-        await sb.close()
-
-
-async def test_an_argv_runs_unexpanded_through_the_client(sandbox: RemoteSandbox) -> None:
-    listed = await sandbox.exec(["printf", "%s|", "$HOME", "a;b", "*"], stdin=b"unused")
+async def test_an_argv_runs_unexpanded_through_the_client(remote_sandbox: RemoteSandbox) -> None:
+    listed = await remote_sandbox.exec(["printf", "%s|", "$HOME", "a;b", "*"], stdin=b"unused")
     assert listed.exit_code == 0 and listed.stdout == "$HOME|a;b|*|", listed
-    assert (await sandbox.exec(["/bin/sh", "-c", "echo $0"])).stdout == "/bin/sh\n"
-    assert (await sandbox.exec("printf '%s|' \"$HOME\"")).stdout == "/root|"
-    missing = await sandbox.exec(["no-such-program-here"])
+    assert (await remote_sandbox.exec(["/bin/sh", "-c", "echo $0"])).stdout == "/bin/sh\n"
+    assert (await remote_sandbox.exec("printf '%s|' \"$HOME\"")).stdout == "/root|"
+    missing = await remote_sandbox.exec(["no-such-program-here"])
     assert missing.exit_code == 127 and "cannot run no-such-program-here" in missing.stderr
-    timed = await sandbox.exec(["sleep", "30"], timeout_s=0.5)
+    timed = await remote_sandbox.exec(["sleep", "30"], timeout_s=0.5)
     assert timed.exit_code == 124 and timed.timed_out
 
 
-async def test_an_argv_streams(sandbox: RemoteSandbox) -> None:
-    seen: list[OutputChunk | ExecResult] = [c async for c in sandbox.exec_stream(["printf", "%s", "$X;"])]
+async def test_an_argv_streams(remote_sandbox: RemoteSandbox) -> None:
+    seen: list[OutputChunk | ExecResult] = [c async for c in remote_sandbox.exec_stream(["printf", "%s", "$X;"])]
     assert b"".join(c.data for c in seen if isinstance(c, OutputChunk)) == b"$X;"
     assert isinstance(seen[-1], ExecResult) and seen[-1].exit_code == 0
 
 
 @pytest.mark.parametrize("command", [[], ["echo", "a\0b"], ["echo", 1], [""], "echo \0"])
-async def test_the_client_refuses_a_bad_command_without_sending_it(sandbox: RemoteSandbox, command: object) -> None:
+async def test_the_client_refuses_a_bad_command_without_sending_it(
+    remote_sandbox: RemoteSandbox, command: object
+) -> None:
     with pytest.raises(InvalidCommandError):
-        await sandbox.exec(command)  # type: ignore[arg-type]
+        await remote_sandbox.exec(command)  # type: ignore[arg-type]
 
 
-async def test_raw_http_takes_an_argv_and_refuses_bad_ones(http: httpx.AsyncClient, sandbox: RemoteSandbox) -> None:
-    url = f"/v1/sandboxes/{sandbox.id}/exec"
+async def test_raw_http_takes_an_argv_and_refuses_bad_ones(
+    http: httpx.AsyncClient, remote_sandbox: RemoteSandbox
+) -> None:
+    url = f"/v1/sandboxes/{remote_sandbox.id}/exec"
     r = await http.post(url, json={"command": ["printf", "%s", "$HOME;"]})
     assert r.status_code == 200 and r.json()["stdout"] == "$HOME;", r.text
     r = await http.post(url, json={"command": ["no-such-program-here"]})
