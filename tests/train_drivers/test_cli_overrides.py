@@ -1,7 +1,9 @@
 """``sandrl train CONFIG --set section.key=value --steps N --output-dir DIR`` as a user runs it.
 
-Through the real command in a subprocess, training the tiny model on saved trajectories
-(``--load-rollouts``: no sandboxes, no server), so each run takes seconds.
+Through the command's entry point (:func:`sandrl.cli.main`: its exit code, its stdout and stderr),
+training the tiny model on saved trajectories (``--load-rollouts``: no sandboxes, no server). In this
+process, not a subprocess: a new one spends seconds importing torch before it reads its arguments. The
+device tests run the installed command in a subprocess, as it is run.
 """
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ import os
 import subprocess
 import sys
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
+from sandrl.cli import main
 from sandrl.errors import ConfigError
 from sandrl.rollout.jsonl import read_jsonl, write_jsonl
 from sandrl.rollout.trajectory import Trajectory
@@ -44,11 +48,40 @@ def run_dir(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def train(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return sandrl(cwd, "train", "conf/run.toml", "--load-rollouts", "saved.jsonl", *args)
+Sandrl = Callable[..., subprocess.CompletedProcess[str]]
+"""``sandrl ARGS`` in ``cwd``, run by :func:`sandrl.cli.main` in this process."""
 
 
-def test_set_and_steps_shape_the_run_and_output_dir_is_relative_to_the_working_directory(run_dir: Path) -> None:
+@pytest.fixture
+def sandrl_here(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Sandrl:
+    def run(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+        capsys.readouterr()  # what came before is not this command's
+        argv = ["sandrl", *args]
+        with monkeypatch.context() as m:
+            m.chdir(cwd)
+            m.setattr(sys, "argv", argv)
+            try:
+                main()
+                code = 0
+            except SystemExit as stop:
+                code = stop.code if isinstance(stop.code, int) else 1
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(argv, code, out, err)
+
+    return run
+
+
+@pytest.fixture
+def train(sandrl_here: Sandrl) -> Sandrl:
+    def run(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+        return sandrl_here(cwd, "train", "conf/run.toml", "--load-rollouts", "saved.jsonl", *args)
+
+    return run
+
+
+def test_set_and_steps_shape_the_run_and_output_dir_is_relative_to_the_working_directory(
+    run_dir: Path, train: Sandrl
+) -> None:
     r = train(run_dir, "--steps", "1", "--set", "train.lr=3e-5", "--set", "train.loss.loss_type=grpo",
               "--set", "train.max_grad_norm=false", "--set", "run.seed=7")  # fmt: skip
     assert r.returncode == 0, r.stderr
@@ -62,7 +95,7 @@ def test_set_and_steps_shape_the_run_and_output_dir_is_relative_to_the_working_d
     assert json.loads(r.stdout.splitlines()[-1])["train/lr"] == 3e-5
 
 
-def test_a_finished_run_says_it_is_complete_and_steps_extends_it(run_dir: Path) -> None:
+def test_a_finished_run_says_it_is_complete_and_steps_extends_it(run_dir: Path, train: Sandrl) -> None:
     first = train(run_dir, "--steps", "1", "--output-dir", "elsewhere")
     assert first.returncode == 0, first.stderr
     metrics = run_dir / "elsewhere" / "metrics.jsonl"
@@ -98,7 +131,7 @@ def test_a_finished_run_says_it_is_complete_and_steps_extends_it(run_dir: Path) 
         (["--set", "train.lora.target_modules=q_proj,qkv"], "[train.lora] target_modules: "),
     ],
 )
-def test_a_bad_override_is_one_clear_line(run_dir: Path, args: list[str], said: str) -> None:
+def test_a_bad_override_is_one_clear_line(run_dir: Path, train: Sandrl, args: list[str], said: str) -> None:
     r = train(run_dir, *args)
     assert r.returncode == 2, r
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
@@ -141,17 +174,17 @@ CPU_ONLY = torch.version.cuda is None and getattr(torch.version, "hip", None) is
 )
 def test_a_device_this_torch_cannot_use_is_one_line_naming_the_fix(run_dir: Path, device: str, said: str) -> None:
     # It was a 164-line traceback from deep inside model.to().
-    r = train(run_dir, "--set", f"train.device={device}")
+    r = sandrl(run_dir, "train", "conf/run.toml", "--load-rollouts", "saved.jsonl", "--set", f"train.device={device}")
     assert r.returncode == 2, r
     assert r.stderr == f"error: {said}\n"
     assert not (run_dir / "runs").exists()  # checked before the run writes anything
 
 
-def test_a_run_without_reward_signal_says_so_and_then_what_to_change(run_dir: Path) -> None:
+def test_a_run_without_reward_signal_says_so_and_then_what_to_change(run_dir: Path, sandrl_here: Sandrl) -> None:
     """Every group all-failed: nothing trains, and the run used to print only 'trained 0/1 groups'."""
     flat = [Trajectory.from_dict({**t.to_dict(), "reward": 0.0}) for t in read_jsonl(run_dir / "saved.jsonl")]
     write_jsonl(run_dir / "flat.jsonl", flat)
-    r = sandrl(run_dir, "train", "conf/run.toml", "--load-rollouts", "flat.jsonl", "--steps", "4")
+    r = sandrl_here(run_dir, "train", "conf/run.toml", "--load-rollouts", "flat.jsonl", "--steps", "4")
     assert r.returncode == 0, r.stderr
     steps = [line for line in r.stderr.splitlines() if line.startswith("step ")]
     assert len(steps) == 4
