@@ -184,6 +184,7 @@ class WeightBroadcast:
     async def _ranks(self) -> tuple[list[int], int]:
         """Each engine's first rank in the group, and the group's size: an SGLang engine of several GPUs joins with
         one rank per tensor-parallel worker (its ``tp_size``; sandrl's engine and a server that says none: one)."""
+
         async def tp_size(engine: JSONTransport) -> int:
             try:
                 info = await engine.get("/get_server_info") if self.spec.sglang else {}
@@ -308,6 +309,16 @@ def _why(answer: object) -> str:
     if isinstance(answer, dict):
         return str(answer.get("message", answer))
     return str(answer)
+
+
+def broadcast_for(current: BlockingBroadcast | None, spec: BroadcastSpec) -> BlockingBroadcast:
+    """What pushes to ``spec``'s engines: ``current`` while its spec is the same (its group is kept between
+    pushes), else a new one, ``current`` closed (the fleet's engines changed: a new group is formed)."""
+    if current is not None and current.spec == spec:
+        return current
+    if current is not None:
+        current.close()
+    return BlockingBroadcast(spec)
 
 
 class BlockingBroadcast:

@@ -36,7 +36,7 @@ import torch
 from sandrl.errors import TrainError
 from sandrl.host_memory import release_freed_memory
 from sandrl.inference.tokenizer import Tokenizer
-from sandrl.inference.weight_push import BlockingBroadcast, BroadcastSpec
+from sandrl.inference.weight_push import BlockingBroadcast, BroadcastSpec, broadcast_for
 from sandrl.train import checkpoint, micro_batches, packed_attention
 from sandrl.train.batch import Batch, TrainSample
 from sandrl.train.config import TrainConfig
@@ -339,10 +339,7 @@ class Trainer:
             for _ in weights:  # the gathers are collectives: keep in step with rank 0
                 pass
             return None
-        if self._broadcast is None or self._broadcast.spec != spec:
-            if self._broadcast is not None:
-                self._broadcast.close()
-            self._broadcast = BlockingBroadcast(spec)
+        self._broadcast = broadcast_for(self._broadcast, spec)
         return self._broadcast.push(weights, self.version)
 
     def save_checkpoint(self, root: str | Path) -> Path:

@@ -21,7 +21,7 @@ from sandrl.inference.broadcast_policy import BroadcastingPolicy, push_broadcast
 from sandrl.inference.fleet import affinity
 from sandrl.inference.fleet.serve import Fleet
 from sandrl.inference.model import build_tiny_model
-from sandrl.inference.weight_push import BlockingBroadcast, BroadcastSpec, model_weights
+from sandrl.inference.weight_push import BlockingBroadcast, BroadcastSpec, broadcast_for, model_weights
 
 from ...support import REASON
 from .embedded import embedded_fleet
@@ -51,11 +51,10 @@ class Pusher:
 
     def push(self, version: int) -> Any:
         def send(spec: BroadcastSpec) -> str | None:
-            if self.sent is None or self.sent.spec != spec:
-                if self.sent is not None:
-                    self.sent.close()
-                self.sent, self.groups = BlockingBroadcast(spec), self.groups + 1
-            return self.sent.push(model_weights(self.model), version)
+            sent = broadcast_for(self.sent, spec)  # as the trainer does
+            if sent is not self.sent:
+                self.sent, self.groups = sent, self.groups + 1
+            return sent.push(model_weights(self.model), version)
 
         return send
 
