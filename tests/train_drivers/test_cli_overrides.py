@@ -1,9 +1,8 @@
 """``sandrl train CONFIG --set section.key=value --steps N --output-dir DIR`` as a user runs it.
 
-Through the command's entry point (:func:`sandrl.cli.main`: its exit code, its stdout and stderr),
-training the tiny model on saved trajectories (``--load-rollouts``: no sandboxes, no server). In this
-process, not a subprocess: a new one spends seconds importing torch before it reads its arguments. The
-device tests run the installed command in a subprocess, as it is run.
+Through the command's entry point in this process (:func:`tests.entry_point.run_sandrl`), training the
+tiny model on saved trajectories (``--load-rollouts``: no sandboxes, no server); the device tests run
+the installed command in a subprocess.
 """
 
 from __future__ import annotations
@@ -19,13 +18,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from sandrl.cli import main
 from sandrl.errors import ConfigError
 from sandrl.rollout.jsonl import read_jsonl, write_jsonl
 from sandrl.rollout.trajectory import Trajectory
 from sandrl.train.device import CUDA_INSTALL
 from sandrl.train.run_config import load_run_config
 
+from ..entry_point import run_sandrl
 from .conftest import write_saved_groups
 
 SANDRL = Path(sys.executable).with_name("sandrl")
@@ -55,18 +54,7 @@ Sandrl = Callable[..., subprocess.CompletedProcess[str]]
 @pytest.fixture
 def sandrl_here(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Sandrl:
     def run(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-        capsys.readouterr()  # what came before is not this command's
-        argv = ["sandrl", *args]
-        with monkeypatch.context() as m:
-            m.chdir(cwd)
-            m.setattr(sys, "argv", argv)
-            try:
-                main()
-                code = 0
-            except SystemExit as stop:
-                code = stop.code if isinstance(stop.code, int) else 1
-        out, err = capsys.readouterr()
-        return subprocess.CompletedProcess(argv, code, out, err)
+        return run_sandrl(list(args), cwd=cwd, monkeypatch=monkeypatch, capsys=capsys)
 
     return run
 

@@ -1,12 +1,13 @@
 """``sandrl eval`` for research, as a user runs it: the per-task pass@k table, the failures
-grouped by why, the results directory, and the task filters (real processes, real sandboxes)."""
+grouped by why, the results directory, and the task filters (real sandboxes). The command runs by its
+entry point in this process (:func:`tests.entry_point.run_sandrl`: a subprocess spent seconds on its imports
+alone); ``tests/test_long_runs.py`` runs ``sandrl eval`` as a process of its own."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
+from collections.abc import Callable
 from itertools import combinations
 from math import comb
 from pathlib import Path
@@ -20,16 +21,23 @@ from sandrl.wiring.eval_report import REASON_CHARS, pass_at_k, shown_text
 from sandrl.wiring.evaluate import EvalConfig, select_tasks
 from sandrl.wiring.tasks import load_task_set
 
+from ..entry_point import run_sandrl
 from ..support import needs_sandbox
 
-SANDRL = Path(sys.executable).with_name("sandrl")
 HOSTILE = "[bold red]AssertionError[/] expected [section] got [/]"
 """What the failing task's verifier prints: markup-like text, to be shown as it is."""
 
 
-def sandrl(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SANDRL_STATE_DIR": str(cwd / "state"), "COLUMNS": "200"}
-    return subprocess.run([str(SANDRL), *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=180)
+Sandrl = Callable[[list[str], Path], subprocess.CompletedProcess[str]]
+"""``sandrl ARGS`` in a working directory, its store in ``state/`` there, 200 columns wide."""
+
+
+@pytest.fixture
+def sandrl(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Sandrl:
+    def run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+        return run_sandrl(args, cwd=cwd, monkeypatch=monkeypatch, capsys=capsys, state_dir=cwd / "state", columns=200)
+
+    return run
 
 
 def write_task(root: Path, name: str, verifier: str) -> None:
@@ -70,7 +78,7 @@ def test_pass_at_k_is_the_unbiased_estimator() -> None:
 
 
 @needs_sandbox
-def test_eval_prints_pass_at_k_per_task_and_groups_the_failures(tasks: Path, tmp_path: Path) -> None:
+def test_eval_prints_pass_at_k_per_task_and_groups_the_failures(tasks: Path, tmp_path: Path, sandrl: Sandrl) -> None:
     out = tmp_path / "results"
     r = sandrl(["eval", str(tasks), "--agent", "null", "--samples", "3", "--results-dir", str(out)], tmp_path)
     assert r.returncode == 0, r.stderr
@@ -100,7 +108,9 @@ def test_eval_prints_pass_at_k_per_task_and_groups_the_failures(tasks: Path, tmp
 
 
 @needs_sandbox
-def test_eval_writes_its_config_and_results_under_runs_eval_by_default(tasks: Path, tmp_path: Path) -> None:
+def test_eval_writes_its_config_and_results_under_runs_eval_by_default(
+    tasks: Path, tmp_path: Path, sandrl: Sandrl
+) -> None:
     r = sandrl(["eval", str(tasks), "--agent", "null", "--task", "good-a"], tmp_path)
     assert r.returncode == 0, r.stderr
     (run_dir,) = (tmp_path / "runs" / "eval").iterdir()
@@ -122,7 +132,7 @@ def test_eval_writes_its_config_and_results_under_runs_eval_by_default(tasks: Pa
 
 
 @needs_sandbox
-def test_eval_task_limit_and_seed_choose_the_tasks(tasks: Path, tmp_path: Path) -> None:
+def test_eval_task_limit_and_seed_choose_the_tasks(tasks: Path, tmp_path: Path, sandrl: Sandrl) -> None:
     def evaluated(*args: str) -> list[str]:
         r = sandrl(["eval", str(tasks), "--agent", "null", "--results-dir", str(tmp_path / "r"), *args], tmp_path)
         assert r.returncode == 0, r.stderr
@@ -159,7 +169,7 @@ def test_limit_is_a_sample_drawn_with_the_seed(tasks: Path) -> None:
 
 
 @needs_sandbox
-def test_eval_with_a_run_config_evaluates_as_the_run_trained(tasks: Path, tmp_path: Path) -> None:
+def test_eval_with_a_run_config_evaluates_as_the_run_trained(tasks: Path, tmp_path: Path, sandrl: Sandrl) -> None:
     run_config = tmp_path / "train.toml"
     run_config.write_text(
         '[model]\nname = "tiny"\ninference = "embedded"\n\n'
@@ -196,7 +206,7 @@ def test_eval_with_a_run_config_evaluates_as_the_run_trained(tasks: Path, tmp_pa
 
 @needs_sandbox
 def test_tasks_run_shows_a_verifiers_output_as_text_never_markup_or_terminal_escapes(
-    tasks: Path, tmp_path: Path
+    tasks: Path, tmp_path: Path, sandrl: Sandrl
 ) -> None:
     r = sandrl(["tasks", "run", str(tasks), "--agent", "null", "--concurrency", "3"], tmp_path)
     assert r.returncode == 0, r.stderr
