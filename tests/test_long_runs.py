@@ -8,6 +8,9 @@ with tasks whose verifier takes a second (so a step is still running when the te
 - SIGTERM and SIGINT mid-run: one line ``interrupted: ...`` saying what was saved and how to go
   on, exit 128 + the signal, and nothing left on the host: no sandbox record, no cgroup, no process
   of the run; the same command then resumes from the checkpoint and finishes.
+
+The interrupted command is a process of its own; the one that goes on after it runs by its entry point in
+this process (:func:`tests.entry_point.run_sandrl`), sparing a new process's seconds of imports.
 """
 
 from __future__ import annotations
@@ -26,10 +29,12 @@ from pathlib import Path
 
 import pytest
 
+from sandrl.progress import EVERY_ENV as PROGRESS_ENV
 from sandrl.sandbox.bwrap.cgroups import CgroupManager
 from sandrl.sandbox.bwrap.inventory import survey
 from sandrl.sandbox.bwrap.state import StateDir
 
+from .entry_point import run_sandrl
 from .support import needs_sandbox
 
 pytestmark = needs_sandbox
@@ -76,7 +81,7 @@ def work(tmp_path: Path) -> Path:
 
 
 def env(state_dir: Path) -> dict[str, str]:
-    return {**os.environ, "SANDRL_STATE_DIR": str(state_dir), "SANDRL_PROGRESS_EVERY_S": "0.3"}
+    return {**os.environ, "SANDRL_STATE_DIR": str(state_dir), PROGRESS_ENV: "0.3"}
 
 
 class Watched:
@@ -146,6 +151,14 @@ def start(cwd: Path, state_dir: Path, *args: str, terminal: bool = False) -> tup
     return proc, Watched(proc.stderr.read1, proc.stderr.close)  # type: ignore[attr-defined]
 
 
+def sandrl_here(
+    args: list[str], cwd: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> subprocess.CompletedProcess[str]:
+    """``sandrl ARGS`` run as :func:`start` runs it, by its entry point in this process, to its end."""
+    monkeypatch.setenv(PROGRESS_ENV, env(state_dir)[PROGRESS_ENV])
+    return run_sandrl(args, cwd=cwd, monkeypatch=monkeypatch, capsys=capsys, state_dir=state_dir)
+
+
 def left_behind(state_dir: Path, session: int) -> list[str]:
     """What a finished command left: sandboxes of its store (records, cgroups) and processes of its session."""
     state = StateDir(state_dir)
@@ -172,7 +185,12 @@ def steps_in(metrics: Path) -> list[int]:
     ],
 )
 def test_a_run_shows_its_step_as_it_goes_stops_cleanly_on_a_signal_and_the_same_command_resumes(
-    work: Path, state_dir: Path, signum: signal.Signals, terminal: bool
+    work: Path,
+    state_dir: Path,
+    signum: signal.Signals,
+    terminal: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     proc, stderr = start(work, state_dir, "train", "run.toml", terminal=terminal)
     try:
@@ -200,17 +218,16 @@ def test_a_run_shows_its_step_as_it_goes_stops_cleanly_on_a_signal_and_the_same_
     assert left_behind(state_dir, proc.pid) == []
     assert steps_in(out / "metrics.jsonl") == [1]
 
-    again = subprocess.run(
-        [str(SANDRL), "train", "run.toml"], cwd=work, env=env(state_dir), capture_output=True, text=True,
-        timeout=WAIT_S,
-    )  # fmt: skip
+    again = sandrl_here(["train", "run.toml"], work, state_dir, monkeypatch, capsys)
     assert again.returncode == 0, again.stderr
     assert "step 2/2  reward" in again.stderr and "step 1/2  reward" not in again.stderr
     assert steps_in(out / "metrics.jsonl") == [1, 2]
     assert json.loads(again.stdout.splitlines()[-1])["steps"] == 2
 
 
-def test_a_piped_eval_says_how_far_it_is_and_sigterm_says_what_it_kept(work: Path, state_dir: Path) -> None:
+def test_a_piped_eval_says_how_far_it_is_and_sigterm_says_what_it_kept(
+    work: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     results = work / "results"
     args = ("eval", "tasks", "--agent", "null", "--samples", "2", "--results-dir", "results")
     proc, stderr = start(work, state_dir, *args)
@@ -231,11 +248,7 @@ def test_a_piped_eval_says_how_far_it_is_and_sigterm_says_what_it_kept(work: Pat
     assert (results / "config.json").is_file() and not (results / "results.json").exists()
     assert left_behind(state_dir, proc.pid) == []
     # As the line says: the same command evaluates again, into the same directory.
-    again, again_err = start(work, state_dir, *args)
-    try:
-        assert again.wait(WAIT_S) == 0, again_err.finish()[-5:]
-    finally:
-        again.kill()
-    again_err.finish()
+    again = sandrl_here(list(args), work, state_dir, monkeypatch, capsys)
+    assert again.returncode == 0, again.stderr[-3000:]
     assert (results / "results.json").is_file()
     assert len((results / "rollouts.jsonl").read_text().splitlines()) == 4
