@@ -26,17 +26,17 @@ class TaskWarning(UserWarning):
     """A task loaded, but something in it is ignored or cannot be honoured here."""
 
 
-def read_text(file: Path, task_dir: Path, limit: int = MAX_TASK_FILE_CHARS) -> str:
+def read_text(file: Path, task_dir: Path) -> str:
     """The text of one of a task's files; :class:`InvalidTaskError` naming it when it cannot be read
-    or is longer than ``limit`` characters (of which at most one more is read)."""
+    or is longer than :data:`MAX_TASK_FILE_CHARS` (of which at most one character more is read)."""
     try:
         with file.open(encoding="utf-8") as f:
-            text = f.read(limit + 1)
+            text = f.read(MAX_TASK_FILE_CHARS + 1)
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidTaskError(f"{file}: cannot be read ({exc})", path=task_dir) from exc
-    if len(text) > limit:
+    if len(text) > MAX_TASK_FILE_CHARS:
         raise InvalidTaskError(
-            f"{file}: is more than {limit} characters long, more than sandrl reads of a task's file; "
+            f"{file}: is more than {MAX_TASK_FILE_CHARS} characters long, more than sandrl reads of a task's file; "
             "a task's files are its recipe and its prompt: move data into files that its Dockerfile COPYs "
             "or its tests read",
             path=task_dir,
