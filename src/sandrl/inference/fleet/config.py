@@ -92,8 +92,9 @@ class FleetConfig:
 
     weight_sync: str = "auto"
     """How the trainer's new weights reach the engines: ``broadcast`` (over a process group with every
-    engine, SGLang's ``/update_weights_from_distributed``: NCCL between GPUs, gloo on CPU; no file is
-    written), ``disk`` (a checkpoint each engine reads: ``/update_weights_from_disk``), or ``auto``:
+    engine, SGLang's ``/update_weights_from_distributed``: NCCL between GPUs, gloo on CPU, shared
+    memory for sandrl's engines on the trainer's host; no file is written), ``disk`` (a checkpoint
+    each engine reads: ``/update_weights_from_disk``), or ``auto``:
     broadcast to engines that speak it (sandrl's and SGLang's) from a one-process trainer of full
     weights, the disk otherwise (vLLM, LoRA adapters, a trainer of several ranks) and whenever a
     broadcast fails (an engine died mid-push: the next push forms the group again)."""
