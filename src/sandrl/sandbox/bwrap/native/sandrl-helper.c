@@ -1135,6 +1135,10 @@ struct rfile {
 };
 
 static struct proc procs[MAX_PROCS];
+/* One past the highest slot of `procs` in use: the loops over the commands (several per poll
+ * round) stop there, not at MAX_PROCS (~450 KiB of slots, which a sandbox running one command
+ * would otherwise read through, and fault in, on every request). */
+static int procs_hi;
 static struct wfile wfiles[MAX_FILES];
 static struct rfile rfiles[MAX_FILES];
 static int drain_fds[MAX_DRAIN];
@@ -1289,7 +1293,7 @@ static void kill_tree(pid_t root, int sig) {
 }
 
 static struct proc *find_proc(uint32_t id) {
-    for (int i = 0; i < MAX_PROCS; i++)
+    for (int i = 0; i < procs_hi; i++)
         if (procs[i].used && procs[i].id == id) return &procs[i];
     return NULL;
 }
@@ -1319,6 +1323,7 @@ static void finish_proc(struct proc *p) {
     close_fd(&p->in_fd);
     free(p->inq);
     memset(p, 0, sizeof *p);
+    while (procs_hi > 0 && !procs[procs_hi - 1].used) procs_hi--;
 }
 
 /* Read what a child wrote; returns 0 on EOF, 1 if the pipe is still open. */
@@ -1726,6 +1731,7 @@ static void do_exec(uint32_t id, const unsigned char *pl, uint32_t len) {
     }
     memset(slot, 0, sizeof *slot);
     slot->used = 1;
+    if (slot - procs >= procs_hi) procs_hi = (int)(slot - procs) + 1;
     slot->id = id;
     slot->pid = pid;
     slot->fds[0] = outp[0];
@@ -2051,7 +2057,7 @@ static void reap(void) {
     int status;
     pid_t pid;
     while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
-        for (int i = 0; i < MAX_PROCS; i++) {
+        for (int i = 0; i < procs_hi; i++) {
             if (procs[i].used && procs[i].pid == pid && !procs[i].exited) {
                 procs[i].exited = 1;
                 procs[i].status = status;
@@ -2062,8 +2068,35 @@ static void reap(void) {
     }
 }
 
+/* Close every fd above 2 but the three kept (-1: none): close_range over the gaps between them,
+ * three syscalls where a walk of /proc/self/fd (a directory listing through procfs) took ~30. */
+static int close_fds_but(int keep1, int keep2, int keep3) {
+#ifdef SYS_close_range
+    int keep[3] = {keep1, keep2, keep3};
+    for (int i = 0; i < 3; i++)
+        for (int j = i + 1; j < 3; j++)
+            if (keep[j] < keep[i]) {
+                int t = keep[i];
+                keep[i] = keep[j];
+                keep[j] = t;
+            }
+    unsigned int lo = 3;
+    for (int i = 0; i < 3; i++) {
+        if (keep[i] < (int)lo) continue;
+        if ((unsigned int)keep[i] > lo && syscall(SYS_close_range, lo, (unsigned int)keep[i] - 1, 0)) return -1;
+        lo = (unsigned int)keep[i] + 1;
+    }
+    return (int)syscall(SYS_close_range, lo, ~0U, 0);
+#else
+    (void)keep1, (void)keep2, (void)keep3;
+    errno = ENOSYS;
+    return -1;
+#endif
+}
+
 static void close_stray_fds(int keep1, int keep2, int keep3) {
-    DIR *d = opendir("/proc/self/fd");
+    if (close_fds_but(keep1, keep2, keep3) == 0) return;
+    DIR *d = opendir("/proc/self/fd"); /* a kernel before 5.9 */
     if (!d) return;
     int dfd = dirfd(d);
     int fds[1024], n = 0;
@@ -2147,7 +2180,7 @@ static int agent_main(int argc, char **argv) {
         pfds[n] = (struct pollfd){.fd = sfd, .events = POLLIN};
         owner[n++] = NULL;
         int64_t now = now_ms(), wake = ttl_deadline_ms;
-        for (int i = 0; i < MAX_PROCS; i++) {
+        for (int i = 0; i < procs_hi; i++) {
             struct proc *p = &procs[i];
             if (!p->used) continue;
             if (p->deadline_ms && !p->exited) {
