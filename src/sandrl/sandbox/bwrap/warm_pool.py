@@ -24,7 +24,7 @@ from typing import Literal
 
 from sandrl.errors import CapacityExhaustedError, SandrlError
 from sandrl.sandbox.base import ImageSource, SandboxSpec
-from sandrl.sandbox.bwrap.premade import REFILL_HOLD_S
+from sandrl.sandbox.bwrap import premade
 from sandrl.sandbox.bwrap.provider import BwrapProvider
 from sandrl.sandbox.bwrap.sandbox import BwrapSandbox
 
@@ -110,7 +110,7 @@ class WarmPool:
             sandbox = self.idle.popleft()
             if not sandbox.closed:
                 loop = asyncio.get_running_loop()
-                self._holds.append((sandbox.first_command_ended, loop.time() + REFILL_HOLD_S))
+                self._holds.append((sandbox.first_command_ended, loop.time() + premade.REFILL_HOLD_S))
                 self.kick()
                 return sandbox
             self.kick()
