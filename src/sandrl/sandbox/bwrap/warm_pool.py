@@ -109,8 +109,10 @@ class WarmPool:
         while self.idle:
             sandbox = self.idle.popleft()
             if not sandbox.closed:
-                loop = asyncio.get_running_loop()
-                self._holds.append((sandbox.first_command_ended, loop.time() + premade.REFILL_HOLD_S))
+                now = asyncio.get_running_loop().time()
+                while self._holds and (self._holds[0][0].done() or self._holds[0][1] <= now):
+                    self._holds.popleft()  # a pool that cannot refill (max_live) keeps none of them
+                self._holds.append((sandbox.first_command_ended, now + premade.REFILL_HOLD_S))
                 self.kick()
                 return sandbox
             self.kick()
