@@ -68,7 +68,8 @@ class WarmPool:
             left = deadline - loop.time()
             if not ended.done() and left > 0:
                 await asyncio.wait([ended], timeout=left)
-            self._holds.popleft()
+            if self._holds and self._holds[0][0] is ended:  # a take may have dropped it meanwhile
+                self._holds.popleft()
 
     async def _refill(self) -> None:
         while True:
