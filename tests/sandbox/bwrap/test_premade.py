@@ -238,3 +238,28 @@ async def test_an_argument_with_a_nul_byte_never_reaches_a_waiting_helper(own: B
         await asyncio.to_thread(own.launcher.finish, launch, SPEC, hostile)
     assert launch.proc.wait(timeout=5) is not None  # undone: its helper ended, nothing was sent
     assert not own.state.record_dir(launch.sid).exists()
+
+
+async def test_a_launch_made_ahead_is_filtered_before_it_is_taken(own: BwrapProvider) -> None:
+    """Pid 1 installs the seccomp filter and drops its bounding set while it waits for a root (~0.2 ms
+    of each fork child's start, off the fork's path); the agent it execs keeps that one filter."""
+    own.premade.want(KIND, 1)
+    await own.premade.wait_full()
+    proc = own.premade.idle[KIND][0].proc
+    assert proc is not None
+    deadline = time.monotonic() + 5
+    status: dict[str, str] = {}
+    while time.monotonic() < deadline:  # pid 1 stages /proc and /dev, then installs it and waits
+        with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
+            children = f.read().split()
+        if children:
+            with open(f"/proc/{children[0]}/status") as f:
+                status = dict(line.split(":\t", 1) for line in f.read().splitlines() if ":\t" in line)
+            if status.get("Seccomp") == "2":
+                break
+        await asyncio.sleep(0.01)
+    assert status.get("Seccomp") == "2" and status.get("Seccomp_filters") == "1", status
+    assert int(status["CapBnd"], 16) == 0x00000000A80425FB  # Docker's 14 capabilities, as bubblewrap leaves them
+    async with await own.create(SPEC) as sandbox:
+        out = (await sandbox.exec("grep -E '^(Seccomp|Seccomp_filters|CapBnd):' /proc/1/status")).stdout
+    assert out.split() == ["CapBnd:", "00000000a80425fb", "Seccomp:", "2", "Seccomp_filters:", "1"]

@@ -12,6 +12,7 @@ import pytest
 from sandrl.errors import SandboxError
 from sandrl.sandbox.base import Pausable, SandboxSpec, Snapshottable
 from sandrl.sandbox.bwrap import BwrapProvider
+from sandrl.sandbox.bwrap.images import Image
 
 from ...support import needs_sandbox
 
@@ -73,6 +74,32 @@ async def test_a_fork_of_16_sees_the_parent_and_not_each_other(provider: BwrapPr
             assert (await children[0].exec("cat /workspace/state")).stdout == "setup\n"
         finally:
             await asyncio.gather(*(c.close() for c in children))
+
+
+async def test_a_forks_children_share_one_lookup_of_their_image(
+    provider: BwrapProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lookup of a snapshot stacked on ``host`` scans the host's system directories: ~0.2 ms of
+    the event loop, which a fork of 16 paid 16 times for one image at one moment."""
+    looked_up: list[str] = []
+    get = provider.images.get
+
+    def counting_get(name: str, **kwargs: int) -> Image:
+        looked_up.append(name)
+        return get(name, **kwargs)
+
+    monkeypatch.setattr(provider.images, "get", counting_get)
+    async with await provider.create(SandboxSpec(ttl_s=60)) as parent:
+        await parent.exec("echo setup > /workspace/state")
+        looked_up.clear()
+        children = await parent.fork(4)
+        try:
+            outs = await asyncio.gather(*(c.exec("cat /workspace/state") for c in children))
+            assert [o.stdout for o in outs] == ["setup\n"] * 4
+        finally:
+            await asyncio.gather(*(c.close() for c in children))
+    image = children[0].spec.image
+    assert looked_up.count(image) <= 2  # the store's own when it registers the image, and the fork's
 
 
 async def test_fork_refuses_nonsense(provider: BwrapProvider) -> None:

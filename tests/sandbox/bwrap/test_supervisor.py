@@ -7,9 +7,12 @@ training that turns a failing episode into a retryable infra error: a reward hac
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from sandrl.sandbox.bwrap import BwrapSandbox
+from sandrl.sandbox.base import SandboxSpec
+from sandrl.sandbox.bwrap import BwrapProvider, BwrapSandbox
 
 from ...support import needs_sandbox
 
@@ -75,3 +78,16 @@ async def test_commands_get_dockers_capabilities_at_most(sandbox: BwrapSandbox) 
     r = await sandbox.exec("grep -E '^Cap(Bnd|Eff):' /proc/self/status")
     caps = {line.split(":")[0]: int(line.split()[1], 16) for line in r.stdout.splitlines()}
     assert caps == {"CapBnd": docker_default, "CapEff": docker_default}, r.stdout
+
+
+async def test_pid1_holds_only_its_own_fds(either_launch: BwrapProvider) -> None:
+    """The agent closes every fd it did not ask for (close_range over the gaps between the ones it
+    keeps): nothing of the launcher's (its layers, its sockets) stays open in pid 1."""
+    async with await either_launch.create(SandboxSpec(ttl_s=60)) as sandbox:
+        with open(f"/proc/{sandbox.host_pid}/task/{sandbox.host_pid}/children") as f:
+            children = f.read().split()
+        assert len(children) == 1  # the monitor's one child: pid 1
+        fd_dir = f"/proc/{children[0]}/fd"
+        targets = sorted(os.readlink(f"{fd_dir}/{fd}") for fd in os.listdir(fd_dir))
+    kinds = [t.split(":[")[0] if ":[" in t else ("slot lock" if t.endswith(".lock") else t) for t in targets]
+    assert sorted(kinds) == sorted(["/dev/null"] * 3 + ["user", "anon_inode", "slot lock", "socket"]), targets

@@ -9,7 +9,7 @@ import pytest
 
 from sandrl.errors import CapacityExhaustedError
 from sandrl.sandbox.base import SandboxSpec
-from sandrl.sandbox.bwrap import BwrapProvider
+from sandrl.sandbox.bwrap import BwrapProvider, premade
 from sandrl.sandbox.bwrap.warm_pool import PooledProvider
 
 from ...support import needs_sandbox
@@ -53,6 +53,69 @@ async def test_pooled_sandbox_ttl_starts_at_hand_out(provider: BwrapProvider) ->
         await asyncio.sleep(1.2)  # 2.4 s after it was pooled, 1.2 s after hand-out
         assert (await sb.exec("echo alive")).stdout == "alive\n"
         assert sb.expires_at >= before + 1.5
+    finally:
+        await pooled.close()
+
+
+async def test_a_hand_out_does_not_wait_for_the_agent_to_take_its_ttl(provider: BwrapProvider) -> None:
+    """The TTL goes ahead of the caller's first request (the agent reads them in order), not as a
+    round trip before the sandbox is handed out: here the agent cannot answer until it is thawed."""
+    spec = SandboxSpec(ttl_s=30)
+    pooled = PooledProvider(provider, pools=[(spec, 1)])
+    try:
+        pool = pooled.pool(spec)
+        assert pool is not None
+        await pool.wait_full()
+        pooled_sandbox = pool.idle[0]
+        await asyncio.to_thread(pooled_sandbox._group.freeze, True)
+        try:
+            started = time.monotonic()
+            sb = await asyncio.wait_for(pooled.create(spec), 5)
+            assert time.monotonic() - started < 1.0
+            assert sb is pooled_sandbox
+        finally:
+            await asyncio.to_thread(pooled_sandbox._group.freeze, False)
+        assert (await sb.exec("echo alive")).stdout == "alive\n"
+        assert 25 < sb.expires_at - time.time() <= 30
+    finally:
+        await pooled.close()
+
+
+async def test_the_refill_waits_until_the_sandbox_handed_out_has_run_a_command(
+    provider: BwrapProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refill's create beside the hand-out's first command competes with it for the CPUs (on 2
+    cores the warm create took twice as long); it starts once that command has ended."""
+    monkeypatch.setattr(premade, "REFILL_HOLD_S", 60.0)
+    spec = SandboxSpec(ttl_s=60)
+    pooled = PooledProvider(provider, pools=[(spec, 1)])
+    try:
+        pool = pooled.pool(spec)
+        assert pool is not None
+        await pool.wait_full()
+        sb = await pooled.create(spec)
+        await asyncio.sleep(0.5)  # ample for a create (~10-20 ms) were the refill not held
+        assert not pool.idle and not pool.creating
+        await sb.exec("true")
+        await pool.wait_full(timeout_s=10)
+        assert len(pool.idle) == 1
+    finally:
+        await pooled.close()
+
+
+async def test_the_refill_waits_no_longer_than_its_bound(
+    provider: BwrapProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(premade, "REFILL_HOLD_S", 0.2)
+    spec = SandboxSpec(ttl_s=60)
+    pooled = PooledProvider(provider, pools=[(spec, 1)])
+    try:
+        pool = pooled.pool(spec)
+        assert pool is not None
+        await pool.wait_full()
+        await pooled.create(spec)  # and it runs nothing
+        await pool.wait_full(timeout_s=10)
+        assert len(pool.idle) == 1
     finally:
         await pooled.close()
 

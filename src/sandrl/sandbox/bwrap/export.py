@@ -112,6 +112,8 @@ def _export_overlays(
             # The root overlay never holds anything at a mount point; clear what is there to be safe.
             if target_dir.is_symlink() or (target_dir.exists() and not target_dir.is_dir()):
                 target_dir.unlink()
+            if _empty_upper(host_pid, k):
+                continue  # nothing changed under this mount point: no staging directory to make and remove
             staging = dest.parent / f".{dest.name}.{k}.part"
             shutil.rmtree(staging, ignore_errors=True)
             try:
@@ -128,6 +130,16 @@ def _export_overlays(
             os.rename(staging, target_dir)
         else:
             _export_overlay(host_pid, base, k, target_dir, True, target, skip, budget)
+
+
+def _empty_upper(host_pid: int, k: int) -> bool:
+    """The k-th upper dir holds no entry (the sandbox wrote nothing under that mount point): what a
+    copy of it would find (:func:`_export_overlays` drops a copy that holds only its root)."""
+    try:
+        with os.scandir(f"/proc/{host_pid}/root{UPPER_DIR}/{k}") as entries:
+            return next(entries, None) is None
+    except OSError:
+        return False  # the copy reports it, with its context
 
 
 def _store_owned_dirs(dest: Path, path: Path) -> None:

@@ -120,7 +120,7 @@ from sandrl.sandbox.bwrap.cgroups import CgroupManager, remove_group_dir
 from sandrl.sandbox.bwrap.dockerfile.source import cached_image, fetch_image
 from sandrl.sandbox.bwrap.egress import EgressFilter, parse_allow
 from sandrl.sandbox.bwrap.helper_build import helper_path
-from sandrl.sandbox.bwrap.images import ImageStore, MountPlan
+from sandrl.sandbox.bwrap.images import Image, ImageStore, MountPlan
 from sandrl.sandbox.bwrap.launch import LAUNCHER_ENV, LAUNCHERS, Launch, Launcher, PremadeKind
 from sandrl.sandbox.bwrap.nat import require_nat, start_nat
 from sandrl.sandbox.bwrap.premade import PremadeLaunches
@@ -278,7 +278,18 @@ class BwrapProvider:
         self._check_spec(spec)
         if spec.network:
             require_nat()
-        image = self.images.get(spec.image)
+        return await self._create_of(spec, self.images.get(spec.image))
+
+    async def create_from(self, spec: SandboxSpec, image: Image) -> BwrapSandbox:
+        """:meth:`create` with ``spec``'s image looked up already (``image``): a fork's children share
+        one lookup of their image (for a stacked image on ``host``, a scan of the host's system
+        directories), ~0.2 ms each of the event loop's time."""
+        self._check_spec(spec)
+        if spec.network:
+            require_nat()
+        return await self._create_of(spec, image)
+
+    async def _create_of(self, spec: SandboxSpec, image: Image) -> BwrapSandbox:
         self._admit()
         self._creating += 1
         try:

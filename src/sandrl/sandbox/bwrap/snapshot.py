@@ -29,7 +29,7 @@ from typing import Protocol
 from sandrl.errors import ConfigError, ImageNotFoundError
 from sandrl.sandbox.base import FORK_IMAGE_PREFIX, SandboxSpec
 from sandrl.sandbox.bwrap.export import export_changes, is_empty_layer
-from sandrl.sandbox.bwrap.images import HOST_IMAGE, ImageStore
+from sandrl.sandbox.bwrap.images import HOST_IMAGE, Image, ImageStore
 from sandrl.sandbox.bwrap.sandbox import BwrapSandbox
 
 __all__ = [
@@ -53,7 +53,7 @@ MAX_FORK = 256
 class Creates(Protocol):
     images: ImageStore
 
-    async def create(self, spec: SandboxSpec) -> BwrapSandbox: ...
+    async def create_from(self, spec: SandboxSpec, image: Image) -> BwrapSandbox: ...
 
     def expect_forks(self, spec: SandboxSpec, n: int, until: asyncio.Future[None] | None = None) -> None: ...
 
@@ -107,11 +107,12 @@ async def fork_sandbox(provider: Creates, sandbox: BwrapSandbox, n: int) -> list
         raise ConfigError(f"a fork makes between 1 and {MAX_FORK} sandboxes, got {n!r}")
     image = await snapshot_sandbox(provider.images, sandbox, f"{FORK_PREFIX}{uuid.uuid4().hex[:16]}")
     spec = replace(sandbox.spec, image=image, entrypoint=False)
+    resolved = provider.images.get(image)  # once for all the children: the same image, the same moment
     # Keep launches made ahead for the next fork like this one, made once this fork's children have
     # started (each has run its first command): until then the refill would only compete with them.
     started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     provider.expect_forks(spec, n, until=started)
-    made = await asyncio.gather(*(provider.create(spec) for _ in range(n)), return_exceptions=True)
+    made = await asyncio.gather(*(provider.create_from(spec, resolved) for _ in range(n)), return_exceptions=True)
     children = [c for c in made if isinstance(c, BwrapSandbox)]
     failed = [c for c in made if isinstance(c, BaseException)]
     if failed:

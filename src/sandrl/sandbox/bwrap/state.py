@@ -134,20 +134,18 @@ class StateDir:
         return self.sandboxes_dir / sandbox_id
 
     def write_record(self, sandbox_id: str, meta: dict[str, object], *, replace: bool = False) -> Path:
-        """Write a new record (``replace``: over the one the sandbox has, in one rename)."""
+        """Write a new record (``replace``: over the one the sandbox has, see :func:`_write_meta`)."""
         d = self.record_dir(sandbox_id)
         if not replace:
             d.mkdir(mode=0o700)
-            (d / "meta.json").write_text(json.dumps(meta))
-            return d
-        tmp = d / ".meta.json.tmp"
-        tmp.write_text(json.dumps(meta))
-        os.replace(tmp, d / "meta.json")
+        _write_meta(d / "meta.json", json.dumps(meta).encode(), create=not replace)
         return d
 
     def read_record(self, sandbox_id: str) -> dict[str, object] | None:
         try:
-            data = json.loads((self.record_dir(sandbox_id) / "meta.json").read_text())
+            with open(self.record_dir(sandbox_id) / "meta.json", "rb") as f:
+                fcntl.flock(f, fcntl.LOCK_SH)  # never half of a rewrite (_write_meta)
+                data = json.loads(f.read())
         except (OSError, ValueError):
             return None
         return data if isinstance(data, dict) else None
@@ -162,11 +160,8 @@ class StateDir:
                 meta.pop(key, None)
             else:
                 meta[key] = value
-        path = self.record_dir(sandbox_id) / "meta.json"
-        tmp = path.with_name(".meta.json.tmp")
         with contextlib.suppress(OSError):  # the sandbox closed meanwhile: its record is gone
-            tmp.write_text(json.dumps(meta))
-            os.replace(tmp, path)
+            _write_meta(self.record_dir(sandbox_id) / "meta.json", json.dumps(meta).encode(), create=False)
 
     def orphaned_paused(self) -> list[str]:
         """Records of paused sandboxes whose provider process is gone (see the module)."""
@@ -264,3 +259,22 @@ def _start_time(pid: int) -> int:
         stat = f.read()
     # Field 22, counted after the command name (which may hold spaces and parentheses).
     return int(stat.rpartition(")")[2].split()[19])
+
+
+def _write_meta(path: Path, data: bytes, *, create: bool) -> None:
+    """Write a record's ``meta.json`` (a new one, or over the one there) under the file's lock, which
+    :meth:`StateDir.read_record` takes too, so a reader gets the old record or the new, whole.
+
+    In place, not a new file renamed over it: each sandbox a fork's launch made ahead becomes has its
+    record rewritten, and on ext4 a rename over the old file (a new inode, the old one freed) cost
+    ~0.4 ms of CPU per sandbox, ~10% of a fork of 16's."""
+    flags = os.O_WRONLY | os.O_CLOEXEC | (os.O_CREAT | os.O_EXCL if create else 0)
+    fd = os.open(path, flags, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        view = memoryview(data)
+        while view:
+            view = view[os.pwrite(fd, view, len(data) - len(view)) :]
+        os.ftruncate(fd, len(data))
+    finally:
+        os.close(fd)

@@ -24,6 +24,7 @@ from typing import Literal
 
 from sandrl.errors import CapacityExhaustedError, SandrlError
 from sandrl.sandbox.base import ImageSource, SandboxSpec
+from sandrl.sandbox.bwrap import premade
 from sandrl.sandbox.bwrap.provider import BwrapProvider
 from sandrl.sandbox.bwrap.sandbox import BwrapSandbox
 
@@ -46,6 +47,9 @@ class WarmPool:
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        self._holds: deque[tuple[asyncio.Future[None], float]] = deque()
+        """Sandboxes handed out whose first command has not ended, each with the time the refill
+        stops waiting for it (:data:`~sandrl.sandbox.bwrap.premade.REFILL_HOLD_S` after its take)."""
 
     def start(self) -> None:
         if self._task is None:
@@ -54,9 +58,25 @@ class WarmPool:
     def kick(self) -> None:
         self._changed.set()
 
+    async def _held(self) -> None:
+        """Wait until each sandbox handed out has run its first command (or its hold has passed): a
+        refill's create (~3 ms of CPU in the provider, its helper and the kernel) would compete with
+        that command, the one its caller waits for, on a small host's cores."""
+        loop = asyncio.get_running_loop()
+        while self._holds and not self._closing:
+            ended, deadline = self._holds[0]
+            left = deadline - loop.time()
+            if not ended.done() and left > 0:
+                await asyncio.wait([ended], timeout=left)
+            if self._holds and self._holds[0][0] is ended:  # a take may have dropped it meanwhile
+                self._holds.popleft()
+
     async def _refill(self) -> None:
         while True:
             while not self._closing and len(self.idle) + self.creating < self.size and self.owner._has_room():
+                await self._held()
+                if self._closing or len(self.idle) + self.creating >= self.size or not self.owner._has_room():
+                    break
                 self.creating += 1
                 self.owner._reserved += 1
                 try:
@@ -89,9 +109,14 @@ class WarmPool:
     def take(self) -> BwrapSandbox | None:
         while self.idle:
             sandbox = self.idle.popleft()
-            self.kick()
             if not sandbox.closed:
+                now = asyncio.get_running_loop().time()
+                while self._holds and (self._holds[0][0].done() or self._holds[0][1] <= now):
+                    self._holds.popleft()  # a pool that cannot refill (max_live) keeps none of them
+                self._holds.append((sandbox.first_command_ended, now + premade.REFILL_HOLD_S))
+                self.kick()
                 return sandbox
+            self.kick()
         self.kick()
         return None
 
@@ -166,7 +191,7 @@ class PooledProvider:
             if pool is not None:
                 sandbox = pool.take()
                 if sandbox is not None:
-                    await sandbox.set_ttl(spec.ttl_s)  # its lifetime starts now, not when it was pooled
+                    await sandbox.set_ttl_ahead(spec.ttl_s)  # its lifetime starts now, not when it was pooled
                     return sandbox
             if self._has_room():
                 return await self._create_direct(spec)

@@ -752,10 +752,11 @@ static void finish_root(const struct launch_opts *o, int *layer_fds, const struc
  * the root (for a launch made ahead, before the image is known), with bubblewrap's /dev on the
  * sandbox's tmpfs. The launcher passes the root to pid 1 as a detached mount (open_tree); pid 1
  * attaches it, moves /proc and /dev/pts into it, pivots into it and execs the agent as bubblewrap
- * would: Docker's capabilities, a new session, no environment. The tests that hold the sandbox's
- * surface to bubblewrap's run on sandboxes made every way. No filesystem instance is made that a
- * bind of one the sandbox has anyway can stand for: each costs every memory cgroup of the host
- * (launch.py's empty_file_mount). */
+ * would: Docker's capabilities, a new session, and for environment only the word that its seccomp
+ * filter is on (installed, with the bounding set, before the root came). The tests that hold the
+ * sandbox's surface to bubblewrap's run on sandboxes made every way. No filesystem instance is made
+ * that a bind of one the sandbox has anyway can stand for: each costs every memory cgroup of the
+ * host (launch.py's empty_file_mount). */
 
 #define PID1_STAGE "/tmp"
 
@@ -877,13 +878,24 @@ static void build_dev(uid_t owner) {
 /* Keep only Docker's capabilities, in the bounding set and in pid 1's own and ambient sets, as
  * bubblewrap's --cap-add leaves them (the agent drops from its commands what is not in its bounding
  * set). */
-static void keep_docker_caps(void) {
+static uint64_t docker_cap_mask(void) {
     uint64_t keep = 0;
     for (size_t i = 0; i < sizeof docker_caps / sizeof *docker_caps; i++) keep |= 1ULL << docker_caps[i];
+    return keep;
+}
+
+/* The bounding set's part of keep_docker_caps, which the caps pid 1 needs until its pivot do not
+ * depend on (the bounding set limits only what an exec grants). */
+static void bound_to_docker_caps(void) {
+    uint64_t keep = docker_cap_mask();
     for (int c = 0; c < 64; c++) {
         if (keep & (1ULL << c)) continue;
         if (prctl(PR_CAPBSET_DROP, c, 0, 0, 0) && errno != EINVAL) die("dropping capability %d", c);
     }
+}
+
+static void keep_docker_caps(void) {
+    uint64_t keep = docker_cap_mask();
     struct __user_cap_header_struct h = {_LINUX_CAPABILITY_VERSION_3, 0};
     struct __user_cap_data_struct d[2];
     memset(d, 0, sizeof d);
@@ -966,6 +978,11 @@ static void send_root(int sock, int root_fd, char **args, int n_args) {
     free(buf);
 }
 
+static void build_seccomp(void);
+static struct sock_fprog seccomp_prog;
+#define FILTERED_ENV "SANDRL_SECCOMP=pid1"
+/* Tells the agent pid 1 execs that the filter on it is its own (installed by pid1_main below). */
+
 /* Pid 1, from its birth to the agent: /proc and /dev/pts now, the root when the launcher sends it. */
 static void pid1_main(const struct launch_opts *o, int sock, int self_fd, int userns_fd, int inner_fd) {
     close(userns_fd); /* pid 1 is in it; nothing of it may reach the agent */
@@ -978,6 +995,13 @@ static void pid1_main(const struct launch_opts *o, int sock, int self_fd, int us
     stage_proc(o);
     if (o->mask_fd >= 0) close(o->mask_fd);
     stage_devpts();
+    /* What does not depend on the root, before it comes (for a launch made ahead, while nobody
+     * waits): the bounding set, and the seccomp filter the agent would otherwise install on itself
+     * (the kernel compiles it: ~0.15 ms, with the drops ~0.2 ms of each child of a fork). It stays
+     * through the exec (no_new_privs is set) and allows every step from here to the agent. */
+    bound_to_docker_caps();
+    build_seccomp();
+    if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &seccomp_prog)) die("installing the seccomp filter");
 
     int root = receive_root(sock);
     int argc;
@@ -1017,8 +1041,8 @@ static void pid1_main(const struct launch_opts *o, int sock, int self_fd, int us
         if (!strcmp(argv[i], "@AGENT@")) argv[i] = self_path;
         else if (!strcmp(argv[i], "@INNER_USERNS@")) argv[i] = inner_str;
     }
-    char *no_env[] = {NULL};
-    execve(self_path, argv, no_env);
+    char *filtered_env[] = {FILTERED_ENV, NULL};
+    execve(self_path, argv, filtered_env);
     die("exec the agent");
 }
 
@@ -1275,6 +1299,10 @@ struct rfile {
 };
 
 static struct proc procs[MAX_PROCS];
+/* One past the highest slot of `procs` in use: the loops over the commands (several per poll
+ * round) stop there, not at MAX_PROCS (~450 KiB of slots, which a sandbox running one command
+ * would otherwise read through, and fault in, on every request). */
+static int procs_hi;
 static struct wfile wfiles[MAX_FILES];
 static struct rfile rfiles[MAX_FILES];
 static int drain_fds[MAX_DRAIN];
@@ -1429,7 +1457,7 @@ static void kill_tree(pid_t root, int sig) {
 }
 
 static struct proc *find_proc(uint32_t id) {
-    for (int i = 0; i < MAX_PROCS; i++)
+    for (int i = 0; i < procs_hi; i++)
         if (procs[i].used && procs[i].id == id) return &procs[i];
     return NULL;
 }
@@ -1459,6 +1487,7 @@ static void finish_proc(struct proc *p) {
     close_fd(&p->in_fd);
     free(p->inq);
     memset(p, 0, sizeof *p);
+    while (procs_hi > 0 && !procs[procs_hi - 1].used) procs_hi--;
 }
 
 /* Read what a child wrote; returns 0 on EOF, 1 if the pipe is still open. */
@@ -1866,6 +1895,7 @@ static void do_exec(uint32_t id, const unsigned char *pl, uint32_t len) {
     }
     memset(slot, 0, sizeof *slot);
     slot->used = 1;
+    if (slot - procs >= procs_hi) procs_hi = (int)(slot - procs) + 1;
     slot->id = id;
     slot->pid = pid;
     slot->fds[0] = outp[0];
@@ -2191,7 +2221,7 @@ static void reap(void) {
     int status;
     pid_t pid;
     while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
-        for (int i = 0; i < MAX_PROCS; i++) {
+        for (int i = 0; i < procs_hi; i++) {
             if (procs[i].used && procs[i].pid == pid && !procs[i].exited) {
                 procs[i].exited = 1;
                 procs[i].status = status;
@@ -2202,8 +2232,35 @@ static void reap(void) {
     }
 }
 
+/* Close every fd above 2 but the three kept (-1: none): close_range over the gaps between them,
+ * three syscalls where a walk of /proc/self/fd (a directory listing through procfs) took ~30. */
+static int close_fds_but(int keep1, int keep2, int keep3) {
+#ifdef SYS_close_range
+    int keep[3] = {keep1, keep2, keep3};
+    for (int i = 0; i < 3; i++)
+        for (int j = i + 1; j < 3; j++)
+            if (keep[j] < keep[i]) {
+                int t = keep[i];
+                keep[i] = keep[j];
+                keep[j] = t;
+            }
+    unsigned int lo = 3;
+    for (int i = 0; i < 3; i++) {
+        if (keep[i] < (int)lo) continue;
+        if ((unsigned int)keep[i] > lo && syscall(SYS_close_range, lo, (unsigned int)keep[i] - 1, 0)) return -1;
+        lo = (unsigned int)keep[i] + 1;
+    }
+    return (int)syscall(SYS_close_range, lo, ~0U, 0);
+#else
+    (void)keep1, (void)keep2, (void)keep3;
+    errno = ENOSYS;
+    return -1;
+#endif
+}
+
 static void close_stray_fds(int keep1, int keep2, int keep3) {
-    DIR *d = opendir("/proc/self/fd");
+    if (close_fds_but(keep1, keep2, keep3) == 0) return;
+    DIR *d = opendir("/proc/self/fd"); /* a kernel before 5.9 */
     if (!d) return;
     int dfd = dirfd(d);
     int fds[1024], n = 0;
@@ -2244,10 +2301,18 @@ static int agent_main(int argc, char **argv) {
     if (lock_fd >= 0) fcntl(lock_fd, F_SETFD, FD_CLOEXEC);
     fcntl(ctl, F_SETFD, FD_CLOEXEC);
     read_dropped_caps();
-    build_seccomp();
-    /* On pid 1 itself, which needs none of what it refuses: commands inherit it at fork. */
-    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &seccomp_prog))
-        die("installing the seccomp filter");
+    /* On pid 1 itself, which needs none of what it refuses: commands inherit it at fork. A pid 1 the
+     * helper made installed it before its exec (and says so in the only variable of an environment
+     * it sets itself); under bubblewrap (--clearenv) the agent installs it here, over whatever
+     * filter the host's own may be. */
+    char **env = environ;
+    int filtered = env && env[0] && !strcmp(env[0], FILTERED_ENV) && !env[1] && prctl(PR_GET_SECCOMP, 0, 0, 0, 0) == 2;
+    environ = NULL;
+    if (!filtered) {
+        build_seccomp();
+        if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &seccomp_prog))
+            die("installing the seccomp filter");
+    }
     act_as_sandbox_root_for_files();
     int devnull = open("/dev/null", O_RDWR);
     if (devnull >= 0) {
@@ -2287,7 +2352,7 @@ static int agent_main(int argc, char **argv) {
         pfds[n] = (struct pollfd){.fd = sfd, .events = POLLIN};
         owner[n++] = NULL;
         int64_t now = now_ms(), wake = ttl_deadline_ms;
-        for (int i = 0; i < MAX_PROCS; i++) {
+        for (int i = 0; i < procs_hi; i++) {
             struct proc *p = &procs[i];
             if (!p->used) continue;
             if (p->deadline_ms && !p->exited) {
