@@ -27,14 +27,18 @@ def run_sandrl(
     capsys: pytest.CaptureFixture[str],
     state_dir: Path | None = None,
     columns: int | None = None,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """``sandrl ARGS`` in ``cwd``, its sandboxes' store ``state_dir`` (``$SANDRL_STATE_DIR``), its stderr
-    ``columns`` wide (``$COLUMNS``): its exit code and what it printed, as ``subprocess.run`` gives them."""
+    ``columns`` wide (``$COLUMNS``), with the variables ``env`` set: its exit code and what it printed,
+    as ``subprocess.run`` gives them."""
     capsys.readouterr()  # what came before is not this command's
     argv = ["sandrl", *args]
     with monkeypatch.context() as m:
         m.chdir(cwd)
         m.setattr(sys, "argv", argv)
+        for name, value in (env or {}).items():
+            m.setenv(name, value)
         if state_dir is not None:  # read when the provider module is imported, as the command's process does
             m.setattr(sandrl.sandbox.bwrap.provider, "DEFAULT_STATE_DIR", state_dir)
         if columns is not None:  # the console read $COLUMNS when it was made, at import

@@ -1,11 +1,11 @@
-"""``sandrl bench train``: both drivers end to end on the same budget, one JSON line (its shape, not its speed)."""
+"""``sandrl bench train``: both drivers end to end on the same budget, one JSON line (its shape, not its speed).
+
+The command runs by its entry point in this process (:func:`tests.entry_point.run_sandrl`)."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,16 +13,18 @@ import pytest
 from sandrl.bench.train import options
 from sandrl.rollout.agents.scripted import CommandTimes
 
+from ..entry_point import run_sandrl
 from ..support import needs_sandbox
-
-SANDRL = Path(sys.executable).with_name("sandrl")
 
 
 @needs_sandbox
-def test_quick_run_trains_both_modes_the_same_budget_and_prints_one_json_line(tmp_path: Path) -> None:
-    env = {**os.environ, "TMPDIR": str(tmp_path)}
-    r = subprocess.run(
-        [str(SANDRL), "bench", "train", "--quick", "--json"], capture_output=True, text=True, env=env, timeout=180
+def test_quick_run_trains_both_modes_the_same_budget_and_prints_one_json_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # TMPDIR, read once by a process
+    env = {"TMPDIR": str(tmp_path)}
+    r = run_sandrl(
+        ["bench", "train", "--quick", "--json"], cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys, env=env
     )
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()

@@ -1,14 +1,14 @@
 """``sandrl tasks pull``: a dataset of Harbor's registry format, fetched with git from a loopback
-``git daemon`` serving two task repositories, written as a directory ``sandrl eval`` runs."""
+``git daemon`` serving two task repositories, written as a directory ``sandrl eval`` runs. The commands
+run by their entry point in this process (:func:`tests.entry_point.run_sandrl`)."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
-import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import HTTPServer, SimpleHTTPRequestHandler
 from pathlib import Path
 from typing import Any
@@ -18,17 +18,27 @@ import pytest
 from sandrl.tasks.datasets import find_dataset, pull_dataset
 from sandrl.tasks.datasets.fetch import Repository
 
+from ..entry_point import run_sandrl
 from ..support import REASON
 from .git_server import GitServer, Link, harbor_task
 
-SANDRL = Path(sys.executable).with_name("sandrl")
 BIG = os.urandom(1 << 20)
 """A file of repository A outside every task's directory: a sparse fetch never brings it."""
 
 
-def sandrl(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    full = {**os.environ, "SANDRL_STATE_DIR": str(cwd / "state"), "COLUMNS": "200", **env}
-    return subprocess.run([str(SANDRL), *args], capture_output=True, text=True, env=full, cwd=cwd, timeout=180)
+Sandrl = Callable[..., subprocess.CompletedProcess[str]]
+"""``sandrl ARGS`` in a working directory (its store in ``state/`` there, 200 columns wide), by its entry
+point in this process (:func:`tests.entry_point.run_sandrl`); keyword arguments are environment variables."""
+
+
+@pytest.fixture
+def sandrl(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Sandrl:
+    def run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+        return run_sandrl(
+            args, cwd=cwd, monkeypatch=monkeypatch, capsys=capsys, state_dir=cwd / "state", columns=200, env=env
+        )
+
+    return run
 
 
 @pytest.fixture
@@ -65,7 +75,7 @@ def two_repositories(server: GitServer) -> dict[str, str]:
 
 
 def test_pull_fetches_each_repository_once_and_the_dataset_runs_with_the_oracle(
-    server: GitServer, two_repositories: dict[str, str], tmp_path: Path
+    server: GitServer, two_repositories: dict[str, str], tmp_path: Path, sandrl: Sandrl
 ) -> None:
     a, b = server.url("tasks-a"), server.url("tasks-b")
     commits = two_repositories
@@ -123,7 +133,7 @@ def test_pull_fetches_each_repository_once_and_the_dataset_runs_with_the_oracle(
 
 
 def test_a_missing_commit_or_path_is_reported_for_its_task_and_the_rest_is_written(
-    server: GitServer, two_repositories: dict[str, str], tmp_path: Path
+    server: GitServer, two_repositories: dict[str, str], tmp_path: Path, sandrl: Sandrl
 ) -> None:
     a = server.url("tasks-a")
     entries = [

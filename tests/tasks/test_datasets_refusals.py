@@ -4,9 +4,6 @@ its task directory or the network is refused with its reason, and the rest is wr
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,9 +14,8 @@ from sandrl.errors import ConfigError, SandrlError, TaskError
 from sandrl.tasks.datasets import find_dataset, parse_spec, pull_dataset, read_registry
 from sandrl.tasks.datasets.git import check_url
 
+from ..entry_point import run_sandrl
 from .git_server import GitServer, Link, harbor_task
-
-SANDRL = Path(sys.executable).with_name("sandrl")
 
 
 @pytest.fixture
@@ -168,12 +164,9 @@ def test_a_dataset_is_found_by_name_and_version_or_the_error_names_what_there_is
         assert str(caught.value) == message
 
 
-def sandrl(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    full = {**os.environ, "SANDRL_CACHE_DIR": str(cwd / "cache"), "COLUMNS": "200", **env}
-    return subprocess.run([str(SANDRL), *args], capture_output=True, text=True, env=full, cwd=cwd, timeout=60)
-
-
-def test_bad_input_on_the_command_line_is_one_line_naming_the_fix(tmp_path: Path) -> None:
+def test_bad_input_on_the_command_line_is_one_line_naming_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     registry = tmp_path / "registry.json"
     registry.write_text(json.dumps([{"name": "demo", "version": "1.0", "tasks": []}]))
     (tmp_path / "config.toml").write_text('registry = "registry.json"\nmirror = 1\n')
@@ -186,7 +179,10 @@ def test_bad_input_on_the_command_line_is_one_line_naming_the_fix(tmp_path: Path
         ([str(registry), "demo@1.0", "--out", "other"], "holds x@1, not demo@1.0"),  # not mixed with another
     ]
     for args, message in cases:
-        r = sandrl(["tasks", "pull", *args], tmp_path, SANDRL_DATASETS_CONFIG=str(tmp_path / "config.toml"))
+        env = {"SANDRL_CACHE_DIR": str(tmp_path / "cache"), "SANDRL_DATASETS_CONFIG": str(tmp_path / "config.toml")}
+        r = run_sandrl(
+            ["tasks", "pull", *args], cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys, columns=200, env=env
+        )
         assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
 

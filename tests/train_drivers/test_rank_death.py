@@ -1,5 +1,6 @@
 """A training rank killed mid-run, through ``sandrl train --nproc 2`` as a user runs it: one clear line,
-and the same command resumes with each step, and each saved group, trained once."""
+and the same command resumes with each step, and each saved group, trained once. The resumed command runs
+by its entry point in this process (:func:`tests.entry_point.run_sandrl`), its ranks processes of their own."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from ..entry_point import run_sandrl
 from .conftest import write_saved_groups
 
 SANDRL = Path(sys.executable).with_name("sandrl")
@@ -34,7 +38,9 @@ def _ranks(pid: int) -> list[int]:
     return [c for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
 
 
-def test_a_killed_rank_stops_the_run_in_one_line_and_the_same_command_resumes(tmp_path: Path) -> None:
+def test_a_killed_rank_stops_the_run_in_one_line_and_the_same_command_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "run.toml").write_text(CONFIG)
     write_saved_groups(tmp_path / "saved.jsonl", groups=3)
     command = [str(SANDRL), "train", "run.toml", "--load-rollouts", "saved.jsonl"]
@@ -55,7 +61,7 @@ def test_a_killed_rank_stops_the_run_in_one_line_and_the_same_command_resumes(tm
     assert "training rank 1 of 2 died (exit code -9) during " in error[0]
     assert "Rerun the same command to resume from the last checkpoint" in error[0]
 
-    resumed = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    resumed = run_sandrl(command[1:], cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys)
     assert resumed.returncode == 0, resumed.stderr
     lines = [json.loads(line) for line in (tmp_path / "runs" / "x" / "metrics.jsonl").read_text().splitlines()]
     # Each step once (a line written before the kill but not checkpointed is dropped), each group once.
