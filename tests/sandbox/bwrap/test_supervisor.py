@@ -85,9 +85,18 @@ async def test_pid1_holds_only_its_own_fds(either_launch: BwrapProvider) -> None
     keeps): nothing of the launcher's (its layers, its sockets) stays open in pid 1."""
     async with await either_launch.create(SandboxSpec(ttl_s=60)) as sandbox:
         with open(f"/proc/{sandbox.host_pid}/task/{sandbox.host_pid}/children") as f:
-            children = f.read().split()
-        assert len(children) == 1  # the monitor's one child: pid 1
+            # pid 1 in its namespace; the monitor's short-lived helpers of a launch may still be exiting
+            children = [c for c in f.read().split() if _pid_in_its_namespace(c) == "1"]
+        assert len(children) == 1  # the monitor's one lasting child: pid 1
         fd_dir = f"/proc/{children[0]}/fd"
         targets = sorted(os.readlink(f"{fd_dir}/{fd}") for fd in os.listdir(fd_dir))
     kinds = [t.split(":[")[0] if ":[" in t else ("slot lock" if t.endswith(".lock") else t) for t in targets]
     assert sorted(kinds) == sorted(["/dev/null"] * 3 + ["user", "anon_inode", "slot lock", "socket"]), targets
+
+
+def _pid_in_its_namespace(pid: str) -> str | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next((line.split()[-1] for line in f if line.startswith("NSpid:")), None)
+    except OSError:  # exited meanwhile
+        return None
