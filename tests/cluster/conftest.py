@@ -108,9 +108,11 @@ def token_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def hosts(tmp_path_factory: pytest.TempPathFactory, token_file: Path) -> Iterator[dict[str, SandboxHost]]:
-    """Host ``a`` (capacity 3) and host ``b`` (capacity 1), running."""
+    """Host ``a`` (capacity 3) and host ``b`` (capacity 1), running: started once for the cluster tests (each
+    start is a process's imports and a drain at its end), each test leaving them as it found them (no
+    sandbox open); :func:`both_up` starts again one a test killed."""
     if REASON is not None:
         pytest.skip(REASON)
     root = tmp_path_factory.mktemp("cluster-hosts")
