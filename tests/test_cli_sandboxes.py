@@ -1,31 +1,27 @@
 """Every command that runs sandboxes builds them through ``sandrl.wiring.open_provider``, so each
 takes ``--sandboxes`` as ``sandrl eval`` does: here ``sandrl tasks run`` against a real ``sandrl
-serve sandboxes`` on loopback, reached through the e2b SDK's own environment."""
+serve sandboxes`` on loopback, reached through the e2b SDK's own environment. The commands run by
+their entry point in this process (:func:`tests.entry_point.run_sandrl`)."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import secrets
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.sandbox.service.server import BackgroundServer, create_app
 from sandrl.sandbox.service.state import SandboxService, ServiceConfig
 
+from .entry_point import run_sandrl
 from .support import needs_sandbox
 
-SANDRL = Path(sys.executable).with_name("sandrl")
 TASK = Path(__file__).resolve().parents[1] / "src" / "sandrl" / "tasks" / "builtin" / "c-fix-crc32-tool"
-
-
-def _sandrl(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(SANDRL), *args], capture_output=True, text=True, env=env, timeout=300)
 
 
 def _creates(url: str, token: str) -> float:
@@ -36,20 +32,26 @@ def _creates(url: str, token: str) -> float:
 
 
 @needs_sandbox
-def test_tasks_run_takes_its_sandboxes_from_a_service(tmp_path: Path) -> None:
+def test_tasks_run_takes_its_sandboxes_from_a_service(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     state = tmp_path / "service-state"
     token = secrets.token_hex(24)
-    env = {**os.environ, "SANDRL_STATE_DIR": str(tmp_path / "here")}
-    env.pop("E2B_DOMAIN", None)
-    built = _sandrl("images", "templates", str(TASK), "--build", "--state-dir", str(state), env=env)
+    monkeypatch.delenv("E2B_DOMAIN", raising=False)
+
+    def sandrl(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        here = tmp_path / "here"
+        return run_sandrl(list(args), cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys, state_dir=here, env=env)
+
+    built = sandrl("images", "templates", str(TASK), "--build", "--state-dir", str(state))
     assert built.returncode == 0, built.stderr
     provider = BwrapProvider(state)
     try:
         # The app `sandrl serve sandboxes` serves, on a loopback port of its own (in a thread: a process
         # would add seconds of start-up to the test and nothing to what it shows).
         with BackgroundServer(create_app(SandboxService(provider, ServiceConfig(max_live=8)), token=token)) as server:
-            remote = {**env, "E2B_API_URL": server.url, "E2B_SANDBOX_URL": server.url, "E2B_API_KEY": token}
-            ran = _sandrl("tasks", "run", str(TASK), "--sandboxes", "e2b", "--json", env=remote)
+            remote = {"E2B_API_URL": server.url, "E2B_SANDBOX_URL": server.url, "E2B_API_KEY": token}
+            ran = sandrl("tasks", "run", str(TASK), "--sandboxes", "e2b", "--json", env=remote)
             creates = _creates(server.url, token)
     finally:
         provider._close_all_sync()
@@ -60,8 +62,11 @@ def test_tasks_run_takes_its_sandboxes_from_a_service(tmp_path: Path) -> None:
     assert creates >= 1  # the episode's sandbox was the service's, not one of this command's own
 
 
-def test_tasks_run_refuses_an_unknown_sandboxes_in_one_line() -> None:
-    r = _sandrl("tasks", "run", str(TASK), "--sandboxes", "elsewhere", env={**os.environ})
+def test_tasks_run_refuses_an_unknown_sandboxes_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["tasks", "run", str(TASK), "--sandboxes", "elsewhere"]
+    r = run_sandrl(args, cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys)
     assert r.returncode != 0
     assert "Traceback" not in r.stderr
     assert r.stderr.strip() == "error: sandboxes must be one of local, e2b, got 'elsewhere'"

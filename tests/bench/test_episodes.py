@@ -5,8 +5,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +19,9 @@ from sandrl.result_file import load_result
 from sandrl.rollout.trajectory import Timings, Trajectory, Turn
 from sandrl.sandbox.bwrap import BwrapProvider
 
+from ..entry_point import run_sandrl
 from ..support import needs_sandbox
 from .conftest import synthetic_result
-
-SANDRL = Path(sys.executable).with_name("sandrl")
 
 
 def test_emulated_tokens_grow_the_context_turn_by_turn() -> None:
@@ -80,14 +77,15 @@ def test_unknown_tasks_are_named() -> None:
     assert {t.id for t in episodes.builtin_tasks(list(episodes.DEFAULT_TASKS))} == set(episodes.DEFAULT_TASKS)
 
 
-def test_cli_bad_input_is_one_clear_line() -> None:
-    r = subprocess.run(
-        [str(SANDRL), "bench", "episodes", "--tasks", "nope"], capture_output=True, text=True, timeout=60
-    )
+def test_cli_bad_input_is_one_clear_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """By the command's entry point in this process (:func:`tests.entry_point.run_sandrl`)."""
+    r = run_sandrl(["bench", "episodes", "--tasks", "nope"], cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "no built-in task named nope" in r.stderr
-    r = subprocess.run(
-        [str(SANDRL), "bench", "admission", "--capacity", "nowhere.json"], capture_output=True, text=True, timeout=60
+    r = run_sandrl(
+        ["bench", "admission", "--capacity", "nowhere.json"], cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys
     )
     assert r.returncode == 2 and "Traceback" not in r.stderr and "--capacity takes a whole number" in r.stderr
 
