@@ -1,6 +1,7 @@
-"""The ``sandrl`` command as a user runs it: real processes, real sandboxes. The config errors of
-``sandrl train`` run by its entry point in this process (:func:`tests.entry_point.run_sandrl`), a
-new process's seconds of imports spared: the exit code and stderr are the same."""
+"""The ``sandrl`` command as a user runs it: real sandboxes; real processes where only a process shows
+what is checked (the output and exit code of a sandbox's command, the warnings' format, the version).
+The others run by the command's entry point in this process (:func:`tests.entry_point.run_sandrl`,
+:func:`run_here`), a new process's second of imports spared: the exit code and output are the same."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,23 @@ def run(args: list[str], state_dir: Path, **env: str) -> subprocess.CompletedPro
 @pytest.fixture(scope="module")
 def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("cli-state")
+
+
+RunHere = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture
+def run_here(
+    state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> RunHere:
+    """:func:`run`'s command by its entry point in this process; ``columns`` wide, ``env`` set."""
+
+    def run(args: list[str], *, columns: int | None = None, **env: str) -> subprocess.CompletedProcess[str]:
+        return run_sandrl(
+            args, cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys, state_dir=state_dir, columns=columns, env=env
+        )
+
+    return run
 
 
 @needs_sandbox
@@ -51,19 +69,19 @@ def test_sandbox_run_quotes_arguments(state_dir: Path) -> None:
     assert r.stdout == "a b|$HOME|'q'|"
 
 
-def test_bad_argument_is_one_clear_line(state_dir: Path) -> None:
-    r = run(["sandbox", "run", "--cpus", "-1", "--", "true"], state_dir)
+def test_bad_argument_is_one_clear_line(run_here: RunHere) -> None:
+    r = run_here(["sandbox", "run", "--cpus", "-1", "--", "true"])
     assert r.returncode == 2
     assert "Traceback" not in r.stderr
     assert "cpus must be between" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
 
 
-def test_missing_bwrap_is_one_clear_line(state_dir: Path) -> None:
+def test_missing_bwrap_is_one_clear_line(run_here: RunHere) -> None:
     if os.geteuid() != 0:
         pytest.skip("the root check comes first when not root")
     # Only a host that asks for bubblewrap's launcher needs it (every launch is the helper's by default).
-    r = run(["sandbox", "run", "--", "true"], state_dir, PATH="/nonexistent", SANDRL_LAUNCHER="bubblewrap")
+    r = run_here(["sandbox", "run", "--", "true"], PATH="/nonexistent", SANDRL_LAUNCHER="bubblewrap")
     assert r.returncode == 2
     assert "bubblewrap is not installed" in r.stderr
     assert "Traceback" not in r.stderr
@@ -94,7 +112,7 @@ def test_another_librarys_warning_keeps_its_category_and_place(capsys: pytest.Ca
 
 
 @needs_sandbox
-def test_eval_with_no_episode_able_to_run_exits_non_zero(state_dir: Path, tmp_path: Path) -> None:
+def test_eval_with_no_episode_able_to_run_exits_non_zero(run_here: RunHere, tmp_path: Path) -> None:
     task = tmp_path / "unbuildable"
     (task / "environment").mkdir(parents=True)
     (task / "tests").mkdir()
@@ -102,7 +120,7 @@ def test_eval_with_no_episode_able_to_run_exits_non_zero(state_dir: Path, tmp_pa
     (task / "instruction.md").write_text("Do nothing.\n")
     (task / "environment" / "Dockerfile").write_text("FROM host\nRUN exit 3\n")
     (task / "tests" / "test.sh").write_text("echo 1 > /logs/verifier/reward.txt\n")
-    r = run(["eval", str(task), "--agent", "oracle", "--results-dir", str(tmp_path / "eval")], state_dir)
+    r = run_here(["eval", str(task), "--agent", "oracle", "--results-dir", str(tmp_path / "eval")])
     assert r.returncode == 1, r.stderr
     assert '"verified": 0' in r.stdout  # the JSON line still ends the output, for scripts
     assert "error: no episode could run: all 1 ended without a reward (image_build_failed x1)" in r.stderr
@@ -117,17 +135,17 @@ def test_eval_with_no_episode_able_to_run_exits_non_zero(state_dir: Path, tmp_pa
     ],
 )
 def test_an_egress_allow_list_past_the_private_ranges_is_one_clear_line(
-    state_dir: Path, args: list[str], env: dict[str, str]
+    run_here: RunHere, args: list[str], env: dict[str, str]
 ) -> None:
-    r = run(args, state_dir, **env)
+    r = run_here(args, **env)
     assert r.returncode == 2, r
     assert "Traceback" not in r.stderr
     assert "egress allow-list entry" in r.stderr
 
 
-def test_tasks_list_takes_builtin(state_dir: Path) -> None:
+def test_tasks_list_takes_builtin(run_here: RunHere) -> None:
     # `sandrl eval builtin` runs the shipped suite; the `tasks` commands take the same name.
-    r = run(["tasks", "list", "builtin"], state_dir, COLUMNS="200")
+    r = run_here(["tasks", "list", "builtin"], columns=200)
     assert r.returncode == 0, r.stderr
     assert "fix-word-frequency" in r.stdout
     assert r.stdout.strip().endswith(" tasks, 0 problems")
@@ -209,17 +227,10 @@ def test_version() -> None:
         ('[tasks]\nfamily = "[/oops] [bold]"\n', "'[/oops] [bold]'"),
     ],
 )
-def test_a_config_error_keeps_its_section_names(
-    state_dir: Path,
-    tmp_path: Path,
-    toml: str,
-    said: str,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
+def test_a_config_error_keeps_its_section_names(run_here: RunHere, tmp_path: Path, toml: str, said: str) -> None:
     config = tmp_path / "run.toml"
     config.write_text(toml)
-    r = run_sandrl(["train", str(config)], cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys, state_dir=state_dir)
+    r = run_here(["train", str(config)])
     assert r.returncode == 2, r
     assert "Traceback" not in r.stderr
     assert r.stderr.startswith(f"error: {config}: "), r.stderr
