@@ -34,6 +34,7 @@ from sandrl.tasks.builtin import SUITE_DIR
 from sandrl.tasks.builtin.generated import generate_tasks
 from sandrl.wiring.evaluate import EvalConfig, evaluate
 
+from ...entry_point import run_sandrl
 from ...support import REASON
 from .conftest import E2BServer
 from .served import e2b_env, free_port, sandrl, start_service, stop
@@ -72,9 +73,12 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
         stop(proc)
 
 
-def test_eval_builtin_tasks_with_the_oracle_through_e2b(host: Host, tmp_path: Path) -> None:
+def test_eval_builtin_tasks_with_the_oracle_through_e2b(
+    host: Host, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``sandrl eval`` by its entry point in this process (:func:`tests.entry_point.run_sandrl`)."""
     out = tmp_path / "rollouts.jsonl"
-    r = sandrl(
+    args = [
         "eval",
         str(host.tasks),
         "--agent",
@@ -85,8 +89,8 @@ def test_eval_builtin_tasks_with_the_oracle_through_e2b(host: Host, tmp_path: Pa
         str(out),
         "--results-dir",
         str(tmp_path / "eval"),
-        state_dir=host.state_dir,
-    )
+    ]
+    r = run_sandrl(args, cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys, state_dir=host.state_dir)
     assert r.returncode == 0, r.stderr
     result = json.loads(r.stdout.splitlines()[-1])
     assert result["status"] == {"completed": 3, "truncated": 0, "agent_error": 0, "infra_error": 0}
