@@ -383,8 +383,7 @@ class BwrapSandbox(SandboxBase):
         self._restart_ttl_timer(ttl_s)
 
     async def set_ttl_ahead(self, ttl_s: float) -> None:
-        """:meth:`set_ttl` without a round trip (the agent always says yes, and reads requests in
-        order): a warm pool's hand-out. A sandbox that died meanwhile fails its next request."""
+        """:meth:`set_ttl` with no round trip (the agent says yes, in order); a dead sandbox fails its next request."""
         rid, done = await self._send_ttl(ttl_s)
         done.add_done_callback(lambda _: self._conn.unroute(rid))
         self._restart_ttl_timer(ttl_s)
