@@ -3,27 +3,40 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 
 import pytest
 
 from sandrl.errors import CapacityExhaustedError
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider, premade
-from sandrl.sandbox.bwrap.warm_pool import PooledProvider
+from sandrl.sandbox.bwrap.warm_pool import PooledProvider, WarmPool
 
 from ...support import needs_sandbox
 
 pytestmark = needs_sandbox
 
 
-async def test_pool_hands_out_precreated_fresh_sandboxes(provider: BwrapProvider) -> None:
-    spec = SandboxSpec(ttl_s=60)
-    pooled = PooledProvider(provider, pools=[(spec, 3)])
+@contextlib.asynccontextmanager
+async def full_pool(
+    provider: BwrapProvider, spec: SandboxSpec, size: int = 1
+) -> AsyncIterator[tuple[PooledProvider, WarmPool]]:
+    """A pooled provider with one pool of ``spec``, full; closed after."""
+    pooled = PooledProvider(provider, pools=[(spec, size)])
     try:
         pool = pooled.pool(spec)
         assert pool is not None
         await pool.wait_full()
+        yield pooled, pool
+    finally:
+        await pooled.close()
+
+
+async def test_pool_hands_out_precreated_fresh_sandboxes(provider: BwrapProvider) -> None:
+    spec = SandboxSpec(ttl_s=60)
+    async with full_pool(provider, spec, 3) as (pooled, pool):
         assert len(pool.idle) == 3
         first = await pooled.create(spec)
         assert first in pooled.live
@@ -35,37 +48,25 @@ async def test_pool_hands_out_precreated_fresh_sandboxes(provider: BwrapProvider
         await second.close()
         await pool.wait_full()
         assert len(pool.idle) == 3  # refilled in the background
-    finally:
-        await pooled.close()
     assert not pooled.live
 
 
 async def test_pooled_sandbox_ttl_starts_at_hand_out(provider: BwrapProvider) -> None:
     spec = SandboxSpec(ttl_s=2)
-    pooled = PooledProvider(provider, pools=[(spec, 1)])
-    try:
-        pool = pooled.pool(spec)
-        assert pool is not None
-        await pool.wait_full()
+    async with full_pool(provider, spec) as (pooled, _):
         await asyncio.sleep(1.2)
         sb = await pooled.create(spec)
         before = time.time()
         await asyncio.sleep(1.2)  # 2.4 s after it was pooled, 1.2 s after hand-out
         assert (await sb.exec("echo alive")).stdout == "alive\n"
         assert sb.expires_at >= before + 1.5
-    finally:
-        await pooled.close()
 
 
 async def test_a_hand_out_does_not_wait_for_the_agent_to_take_its_ttl(provider: BwrapProvider) -> None:
     """The TTL goes ahead of the caller's first request (the agent reads them in order), not as a
     round trip before the sandbox is handed out: here the agent cannot answer until it is thawed."""
     spec = SandboxSpec(ttl_s=30)
-    pooled = PooledProvider(provider, pools=[(spec, 1)])
-    try:
-        pool = pooled.pool(spec)
-        assert pool is not None
-        await pool.wait_full()
+    async with full_pool(provider, spec) as (pooled, pool):
         pooled_sandbox = pool.idle[0]
         await asyncio.to_thread(pooled_sandbox._group.freeze, True)
         try:
@@ -77,8 +78,6 @@ async def test_a_hand_out_does_not_wait_for_the_agent_to_take_its_ttl(provider: 
             await asyncio.to_thread(pooled_sandbox._group.freeze, False)
         assert (await sb.exec("echo alive")).stdout == "alive\n"
         assert 25 < sb.expires_at - time.time() <= 30
-    finally:
-        await pooled.close()
 
 
 async def test_the_refill_waits_until_the_sandbox_handed_out_has_run_a_command(
@@ -88,19 +87,13 @@ async def test_the_refill_waits_until_the_sandbox_handed_out_has_run_a_command(
     cores the warm create took twice as long); it starts once that command has ended."""
     monkeypatch.setattr(premade, "REFILL_HOLD_S", 60.0)
     spec = SandboxSpec(ttl_s=60)
-    pooled = PooledProvider(provider, pools=[(spec, 1)])
-    try:
-        pool = pooled.pool(spec)
-        assert pool is not None
-        await pool.wait_full()
+    async with full_pool(provider, spec) as (pooled, pool):
         sb = await pooled.create(spec)
         await asyncio.sleep(0.5)  # ample for a create (~10-20 ms) were the refill not held
         assert not pool.idle and not pool.creating
         await sb.exec("true")
         await pool.wait_full(timeout_s=10)
         assert len(pool.idle) == 1
-    finally:
-        await pooled.close()
 
 
 async def test_the_refill_waits_no_longer_than_its_bound(
@@ -108,16 +101,10 @@ async def test_the_refill_waits_no_longer_than_its_bound(
 ) -> None:
     monkeypatch.setattr(premade, "REFILL_HOLD_S", 0.2)
     spec = SandboxSpec(ttl_s=60)
-    pooled = PooledProvider(provider, pools=[(spec, 1)])
-    try:
-        pool = pooled.pool(spec)
-        assert pool is not None
-        await pool.wait_full()
+    async with full_pool(provider, spec) as (pooled, pool):
         await pooled.create(spec)  # and it runs nothing
         await pool.wait_full(timeout_s=10)
         assert len(pool.idle) == 1
-    finally:
-        await pooled.close()
 
 
 async def test_unpooled_spec_is_created_on_demand(provider: BwrapProvider) -> None:
