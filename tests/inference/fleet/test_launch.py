@@ -216,3 +216,22 @@ async def healthy(url: str) -> bool:
             return (await http.get(url + "/health", timeout=1)).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_an_interrupted_stop_still_closes_the_engines_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sandrl.inference.fleet import launch
+
+    engine = launch.EngineProcess(EngineCommand(0, ("true",)), tmp_path / "engine-0.log")
+    engine.start()
+    log = engine._log
+    assert log is not None and not log.closed
+
+    def interrupted(process: subprocess.Popen[bytes], grace_s: float) -> None:
+        process.kill()
+        process.wait()
+        raise KeyboardInterrupt  # Ctrl-C while the stop waited for the guard
+
+    monkeypatch.setattr(launch, "stop_process", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        engine.stop()
+    assert log.closed

@@ -121,11 +121,13 @@ class EngineProcess:
 
     def stop(self) -> None:
         """Stop the guard (which stops the engine's whole group); reaped."""
-        if self.process is not None:
-            stop_process(self.process, STOP_GRACE_S + 5.0)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        try:
+            if self.process is not None:
+                stop_process(self.process, STOP_GRACE_S + 5.0)
+        finally:  # an interrupted stop (Ctrl-C while waiting for the guard) still lets go of the log
+            if self._log is not None:
+                self._log.close()
+                self._log = None
 
 
 class Launcher:

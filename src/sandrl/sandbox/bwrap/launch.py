@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandrl.errors import SandboxUnavailableError
+from sandrl.images.manifest import DEFAULT_PATH
 from sandrl.processes import reap_in_background
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap.cgroups import CgroupManager, SandboxCgroup
@@ -73,7 +74,7 @@ _MASKED_PROC = (
 """Host facts under /proc that a sandbox has no use for, read as empty (after Docker's masked paths;
 its others are unreadable here anyway: ``kcore`` and ``timer_list`` are host root's, ``keys`` and
 ``key-users`` list only the sandbox's own keyring and users)."""
-_HELPER_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+_HELPER_ENV = {"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"}
 """The whole environment of the host-side helper and bubblewrap: never the server's (its token)."""
 LAUNCHERS = ("helper", "bubblewrap")
 """What may make a full launch's pid 1 (the module's docstring): the first is the default."""
