@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gc
 import os
 import subprocess
 import time
 
-from sandrl.processes import reap_in_background
+from sandrl.processes import reap_in_background, wait_readable
 
 
 def test_a_child_handed_to_the_reaper_is_reaped_without_a_resource_warning() -> None:
@@ -31,3 +33,22 @@ def test_a_child_that_already_exited_starts_no_thread() -> None:
     child.wait()
     reap_in_background(child)
     assert child.returncode == 0
+
+
+async def test_wait_readable_returns_once_there_is_something_to_read_and_a_cancel_leaves_no_reader() -> None:
+    r, w = os.pipe()
+    cancelled = asyncio.create_task(wait_readable(r))
+    await asyncio.sleep(0.02)
+    cancelled.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await cancelled
+    try:
+        waiting = asyncio.create_task(wait_readable(r))
+        await asyncio.sleep(0.02)
+        assert not waiting.done()
+        os.write(w, b"x")
+        await asyncio.wait_for(waiting, 5)
+        assert os.read(r, 1) == b"x"  # nothing else (the cancelled wait) read it first
+    finally:
+        os.close(r)
+        os.close(w)

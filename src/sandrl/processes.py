@@ -42,17 +42,25 @@ async def wait_exited(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
         while proc.poll() is None and time.monotonic() < deadline:
             await asyncio.sleep(0.002)
         return
-    loop = asyncio.get_running_loop()
-    exited = loop.create_future()
-    loop.add_reader(fd, _set_once, exited)
     try:
         async with asyncio.timeout(timeout_s):
-            await exited
+            await wait_readable(fd)
     except TimeoutError:
         pass
     finally:
-        loop.remove_reader(fd)
         os.close(fd)
+
+
+async def wait_readable(fd: int) -> None:
+    """Wait until ``fd`` is readable (or at its end), on the event loop: no thread is left blocked in a
+    ``read`` of it when the wait is cancelled, so the caller may close it at once."""
+    loop = asyncio.get_running_loop()
+    readable = loop.create_future()
+    loop.add_reader(fd, _set_once, readable)
+    try:
+        await readable
+    finally:
+        loop.remove_reader(fd)
 
 
 def _set_once(future: asyncio.Future[None]) -> None:

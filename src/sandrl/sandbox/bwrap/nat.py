@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import IO
 
 from sandrl.errors import SandboxCreateError, SandboxError
-from sandrl.processes import reap_in_background
+from sandrl.processes import reap_in_background, wait_readable
 from sandrl.sandbox.bwrap.egress import EgressFilter
 from sandrl.sandbox.bwrap.sandbox import BwrapSandbox
 
@@ -148,7 +148,10 @@ async def _start(program: str, sandbox: BwrapSandbox, log: IO[bytes]) -> Nat:
     nat = Nat(process, exit_w)
     try:
         async with asyncio.timeout(READY_TIMEOUT_S):
-            ready = await asyncio.to_thread(os.read, ready_r, 1)
+            # Not a read in a worker thread: a cancelled start closes ready_r below, and a thread still
+            # on its way into read() could then read whatever file took the number next.
+            await wait_readable(ready_r)
+        ready = os.read(ready_r, 1)
         if ready != b"1":
             log.seek(0)
             detail = log.read()[-500:].decode(errors="replace").strip()
