@@ -358,8 +358,8 @@ static int finish_sandbox_namespaces(struct pending_sandbox_ns *ns) {
     return inner;
 }
 
-/* Enter B's network namespace and let the children go. */
-static void enter_network_namespace(struct pending_sandbox_ns *ns) {
+/* Enter B's network namespace (once B has made it) and let the children go; its fd, for pid 1. */
+static int enter_network_namespace(struct pending_sandbox_ns *ns) {
     char c, path[64];
     if (read(ns->net_ready, &c, 1) != 1) {
         errno = 0;
@@ -369,11 +369,11 @@ static void enter_network_namespace(struct pending_sandbox_ns *ns) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) die("open %s", path);
     if (setns(fd, CLONE_NEWNET)) die("entering the sandbox's network namespace");
-    close(fd);
     close(ns->net_ready);
     close(ns->hold);
     close(ns->up);
     close(ns->down);
+    return fd;
 }
 
 /* Clone a layer directory as a detached mount, to be idmapped before it is attached. */
@@ -914,7 +914,7 @@ struct fd_message {
     struct msghdr msg;
     union {
         struct cmsghdr align;
-        char buf[CMSG_SPACE(sizeof(int))];
+        char buf[CMSG_SPACE(2 * sizeof(int))];
     } control;
 };
 
@@ -927,9 +927,9 @@ static void fd_message_init(struct fd_message *m) {
     m->msg.msg_controllen = sizeof m->control.buf;
 }
 
-/* Receive the root (a detached mount) from the launcher; EOF (the launch was not needed, or the
- * launcher died) ends pid 1 quietly. */
-static int receive_root(int sock) {
+/* Receive the root (a detached mount) and the sandbox's network namespace from the launcher; EOF
+ * (the launch was not needed, or the launcher died) ends pid 1 quietly. */
+static int receive_root(int sock, int *net_fd) {
     struct fd_message m;
     fd_message_init(&m);
     ssize_t n;
@@ -937,26 +937,29 @@ static int receive_root(int sock) {
     while (n < 0 && errno == EINTR);
     if (n == 0) _exit(0);
     struct cmsghdr *c = CMSG_FIRSTHDR(&m.msg);
-    if (n != 1 || !c || c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) {
+    if (n != 1 || !c || c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS ||
+        c->cmsg_len != CMSG_LEN(2 * sizeof(int))) {
         errno = 0;
         die("pid 1: no root from the launcher");
     }
-    int fd;
-    memcpy(&fd, CMSG_DATA(c), sizeof fd);
-    return fd;
+    int fds[2];
+    memcpy(fds, CMSG_DATA(c), sizeof fds);
+    *net_fd = fds[1];
+    return fds[0];
 }
 
-/* Send pid 1 its root, then its command line (as the provider sends a launch's: u32 length, then
- * NUL-terminated strings). */
-static void send_root(int sock, int root_fd, char **args, int n_args) {
+/* Send pid 1 its root and network namespace, then its command line (as the provider sends a
+ * launch's: u32 length, then NUL-terminated strings). */
+static void send_root(int sock, int root_fd, int net_fd, char **args, int n_args) {
     struct fd_message m;
     fd_message_init(&m);
     m.byte = 'r';
     struct cmsghdr *c = CMSG_FIRSTHDR(&m.msg);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &root_fd, sizeof root_fd);
+    c->cmsg_len = CMSG_LEN(2 * sizeof(int));
+    int fds[2] = {root_fd, net_fd};
+    memcpy(CMSG_DATA(c), fds, sizeof fds);
     if (sendmsg(sock, &m.msg, MSG_NOSIGNAL) != 1) die("handing the root to pid 1");
     size_t len = 0;
     for (int i = 0; i < n_args; i++) len += strlen(args[i]) + 1;
@@ -1003,7 +1006,12 @@ static void pid1_main(const struct launch_opts *o, int sock, int self_fd, int us
     build_seccomp();
     if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &seccomp_prog)) die("installing the seccomp filter");
 
-    int root = receive_root(sock);
+    int net_fd;
+    int root = receive_root(sock, &net_fd);
+    /* Pid 1 was made while the kernel still made the network namespace: it enters it now, before
+     * its root, its agent or any command of the sandbox runs (none ever runs in the host's). */
+    if (setns(net_fd, CLONE_NEWNET)) die("entering the sandbox's network namespace");
+    close(net_fd);
     int argc;
     char **argv;
     read_launch_args(sock, &argc, &argv);
@@ -1114,7 +1122,10 @@ static int pid1_launch_main(struct launch_opts *o) {
      * mount namespace is copied from this one below, and must hold none of the root's). */
     if (!ahead) clone_layers(o, layer_fds);
     finish_namespaces(&ns, o, with_store);
-    enter_network_namespace(&ns.sandbox);
+    /* The network namespace (B's, ~0.6 ms of the kernel's after its user namespace) is waited for
+     * only once pid 1 is made and the root built, which pid 1 enters before anything of the sandbox
+     * runs (pid1_main); a launch made ahead has time, and lets B go now. */
+    int net_fd = ahead ? enter_network_namespace(&ns.sandbox) : -1;
     if (ahead) reap_children();
     int self_fd = open("/proc/self/exe", O_RDONLY); /* pid 1 execs the agent through it */
     if (self_fd < 0) die("open /proc/self/exe");
@@ -1147,10 +1158,14 @@ static int pid1_launch_main(struct launch_opts *o) {
     start_root(o, "tmpfs");
     finish_root(o, layer_fds, &ns);
     build_dev(o->uid);
+    /* The launcher enters it too, before pid 1 can answer the provider: the sandbox's host process
+     * is in the sandbox's network namespace (slirp4netns and port forwards find it there). */
+    if (net_fd < 0) net_fd = enter_network_namespace(&ns.sandbox);
     int root = (int)syscall(SYS_open_tree, AT_FDCWD, STAGE "/root", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
     if (root < 0) die("open_tree %s", STAGE "/root");
-    send_root(pair[0], root, o->rest, o->n_rest);
+    send_root(pair[0], root, net_fd, o->rest, o->n_rest);
     close(root);
+    close(net_fd);
     close(pair[0]);
     if (o->sock_fd >= 0) close(o->sock_fd); /* the provider's socket is pid 1's now */
     close(ns.userns_fd);
@@ -1206,7 +1221,7 @@ static int launch_main(int argc, char **argv) {
     stage_for_bwrap(&o);
     finish_namespaces(&ns, &o, with_store);
     finish_root(&o, layer_fds, &ns);
-    enter_network_namespace(&ns.sandbox);
+    close(enter_network_namespace(&ns.sandbox));
     if (ns.store_fd >= 0) close(ns.store_fd);
 
     /* The agent binary goes in as an open file: nothing of the host shows in the sandbox's tree. */
