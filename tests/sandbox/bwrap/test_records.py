@@ -49,3 +49,23 @@ def test_a_record_being_rewritten_is_read_whole(tmp_path: Path) -> None:
         stop.set()
         writer.join()
     assert all(record in records for record in seen)
+
+
+def test_a_slot_just_left_is_handed_out_next_unless_taken(tmp_path: Path) -> None:
+    """A cold create's claim writes the slot's lock file: one left lately is in the page cache."""
+    state = _state(tmp_path)
+    first = state.acquire_slot()
+    second = state.acquire_slot()
+    first.release()
+    second.release()
+    state.slot_freed(first.index)
+    state.slot_freed(second.index)
+    again = state.acquire_slot()
+    assert again.index == second.index  # the most recent first
+    held = state.acquire_slot()
+    assert held.index == first.index
+    state.slot_freed(held.index)  # still held (its sandbox lives): skipped, not handed out twice
+    other = state.acquire_slot()
+    assert other.index not in {again.index, held.index}
+    for slot in (again, held, other):
+        slot.release()

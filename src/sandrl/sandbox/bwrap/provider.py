@@ -355,6 +355,7 @@ class BwrapProvider:
         sandbox.add_close_callback(self._forget)
         # Its record goes with its cgroups, off the event loop, before anyone hears of the close.
         sandbox.removals.append(functools.partial(self.state.remove_record, sid))
+        sandbox.removals.append(functools.partial(self.state.slot_freed, slot.index))
         sandbox.uid = slot.uid + 1  # the slot's uid is pid 1's; the sandbox's root is the next one
         sandbox.mount_plan = plan
         sandbox._snapshotter = functools.partial(snapshot_sandbox, self.images)
