@@ -37,13 +37,14 @@ from rich.console import Console
 from rich.table import Table
 
 from sandrl.errors import ConfigError
+from sandrl.fetch_limits import PREFETCH_JOBS
 from sandrl.images.host_rootfs import shell_layer
 from sandrl.images.local_registry import LocalRegistry
 from sandrl.images.manifest import ImageConfig
 from sandrl.images.oci_layout import LayerSpec, OCILayout, synthetic_entries
 from sandrl.rollout.agents.scripted import OracleAgent
 from sandrl.rollout.images import TaskImages, image_key
-from sandrl.rollout.prefetch import PREFETCH_JOBS, images_ahead
+from sandrl.rollout.prefetch import images_ahead
 from sandrl.sandbox.bwrap import BwrapProvider
 from sandrl.tasks.loader import load_tasks
 from sandrl.tasks.task import Task

@@ -27,7 +27,6 @@ Heavy components (PyTorch, Ray) are imported inside the commands that need them,
 from __future__ import annotations
 
 import sys
-from importlib.metadata import version
 
 import typer
 
@@ -47,6 +46,8 @@ app = typer.Typer(
 
 def _print_version(value: bool) -> None:
     if value:
+        from importlib.metadata import version
+
         typer.echo(f"sandrl {version('sandrl')}")
         raise typer.Exit()
 

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import typer
 
-from sandrl import interrupt
 from sandrl.cli.output import SWEBENCH_IMAGES_HELP, emit, err_console, print_error, sandboxes_help
 
 # No name when mounted: `eval` is a command of the root, not a group.
@@ -82,6 +81,7 @@ def eval_tasks(
     ),
 ) -> None:
     """Run an agent over tasks in sandboxes; print a summary, then one JSON line."""
+    from sandrl import interrupt
     from sandrl.capacity import parse_capacity
     from sandrl.train.run_config import load_run_config
     from sandrl.wiring.evaluate import (

@@ -12,30 +12,29 @@ import asyncio
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
-from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, DownloadColumn, TaskID, TextColumn, TransferSpeedColumn
 from rich.table import Table
 
-import sandrl.sandbox.bwrap.provider
 from sandrl.cli.output import SWEBENCH_IMAGES_HELP, emit, rich_console
 from sandrl.errors import ConfigError
-from sandrl.images.debian import DEBIAN_IMAGE, DEBIAN_MIRROR, DEBIAN_SUITE, build_debian
-from sandrl.images.manifest import DEFAULT_PATH, Platform
-from sandrl.images.pull import PullEvent
-from sandrl.progress import Progress
-from sandrl.rollout.images import TaskImages
-from sandrl.rollout.prefetch import PREFETCH_JOBS, PrefetchReport, prefetch_images, print_report
-from sandrl.sandbox.bwrap import BwrapProvider
-from sandrl.sandbox.bwrap.dockerfile.builder import BuildOptions, ImageBuilder, StepEvent
-from sandrl.sandbox.bwrap.dockerfile.names import BUILD_PREFIX
-from sandrl.sandbox.bwrap.images import HOST_IMAGE, ImageStore
-from sandrl.sandbox.bwrap.prune import PrunePlan, apply_prune, plan_prune
-from sandrl.sandbox.bwrap.pulled import import_rootfs_tar, pull_into_store
-from sandrl.tasks.task import Task
-from sandrl.wiring.runner import local_provider
+from sandrl.fetch_limits import PREFETCH_JOBS
+from sandrl.images.debian import DEBIAN_IMAGE, DEBIAN_MIRROR, DEBIAN_SUITE
+
+# The store, the builder, the registry client and the wiring load in the commands that use them:
+# building the parser (`sandrl --help`, any command's start) waits for none of them.
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from sandrl.images.pull import PullEvent
+    from sandrl.rollout.prefetch import PrefetchReport
+    from sandrl.sandbox.bwrap import BwrapProvider
+    from sandrl.sandbox.bwrap.dockerfile.builder import StepEvent
+    from sandrl.sandbox.bwrap.images import ImageStore
+    from sandrl.sandbox.bwrap.prune import PrunePlan
+    from sandrl.tasks.task import Task
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -46,6 +45,9 @@ app = typer.Typer(
 
 def _store() -> ImageStore:
     """The default provider's image store, without starting a provider (no helper, no cgroups)."""
+    import sandrl.sandbox.bwrap.provider
+    from sandrl.sandbox.bwrap.images import ImageStore
+
     return ImageStore(sandrl.sandbox.bwrap.provider.DEFAULT_STATE_DIR / "images")
 
 
@@ -62,6 +64,9 @@ def images_build(
     mirror: str = typer.Option(DEBIAN_MIRROR, help="Debian mirror for debootstrap."),
 ) -> None:
     """Build NAME from a Dockerfile (--file), or the Debian base image (`sandrl images build debian`)."""
+    from sandrl.sandbox.bwrap.dockerfile.builder import BuildOptions, ImageBuilder
+    from sandrl.wiring.runner import local_provider
+
     console = rich_console(stderr=False)
     provider = local_provider()
     if file is None:
@@ -100,6 +105,9 @@ def images_build(
 
 
 def _build_debian(provider: BwrapProvider, suite: str, mirror: str, console: Console) -> None:
+    from sandrl.images.debian import build_debian
+    from sandrl.images.manifest import DEFAULT_PATH
+
     store = provider.images
     if store.exists(DEBIAN_IMAGE):
         console.print(f"the image {DEBIAN_IMAGE!r} exists; remove it first to rebuild (sandrl images rm debian)")
@@ -118,6 +126,12 @@ def images_pull(
     ),
 ) -> None:
     """Pull an image from its registry (or a mirror: SANDRL_REGISTRY_MIRRORS); print its name and digest."""
+    from rich.progress import BarColumn, DownloadColumn, TaskID, TextColumn, TransferSpeedColumn
+
+    from sandrl.images.manifest import Platform
+    from sandrl.progress import Progress
+    from sandrl.sandbox.bwrap.pulled import pull_into_store
+
     store = _store()
     wanted = Platform.parse(platform) if platform else None
     console = rich_console(stderr=True)
@@ -161,6 +175,10 @@ def prefetch_tasks(
     progress bar and the report printed on ``console`` (stderr by default); ``max_store_gb`` stops
     fetching more once the store takes that much. ``sandrl images prefetch`` and ``sandrl tasks
     pull --images`` both run this; the caller emits ``report.to_dict()`` and says a failure."""
+    from sandrl.rollout.images import TaskImages
+    from sandrl.rollout.prefetch import prefetch_images, print_report
+    from sandrl.wiring.runner import local_provider
+
     if jobs < 1:
         raise ConfigError(f"--jobs must be at least 1, got {jobs}")
     if max_store_gb is not None and not max_store_gb > 0:
@@ -216,6 +234,8 @@ def images_import(
     name: str = typer.Argument(..., help="The image's name in the store."),
 ) -> None:
     """Import a root filesystem archive as an image."""
+    from sandrl.sandbox.bwrap.pulled import import_rootfs_tar
+
     store = _store()
     with rich_console(stderr=True).status(f"unpacking {rootfs}"):
         import_rootfs_tar(store, rootfs, name)
@@ -227,6 +247,9 @@ def images_ls(
     all_images: bool = typer.Option(False, "--all", "-a", help="Also the builder's cache images (build-*)."),
 ) -> None:
     """List the images in the store, with where each came from."""
+    from sandrl.sandbox.bwrap.dockerfile.names import BUILD_PREFIX
+    from sandrl.sandbox.bwrap.images import HOST_IMAGE
+
     console = rich_console(stderr=False)
     store = _store()
     table = Table("image", "source", "digest", "layers", "created")
@@ -279,6 +302,9 @@ def images_prune(
 
     Says how many of each kind and how much each frees, then asks (--yes: does not ask). Images a
     live sandbox uses are kept. Ends with one JSON line."""
+    from sandrl.sandbox.bwrap.prune import apply_prune, plan_prune
+    from sandrl.wiring.runner import local_provider
+
     provider = local_provider()
     plan = plan_prune(provider.images, provider.state, build_cache=not keep_cache, tasks=not keep_tasks)
     console = rich_console(stderr=False)
@@ -345,6 +371,10 @@ def images_rm(
     prune: bool = typer.Option(True, help="Delete layers no image uses any more (live sandboxes' are kept)."),
 ) -> None:
     """Remove images; their layers go too when no image uses them."""
+    from sandrl.sandbox.bwrap.dockerfile.names import BUILD_PREFIX
+    from sandrl.sandbox.bwrap.prune import apply_prune, plan_prune
+    from sandrl.wiring.runner import local_provider
+
     console = rich_console(stderr=False)
     provider = local_provider()
     store = provider.images
@@ -377,7 +407,10 @@ def images_templates(
 
     Run it on the host that serves the E2B API (`sandrl serve sandboxes`), with its state directory:
     the service then has every template the tasks name. Ends with one JSON line."""
+    import sandrl.sandbox.bwrap.provider
+    from sandrl.sandbox.bwrap.images import ImageStore
     from sandrl.sandbox.e2b.templates import BASE_TEMPLATE, build_template, template_for
+    from sandrl.wiring.runner import local_provider
     from sandrl.wiring.tasks import load_task_set
 
     console = rich_console(stderr=False)

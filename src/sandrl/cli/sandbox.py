@@ -21,17 +21,17 @@ from typing import TYPE_CHECKING
 
 import typer
 
-import sandrl.sandbox.bwrap.provider
 from sandrl.cli.output import emit, err_console
 from sandrl.errors import SandboxError, SandboxNotFoundError, SandboxUnavailableError, SandrlError
 from sandrl.sandbox.base import OutputChunk, SandboxSpec
-from sandrl.sandbox.bwrap.cgroups import CgroupManager
-from sandrl.sandbox.bwrap.inventory import STATES, StoredSandbox, collect, garbage, survey
-from sandrl.sandbox.bwrap.state import StateDir
-from sandrl.sandbox.command import Command
-from sandrl.wiring.runner import local_provider
 
+# The store, the provider and the service's client load in the commands that use them: building
+# the parser (`sandrl --help`, any command's start) waits for none of them.
 if TYPE_CHECKING:
+    from sandrl.sandbox.bwrap.cgroups import CgroupManager
+    from sandrl.sandbox.bwrap.inventory import StoredSandbox
+    from sandrl.sandbox.bwrap.state import StateDir
+    from sandrl.sandbox.command import Command
     from sandrl.sandbox.remote.provider import RemoteProvider
     from sandrl.sandbox.remote.wire import SandboxInfo
 
@@ -74,6 +74,8 @@ def sandbox_run(
     server = server or os.environ.get("SANDRL_SERVER")
     if server:
         raise typer.Exit(_run_remote(server, command, spec, timeout_s=timeout, token_file=token_file))
+
+    from sandrl.wiring.runner import local_provider
 
     async def go() -> int:
         provider = local_provider()
@@ -204,6 +206,8 @@ def sandbox_gc(
     owner (a paused one whose run crashed). A sandbox whose owner runs is never touched, whoever
     owns it. Lists what it would remove and asks first (--yes: does not ask). The store is the state
     directory, $SANDRL_STATE_DIR (default /var/lib/sandrl)."""
+    from sandrl.sandbox.bwrap.inventory import collect, garbage
+
     root, entries = _survey(state_dir)
     targets = garbage(entries, orphans=orphans)
     kept = [e for e in entries if e not in targets]
@@ -228,12 +232,18 @@ def sandbox_gc(
 
 
 def _store(root: Path) -> tuple[StateDir, CgroupManager]:
+    from sandrl.sandbox.bwrap.cgroups import CgroupManager
+    from sandrl.sandbox.bwrap.state import StateDir
+
     state = StateDir(root)
     return state, CgroupManager(subdir=f"sandrl/{state.cgroup_name}")
 
 
 def _survey(state_dir: Path | None) -> tuple[Path, list[StoredSandbox]]:
     """The store's state directory and its sandboxes; none when it does not exist."""
+    import sandrl.sandbox.bwrap.provider
+    from sandrl.sandbox.bwrap.inventory import survey
+
     root = state_dir if state_dir is not None else sandrl.sandbox.bwrap.provider.DEFAULT_STATE_DIR
     if os.geteuid() != 0:
         raise SandboxUnavailableError(f"the sandbox store {root} is root's: run this as root")
@@ -243,12 +253,16 @@ def _survey(state_dir: Path | None) -> tuple[Path, list[StoredSandbox]]:
 
 
 def _counts(entries: Sequence[StoredSandbox]) -> str:
+    from sandrl.sandbox.bwrap.inventory import STATES
+
     by_state = Counter(e.state for e in entries)
     return ", ".join(f"{by_state[s]} {s}" for s in STATES if by_state[s])
 
 
 def _store_report(root: Path, entries: Sequence[StoredSandbox]) -> str:
     """``sandrl sandbox ls`` of the local store: the table, then what the counts mean to do."""
+    from sandrl.sandbox.bwrap.inventory import garbage
+
     if not entries:
         return f"no sandboxes under {root}"
     lines = [_store_table(entries), "", f"{len(entries)} sandboxes: {_counts(entries)} (under {root})"]

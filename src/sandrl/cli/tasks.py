@@ -9,31 +9,34 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from sandrl.cli.images import prefetch_tasks
 from sandrl.cli.output import SWEBENCH_IMAGES_HELP, emit, print_error, rich_console, sandboxes_help
 from sandrl.errors import ConfigError
-from sandrl.progress import Progress
-from sandrl.tasks.datasets import cache_root, default_registry, find_dataset, parse_spec, pull_dataset, read_registry
-from sandrl.tasks.datasets.pull import DEFAULT_JOBS, DEFAULT_TIMEOUT_S, TaskOutcome
-from sandrl.tasks.loader import TaskProblem, load_tasks
-from sandrl.tasks.swebench_specs import images_setting
-from sandrl.tasks.task import Task
-from sandrl.wiring.config import RolloutConfig
-from sandrl.wiring.eval_report import shown_text
-from sandrl.wiring.sandboxes import open_provider
-from sandrl.wiring.suite import AgentKind, TaskRun, TaskValidation, run_suite, validate_suite
-from sandrl.wiring.tasks import task_path
+from sandrl.fetch_limits import DATASET_GIT_TIMEOUT_S, DATASET_JOBS
+
+# The loaders, the wiring and the dataset client load in the commands that use them: building the
+# parser (`sandrl --help`, any command's start) waits for none of them.
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from sandrl.tasks.datasets.pull import TaskOutcome
+    from sandrl.tasks.loader import TaskProblem
+    from sandrl.tasks.task import Task
+    from sandrl.wiring.config import RolloutConfig
+    from sandrl.wiring.suite import AgentKind, TaskRun, TaskValidation
 
 
 def _shown(text: object) -> str:
     """Outside text (a task's id, what its verifier or Dockerfile printed) as it is, in one bounded
     line: never read as markup, never a terminal escape."""
+    from sandrl.wiring.eval_report import shown_text
+
     return escape(shown_text(str(text)))
 
 
@@ -43,6 +46,10 @@ app = typer.Typer(
 
 
 def _load(spec: str, console: Console, swebench_images: str | None) -> tuple[list[Task], list[TaskProblem]]:
+    from sandrl.tasks.loader import load_tasks
+    from sandrl.tasks.swebench_specs import images_setting
+    from sandrl.wiring.tasks import task_path
+
     try:
         images_setting(swebench_images)
     except ValueError as exc:
@@ -60,6 +67,8 @@ def _load(spec: str, console: Console, swebench_images: str | None) -> tuple[lis
 
 def _sandboxes(sandboxes: str | None) -> RolloutConfig:
     """Where the tasks' sandboxes run: ``--sandboxes``, checked as ``sandrl eval`` checks it."""
+    from sandrl.wiring.config import RolloutConfig
+
     return RolloutConfig(sandboxes=sandboxes or "local")
 
 
@@ -96,6 +105,10 @@ def tasks_validate(
     sandboxes: str | None = typer.Option(None, help=sandboxes_help("local")),
 ) -> None:
     """For every task: the environment builds, the tests fail without the solution and pass with it."""
+    from sandrl.progress import Progress
+    from sandrl.wiring.sandboxes import open_provider
+    from sandrl.wiring.suite import validate_suite
+
     if concurrency < 1:
         raise ConfigError("--concurrency must be at least 1")
     rollout = _sandboxes(sandboxes)
@@ -148,6 +161,10 @@ def tasks_run(
     sandboxes: str | None = typer.Option(None, help=sandboxes_help("local")),
 ) -> None:
     """Run every task with the oracle or the null agent through the real verifier; print the pass rate."""
+    from sandrl.progress import Progress
+    from sandrl.wiring.sandboxes import open_provider
+    from sandrl.wiring.suite import run_suite
+
     if agent not in ("oracle", "null"):
         raise ConfigError(f"--agent must be oracle or null, got {agent!r}")
     if concurrency < 1:
@@ -225,14 +242,24 @@ def tasks_pull(
         "else Harbor's public registry).",
     ),
     out: Path | None = typer.Option(None, help="The dataset directory to write (default: datasets/NAME@VERSION)."),
-    jobs: int = typer.Option(DEFAULT_JOBS, help="Repositories fetched at once (and images, with --images)."),
-    timeout_s: float = typer.Option(DEFAULT_TIMEOUT_S, help="Seconds one git command may take."),
+    jobs: int = typer.Option(DATASET_JOBS, help="Repositories fetched at once (and images, with --images)."),
+    timeout_s: float = typer.Option(DATASET_GIT_TIMEOUT_S, help="Seconds one git command may take."),
     images: bool = typer.Option(
         False, "--images", help="Then pull or build every task's image into this host's store (sandrl images prefetch)."
     ),
     json_out: bool = typer.Option(False, "--json", help="End with one JSON line of what was pulled."),
 ) -> None:
     """Fetch a dataset's tasks (Harbor's registry format) with git, into a directory eval and train take."""
+    from sandrl.progress import Progress
+    from sandrl.tasks.datasets import (
+        cache_root,
+        default_registry,
+        find_dataset,
+        parse_spec,
+        pull_dataset,
+        read_registry,
+    )
+
     if len(args) > 2:
         raise ConfigError("give NAME@VERSION, or a registry and NAME@VERSION")
     if len(args) == 2 and registry is not None:

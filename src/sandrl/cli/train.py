@@ -36,7 +36,6 @@ from pathlib import Path
 
 import typer
 
-from sandrl import interrupt
 from sandrl.cli.output import emit, print_error
 from sandrl.errors import ConfigError
 
@@ -115,6 +114,7 @@ def train_cmd(
 
     # A bad config is refused before the trainer's modules (PyTorch: seconds) load.
     run_config = load_run_config(config, overrides)
+    from sandrl import interrupt
     from sandrl.train.command import run_training, saved_line
     from sandrl.train.plan import parse_size
 

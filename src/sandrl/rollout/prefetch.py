@@ -34,14 +34,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from sandrl.fetch_limits import PREFETCH_JOBS
 from sandrl.progress import Progress
 from sandrl.rollout.images import TaskImages, image_key
 from sandrl.sandbox.base import FetchedImage, ImageFetcher, ImageSource, SandboxProvider
 from sandrl.tasks.task import Task
 
-PREFETCH_JOBS = 4
-"""Images fetched ahead at once, by default: a registry's downloads and a host's unpacking both
-saturate at a few pulls, and the first tasks' images come sooner than with all at once."""
 REASON_CHARS = 600
 """A failure's reason is cut to this (a build's log is in the build's own error)."""
 LISTED_PROBLEMS = 20

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from sandrl.errors import ConfigError
+from sandrl.fetch_limits import DATASET_GIT_TIMEOUT_S, DATASET_JOBS
 from sandrl.tasks.datasets.fetch import Refused, Repository, cache_root, export_tree
 from sandrl.tasks.datasets.git import GitFailed
 from sandrl.tasks.datasets.registry import Dataset, TaskSource, check_task
@@ -40,8 +41,6 @@ __all__ = ["MANIFEST", "PullReport", "TaskOutcome", "pull_dataset"]
 
 MANIFEST = Path(".sandrl") / "dataset.json"
 """Under the dataset directory: what the last pull wrote there."""
-DEFAULT_JOBS = 8
-DEFAULT_TIMEOUT_S = 1800.0
 
 
 @dataclass(frozen=True)
@@ -102,8 +101,8 @@ def pull_dataset(
     out: Path,
     *,
     cache: Path | None = None,
-    jobs: int = DEFAULT_JOBS,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
+    jobs: int = DATASET_JOBS,
+    timeout_s: float = DATASET_GIT_TIMEOUT_S,
     on_done: Callable[[TaskOutcome], None] | None = None,
 ) -> PullReport:
     """Fetch every task of ``dataset`` into the cache (``cache``, default :func:`cache_root`) and
