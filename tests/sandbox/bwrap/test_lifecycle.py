@@ -37,6 +37,16 @@ def _children() -> set[int]:
     return found
 
 
+def _no_launches_made_ahead(provider: BwrapProvider) -> None:
+    """A leak test's premise: its creates are full launches. A pool of launches made ahead (a fork's,
+    :mod:`sandrl.sandbox.bwrap.premade`) would hand them out and refill in the background, making
+    records, cgroups and processes that are the pool's, not leaks (and not this test's launches)."""
+    premade = provider.premade
+    assert not premade.target and not any(premade.idle.values()), (
+        "an earlier test left this shared provider keeping launches made ahead: close them in that test"
+    )
+
+
 async def test_close_twice_is_harmless(provider: BwrapProvider) -> None:
     sb = await provider.create(SandboxSpec())
     await sb.close()
@@ -146,6 +156,7 @@ def _slots(provider: BwrapProvider, ids: list[str]) -> list[int]:
 
 @pytest.mark.slow
 async def test_200_create_close_cycles_leak_nothing(provider: BwrapProvider) -> None:
+    _no_launches_made_ahead(provider)
     async with await provider.create(SandboxSpec()) as warm:
         await warm.exec("true")
     mounts, fds = _mounts(), _fds()
@@ -227,6 +238,7 @@ async def test_a_stuck_removal_does_not_hold_up_creates(provider: BwrapProvider)
 
 async def test_cancelled_creates_leak_nothing(provider: BwrapProvider) -> None:
     """A create cancelled at any point (its launch runs in a thread) leaves no slot, record, cgroup or process."""
+    _no_launches_made_ahead(provider)
     async with await provider.create(SandboxSpec()) as warm:
         await warm.exec("true")
 
