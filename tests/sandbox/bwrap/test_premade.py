@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -16,7 +17,7 @@ from sandrl.errors import SandboxCreateError
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider, premade
 from sandrl.sandbox.bwrap.images import HOST_IMAGE
-from sandrl.sandbox.bwrap.launch import PremadeKind
+from sandrl.sandbox.bwrap.launch import Launch, PremadeKind
 from sandrl.sandbox.bwrap.state import Slot
 
 from ...support import kill_9_after_first_line, needs_sandbox
@@ -179,6 +180,29 @@ async def test_a_launch_whose_helper_died_is_replaced_by_a_full_one(own: BwrapPr
     async with await own.create(SPEC) as sandbox:
         assert sandbox.id not in {launch.sid for launch in victims}
         assert (await sandbox.exec("echo ok")).stdout == "ok\n"
+    await own.close_all()
+    assert _leftovers(own) == ([], [], [])
+
+
+async def test_close_all_waits_for_the_launch_a_refill_was_making(
+    own: BwrapProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refill stopped by ``close_all`` while its launch was being made undoes it once made, in the
+    refill's thread: ``close_all`` returned before that, and a caller that then looked (a run's check
+    for leftovers, a test's) found the launch's record and cgroups."""
+    made, go_on = threading.Event(), threading.Event()
+    premake = own.launcher.premake
+
+    def slow_premake(kind: PremadeKind, cpus: set[int]) -> Launch:
+        launch = premake(kind, cpus)  # its record and cgroups are there, its helper started
+        made.set()
+        go_on.wait(10)  # a launch the host is slow to finish (the kernel making its namespaces, under load)
+        return launch
+
+    monkeypatch.setattr(own.launcher, "premake", slow_premake)
+    own.premade.want(KIND, 1)
+    assert await asyncio.to_thread(made.wait, 10)
+    threading.Timer(0.3, go_on.set).start()
     await own.close_all()
     assert _leftovers(own) == ([], [], [])
 

@@ -19,7 +19,8 @@ would only compete with them, and on 2 cores it made a fork of 16 ~25% slower.
 An idle pre-made launch is one sleeping process (~100 KiB), its namespaces and its cgroups;
 :meth:`PremadeLaunches.close` (the provider's ``close_all``) removes them, and a helper whose
 provider dies sees its socket close and exits, so the next provider's reaper finds a dead record as
-for any sandbox.
+for any sandbox. It also waits for what is still being undone: the launch a refill was making when
+it was stopped (undone when it is made, in the refill's thread) and the launches a take threw away.
 """
 
 from __future__ import annotations
@@ -27,13 +28,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import os
 from collections import deque
 
 from sandrl.sandbox.bwrap.launch import Launch, Launcher, PremadeKind
 from sandrl.sandbox.bwrap.sandbox import HOST_CLEANUP
 
-__all__ = ["MAX_PREMADE", "PremadeLaunches"]
+__all__ = ["MAX_PREMADE", "PremadeLaunches", "undo_when_done"]
 
 MAX_PREMADE = 16
 """The most pre-made launches of one kind a provider keeps (a fork's children beyond are made in full)."""
@@ -64,6 +66,8 @@ class PremadeLaunches:
         self._closed = False
         self._holds: list[tuple[asyncio.Future[None], float]] = []
         """What the refill waits for before its next launch, each with its deadline (loop time)."""
+        self._undoing: set[concurrent.futures.Future[None]] = set()
+        """Undoing launches no longer in :attr:`idle` (:meth:`close` waits for them)."""
 
     def want(self, kind: PremadeKind, n: int, until: asyncio.Future[None] | None = None) -> None:
         """Keep ``n`` launches of this kind ready from now on (at most :data:`MAX_PREMADE`, and never
@@ -94,7 +98,7 @@ class PremadeLaunches:
                 # started on other CPUs than this caller's (a benchmark's emulated smaller host).
                 if launch.proc is not None and launch.proc.poll() is not None:
                     self.failures += 1
-                self._discard(launch)
+                self._undo(launch)
                 continue
             found = launch
         if found is not None:
@@ -119,12 +123,13 @@ class PremadeLaunches:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        # A refill task of a loop that has ended ended with it (its launch was undone where it finished).
-        idle = [launch for kind in self.idle.values() for launch in kind]
+        # A refill task of a loop that has ended ended with it; its launch is undone where it is made.
         for kind in self.idle.values():
-            kind.clear()
-        loop = asyncio.get_running_loop()
-        await asyncio.gather(*(loop.run_in_executor(HOST_CLEANUP, launch.undo) for launch in idle))
+            while kind:
+                self._undo(kind.popleft())
+        # The launch a stopped refill was making is undone only once made: wait for it too, or a caller
+        # that then looks (a run's check for leftovers) finds its record and cgroups.
+        await asyncio.gather(*(asyncio.wrap_future(f) for f in list(self._undoing)))
         self.target.clear()
         self._holds.clear()
         self._closed = False
@@ -170,7 +175,6 @@ class PremadeLaunches:
             self._holds.pop(0)
 
     async def _refill(self) -> None:
-        loop = asyncio.get_running_loop()
         assert self._wanted is not None
         while not self._closed:
             await self._held()
@@ -184,7 +188,7 @@ class PremadeLaunches:
                 launch = await asyncio.shield(asyncio.wrap_future(started))
             except asyncio.CancelledError:
                 # Undone where it finishes (the worker thread): this loop may be closing.
-                started.add_done_callback(_undo_finished)
+                self._undo_when_made(started)
                 raise
             except Exception as exc:
                 self.failures += 1
@@ -192,18 +196,49 @@ class PremadeLaunches:
                 await asyncio.sleep(min(5.0, 0.05 * 2**self.failures))
                 continue
             if self._closed:
-                await loop.run_in_executor(HOST_CLEANUP, launch.undo)
+                self._undo(launch)
                 return
             self.failures = 0
             self.idle[kind].append(launch)
 
-    def _discard(self, launch: Launch) -> None:
-        with contextlib.suppress(RuntimeError):
-            asyncio.get_running_loop().run_in_executor(HOST_CLEANUP, launch.undo)
-            return
-        launch.undo()
+    def _undo(self, launch: Launch) -> None:
+        """Undo a launch taken out of :attr:`idle`, on ``HOST_CLEANUP``; :meth:`close` waits for it."""
+        _undo_launch(launch, undone=self._undoing_one())
+
+    def _undo_when_made(self, started: concurrent.futures.Future[Launch]) -> None:
+        undo_when_done(started, undone=self._undoing_one())
+
+    def _undoing_one(self) -> concurrent.futures.Future[None]:
+        undone: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._undoing.add(undone)
+        undone.add_done_callback(self._undoing.discard)
+        return undone
 
 
-def _undo_finished(started: concurrent.futures.Future[Launch]) -> None:
-    if not started.cancelled() and started.exception() is None:
-        started.result().undo()
+def undo_when_done(started: concurrent.futures.Future[Launch], *, undone: concurrent.futures.Future[None]) -> None:
+    """Undo the launch ``started`` makes once it is made (whoever wanted it is gone), on ``HOST_CLEANUP``,
+    then set ``undone``: in ``started``'s thread, or in this one if it is made already, so no event
+    loop has to outlive it (one that ends would cancel an undo that is a task of it)."""
+    started.add_done_callback(functools.partial(_undo_made, undone=undone))
+
+
+def _undo_made(started: concurrent.futures.Future[Launch], *, undone: concurrent.futures.Future[None]) -> None:
+    if started.cancelled() or started.exception() is not None:
+        undone.set_result(None)  # it failed, and undid what it had made before raising
+        return
+    _undo_launch(started.result(), undone=undone)
+
+
+def _undo_launch(launch: Launch, *, undone: concurrent.futures.Future[None]) -> None:
+    def undo() -> None:
+        try:
+            launch.undo()
+        except BaseException as exc:
+            undone.set_exception(exc)
+            raise
+        undone.set_result(None)
+
+    try:
+        HOST_CLEANUP.submit(undo)
+    except RuntimeError:  # the interpreter is exiting: no new threads
+        undo()

@@ -123,7 +123,7 @@ from sandrl.sandbox.bwrap.helper_build import helper_path
 from sandrl.sandbox.bwrap.images import Image, ImageStore, MountPlan
 from sandrl.sandbox.bwrap.launch import LAUNCHER_ENV, LAUNCHERS, Launch, Launcher, PremadeKind
 from sandrl.sandbox.bwrap.nat import require_nat, start_nat
-from sandrl.sandbox.bwrap.premade import PremadeLaunches
+from sandrl.sandbox.bwrap.premade import PremadeLaunches, undo_when_done
 from sandrl.sandbox.bwrap.protocol import AgentConnection
 from sandrl.sandbox.bwrap.sandbox import HOST_CLEANUP, HOST_WORK, BwrapSandbox
 from sandrl.sandbox.bwrap.snapshot import fork_sandbox, layers_in_use, remove_snapshot, snapshot_sandbox
@@ -404,7 +404,7 @@ class BwrapProvider:
             undone: concurrent.futures.Future[None] = concurrent.futures.Future()
             self._abandoned.add(undone)
             undone.add_done_callback(self._abandoned.discard)
-            started.add_done_callback(functools.partial(_undo_when_done, undone=undone))
+            undo_when_done(started, undone=undone)
             raise
 
     async def close_all(self) -> None:
@@ -462,25 +462,3 @@ _LIVE_PROVIDERS: weakref.WeakSet[BwrapProvider] = weakref.WeakSet()
 def _cleanup_at_exit() -> None:
     for provider in list(_LIVE_PROVIDERS):
         provider._close_all_sync()
-
-
-def _undo_when_done(started: concurrent.futures.Future[Launch], *, undone: concurrent.futures.Future[None]) -> None:
-    """``started``'s done callback (in its thread, or the cancelled caller's if it had ended): undo the
-    launch whose caller was cancelled while it ran, on ``HOST_CLEANUP``, then set ``undone``."""
-    if started.cancelled() or started.exception() is not None:
-        undone.set_result(None)  # it failed, and undid what it had made before raising
-        return
-    launch = started.result()
-
-    def undo() -> None:
-        try:
-            launch.undo()
-        except BaseException as exc:
-            undone.set_exception(exc)
-            raise
-        undone.set_result(None)
-
-    try:
-        HOST_CLEANUP.submit(undo)
-    except RuntimeError:  # the interpreter is exiting: no new threads
-        undo()
