@@ -12,6 +12,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import gc
+import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,8 @@ import pytest
 
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider
+from sandrl.sandbox.bwrap.images import MountPlan
+from sandrl.sandbox.bwrap.launch import Launch
 
 from ...support import REASON
 
@@ -48,6 +51,41 @@ async def test_close_all_waits_for_the_undo_of_creates_cancelled_mid_launch(own_
         # Nothing waited for: what the launches made is gone once close_all returns.
         assert provider.state.records() == []
         assert provider.cgroups.stale_groups() == {}
+
+
+async def test_a_close_all_cancelled_while_it_waits_leaves_the_wait_to_the_next(
+    own_provider: BwrapProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run's close interrupted (a second Ctrl-C) while it waits for the undo of a cancelled create:
+    the wait's cancellation cancelled the undo's future itself, which dropped it from those the provider
+    waits for, so the next ``close_all`` (the run's last, or the one at exit) returned before the
+    launch was undone, its record and cgroups still there."""
+    provider = own_provider
+    await (await provider.create(SandboxSpec())).close()  # the image and the helper are ready
+    made, go_on = threading.Event(), threading.Event()
+    launch = provider.launcher.launch
+
+    def slow_launch(sid: str, spec: SandboxSpec, plan: MountPlan, cpus: set[int]) -> Launch:
+        started = launch(sid, spec, plan, cpus)  # its record and cgroups are there
+        made.set()
+        go_on.wait(10)  # a launch the host is slow to finish (under load)
+        return started
+
+    monkeypatch.setattr(provider.launcher, "launch", slow_launch)
+    create = asyncio.create_task(provider.create(SandboxSpec()))
+    assert await asyncio.to_thread(made.wait, 10)
+    create.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await create
+    closing = asyncio.create_task(provider.close_all())
+    await asyncio.sleep(0.05)  # waiting for the undo
+    closing.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await closing
+    threading.Timer(0.3, go_on.set).start()
+    await provider.close_all()
+    assert provider.state.records() == []
+    assert provider.cgroups.stale_groups() == {}
 
 
 def test_a_create_cancelled_as_its_loop_ends_is_undone_and_drops_nothing_running(own_provider: BwrapProvider) -> None:

@@ -188,7 +188,7 @@ class PremadeLaunches:
                 launch = await asyncio.shield(asyncio.wrap_future(started))
             except asyncio.CancelledError:
                 # Undone where it finishes (the worker thread): this loop may be closing.
-                self._undo_when_made(started)
+                self._waits_for(undo_when_done(started))
                 raise
             except Exception as exc:
                 self.failures += 1
@@ -203,33 +203,38 @@ class PremadeLaunches:
 
     def _undo(self, launch: Launch) -> None:
         """Undo a launch taken out of :attr:`idle`, on ``HOST_CLEANUP``; :meth:`close` waits for it."""
-        _undo_launch(launch, undone=self._undoing_one())
+        self._waits_for(_undo_launch(launch, _undo_future()))
 
-    def _undo_when_made(self, started: concurrent.futures.Future[Launch]) -> None:
-        undo_when_done(started, undone=self._undoing_one())
-
-    def _undoing_one(self) -> concurrent.futures.Future[None]:
-        undone: concurrent.futures.Future[None] = concurrent.futures.Future()
+    def _waits_for(self, undone: concurrent.futures.Future[None]) -> None:
         self._undoing.add(undone)
         undone.add_done_callback(self._undoing.discard)
-        return undone
 
 
-def undo_when_done(started: concurrent.futures.Future[Launch], *, undone: concurrent.futures.Future[None]) -> None:
-    """Undo the launch ``started`` makes once it is made (whoever wanted it is gone), on ``HOST_CLEANUP``,
-    then set ``undone``: in ``started``'s thread, or in this one if it is made already, so no event
-    loop has to outlive it (one that ends would cancel an undo that is a task of it)."""
+def undo_when_done(started: concurrent.futures.Future[Launch]) -> concurrent.futures.Future[None]:
+    """Undo the launch ``started`` makes once it is made (whoever wanted it is gone), on ``HOST_CLEANUP``:
+    in ``started``'s thread, or in this one if it is made already, so no event loop has to outlive it
+    (one that ends would cancel an undo that is a task of it). The future returned is done once it is
+    undone, and cannot be cancelled: a waiter cancelled (``asyncio.wrap_future`` passes the waiter's
+    cancellation on) used to cancel it, and whoever kept it to wait for (``close_all``) forgot it."""
+    undone = _undo_future()
     started.add_done_callback(functools.partial(_undo_made, undone=undone))
+    return undone
+
+
+def _undo_future() -> concurrent.futures.Future[None]:
+    undone: concurrent.futures.Future[None] = concurrent.futures.Future()
+    undone.set_running_or_notify_cancel()  # running: cancel() refuses
+    return undone
 
 
 def _undo_made(started: concurrent.futures.Future[Launch], *, undone: concurrent.futures.Future[None]) -> None:
     if started.cancelled() or started.exception() is not None:
         undone.set_result(None)  # it failed, and undid what it had made before raising
         return
-    _undo_launch(started.result(), undone=undone)
+    _undo_launch(started.result(), undone)
 
 
-def _undo_launch(launch: Launch, *, undone: concurrent.futures.Future[None]) -> None:
+def _undo_launch(launch: Launch, undone: concurrent.futures.Future[None]) -> concurrent.futures.Future[None]:
     def undo() -> None:
         try:
             launch.undo()
@@ -242,3 +247,4 @@ def _undo_launch(launch: Launch, *, undone: concurrent.futures.Future[None]) -> 
         HOST_CLEANUP.submit(undo)
     except RuntimeError:  # the interpreter is exiting: no new threads
         undo()
+    return undone

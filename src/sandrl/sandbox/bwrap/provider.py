@@ -401,10 +401,9 @@ class BwrapProvider:
         try:
             return await asyncio.shield(asyncio.wrap_future(started))
         except asyncio.CancelledError:
-            undone: concurrent.futures.Future[None] = concurrent.futures.Future()
+            undone = undo_when_done(started)
             self._abandoned.add(undone)
-            undone.add_done_callback(self._abandoned.discard)
-            undo_when_done(started, undone=undone)
+            undone.add_done_callback(self._abandoned.discard)  # at once if undone already
             raise
 
     async def close_all(self) -> None:
