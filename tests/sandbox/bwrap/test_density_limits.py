@@ -7,8 +7,11 @@ and per-create costs that grew with the number of live sandboxes to what was fix
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import re
 import resource
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,7 @@ from sandrl.errors import SandboxClosedError
 from sandrl.sandbox.base import SandboxSpec
 from sandrl.sandbox.bwrap import BwrapProvider, BwrapSandbox, cgroups
 from sandrl.sandbox.bwrap.provider import FD_LIMIT
+from sandrl.sandbox.bwrap.sandbox import UPPER_DIR
 from sandrl.sandbox.bwrap.state import DEFAULT_SLOTS, DEFAULT_UID_BASE, MAX_SLOTS, SLOT_STRIDE, UID_RANGE
 
 
@@ -102,6 +106,12 @@ def _mount_point(path: Path) -> str:
     return max((p for p in points if path == Path(p) or Path(p) in path.parents), key=len)
 
 
+def _views(pid: int) -> set[str]:
+    """The host views (``STAGE/view/<m>``) the overlays ``pid`` sees are stacked on."""
+    with open(f"/proc/{pid}/mountinfo") as f:
+        return set(re.findall(r"/tmp/sandrl/view/\d+", f.read()))
+
+
 def _pid1(sandbox: BwrapSandbox) -> int:
     with open(f"/proc/{sandbox.host_pid}/task/{sandbox.host_pid}/children") as f:
         return int(f.read().split()[0])  # the monitor's only child
@@ -123,9 +133,86 @@ async def test_a_sandbox_makes_only_the_filesystem_instances_it_needs(either_lau
         plan = either_launch.images.get(spec.image).plan
         shared = own[0] & own[1]
         host_mounts = {_mount_point(plan.layers[i]) for i in plan.host_views}
-        assert len(own[0] - shared) == 3 + len(plan.overlays) + len(host_mounts), own
+        assert len(own[0] - shared) == 3 + len(plan.overlays), own
+        # The views are held only by the overlays stacked on them (the monitor keeps no mount): seen
+        # as the overlays' lower directories.
+        assert len(_views(_pid1(made[0]))) == len(host_mounts)
         assert len(shared) == 1, shared  # the masks' tmpfs
         masked = await made[0].exec("echo x > /proc/cmdline || echo refused; wc -c < /proc/cmdline")
         assert masked.stdout.split() == ["refused", "0"], masked  # the shared file: read-only, empty
     finally:
         await asyncio.gather(*(sb.close() for sb in made))
+
+
+def _mountinfo(pid: int) -> list[list[str]]:
+    with open(f"/proc/{pid}/mountinfo") as f:
+        return [line.split() for line in f]
+
+
+def _shows(pid: int, source: str) -> bool:
+    """Whether ``pid`` sees a mount of ``source`` (the field after the fstype, past the optional ones);
+    False once it has ended."""
+    try:
+        return any(line[line.index("-") + 2] == source for line in _mountinfo(pid))
+    except (ProcessLookupError, FileNotFoundError):
+        return False
+
+
+def _sandbox_pids(sandbox: BwrapSandbox) -> list[int]:
+    """The sandbox's monitor (its host process) and every process in its cgroups."""
+    pids = {sandbox.host_pid}
+    for procs in sandbox._group.procs_files:
+        with contextlib.suppress(OSError):
+            pids.update(int(p) for p in Path(procs).read_text().split())
+    return sorted(pids)
+
+
+async def test_the_monitor_holds_none_of_the_hosts_mounts(either_launch: BwrapProvider) -> None:
+    """The helper's process that waits for pid 1 stayed in the mount namespace the root was built in:
+    a copy of every host mount (each a ``mnt_cache`` object and its name) and of the sandbox's layer,
+    view, overlay and /dev mounts, for as long as the sandbox lived. It keeps only the sandbox's disk
+    (the provider reads the overlays' upper directories and the disk's use through it)."""
+    host_devs = {line[2] for line in _mountinfo(os.getpid())}
+    sandbox = await either_launch.create(SandboxSpec(ttl_s=60, disk_mb=64))
+    try:
+        monitor = _mountinfo(sandbox.host_pid)
+        assert len(monitor) <= 2, monitor
+        assert not {line[2] for line in monitor} & host_devs, monitor
+        # What the provider reads through it still resolves: the disk's size, and a file written in
+        # the sandbox, in the root overlay's upper directory.
+        await sandbox.write_file("/marker", b"here")
+        upper = f"/proc/{sandbox.host_pid}/root{UPPER_DIR}"
+        assert (Path(upper) / "0" / "marker").read_bytes() == b"here"
+        used, size = sandbox.disk_usage()
+        assert size == 64 << 20 and used > 0
+    finally:
+        await sandbox.close()
+
+
+async def test_a_host_filesystem_unmounted_is_released(either_launch: BwrapProvider, tmp_path: Path) -> None:
+    """A filesystem the host mounts before a sandbox is made and unmounts while it lives (a volume
+    of a finished job, a disk taken out) is gone from the sandbox's processes once unmounted: a copy
+    of its mount in the monitor's namespace kept its superblock alive as long as the sandbox."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    source = f"sandrl-test-{os.getpid()}-{id(tmp_path):x}"
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    await either_launch.premade.close()  # a launch made ahead now would not see the volume
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", source, str(volume)], check=True)
+    mounted = True
+    sandbox = await either_launch.create(SandboxSpec(ttl_s=60))
+    try:
+        # The launches made ahead since, waiting in the pool, hold copies of the host's mounts (they
+        # read the image's host directories when taken): not this sandbox's.
+        await either_launch.premade.close()
+        held = [pid for pid in _sandbox_pids(sandbox) if _shows(pid, source)]
+        subprocess.run(["umount", str(volume)], check=True)
+        mounted = False
+        still = [pid for pid in _sandbox_pids(sandbox) if _shows(pid, source)]
+        assert (held, still) == ([], []), "the host's unmounted tmpfs is still mounted in the sandbox's processes"
+        assert (await sandbox.exec("true")).exit_code == 0
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", str(volume)], check=False)
+        await sandbox.close()
