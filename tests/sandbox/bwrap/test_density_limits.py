@@ -124,7 +124,9 @@ async def test_a_sandbox_makes_only_the_filesystem_instances_it_needs(either_lau
     its /dev/pts, an overlay per mount point of its image, and one unprivileged view of each host mount
     its host layers are on (and, unseen here, its ipc namespace's mqueue); the masks of /proc entries
     show one read-only tmpfs of the provider's. Before: a /dev tmpfs, pid 1's staging tmpfs (kept
-    alive by the masks) and a view of each host directory (/usr, /etc...), each sandbox's own."""
+    alive by the masks) and a view of each host directory (/usr, /etc...), each sandbox's own. The
+    views show in no mountinfo (only the monitor's namespace held them, and it keeps no mount now):
+    they are counted as the overlays' lower directories."""
     host = _superblocks(os.getpid())
     spec = SandboxSpec(ttl_s=60)
     made = [await either_launch.create(spec) for _ in range(2)]
