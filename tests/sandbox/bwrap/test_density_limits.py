@@ -12,7 +12,10 @@ import os
 import re
 import resource
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -93,10 +96,51 @@ async def test_an_idle_sandbox_costs_its_provider_one_task(provider: BwrapProvid
         await asyncio.gather(*(s.close() for s in sandboxes))
 
 
+T = TypeVar("T")
+
+
+def _mountinfo(pid: int) -> list[list[str]]:
+    with open(f"/proc/{pid}/mountinfo") as f:
+        return [line.split() for line in f]
+
+
+def _shows(pid: int, source: str) -> bool:
+    """Whether ``pid`` sees a mount of ``source`` (the field after the fstype, past the optional ones);
+    False once it has ended."""
+    try:
+        return any(line[line.index("-") + 2] == source for line in _mountinfo(pid))
+    except (ProcessLookupError, FileNotFoundError):
+        return False
+
+
+def _sandbox_pids(sandbox: BwrapSandbox) -> list[int]:
+    """The sandbox's monitor (its host process) and every process in its cgroups."""
+    pids = {sandbox.host_pid}
+    for procs in sandbox._group.procs_files:
+        with contextlib.suppress(OSError):
+            pids.update(int(p) for p in Path(procs).read_text().split())
+    return sorted(pids)
+
+
+async def _settled(read: Callable[[], T], done: Callable[[T], bool], timeout_s: float = 5.0) -> T:
+    """``read()`` once ``done`` says so of it, or its last value after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    value = read()
+    while not done(value) and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+        value = read()
+    return value
+
+
+async def _monitor_settled(sandbox: BwrapSandbox) -> list[list[str]]:
+    """The monitor's mountinfo once it has let the launcher's mounts go (beside pid 1, not before
+    it: maybe after the create returned), or as it is after 5 s."""
+    return await _settled(lambda: _mountinfo(sandbox.host_pid), lambda lines: len(lines) <= 2)
+
+
 def _superblocks(pid: int) -> set[str]:
     """The filesystem instances (major:minor) of the mounts ``pid`` sees."""
-    with open(f"/proc/{pid}/mountinfo") as f:
-        return {line.split()[2] for line in f}
+    return {line[2] for line in _mountinfo(pid)}
 
 
 def _mount_point(path: Path) -> str:
@@ -131,6 +175,8 @@ async def test_a_sandbox_makes_only_the_filesystem_instances_it_needs(either_lau
     spec = SandboxSpec(ttl_s=60)
     made = [await either_launch.create(spec) for _ in range(2)]
     try:
+        for sb in made:
+            await _monitor_settled(sb)
         own = [(_superblocks(_pid1(sb)) | _superblocks(sb.host_pid)) - host for sb in made]
         plan = either_launch.images.get(spec.image).plan
         shared = own[0] & own[1]
@@ -146,40 +192,17 @@ async def test_a_sandbox_makes_only_the_filesystem_instances_it_needs(either_lau
         await asyncio.gather(*(sb.close() for sb in made))
 
 
-def _mountinfo(pid: int) -> list[list[str]]:
-    with open(f"/proc/{pid}/mountinfo") as f:
-        return [line.split() for line in f]
-
-
-def _shows(pid: int, source: str) -> bool:
-    """Whether ``pid`` sees a mount of ``source`` (the field after the fstype, past the optional ones);
-    False once it has ended."""
-    try:
-        return any(line[line.index("-") + 2] == source for line in _mountinfo(pid))
-    except (ProcessLookupError, FileNotFoundError):
-        return False
-
-
-def _sandbox_pids(sandbox: BwrapSandbox) -> list[int]:
-    """The sandbox's monitor (its host process) and every process in its cgroups."""
-    pids = {sandbox.host_pid}
-    for procs in sandbox._group.procs_files:
-        with contextlib.suppress(OSError):
-            pids.update(int(p) for p in Path(procs).read_text().split())
-    return sorted(pids)
-
-
 async def test_the_monitor_holds_none_of_the_hosts_mounts(either_launch: BwrapProvider) -> None:
     """The helper's process that waits for pid 1 stayed in the mount namespace the root was built in:
     a copy of every host mount (each a ``mnt_cache`` object and its name) and of the sandbox's layer,
     view, overlay and /dev mounts, for as long as the sandbox lived. It keeps only the sandbox's disk
     (the provider reads the overlays' upper directories and the disk's use through it)."""
-    host_devs = {line[2] for line in _mountinfo(os.getpid())}
+    host_devs = _superblocks(os.getpid())
     sandbox = await either_launch.create(SandboxSpec(ttl_s=60, disk_mb=64))
     try:
-        monitor = _mountinfo(sandbox.host_pid)
+        monitor = await _monitor_settled(sandbox)
         assert len(monitor) <= 2, monitor
-        assert not {line[2] for line in monitor} & host_devs, monitor
+        assert not {line[2] for line in monitor} & host_devs, monitor  # none of the host's filesystems
         # What the provider reads through it still resolves: the disk's size, and a file written in
         # the sandbox, in the root overlay's upper directory.
         await sandbox.write_file("/marker", b"here")
@@ -208,11 +231,11 @@ async def test_a_host_filesystem_unmounted_is_released(either_launch: BwrapProvi
         # The launches made ahead since, waiting in the pool, hold copies of the host's mounts (they
         # read the image's host directories when taken): not this sandbox's.
         await either_launch.premade.close()
-        held = [pid for pid in _sandbox_pids(sandbox) if _shows(pid, source)]
-        subprocess.run(["umount", str(volume)], check=True)
+        subprocess.run(["umount", str(volume)], check=True)  # not refused: the copies are other mounts
         mounted = False
-        still = [pid for pid in _sandbox_pids(sandbox) if _shows(pid, source)]
-        assert (held, still) == ([], []), "the host's unmounted tmpfs is still mounted in the sandbox's processes"
+        # (the monitor lets its mounts go beside pid 1: maybe after the create returned)
+        held = await _settled(lambda: [pid for pid in _sandbox_pids(sandbox) if _shows(pid, source)], lambda p: not p)
+        assert held == [], "the host's unmounted tmpfs is still mounted in the sandbox's processes"
         assert (await sandbox.exec("true")).exit_code == 0
     finally:
         if mounted:
