@@ -1115,7 +1115,8 @@ static void check_root_opts(const struct launch_opts *o, int with_store, const c
  * disk's top, where "tmp" is a link to the top itself. A chroot, not a pivot_root (which walks every
  * thread of the host); the old root and every mount under it, this tmpfs's place on /tmp included,
  * detached in one lazy unmount (one grace period for all). The disk's mount stays only as this
- * process's root: the namespace holds no mount. */
+ * process's root; the namespace keeps only the mount the old root was on, out of sight (its
+ * mountinfo is empty). */
 static void keep_only_the_disk(void) {
     symlink_or_die(".", "/tmp/tmp");
     int old_root = open("/", O_DIRECTORY | O_RDONLY | O_CLOEXEC);
