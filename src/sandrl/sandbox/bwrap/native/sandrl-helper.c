@@ -1106,6 +1106,28 @@ static void check_root_opts(const struct launch_opts *o, int with_store, const c
     }
 }
 
+/* Once pid 1 has its root, the monitor's mount namespace (where the root was built: a copy of every
+ * host mount, and the sandbox's layers, views, overlays and /dev, which pid 1 holds copies of) keeps
+ * nothing but the sandbox's disk: a host filesystem unmounted while the sandbox lives is released
+ * (its copy here kept it alive), and each mount was a mnt_cache object and its name for as long as
+ * the sandbox lived. The provider reads the overlays' upper directories through the monitor's root,
+ * /proc/<pid>/root/tmp/sandrl/upper (and bubblewrap's launches keep that path): the root becomes the
+ * disk's top, where "tmp" is a link to the top itself. A chroot, not a pivot_root (which walks every
+ * thread of the host); the old root and every mount under it, this tmpfs's place on /tmp included,
+ * detached in one lazy unmount (one grace period for all). The disk's mount stays only as this
+ * process's root; the namespace keeps only the mount the old root was on, out of sight (its
+ * mountinfo is empty). */
+static void keep_only_the_disk(void) {
+    symlink_or_die(".", "/tmp/tmp");
+    int old_root = open("/", O_DIRECTORY | O_RDONLY | O_CLOEXEC);
+    if (old_root < 0) die("open /");
+    if (chroot("/tmp")) die("chroot to the sandbox's disk");
+    if (fchdir(old_root)) die("fchdir to the old root");
+    if (umount2(".", MNT_DETACH)) die("detaching the launcher's mounts");
+    close(old_root);
+    if (chdir("/")) die("chdir /");
+}
+
 /* A launch whose pid 1 the helper makes, from its namespaces to the monitor of its pid 1: a full
  * one (--sock-fd: every argument on the command line) or one made ahead (--args-fd: the image's
  * part comes over the socket when the launch is taken). */
@@ -1174,6 +1196,7 @@ static int pid1_launch_main(struct launch_opts *o) {
     reap_children();
 
     /* The monitor, as bubblewrap's: unprivileged, it ends with pid 1 and with its status. */
+    keep_only_the_disk();
     drop_to_uid(o->uid);
     int status = 0;
     for (;;) {
