@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from sandrl.sandbox.base import SandboxSpec
-from sandrl.sandbox.bwrap import BwrapProvider
+from sandrl.sandbox.bwrap import BwrapProvider, protocol
 from sandrl.sandbox.bwrap.images import MountPlan
 from sandrl.sandbox.bwrap.launch import Launch
 
@@ -82,6 +82,35 @@ async def test_a_close_all_cancelled_while_it_waits_leaves_the_wait_to_the_next(
     closing.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await closing
+    threading.Timer(0.3, go_on.set).start()
+    await provider.close_all()
+    assert provider.state.records() == []
+    assert provider.cgroups.stale_groups() == {}
+
+
+async def test_close_all_waits_for_the_undo_of_a_failed_create_whose_caller_was_cancelled(
+    own_provider: BwrapProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A create that failed after its launch (here its agent speaks another protocol) undoes the launch
+    while its caller waits; the caller cancelled meanwhile (a timeout, a run stopped) stopped waiting,
+    and nothing else waited: ``close_all`` returned before the launch was undone."""
+    provider = own_provider
+    await (await provider.create(SandboxSpec())).close()  # the image and the helper are ready
+    undoing, go_on = threading.Event(), threading.Event()
+    undo = Launch.undo
+
+    def slow_undo(launch: Launch) -> None:
+        undoing.set()
+        go_on.wait(10)  # a removal the host is slow to finish (under load)
+        undo(launch)
+
+    monkeypatch.setattr(Launch, "undo", slow_undo)
+    monkeypatch.setattr(protocol, "PROTOCOL_VERSION", protocol.PROTOCOL_VERSION + 1)
+    create = asyncio.create_task(provider.create(SandboxSpec()))
+    assert await asyncio.to_thread(undoing.wait, 10)
+    create.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await create
     threading.Timer(0.3, go_on.set).start()
     await provider.close_all()
     assert provider.state.records() == []

@@ -35,7 +35,7 @@ from collections import deque
 from sandrl.sandbox.bwrap.launch import Launch, Launcher, PremadeKind
 from sandrl.sandbox.bwrap.sandbox import HOST_CLEANUP
 
-__all__ = ["MAX_PREMADE", "PremadeLaunches", "undo_when_done"]
+__all__ = ["MAX_PREMADE", "PremadeLaunches", "undo_launch", "undo_when_done"]
 
 MAX_PREMADE = 16
 """The most pre-made launches of one kind a provider keeps (a fork's children beyond are made in full)."""
@@ -203,7 +203,7 @@ class PremadeLaunches:
 
     def _undo(self, launch: Launch) -> None:
         """Undo a launch taken out of :attr:`idle`, on ``HOST_CLEANUP``; :meth:`close` waits for it."""
-        self._waits_for(_undo_launch(launch, _undo_future()))
+        self._waits_for(undo_launch(launch))
 
     def _waits_for(self, undone: concurrent.futures.Future[None]) -> None:
         self._undoing.add(undone)
@@ -231,10 +231,15 @@ def _undo_made(started: concurrent.futures.Future[Launch], *, undone: concurrent
     if started.cancelled() or started.exception() is not None:
         undone.set_result(None)  # it failed, and undid what it had made before raising
         return
-    _undo_launch(started.result(), undone)
+    undo_launch(started.result(), undone)
 
 
-def _undo_launch(launch: Launch, undone: concurrent.futures.Future[None]) -> concurrent.futures.Future[None]:
+def undo_launch(
+    launch: Launch, given: concurrent.futures.Future[None] | None = None
+) -> concurrent.futures.Future[None]:
+    """Undo ``launch`` on ``HOST_CLEANUP``; returns a future like :func:`undo_when_done`'s (``given``, where given)."""
+    undone = _undo_future() if given is None else given
+
     def undo() -> None:
         try:
             launch.undo()

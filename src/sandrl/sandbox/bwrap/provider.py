@@ -123,9 +123,9 @@ from sandrl.sandbox.bwrap.helper_build import helper_path
 from sandrl.sandbox.bwrap.images import Image, ImageStore, MountPlan
 from sandrl.sandbox.bwrap.launch import LAUNCHER_ENV, LAUNCHERS, Launch, Launcher, PremadeKind
 from sandrl.sandbox.bwrap.nat import require_nat, start_nat
-from sandrl.sandbox.bwrap.premade import PremadeLaunches, undo_when_done
+from sandrl.sandbox.bwrap.premade import PremadeLaunches, undo_launch, undo_when_done
 from sandrl.sandbox.bwrap.protocol import AgentConnection
-from sandrl.sandbox.bwrap.sandbox import HOST_CLEANUP, HOST_WORK, BwrapSandbox
+from sandrl.sandbox.bwrap.sandbox import HOST_WORK, BwrapSandbox
 from sandrl.sandbox.bwrap.snapshot import fork_sandbox, layers_in_use, remove_snapshot, snapshot_sandbox
 from sandrl.sandbox.bwrap.state import StateDir, process_identity
 from sandrl.sandbox.bwrap.store_usage import StoreUsage
@@ -194,7 +194,7 @@ class BwrapProvider:
         self.launcher = Launcher(self.state, self.cgroups, self.helper, by_bwrap, self._identity)
         self.premade = PremadeLaunches(self.launcher)
         self._abandoned: set[concurrent.futures.Future[None]] = set()
-        """Undoing the launches whose creator was cancelled while they ran (:meth:`close_all` waits for them)."""
+        """Undoing the launches of creates that failed or were cancelled (:meth:`close_all` waits for them)."""
         self.reaped = self.reap()
         _LIVE_PROVIDERS.add(self)
 
@@ -309,7 +309,6 @@ class BwrapProvider:
     async def _create(self, spec: SandboxSpec, image_env: dict[str, str], plan: MountPlan) -> BwrapSandbox:
         # The launch's blocking work (slot lock, record, cgroup dirs and limits, fork and exec: ~3.5 ms
         # of syscalls; ~0.5 ms to finish a pre-made one) runs in a thread: _in_host_work.
-        loop = asyncio.get_running_loop()
         cpus = os.sched_getaffinity(0)  # the caller's: the sandbox inherits them, as if spawned from its thread
         launch = None
         premade = self.premade.take(PremadeKind.of(spec), cpus)
@@ -344,8 +343,8 @@ class BwrapProvider:
         except BaseException:
             if conn is not None:
                 await conn.close()
-            # Shielded too: a second cancellation must not stop the undo half way.
-            await asyncio.shield(loop.run_in_executor(HOST_CLEANUP, launch.undo))
+            # Waited for by close_all too: a caller cancelled meanwhile stops waiting, the undo goes on.
+            await asyncio.shield(asyncio.wrap_future(self._undo_at_close(undo_launch(launch))))
             raise
         # The sandbox's own processes now hold the slot's lock; ours would outlive a crash of theirs.
         slot, group, proc = launch.slot, launch.group, launch.proc
@@ -401,10 +400,14 @@ class BwrapProvider:
         try:
             return await asyncio.shield(asyncio.wrap_future(started))
         except asyncio.CancelledError:
-            undone = undo_when_done(started)
-            self._abandoned.add(undone)
-            undone.add_done_callback(self._abandoned.discard)  # at once if undone already
+            self._undo_at_close(undo_when_done(started))
             raise
+
+    def _undo_at_close(self, undone: concurrent.futures.Future[None]) -> concurrent.futures.Future[None]:
+        """``undone``, which :meth:`close_all` waits for until it is done."""
+        self._abandoned.add(undone)
+        undone.add_done_callback(self._abandoned.discard)  # at once if it is done already
+        return undone
 
     async def close_all(self) -> None:
         await asyncio.gather(*(asyncio.wrap_future(f) for f in list(self._abandoned)), return_exceptions=True)
