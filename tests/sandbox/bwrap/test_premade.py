@@ -287,3 +287,17 @@ async def test_a_launch_made_ahead_is_filtered_before_it_is_taken(own: BwrapProv
     async with await own.create(SPEC) as sandbox:
         out = (await sandbox.exec("grep -E '^(Seccomp|Seccomp_filters|CapBnd):' /proc/1/status")).stdout
     assert out.split() == ["CapBnd:", "00000000a80425fb", "Seccomp:", "2", "Seccomp_filters:", "1"]
+
+
+async def test_an_undone_launch_whose_cgroups_stay_keeps_its_record(own: BwrapProvider) -> None:
+    """A launch undone while its cgroups could not be removed in time (a process stuck in the kernel)
+    keeps its record: the next reaper and `sandrl sandbox ls` see a dead sandbox, not a stray group."""
+    launch = await asyncio.to_thread(own.launcher.premake, KIND, os.sched_getaffinity(0))
+    assert launch.group is not None
+    group = launch.group
+    object.__setattr__(group, "remove", lambda timeout_s=5.0: False)  # the kernel kept a process
+    await asyncio.to_thread(launch.undo)
+    assert launch.sid in own.state.records()
+    del group.remove  # the real removal, as the reaper does it
+    assert group.remove()
+    own.state.remove_record(launch.sid)

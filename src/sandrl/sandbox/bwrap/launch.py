@@ -182,11 +182,14 @@ class Launch:
             with contextlib.suppress(Exception):
                 self.proc.kill()
                 self.proc.wait(timeout=5)
-        if self.group is not None:
-            self.group.remove()
+        # As long as a sandbox's close waits (HOST_CLEANUP); a group still not removable then keeps
+        # its record, so that the next reaper (and `sandrl sandbox ls`) sees a dead sandbox, not a
+        # stray group nobody names.
+        removed = self.group is None or self.group.remove(timeout_s=10)
         if self.proc is not None:
             reap_in_background(self.proc)
-        self.state.remove_record(self.sid)
+        if removed:
+            self.state.remove_record(self.sid)
         self.slot.release()
 
 
