@@ -301,3 +301,31 @@ async def test_an_undone_launch_whose_cgroups_stay_keeps_its_record(own: BwrapPr
     del group.remove  # the real removal, as the reaper does it
     assert group.remove()
     own.state.remove_record(launch.sid)
+
+
+async def test_a_close_cancelled_while_it_waits_leaves_the_pool_usable(
+    own: BwrapProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pool's close cancelled while it waits for an undo (a run's second Ctrl-C) left it closed
+    for good: a later fork's ``want`` did nothing, and no launch was made ahead again."""
+    made, go_on = threading.Event(), threading.Event()
+    premake = own.launcher.premake
+
+    def slow_premake(kind: PremadeKind, cpus: set[int]) -> Launch:
+        launch = premake(kind, cpus)
+        made.set()
+        go_on.wait(10)
+        return launch
+
+    monkeypatch.setattr(own.launcher, "premake", slow_premake)
+    own.premade.want(KIND, 1)
+    assert await asyncio.to_thread(made.wait, 10)
+    closing = asyncio.create_task(own.premade.close())
+    await asyncio.sleep(0.1)  # waiting for the launch being made, to undo it
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    go_on.set()
+    own.premade.want(KIND, 1)
+    await own.premade.wait_full(timeout_s=10)
+    assert len(own.premade.idle.get(KIND, ())) == 1

@@ -118,21 +118,25 @@ class PremadeLaunches:
     async def close(self) -> None:
         """Stop refilling and remove every idle launch; the pool can be used again afterwards."""
         self._closed = True
-        task, self._task = self._task, None
-        if task is not None and task.get_loop() is asyncio.get_running_loop():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        # A refill task of a loop that has ended ended with it; its launch is undone where it is made.
-        for kind in self.idle.values():
-            while kind:
-                self._undo(kind.popleft())
-        # The launch a stopped refill was making is undone only once made: wait for it too, or a caller
-        # that then looks (a run's check for leftovers) finds its record and cgroups.
-        await asyncio.gather(*(asyncio.wrap_future(f) for f in list(self._undoing)))
-        self.target.clear()
-        self._holds.clear()
-        self._closed = False
+        try:
+            task, self._task = self._task, None
+            if task is not None and task.get_loop() is asyncio.get_running_loop():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            # A refill task of a loop that has ended ended with it; its launch is undone where it is made.
+            for kind in self.idle.values():
+                while kind:
+                    self._undo(kind.popleft())
+            # The launch a stopped refill was making is undone only once made: wait for it too, or a
+            # caller that then looks (a run's check for leftovers) finds its record and cgroups.
+            await asyncio.gather(*(asyncio.wrap_future(f) for f in list(self._undoing)))
+        finally:
+            # Even when this close is itself cancelled (a second Ctrl-C while it waits): the pool
+            # left closed would never refill again, and the undos go on where they run.
+            self.target.clear()
+            self._holds.clear()
+            self._closed = False
 
     def close_sync(self) -> None:
         """At interpreter exit, without an event loop."""
