@@ -1,7 +1,8 @@
 """``sandrl bench sandbox``: sandbox start-up, exec latency and idle footprint, side by side.
 
 In one run, on the same host, so the ratios are fair: (a) a plain subprocess ``/bin/true``,
-(b) bare ``bwrap ... true``, (c) sandrl cold create -> first exec returns, (d) the same from
+(b) bare ``bwrap ... true``, (c) sandrl cold create -> first exec returns (and where its time
+goes: :mod:`sandrl.bench.cold_split`, the helper's own part beside (b)), (d) the same from
 the warm pool, (e) exec round trip of ``true`` in a live sandbox, (f) memory per idle live
 sandbox with N live at once, and whether all N closed cleanly. (c), (d) and (f) again for
 ``network=True`` sandboxes (their own namespace, slirp4netns and the egress filter,
@@ -22,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sandrl.bench import snapshots
+from sandrl.bench.cold_split import cold_split
 from sandrl.errors import SandboxUnavailableError
 from sandrl.host_memory import meminfo_kb
 from sandrl.progress import Progress
@@ -222,6 +224,10 @@ async def run(n: int = 200, live: int = 500, pool_size: int = 8, console: Consol
         bare = _time_subprocess([provider.bwrap, *BARE_BWRAP], n)
         progress.update(task, completed=0, description="cold create -> first exec")
         cold = await _cold(provider, spec, n, lambda: progress.advance(task))
+        split_n = max(10, n // 2)
+        progress.update(task, completed=0, total=split_n, description="cold create, split by its steps")
+        split = await cold_split(provider, spec, split_n, lambda: progress.advance(task))
+        progress.update(task, total=n)
         progress.update(task, completed=0, description="warm pool create -> first exec")
         warm = await _warm(provider, spec, n, pool_size, lambda: progress.advance(task))
         progress.update(task, completed=0, description="exec round trip, shell line and argv")
@@ -252,6 +258,10 @@ async def run(n: int = 200, live: int = 500, pool_size: int = 8, console: Consol
         "warm_over_bwrap_p50": round(rows["warm_create_exec"]["p50_ms"] / rows["bwrap_true"]["p50_ms"], 3),
         "cold_net_over_cold_p50": round(rows["cold_create_exec_net"]["p50_ms"] / rows["cold_create_exec"]["p50_ms"], 3),
     }
+    helper_ms = split["helper_ms"]
+    split["helper_over_bwrap_p50"] = (
+        round(helper_ms / rows["bwrap_true"]["p50_ms"], 3) if isinstance(helper_ms, float) else None
+    )
     nat_cost = {
         "cold_p50_ms": round(rows["cold_create_exec_net"]["p50_ms"] - rows["cold_create_exec"]["p50_ms"], 3),
         "warm_p50_ms": round(rows["warm_create_exec_net"]["p50_ms"] - rows["warm_create_exec"]["p50_ms"], 3),
@@ -316,6 +326,14 @@ async def run(n: int = 200, live: int = 500, pool_size: int = 8, console: Consol
         )
     )
     console.print(f"ratios: cold/bwrap {ratios['cold_over_bwrap_p50']}x, warm/bwrap {ratios['warm_over_bwrap_p50']}x")
+    if split["n"]:
+        console.print(
+            f"(c) split, p50 of {split['n']}: provider {split['provider_ms']} ms, helper {split['helper_ms']} ms "
+            f"({split['helper_over_bwrap_p50']}x bare bwrap true; joins {split['cgroup_joins_ms']}, namespaces and "
+            f"pid 1 {split['namespaces_and_pid1_ms']}, root and /dev {split['root_and_dev_ms']}, handover "
+            f"{split['handover_ms']}), agent's hello {split['agent_hello_ms']} ms, "
+            f"first exec {split['first_exec_ms']} ms"
+        )
     limit = {
         "cold_over_bwrap_p50": ratios["cold_over_bwrap_p50"] <= LIMIT_TARGETS["cold_over_bwrap_p50"],
         "warm_p50_ms": rows["warm_create_exec"]["p50_ms"] <= LIMIT_TARGETS["warm_p50_ms"],
@@ -333,6 +351,7 @@ async def run(n: int = 200, live: int = 500, pool_size: int = 8, console: Consol
         "bench": "sandbox",
         **rows,
         "ratios": ratios,
+        "cold_create_split": split,
         "exec_cpu_ms": exec_forms["cpu_ms_per_exec"],
         "idle": footprint,
         "idle_net": footprint_net,

@@ -211,6 +211,9 @@ class Launcher:
         self.identity = identity
         self._mask_fd = -1
         self._mask_lock = threading.Lock()
+        self.times = False
+        """Helpers started from now on write their steps' times on their log (``--times``), which
+        ``sandrl bench sandbox`` reads to split a cold create (:mod:`sandrl.bench.cold_split`)."""
 
     def _mask_source(self) -> int:
         """:func:`empty_file_mount`'s fd, made on first use and closed with this launcher."""
@@ -316,7 +319,7 @@ class Launcher:
         launch.helper_sock_fd = child_sock.detach()
         launch.helper_fd_open = True
         launch.slot_fd = launch.slot.fd
-        argv = [str(self.helper), "launch", "--uid", str(launch.slot.uid)]
+        argv = [str(self.helper), "launch", "--uid", str(launch.slot.uid), *(["--times"] if self.times else [])]
         for procs in launch.group.procs_files:
             argv += ["--cgroup-procs", str(procs)]
         return argv

@@ -90,6 +90,14 @@ static int64_t now_us(void) {
     return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
+/* --times: the launch's steps, timestamped (CLOCK_MONOTONIC, as Python's time.monotonic) on its
+ * log, for `sandrl bench sandbox`'s split of a cold create (bench/cold_split.py); pid 1 inherits it. */
+static int launch_times;
+
+static void mark(const char *step, int64_t us) {
+    if (launch_times) dprintf(2, "sandrl-times %s %lld\n", step, (long long)us);
+}
+
 static void write_file_or_die(const char *path, const char *data) {
     int fd = open(path, O_WRONLY | O_CLOEXEC);
     if (fd < 0) die("open %s", path);
@@ -483,6 +491,8 @@ static void parse_launch_opts(int argc, char **argv, struct launch_opts *o) {
             o->bwrap = argv[++i];
         } else if (!strcmp(a, "--args-fd") && i + 1 < argc) {
             o->args_fd = atoi(argv[++i]);
+        } else if (!strcmp(a, "--times")) {
+            launch_times = 1;
         } else if (!strcmp(a, "--sock-fd") && i + 1 < argc) {
             o->sock_fd = atoi(argv[++i]);
         } else if (!strcmp(a, "--hostname") && i + 1 < argc) {
@@ -1050,6 +1060,7 @@ static void pid1_main(const struct launch_opts *o, int sock, int self_fd, int us
         else if (!strcmp(argv[i], "@INNER_USERNS@")) argv[i] = inner_str;
     }
     char *filtered_env[] = {FILTERED_ENV, NULL};
+    mark("agent", now_us());
     execve(self_path, argv, filtered_env);
     die("exec the agent");
 }
@@ -1154,6 +1165,7 @@ static int pid1_launch_main(struct launch_opts *o) {
     int pair[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair)) die("socketpair");
     pid_t pid1 = start_pid1(o, &ns, pair, self_fd);
+    mark("pid1", now_us());
     close(pair[1]);
     close(self_fd);
     if (o->mask_fd >= 0) close(o->mask_fd); /* pid 1's alone */
@@ -1180,12 +1192,14 @@ static int pid1_launch_main(struct launch_opts *o) {
     start_root(o, "tmpfs");
     finish_root(o, layer_fds, &ns);
     build_dev(o->uid);
+    mark("root", now_us());
     /* The launcher enters it too, before pid 1 can answer the provider: the sandbox's host process
      * is in the sandbox's network namespace (slirp4netns and port forwards find it there). */
     if (net_fd < 0) net_fd = enter_network_namespace(&ns.sandbox);
     int root = (int)syscall(SYS_open_tree, AT_FDCWD, STAGE "/root", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
     if (root < 0) die("open_tree %s", STAGE "/root");
     send_root(pair[0], root, net_fd, o->rest, o->n_rest);
+    mark("sent", now_us());
     close(root);
     close(net_fd);
     close(pair[0]);
@@ -1208,11 +1222,14 @@ static int pid1_launch_main(struct launch_opts *o) {
 }
 
 static int launch_main(int argc, char **argv) {
+    int64_t started = now_us();
     struct launch_opts o;
     memset(&o, 0, sizeof o);
     o.bwrap = "/usr/bin/bwrap";
     o.args_fd = o.sock_fd = o.mask_fd = -1;
-    parse_launch_opts(argc - 1, argv + 1, &o);
+    parse_launch_opts(argc - 1, argv + 1, &o); /* joins the cgroups as it reads them */
+    mark("started", started);
+    mark("joined", now_us());
     if (o.uid == 0) {
         errno = 0;
         die("launch: need --uid");
