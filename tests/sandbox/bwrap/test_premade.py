@@ -295,7 +295,7 @@ async def test_an_undone_launch_whose_cgroups_stay_keeps_its_record(own: BwrapPr
     launch = await asyncio.to_thread(own.launcher.premake, KIND, os.sched_getaffinity(0))
     assert launch.group is not None
     group = launch.group
-    object.__setattr__(group, "remove", lambda timeout_s=5.0: False)  # the kernel kept a process
+    object.__setattr__(group, "remove", lambda timeout_s=10.0: False)  # the kernel kept a process
     await asyncio.to_thread(launch.undo)
     assert launch.sid in own.state.records()
     del group.remove  # the real removal, as the reaper does it

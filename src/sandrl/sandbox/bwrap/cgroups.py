@@ -203,8 +203,10 @@ class SandboxCgroup:
                 raise LimitUnsupportedError(f"the sandbox's cgroup did not become {want!r} within {timeout_s:g} s")
             time.sleep(0.0005)
 
-    def remove(self, timeout_s: float = 5.0) -> bool:
-        """Kill what is left and remove the groups; False if some could not be removed in time."""
+    def remove(self, timeout_s: float = 10.0) -> bool:
+        """Kill what is left and remove the groups; False if some could not be removed in time (10 s
+        by default: processes stuck in the kernel; a sandbox's close and an undone launch both wait
+        that long, on ``HOST_CLEANUP``)."""
         deadline = time.monotonic() + timeout_s
         pending = list(self.dirs)
         while pending:

@@ -182,10 +182,9 @@ class Launch:
             with contextlib.suppress(Exception):
                 self.proc.kill()
                 self.proc.wait(timeout=5)
-        # As long as a sandbox's close waits (HOST_CLEANUP); a group still not removable then keeps
-        # its record, so that the next reaper (and `sandrl sandbox ls`) sees a dead sandbox, not a
-        # stray group nobody names.
-        removed = self.group is None or self.group.remove(timeout_s=10)
+        # A group still not removable keeps its record, so that the next reaper (and `sandrl sandbox
+        # ls`) sees a dead sandbox, not a stray group nobody names.
+        removed = self.group is None or self.group.remove()
         if self.proc is not None:
             reap_in_background(self.proc)
         if removed:

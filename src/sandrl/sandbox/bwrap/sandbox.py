@@ -281,7 +281,7 @@ class BwrapSandbox(SandboxBase):
                 self._proc.kill()
         with contextlib.suppress(Exception):
             self._proc.wait(timeout=1)
-        self._group.remove(timeout_s=10)
+        self._group.remove()
         reap_in_background(self._proc)
         removals, self.removals = self.removals, []
         for removal in removals:
