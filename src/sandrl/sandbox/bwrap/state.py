@@ -102,18 +102,21 @@ class StateDir:
             return None
         return fd
 
+    def _take(self, index: int) -> Slot | None:
+        fd = self._try_lock(index)
+        return None if fd is None else Slot(index=index, uid=self.uid_base + index * SLOT_STRIDE, fd=fd)
+
     def acquire_slot(self) -> Slot:
         while self._freed:  # a slot left lately first: its lock file is in the page cache
             index = self._freed.pop()
-            fd = self._try_lock(index) if index < self.n_slots else None
-            if fd is not None:
-                return Slot(index=index, uid=self.uid_base + index * SLOT_STRIDE, fd=fd)
+            slot = self._take(index) if index < self.n_slots else None
+            if slot is not None:
+                return slot
         start = random.randrange(self.n_slots)  # spread providers over the range: fewer collisions
         for i in range(self.n_slots):
-            index = (start + i) % self.n_slots
-            fd = self._try_lock(index)
-            if fd is not None:
-                return Slot(index=index, uid=self.uid_base + index * SLOT_STRIDE, fd=fd)
+            slot = self._take((start + i) % self.n_slots)
+            if slot is not None:
+                return slot
         raise CapacityExhaustedError(
             f"all {self.n_slots} sandbox uid slots under {self.slots_dir} are in use; close sandboxes first"
         )
